@@ -1,0 +1,307 @@
+"""The cursor of one queue (seed 003): where the queue has read to in the log, which
+messages are out for delivery, and which it considers deleted.
+
+Pure state: no clock, no I/O. Every call takes ``now`` (seconds since the epoch) and
+returns the effects the node must make durable — deliveries to record before handing
+messages out, settlements (deleted, expired, dead-lettered, purged) to record. The node
+applies a call's effects in one commit; if that commit fails the node stops, so the
+in-memory state never runs ahead of what a restart would rebuild.
+
+Life of a message in a cursor::
+
+    unread ──take──► in flight ──delete──► settled (DELETED)
+                      │   ▲
+      deadline/release│   │take
+                      ▼   │
+                    parked ──due──► ready
+                      │
+                      └─ past max_redeliveries ─► settled (DEAD_LETTERED)
+
+An unread or parked message whose time-to-live has passed is settled EXPIRED and never
+delivered; one in flight is left to its consumer and expires if it comes back.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from dataclasses import dataclass
+from enum import IntEnum
+
+from eomsg.errors import NotInFlight
+
+
+class Outcome(IntEnum):
+    """Why a message left a queue; stored in the settlement record."""
+
+    DELETED = 0
+    EXPIRED = 1
+    DEAD_LETTERED = 2
+    PURGED = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """A message handed out: the consumer must delete or release it before ``deadline``."""
+
+    seq: int
+    attempt: int
+    deadline: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A message leaving the queue for good, with the reason."""
+
+    seq: int
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """A delivery given back: ready again at ``due`` (its attempt count is kept)."""
+
+    seq: int
+    attempt: int
+    due: float
+
+
+@dataclass(slots=True)
+class Taken:
+    """Effects of :meth:`Cursor.take`: deliveries to record and settlements found on the way."""
+
+    deliveries: list[Delivery]
+    settlements: list[Settlement]
+
+
+class _Delivered:
+    """A message delivered at least once and not yet settled."""
+
+    __slots__ = ("attempt", "due", "in_flight", "ready")
+
+    def __init__(self, attempt: int, due: float, in_flight: bool) -> None:
+        self.attempt = attempt
+        self.due = due  # deadline while in flight, not-before time while parked
+        self.in_flight = in_flight
+        self.ready = False
+
+
+class Cursor:
+    """Delivery state of one queue. See the module docstring for the life cycle."""
+
+    def __init__(
+        self,
+        *,
+        ack_timeout: float,
+        max_redeliveries: int | None = None,
+        read_seq: int = 0,
+    ) -> None:
+        self.ack_timeout = ack_timeout
+        self.max_redeliveries = max_redeliveries
+        self.read_seq = read_seq  # seed 003: the last message read from the log in order
+        self._unread: deque[int] = deque()  # destined here, after read_seq, ascending
+        self._dropped: set[int] = set()  # unread seqs settled without delivery (lazy)
+        self._delivered: dict[int, _Delivered] = {}
+        self._timers: list[tuple[float, int]] = []  # heap (due, seq), validated lazily
+        self._ready: list[int] = []  # heap of seqs, validated lazily
+        self._expires: dict[int, float] = {}
+        self._expiry: list[tuple[float, int]] = []  # heap (expires_at, seq)
+        self._count = 0
+
+    # -- what is in the queue ---------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Messages not yet settled, in flight included."""
+        return self._count
+
+    @property
+    def in_flight(self) -> int:
+        return sum(1 for d in self._delivered.values() if d.in_flight)
+
+    def lowest_pending(self) -> int | None:
+        """The lowest sequence number not yet settled, or None when empty."""
+        low = min(self._delivered, default=None)
+        for seq in self._unread:
+            if seq not in self._dropped:
+                return seq if low is None else min(low, seq)
+        return low
+
+    def pending(self) -> list[int]:
+        """All unsettled sequence numbers, ascending (for tests and inspection)."""
+        live = [s for s in self._unread if s not in self._dropped]
+        return sorted([*live, *self._delivered])
+
+    # -- filling -----------------------------------------------------------------------
+
+    def append(self, seq: int, expires_at: float | None = None) -> None:
+        """A message destined for this queue was durably logged (each seq once).
+
+        Messages normally arrive in sequence order; one that arrives late (a message
+        dead-lettered here from another queue) is made ready at once instead.
+        """
+        if (self._unread and seq <= self._unread[-1]) or seq <= self.read_seq:
+            self._park(seq, _Delivered(0, 0.0, in_flight=False), ready=True)
+        else:
+            self._unread.append(seq)
+        self._count += 1
+        if expires_at is not None:
+            self._expires[seq] = expires_at
+            heapq.heappush(self._expiry, (expires_at, seq))
+
+    def restore(
+        self, seq: int, attempt: int, due: float, in_flight: bool, expires_at: float | None
+    ) -> None:
+        """Rebuild a delivered-before message on recovery (``attempt`` >= 1)."""
+        self._count += 1
+        entry = _Delivered(attempt, due, in_flight)
+        self._delivered[seq] = entry
+        heapq.heappush(self._timers, (due, seq))
+        self.read_seq = max(self.read_seq, seq)
+        if expires_at is not None:
+            self._expires[seq] = expires_at
+            heapq.heappush(self._expiry, (expires_at, seq))
+
+    # -- the consumer's side ------------------------------------------------------------
+
+    def take(self, now: float, limit: int) -> Taken:
+        """Hand out up to ``limit`` messages: redeliveries first (lowest seq first), then
+        unread messages in order. Also returns settlements that came due on the way."""
+        settlements = self.poll(now)
+        deliveries: list[Delivery] = []
+        deadline = now + self.ack_timeout
+        while len(deliveries) < limit:
+            seq = self._next_ready()
+            if seq is None:
+                seq = self._next_unread()
+                if seq is None:
+                    break
+                self.read_seq = seq
+                self._delivered[seq] = _Delivered(0, 0.0, in_flight=False)
+            entry = self._delivered[seq]
+            expires_at = self._expires.get(seq)
+            if expires_at is not None and expires_at <= now:
+                settlements.append(self._settle(seq, Outcome.EXPIRED))
+                continue
+            entry.attempt += 1
+            entry.due, entry.in_flight, entry.ready = deadline, True, False
+            heapq.heappush(self._timers, (deadline, seq))
+            deliveries.append(Delivery(seq, entry.attempt, deadline))
+        return Taken(deliveries, settlements)
+
+    def delete_many(self, seqs: list[int]) -> list[bool]:
+        """Record the consumer's deletion of delivered messages (seed 003), atomically.
+
+        Idempotent: True for each message settled now, False for one settled already (or
+        listed twice). Raises NotInFlight, changing nothing, if any was never delivered.
+        """
+        for seq in seqs:
+            entry = self._delivered.get(seq)
+            delivered = entry.attempt > 0 if entry is not None else seq <= self.read_seq
+            if not delivered:  # unread seqs are all above read_seq
+                raise NotInFlight(
+                    f"message {seq} has not been delivered from this queue, so it cannot "
+                    "be deleted"
+                )
+        done = []
+        for seq in seqs:
+            settle = seq in self._delivered
+            if settle:
+                self._settle(seq, Outcome.DELETED)
+            done.append(settle)
+        return done
+
+    def release_many(
+        self, seqs: list[int], now: float, delay: float = 0.0
+    ) -> list[Release | Settlement]:
+        """Give back messages in flight, atomically: each is ready again after ``delay``,
+        or — past its redelivery limit or expired — settled instead. Raises NotInFlight,
+        changing nothing, if any is not in flight (or is listed twice)."""
+        if len(set(seqs)) != len(seqs):
+            raise NotInFlight("a message is listed twice; release each once")
+        for seq in seqs:
+            entry = self._delivered.get(seq)
+            if entry is None or not entry.in_flight:
+                raise NotInFlight(
+                    f"message {seq} is not in flight on this queue; nothing to release"
+                )
+        return [self._give_back(s, self._delivered[s], now, now + delay) for s in seqs]
+
+    def poll(self, now: float) -> list[Settlement]:
+        """Advance time: time out deliveries past their deadline, ready parked messages
+        that are due, and expire messages past their time-to-live."""
+        out: list[Settlement] = []
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            due, seq = heapq.heappop(timers)
+            entry = self._delivered.get(seq)
+            if entry is None or entry.due != due or entry.ready:
+                continue  # stale timer
+            if entry.in_flight:
+                result = self._give_back(seq, entry, now, now)
+                if isinstance(result, Settlement):
+                    out.append(result)
+            else:
+                entry.ready = True
+                heapq.heappush(self._ready, seq)
+        expiry = self._expiry
+        while expiry and expiry[0][0] <= now:
+            _, seq = heapq.heappop(expiry)
+            entry = self._delivered.get(seq)
+            if seq not in self._expires or (entry is not None and entry.in_flight):
+                continue  # settled already, or its consumer still holds it
+            out.append(self._settle(seq, Outcome.EXPIRED))
+        return out
+
+    def purge(self) -> list[Settlement]:
+        """Settle every pending message as PURGED, in flight included."""
+        return [self._settle(seq, Outcome.PURGED) for seq in self.pending()]
+
+    # -- internals ---------------------------------------------------------------------
+
+    def _give_back(
+        self, seq: int, entry: _Delivered, now: float, due: float
+    ) -> Release | Settlement:
+        expires_at = self._expires.get(seq)
+        if expires_at is not None and expires_at <= now:
+            return self._settle(seq, Outcome.EXPIRED)
+        if self.max_redeliveries is not None and entry.attempt > self.max_redeliveries:
+            return self._settle(seq, Outcome.DEAD_LETTERED)
+        entry.in_flight = False
+        self._park(seq, entry, ready=due <= now, due=due)
+        return Release(seq, entry.attempt, due)
+
+    def _park(self, seq: int, entry: _Delivered, *, ready: bool, due: float = 0.0) -> None:
+        entry.due = due
+        entry.ready = ready
+        self._delivered[seq] = entry
+        if ready:
+            heapq.heappush(self._ready, seq)
+        else:
+            heapq.heappush(self._timers, (due, seq))
+
+    def _next_ready(self) -> int | None:
+        ready = self._ready
+        while ready:
+            seq = heapq.heappop(ready)
+            entry = self._delivered.get(seq)
+            if entry is not None and entry.ready and not entry.in_flight:
+                return seq
+        return None
+
+    def _next_unread(self) -> int | None:
+        unread = self._unread
+        while unread:
+            seq = unread.popleft()
+            if seq in self._dropped:
+                self._dropped.discard(seq)
+                continue
+            return seq
+        return None
+
+    def _settle(self, seq: int, outcome: Outcome) -> Settlement:
+        if self._delivered.pop(seq, None) is None:
+            self._dropped.add(seq)  # still in _unread; skipped when reached
+        self._expires.pop(seq, None)
+        self._count -= 1
+        return Settlement(seq, outcome)

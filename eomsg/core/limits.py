@@ -1,0 +1,60 @@
+"""What a message may be: the checks every publish passes before anything is written."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from eomsg.core.message import Outgoing
+from eomsg.core.topics import validate_topic
+from eomsg.errors import InvalidDuration, InvalidHeader, InvalidInput, PayloadTooLarge
+
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+MAX_ID_LENGTH = 256
+MAX_HEADERS_BYTES = 64 * 1024
+_HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-node limits on what a publish may carry."""
+
+    max_payload: int = DEFAULT_MAX_PAYLOAD
+
+
+def check_outgoing(msg: Outgoing, limits: Limits) -> Outgoing:
+    """Return ``msg`` if it may be published, else raise the InvalidInput that says why.
+
+    Pure and side-effect free, so a batch is checked whole before any of it is written.
+    """
+    validate_topic(msg.topic)
+    if not isinstance(msg.payload, bytes):
+        raise InvalidInput("payload must be bytes (encode text as UTF-8 first)")
+    if len(msg.payload) > limits.max_payload:
+        raise PayloadTooLarge(
+            f"payload of {len(msg.payload)} bytes exceeds the limit of {limits.max_payload} "
+            "bytes; store large data elsewhere and publish a reference"
+        )
+    if msg.id is not None and (
+        not isinstance(msg.id, str) or not 0 < len(msg.id) <= MAX_ID_LENGTH
+        or not msg.id.isprintable()
+    ):
+        raise InvalidInput(f"message id must be 1-{MAX_ID_LENGTH} printable characters")
+    if msg.ttl is not None and not (
+        isinstance(msg.ttl, int | float) and math.isfinite(msg.ttl) and msg.ttl > 0
+    ):
+        raise InvalidDuration(f"ttl {msg.ttl!r} must be a positive number of seconds")
+    if msg.headers:
+        size = 0
+        for name, value in msg.headers.items():
+            if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+                raise InvalidHeader(
+                    f"header name {name!r} must be 1-128 letters, digits, '_', '.' or '-'"
+                )
+            if not isinstance(value, str):
+                raise InvalidHeader(f"header {name!r} must have a text value")
+            size += len(name) + len(value)
+        if size > MAX_HEADERS_BYTES:
+            raise InvalidHeader(f"headers exceed {MAX_HEADERS_BYTES} bytes")
+    return msg

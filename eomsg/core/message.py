@@ -1,0 +1,83 @@
+"""Messages and what publishing or consuming one returns: frozen values, no behaviour."""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as the log holds it. Times are seconds since the epoch (UTC)."""
+
+    seq: int
+    topic: str
+    payload: bytes
+    id: str | None = None
+    published_at: float = 0.0
+    expires_at: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def payload_json_fields(self) -> dict[str, str]:
+        """``{"payload": text}`` when the payload is UTF-8, else ``{"payload_b64": …}``."""
+        try:
+            return {"payload": self.payload.decode("utf-8")}
+        except UnicodeDecodeError:
+            return {"payload_b64": base64.b64encode(self.payload).decode("ascii")}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "id": self.id,
+            "topic": self.topic,
+            "headers": self.headers,
+            "published_at": self.published_at,
+            "expires_at": self.expires_at,
+            **self.payload_json_fields(),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """A message handed to a consumer of ``queue``: delete it (or release it) before
+    ``deadline``, or it is delivered again. ``attempt`` counts deliveries, from 1."""
+
+    queue: str
+    message: Message
+    attempt: int
+    deadline: float
+
+    @property
+    def seq(self) -> int:
+        return self.message.seq
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.message.to_json(), "queue": self.queue, "attempt": self.attempt}
+
+
+@dataclass(frozen=True, slots=True)
+class Outgoing:
+    """A message to publish. ``ttl`` is in seconds; ``id`` makes the publish idempotent."""
+
+    topic: str
+    payload: bytes
+    id: str | None = None
+    ttl: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """The acknowledgement of a publish: durable once returned. ``duplicate`` says the id
+    was already published and ``seq`` is the original's; ``queues`` counts the queues it
+    was routed to (None for a duplicate)."""
+
+    seq: int
+    id: str | None
+    duplicate: bool
+    queues: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "id": self.id, "duplicate": self.duplicate,
+                "queues": self.queues}

@@ -1,0 +1,97 @@
+"""Queue configuration: what a queue subscribes to and how it treats failed deliveries."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from eomsg.core.topics import validate_pattern
+from eomsg.errors import InvalidConfig, InvalidQueueName
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+DEFAULT_ACK_TIMEOUT = 30.0
+DEFAULT_MAX_REDELIVERIES_WITH_DLQ = 5
+
+
+def validate_queue_name(name: str) -> str:
+    """Return ``name`` if it is 1-128 of ``A-Z a-z 0-9 _ . -``, starting alphanumeric."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise InvalidQueueName(
+            f"queue name {name!r} is not valid: use 1-128 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class QueueConfig:
+    """A queue's settings. Immutable; build a new one to change it.
+
+    ``max_redeliveries`` counts deliveries after the first: with 5, a message is handed
+    out at most 6 times, then moved to ``dead_letter`` (never dropped silently).
+    ``ack_timeout`` is how long a delivered message stays in flight before it is
+    redelivered.
+    """
+
+    name: str
+    subscriptions: tuple[str, ...] = ()
+    max_redeliveries: int | None = None
+    dead_letter: str | None = None
+    ack_timeout: float = DEFAULT_ACK_TIMEOUT
+
+    def __post_init__(self) -> None:
+        validate_queue_name(self.name)
+        for pattern in self.subscriptions:
+            validate_pattern(pattern)
+        if len(set(self.subscriptions)) != len(self.subscriptions):
+            raise InvalidConfig(f"queue {self.name!r}: a subscription is listed twice")
+        if self.max_redeliveries is not None and self.max_redeliveries < 0:
+            raise InvalidConfig(f"queue {self.name!r}: --max-redeliveries must be 0 or more")
+        if self.dead_letter is not None:
+            validate_queue_name(self.dead_letter)
+            if self.dead_letter == self.name:
+                raise InvalidConfig(f"queue {self.name!r} cannot be its own dead-letter queue")
+        if self.max_redeliveries is not None and self.dead_letter is None:
+            raise InvalidConfig(
+                f"queue {self.name!r}: --max-redeliveries needs --dead-letter QUEUE, so that "
+                "a message past its limit goes somewhere instead of being lost"
+            )
+        if not 0 < self.ack_timeout <= 7 * 86400:
+            raise InvalidConfig(
+                f"queue {self.name!r}: --ack-timeout must be between 0 and 7 days"
+            )
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        subscriptions: tuple[str, ...] | list[str] = (),
+        *,
+        max_redeliveries: int | None = None,
+        dead_letter: str | None = None,
+        ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+    ) -> QueueConfig:
+        """Build a config, defaulting ``max_redeliveries`` when only a DLQ is given."""
+        if dead_letter is not None and max_redeliveries is None:
+            max_redeliveries = DEFAULT_MAX_REDELIVERIES_WITH_DLQ
+        return cls(name, tuple(subscriptions), max_redeliveries, dead_letter, ack_timeout)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "subscriptions": list(self.subscriptions),
+            "max_redeliveries": self.max_redeliveries,
+            "dead_letter": self.dead_letter,
+            "ack_timeout": self.ack_timeout,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueueConfig:
+        return cls(
+            data["name"],
+            tuple(data.get("subscriptions", ())),
+            data.get("max_redeliveries"),
+            data.get("dead_letter"),
+            float(data.get("ack_timeout", DEFAULT_ACK_TIMEOUT)),
+        )

@@ -1,0 +1,171 @@
+"""The one error hierarchy of eomsg.
+
+Every error a user can meet is an :class:`EomsgError` with a stable ``code`` (for
+scripts and the wire protocol), an :class:`ExitCode` (for the CLI) and a one-line message
+that says what went wrong and what to do about it. Raising one of these never leaves
+state half-changed: validation happens before anything is written.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """Process exit codes of the ``eomsg`` command; scripts may rely on them."""
+
+    OK = 0
+    FAILURE = 1
+    USAGE = 2
+    INVALID_INPUT = 3
+    NOT_FOUND = 4
+    CONFLICT = 5
+    DATA_DIR = 6
+    STORAGE = 7
+    HANDLER_FAILED = 8
+
+
+class EomsgError(Exception):
+    """Base class for every error eomsg raises on purpose."""
+
+    code = "error"
+    exit_code = ExitCode.FAILURE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# -- bad input --------------------------------------------------------------------------
+
+
+class InvalidInput(EomsgError):
+    """A value given by the caller is malformed; nothing was changed."""
+
+    code = "invalid_input"
+    exit_code = ExitCode.INVALID_INPUT
+
+
+class InvalidTopic(InvalidInput):
+    """A topic name is empty, has an empty level, a wildcard or a bad character."""
+
+    code = "invalid_topic"
+
+
+class InvalidPattern(InvalidInput):
+    """A subscription pattern is malformed (for example ``>`` not in last place)."""
+
+    code = "invalid_pattern"
+
+
+class InvalidQueueName(InvalidInput):
+    """A queue name uses characters or a length eomsg does not accept."""
+
+    code = "invalid_queue_name"
+
+
+class InvalidDuration(InvalidInput):
+    """A duration such as ``30s`` or ``1h`` could not be parsed or is out of range."""
+
+    code = "invalid_duration"
+
+
+class InvalidHeader(InvalidInput):
+    """A message header is not a ``name=value`` pair of text."""
+
+    code = "invalid_header"
+
+
+class PayloadTooLarge(InvalidInput):
+    """A payload exceeds the node's maximum payload size."""
+
+    code = "payload_too_large"
+
+
+class InvalidConfig(InvalidInput):
+    """A queue or node setting is out of range or contradicts another setting."""
+
+    code = "invalid_config"
+
+
+# -- state of the node -----------------------------------------------------------------
+
+
+class QueueNotFound(EomsgError):
+    """The named queue does not exist."""
+
+    code = "queue_not_found"
+    exit_code = ExitCode.NOT_FOUND
+
+
+class QueueExists(EomsgError):
+    """A queue with that name already exists with a different configuration."""
+
+    code = "queue_exists"
+    exit_code = ExitCode.CONFLICT
+
+
+class QueueNotEmpty(EomsgError):
+    """A queue still holds messages and the operation would drop them."""
+
+    code = "queue_not_empty"
+    exit_code = ExitCode.CONFLICT
+
+
+class NotInFlight(EomsgError):
+    """A delete or release names a message this queue has not delivered."""
+
+    code = "not_in_flight"
+    exit_code = ExitCode.CONFLICT
+
+
+# -- the data directory and storage ----------------------------------------------------
+
+
+class DataDirError(EomsgError):
+    """The data directory cannot be used: missing rights, not a directory, or in use."""
+
+    code = "data_dir"
+    exit_code = ExitCode.DATA_DIR
+
+
+class DataDirLocked(DataDirError):
+    """Another process holds the data directory."""
+
+    code = "data_dir_locked"
+
+
+class SchemaTooNew(DataDirError):
+    """The data directory was written by a newer eomsg than this one."""
+
+    code = "schema_too_new"
+
+
+class StorageError(EomsgError):
+    """The database refused a write or a read; the node stops accepting work."""
+
+    code = "storage"
+    exit_code = ExitCode.STORAGE
+
+
+class InvalidQuery(InvalidInput):
+    """A query given to ``inspect sql`` is malformed, or tried to change data or files."""
+
+    code = "invalid_query"
+
+
+class NodeClosed(EomsgError):
+    """The node was closed (or failed) and accepts no more requests."""
+
+    code = "node_closed"
+    exit_code = ExitCode.STORAGE
+
+
+class HandlerFailed(EomsgError):
+    """A consumer's handler command failed; its message was released for redelivery."""
+
+    code = "handler_failed"
+    exit_code = ExitCode.HANDLER_FAILED

@@ -1,0 +1,623 @@
+"""One eomsg node: the core's rules wired to the store. Thread-safe; the CLI uses it
+in-process (embedded mode) and the broker daemon will serve it over the wire.
+
+Ingress follows seed 004: validate, dedup by id (seed 001), assign the next sequence
+number, match the queues subscribed to the topic, persist the message together with its
+destination list in one group commit, and acknowledge only after that commit. Each queue's
+:class:`~eomsg.core.cursor.Cursor` (seed 003) then hands the message out; a delete is
+recorded per queue, and once no destination remains the message leaves the hot tables
+(compaction) and, after the retention period, the log (garbage collection).
+
+Locking: ``_lock`` guards the in-memory state and is never held while waiting for the
+writer (the writer's after-commit callbacks take it). Writes are queued while holding it,
+so the log's commit order is the order sequence numbers were assigned. ``_admin``
+serialises queue changes, which must wait for their commit before touching the state.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
+from eomsg.core.dedup import DedupWindow
+from eomsg.core.limits import Limits, check_outgoing
+from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.queues import QueueConfig
+from eomsg.core.topics import Matcher, pattern_regex
+from eomsg.errors import (
+    InvalidConfig,
+    NodeClosed,
+    QueueExists,
+    QueueNotEmpty,
+    QueueNotFound,
+)
+from eomsg.failpoints import failpoint
+from eomsg.store.store import US, SettledCounts, Store
+from eomsg.store.writer import RowBatch
+
+Clock = Callable[[], float]
+
+
+def _us(seconds: float) -> int:
+    return int(seconds * US)
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Tunables of a node. ``retention`` keeps fully consumed messages in the log for
+    replay; ``compact_every`` settled records trigger a compaction of the hot tables."""
+
+    limits: Limits = field(default_factory=Limits)
+    retention: float = 86400.0
+    compact_every: int = 50_000
+    gc_interval: float = 60.0
+    tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """A queue as ``inspect queues`` shows it."""
+
+    name: str
+    subscriptions: tuple[str, ...]
+    depth: int
+    in_flight: int
+    deleted: int
+    expired: int
+    dead_lettered: int
+    purged: int
+    oldest_age: float | None
+    dead_letter: str | None
+    max_redeliveries: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "subscriptions": list(self.subscriptions),
+            "depth": self.depth,
+            "in_flight": self.in_flight,
+            "deleted": self.deleted,
+            "expired": self.expired,
+            "dead_lettered": self.dead_lettered,
+            "purged": self.purged,
+            "oldest_age": self.oldest_age,
+            "dead_letter": self.dead_letter,
+            "max_redeliveries": self.max_redeliveries,
+        }
+
+
+class _Queue:
+    """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
+
+    __slots__ = ("config", "counts", "cursor", "id")
+
+    def __init__(self, queue_id: int, config: QueueConfig) -> None:
+        self.id = queue_id
+        self.config = config
+        self.cursor = Cursor(
+            ack_timeout=config.ack_timeout, max_redeliveries=config.max_redeliveries
+        )
+        self.counts = dict.fromkeys(Outcome, 0)
+
+
+class Node:
+    """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
+
+    def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
+        self.store = store
+        self.settings = settings
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._admin = threading.Lock()
+        self._closed = False
+        self._queues: dict[str, _Queue] = {}
+        self._by_id: dict[int, _Queue] = {}
+        self._matcher: Matcher[_Queue] = Matcher()
+        self._routes: dict[str, tuple[_Queue, ...]] = {}
+        self._dedup = DedupWindow()
+        self._uncommitted_ids: dict[str, int] = {}
+        self._recover()
+        self._stop = threading.Event()
+        self._ticker: threading.Thread | None = None
+        if settings.tick is not None:
+            self._ticker = threading.Thread(target=self._tick, name="eomsg-tick", daemon=True)
+            self._ticker.start()
+
+    @classmethod
+    def open(
+        cls,
+        data_dir: Path | str,
+        settings: NodeSettings | None = None,
+        clock: Clock = time.time,
+    ) -> Node:
+        """Open (creating if needed) the data directory and rebuild the in-memory state."""
+        store = Store(Path(data_dir))
+        try:
+            return cls(store, settings or NodeSettings(), clock)
+        except BaseException:
+            store.close()
+            raise
+
+    def close(self) -> None:
+        """Run a last maintenance pass, finish queued writes and release the data dir."""
+        if self._closed:
+            return
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join()
+        try:
+            self.maintain()
+        finally:
+            self._closed = True
+            self.store.close()
+
+    def __enter__(self) -> Node:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def _recover(self) -> None:
+        """Rebuild queues, cursors and live publish ids from the hot tables (not the
+        whole history: compaction keeps those tables proportional to the backlog)."""
+        store, now = self.store, self.clock()
+        for queue_id, config in store.load_queues():
+            self._install(queue_id, config)
+        self._next_seq = store.last_seq() + 1
+        self._durable_seq = self._next_seq - 1
+        unread: dict[int, list[tuple[int, float | None]]] = {}
+        for row in store.load_pending():
+            q = self._by_id.get(row.queue_id)
+            if q is None:
+                continue
+            expires = None if row.expires_us is None else row.expires_us / US
+            if row.attempt is None:
+                unread.setdefault(row.queue_id, []).append((row.seq, expires))
+            else:
+                assert row.due_us is not None
+                q.cursor.restore(row.seq, row.attempt, row.due_us / US, not row.released, expires)
+        for queue_id, items in unread.items():  # after restore: read_seq is known
+            cursor = self._by_id[queue_id].cursor
+            for seq, expires in items:
+                cursor.append(seq, expires)
+        for msg_id, seq, expires_us in store.load_publish_ids(_us(now)):
+            self._dedup.remember(msg_id, seq, None if expires_us is None else expires_us / US)
+        for queue_id, counts in store.load_counts().items():
+            if (q := self._by_id.get(queue_id)) is not None:
+                self._add_counts(q, counts)
+        self._settled_since_compaction = store.settled_rows()
+        self._last_gc = float(store.meta("gc_at") or 0.0)
+
+    def _install(self, queue_id: int, config: QueueConfig) -> _Queue:
+        q = _Queue(queue_id, config)
+        self._queues[config.name] = q
+        self._by_id[queue_id] = q
+        for pattern in config.subscriptions:
+            self._matcher.add(pattern, q)
+        self._routes.clear()
+        return q
+
+    @staticmethod
+    def _add_counts(q: _Queue, counts: SettledCounts) -> None:
+        q.counts[Outcome.DELETED] += counts.deleted
+        q.counts[Outcome.EXPIRED] += counts.expired
+        q.counts[Outcome.DEAD_LETTERED] += counts.dead_lettered
+        q.counts[Outcome.PURGED] += counts.purged
+
+    # -- publishing (seed 004 ingress) ------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Publish one message; returns once it is durable (see :meth:`publish_batch`)."""
+        return self.publish_batch([Outgoing(topic, payload, id, ttl, headers or {})])[0]
+
+    def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """Publish messages atomically: all are durable when this returns, none if it raises.
+
+        Every message is validated before anything is written. A message whose ``id`` was
+        published before and can still live is not stored again: its result carries the
+        original ``seq`` and ``duplicate=True`` (also within one batch).
+        """
+        limits = self.settings.limits
+        for m in messages:
+            check_outgoing(m, limits)
+        now = self.clock()
+        now_us = _us(now)
+        results: list[PublishResult] = []
+        fresh: list[tuple[int, str | None, float | None, tuple[_Queue, ...]]] = []
+        batch = RowBatch()
+        batch.after_commit(lambda: self._published(fresh))
+        with self._lock:
+            self._check_open()
+            self._dedup.expire(now)
+            first_seq = self._next_seq
+            for m in messages:
+                if m.id is not None:
+                    seq = self._uncommitted_ids.get(m.id) or self._dedup.lookup(m.id, now)
+                    if seq is not None:
+                        results.append(PublishResult(seq, m.id, True, None))
+                        continue
+                seq = self._next_seq
+                self._next_seq += 1
+                expires = None if m.ttl is None else now + m.ttl
+                expires_us = None if expires is None else _us(expires)
+                queues = self._route(m.topic)
+                batch.add(
+                    "messages", seq, m.topic, m.id, now_us, expires_us,
+                    json.dumps(m.headers) if m.headers else None, m.payload,
+                )
+                if m.id is not None:
+                    batch.add("publish_ids", m.id, seq, expires_us)
+                    self._uncommitted_ids[m.id] = seq
+                for q in queues:
+                    batch.add("destinations", seq, q.id)
+                fresh.append((seq, m.id, expires, queues))
+                results.append(PublishResult(seq, m.id, False, len(queues)))
+            future = self.store.writer.write(batch) if fresh else None
+            failpoint("publish.before_commit")
+        try:
+            if future is not None:
+                future.result()
+            else:
+                self._wait_durable(first_seq - 1)
+        except BaseException:
+            with self._lock:
+                for _, msg_id, _, _ in fresh:
+                    if msg_id is not None:
+                        self._uncommitted_ids.pop(msg_id, None)
+            raise
+        failpoint("publish.after_commit")
+        return results
+
+    def _route(self, topic: str) -> tuple[_Queue, ...]:
+        route = self._routes.get(topic)
+        if route is None:
+            route = tuple(sorted(self._matcher.match(topic), key=lambda q: q.id))
+            if len(self._routes) > 8192:
+                self._routes.clear()
+            self._routes[topic] = route
+        return route
+
+    def _published(
+        self, fresh: list[tuple[int, str | None, float | None, tuple[_Queue, ...]]]
+    ) -> None:
+        """After commit (writer thread, commit order): make the messages deliverable."""
+        with self._lock:
+            for seq, msg_id, expires, queues in fresh:
+                for q in queues:
+                    q.cursor.append(seq, expires)
+                if msg_id is not None:
+                    self._dedup.remember(msg_id, seq, expires)
+                    self._uncommitted_ids.pop(msg_id, None)
+            self._durable_seq = fresh[-1][0]
+
+    def _wait_durable(self, seq: int) -> None:
+        """A batch of only duplicates still waits until its originals are committed."""
+        if self._durable_seq >= seq:
+            return
+        self.store.writer.write(RowBatch()).result()  # FIFO: earlier batches commit first
+
+    # -- consuming (seed 003 cursor) -----------------------------------------------------
+
+    def fetch(self, queue: str, max_messages: int = 100) -> list[Delivered]:
+        """Deliver up to ``max_messages`` from ``queue``: redeliveries first, then new
+        messages in sequence order. Each delivery attempt is durable before it is
+        returned, so the redelivery limit holds across crashes."""
+        if max_messages < 1:
+            raise InvalidConfig("max messages must be at least 1")
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            taken = q.cursor.take(now, max_messages)
+            batch = RowBatch()
+            for d in taken.deliveries:
+                batch.add("deliveries", q.id, d.seq, d.attempt, _us(d.deadline), False)
+            self._record_settlements(batch, q, taken.settlements, now)
+            future = self.store.writer.write(batch) if batch.rows else None
+        if future is not None:
+            future.result()
+        if not taken.deliveries:
+            return []
+        messages = self.store.fetch([d.seq for d in taken.deliveries])
+        return [
+            Delivered(queue, messages[d.seq], d.attempt, d.deadline)
+            for d in taken.deliveries
+        ]
+
+    def delete(self, queue: str, seqs: Iterable[int]) -> list[bool]:
+        """Delete delivered messages from ``queue`` (seed 003: a deletion record per
+        message). Atomic and idempotent: True for each message deleted now, False for one
+        already settled; NotInFlight (and nothing deleted) if any was never delivered."""
+        seqs = list(seqs)
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            done = q.cursor.delete_many(seqs)
+            batch = RowBatch()
+            now_us = _us(now)
+            for seq, deleted in zip(seqs, done, strict=True):
+                if deleted:
+                    batch.add("settled", q.id, seq, Outcome.DELETED, now_us)
+            q.counts[Outcome.DELETED] += batch.rows
+            self._settled_since_compaction += batch.rows
+            failpoint("delete.before_commit")
+            future = self.store.writer.write(batch) if batch.rows else None
+        if future is not None:
+            future.result()
+        return done
+
+    def release(self, queue: str, seqs: Iterable[int], delay: float = 0.0) -> None:
+        """Give delivered messages back for redelivery after ``delay`` seconds (nack).
+        Atomic. A message past its redelivery limit goes to the dead-letter queue."""
+        seqs = list(seqs)
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            outcomes = q.cursor.release_many(seqs, now, delay)
+            batch = RowBatch()
+            settlements = []
+            for r in outcomes:
+                if isinstance(r, Release):
+                    batch.add("deliveries", q.id, r.seq, r.attempt, _us(r.due), True)
+                else:
+                    settlements.append(r)
+            self._record_settlements(batch, q, settlements, now)
+            future = self.store.writer.write(batch) if batch.rows else None
+        if future is not None:
+            future.result()
+
+    def _record_settlements(
+        self, batch: RowBatch, q: _Queue, settlements: list[Settlement], now: float
+    ) -> None:
+        """Add settlement records (and dead-letter destinations) to ``batch``; the DLQ
+        sees its new messages once the batch commits. Call with ``_lock`` held."""
+        if not settlements:
+            return
+        now_us = _us(now)
+        moved: list[int] = []
+        dlq = self._queues.get(q.config.dead_letter) if q.config.dead_letter else None
+        for s in settlements:
+            batch.add("settled", q.id, s.seq, s.outcome, now_us)
+            q.counts[s.outcome] += 1
+            if s.outcome is Outcome.DEAD_LETTERED and dlq is not None:
+                batch.add("destinations", s.seq, dlq.id)
+                moved.append(s.seq)
+        self._settled_since_compaction += len(settlements)
+        if moved and dlq is not None:
+            expiries = self.store.expiries(moved)
+            target = dlq
+
+            def to_dlq() -> None:
+                with self._lock:
+                    for seq in moved:
+                        target.cursor.append(seq, expiries.get(seq))
+
+            batch.after_commit(to_dlq)
+
+    # -- queues -------------------------------------------------------------------------
+
+    def create_queue(self, config: QueueConfig) -> bool:
+        """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
+        False if an identical queue exists; QueueExists if it differs."""
+        with self._admin:
+            existing = self._queues.get(config.name)
+            if existing is not None:
+                if existing.config == config:
+                    return False
+                raise QueueExists(
+                    f"queue {config.name!r} already exists with other settings; delete it "
+                    "first or use `eomsg queue subscribe`"
+                )
+            if config.dead_letter and config.dead_letter not in self._queues:
+                self._create(QueueConfig(config.dead_letter))
+            self._create(config)
+            return True
+
+    def _create(self, config: QueueConfig) -> None:
+        self._check_open()
+        queue_id = self.store.writer.run(
+            Store.create_queue_job(config, _us(self.clock()))
+        ).result()
+        with self._lock:
+            self._install(queue_id, config)
+
+    def delete_queue(self, name: str, *, force: bool = False) -> int:
+        """Delete a queue and its records; returns how many messages it still held.
+        Refuses a non-empty queue unless ``force``, and a queue another dead-letters to."""
+        with self._admin:
+            q = self._queue(name)
+            users = [u.config.name for u in self._queues.values() if u.config.dead_letter == name]
+            if users:
+                raise QueueNotEmpty(
+                    f"queue {name!r} is the dead-letter queue of {', '.join(users)}; "
+                    "delete those first"
+                )
+            depth = q.cursor.depth
+            if depth and not force:
+                raise QueueNotEmpty(
+                    f"queue {name!r} holds {depth} messages; purge it or use --force"
+                )
+            self._check_open()
+            self.store.writer.run(Store.drop_queue_job(q.id)).result()
+            with self._lock:
+                for pattern in q.config.subscriptions:
+                    self._matcher.remove(pattern, q)
+                self._routes.clear()
+                del self._queues[name], self._by_id[q.id]
+            return depth
+
+    def subscribe(self, name: str, pattern: str) -> bool:
+        """Route messages published from now on to topics matching ``pattern`` into the
+        queue. Idempotent: False if it was subscribed already."""
+        with self._admin:
+            q = self._queue(name)
+            if pattern in q.config.subscriptions:
+                return False
+            config = QueueConfig(
+                name, (*q.config.subscriptions, pattern), q.config.max_redeliveries,
+                q.config.dead_letter, q.config.ack_timeout,
+            )
+            self._update(q, config)
+            return True
+
+    def unsubscribe(self, name: str, pattern: str) -> bool:
+        """Stop routing ``pattern`` to the queue. Idempotent: False if not subscribed."""
+        with self._admin:
+            q = self._queue(name)
+            if pattern not in q.config.subscriptions:
+                return False
+            subs = tuple(p for p in q.config.subscriptions if p != pattern)
+            config = QueueConfig(
+                name, subs, q.config.max_redeliveries, q.config.dead_letter,
+                q.config.ack_timeout,
+            )
+            self._update(q, config)
+            return True
+
+    def _update(self, q: _Queue, config: QueueConfig) -> None:
+        self._check_open()
+        self.store.writer.run(Store.update_queue_job(q.id, config)).result()
+        with self._lock:
+            for pattern in q.config.subscriptions:
+                self._matcher.remove(pattern, q)
+            for pattern in config.subscriptions:
+                self._matcher.add(pattern, q)
+            self._routes.clear()
+            q.config = config
+
+    def purge(self, name: str) -> int:
+        """Settle every message in the queue as purged; returns how many."""
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            settlements = q.cursor.purge()
+            batch = RowBatch()
+            self._record_settlements(batch, q, settlements, now)
+            future = self.store.writer.write(batch) if batch.rows else None
+        if future is not None:
+            future.result()
+        return len(settlements)
+
+    def queue_config(self, name: str) -> QueueConfig:
+        with self._lock:
+            return self._queue(name).config
+
+    def queue_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._queues)
+
+    def _queue(self, name: str) -> _Queue:
+        q = self._queues.get(name)
+        if q is None:
+            raise QueueNotFound(
+                f"queue {name!r} does not exist; create it with `eomsg queue create {name}`"
+            )
+        return q
+
+    # -- inspection -----------------------------------------------------------------------
+
+    def stats(self) -> list[QueueStats]:
+        """A snapshot of every queue, by name."""
+        now = self.clock()
+        self._poll(now)
+        with self._lock:
+            snapshot = [
+                (q.config, q.cursor.depth, q.cursor.in_flight, dict(q.counts),
+                 q.cursor.lowest_pending())
+                for q in sorted(self._queues.values(), key=lambda q: q.config.name)
+            ]
+        published = self.store.published_at([low for *_, low in snapshot if low is not None])
+        out = []
+        for config, depth, in_flight, counts, low in snapshot:
+            oldest = published.get(low) if low is not None else None
+            out.append(
+                QueueStats(
+                    config.name, config.subscriptions, depth, in_flight,
+                    counts[Outcome.DELETED], counts[Outcome.EXPIRED],
+                    counts[Outcome.DEAD_LETTERED], counts[Outcome.PURGED],
+                    None if oldest is None else max(0.0, now - oldest),
+                    config.dead_letter, config.max_redeliveries,
+                )
+            )
+        return out
+
+    def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
+        """Messages still in the retained log, oldest first."""
+        if limit < 1:
+            raise InvalidConfig("limit must be at least 1")
+        regex = None if pattern is None else pattern_regex(pattern)
+        return self.store.log(regex, from_seq, limit)
+
+    # -- maintenance -----------------------------------------------------------------------
+
+    def maintain(self) -> None:
+        """Time out deliveries and expire messages; when due, compact the hot tables and
+        collect the log past retention. Runs every ``tick`` seconds and at close."""
+        if self._closed:
+            return
+        now = self.clock()
+        self._poll(now)
+        with self._lock:
+            compact = self._settled_since_compaction >= self.settings.compact_every
+            if compact:
+                self._settled_since_compaction = 0
+            gc_due = now - self._last_gc >= self.settings.gc_interval
+            floor = self._durable_seq + 1
+            for q in self._queues.values():
+                low = q.cursor.lowest_pending()
+                if low is not None:
+                    floor = min(floor, low)
+        if compact:
+            self.store.writer.run(Store.compact_job()).result()
+        if gc_due:
+            self._last_gc = now
+            cutoff = _us(now - self.settings.retention)
+            horizon = self.store.writer.run(
+                Store.collect_garbage_job(floor, cutoff, _us(now))
+            ).result()
+            with self._lock:
+                self._dedup.forget_below(horizon)
+
+    def _poll(self, now: float) -> None:
+        """Apply the passage of time to every cursor and persist what it settled."""
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            self._dedup.expire(now)
+            for q in self._queues.values():
+                self._record_settlements(batch, q, q.cursor.poll(now), now)
+            future = self.store.writer.write(batch) if batch.rows else None
+        if future is not None:
+            future.result()
+
+    def _tick(self) -> None:
+        tick = self.settings.tick
+        assert tick is not None
+        while not self._stop.wait(tick):
+            try:
+                self.maintain()
+            except NodeClosed:
+                return
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NodeClosed("the node is closed")

@@ -1,0 +1,64 @@
+"""One process owns a data directory: an exclusive ``flock`` on ``DIR/eomsg.lock``.
+
+DuckDB would refuse a second writer anyway, but with an error about its file; taking our
+own lock first lets the message name the holder and say what to do. The kernel drops the
+lock when the holder dies, however it dies, so a crash never leaves the directory stuck.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sys
+from pathlib import Path
+
+from eomsg.errors import DataDirError, DataDirLocked
+
+LOCK_NAME = "eomsg.lock"
+
+
+class DataDirLock:
+    """An exclusive, non-blocking lock on a data directory, held until :meth:`release`."""
+
+    def __init__(self, data_dir: Path, *, create: bool = True) -> None:
+        self.data_dir = data_dir
+        self._fd: int | None = None
+        self._acquire(create)
+
+    def _acquire(self, create: bool) -> None:
+        d = self.data_dir
+        try:
+            if create:
+                d.mkdir(parents=True, exist_ok=True)
+            elif not d.exists():
+                raise DataDirError(f"data directory {d} does not exist (check --data)")
+            if not d.is_dir():
+                raise DataDirError(f"{d} is not a directory (check --data)")
+            fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        except PermissionError as e:
+            raise DataDirError(f"cannot use data directory {d}: permission denied") from e
+        except FileNotFoundError as e:
+            raise DataDirError(f"data directory {d} does not exist (check --data)") from e
+        except OSError as e:
+            if isinstance(e, DataDirError):
+                raise
+            raise DataDirError(f"cannot use data directory {d}: {e.strerror}") from e
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise DataDirLocked(
+                f"data directory {d} is in use by {holder}; wait for it to finish or "
+                "point --data elsewhere"
+            ) from e
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[:2])})".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Drop the lock. Idempotent."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)
+            self._fd = None

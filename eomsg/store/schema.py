@@ -1,0 +1,163 @@
+"""The DuckDB schema, its version and the migrations that bring a data directory up to it.
+
+Every table that grows with traffic is insert-only (seed 003's "record that the message
+is deleted" rather than an UPDATE), because UPDATE churn grows DuckDB's WAL; background
+compaction and garbage collection delete whole ranges instead. Hot lookups (pending seqs,
+live publish ids) are in memory, rebuilt at start, so no table needs an index — DuckDB's
+ART indexes must fit in memory and halve bulk-insert speed.
+
+Each migration runs in its own transaction together with the row that records it, so a
+crash leaves the schema at one version or the next, never between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import pyarrow as pa
+
+from eomsg.errors import SchemaTooNew
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    statements: tuple[str, ...]
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(
+        1,
+        "message log, queues and cursor records",
+        (
+            """CREATE TABLE node_meta (
+                   key VARCHAR PRIMARY KEY,
+                   value VARCHAR NOT NULL)""",
+            "CREATE SEQUENCE queue_ids START 1",
+            """CREATE TABLE queues (
+                   queue_id INTEGER PRIMARY KEY,
+                   name VARCHAR NOT NULL UNIQUE,
+                   config VARCHAR NOT NULL,
+                   created_at TIMESTAMP NOT NULL)""",
+            """CREATE TABLE queue_stats (
+                   queue_id INTEGER PRIMARY KEY,
+                   deleted BIGINT NOT NULL DEFAULT 0,
+                   expired BIGINT NOT NULL DEFAULT 0,
+                   dead_lettered BIGINT NOT NULL DEFAULT 0,
+                   purged BIGINT NOT NULL DEFAULT 0)""",
+            # The retained log: one row per message, in sequence order.
+            """CREATE TABLE messages (
+                   seq BIGINT NOT NULL,
+                   topic VARCHAR NOT NULL,
+                   id VARCHAR,
+                   published_at TIMESTAMP NOT NULL,
+                   expires_at TIMESTAMP,
+                   headers VARCHAR,
+                   payload BLOB NOT NULL)""",
+            # Live publish ids (seed 001), trimmed by expiry and log GC.
+            """CREATE TABLE publish_ids (
+                   id VARCHAR NOT NULL,
+                   seq BIGINT NOT NULL,
+                   expires_at TIMESTAMP)""",
+            # Seed 004: the destination list persisted with the message.
+            """CREATE TABLE destinations (
+                   seq BIGINT NOT NULL,
+                   queue_id INTEGER NOT NULL)""",
+            # Seed 003: each delivery attempt, written before the message is handed out.
+            """CREATE TABLE deliveries (
+                   queue_id INTEGER NOT NULL,
+                   seq BIGINT NOT NULL,
+                   attempt INTEGER NOT NULL,
+                   due TIMESTAMP NOT NULL,
+                   released BOOLEAN NOT NULL)""",
+            # Seed 003: "a record that the cursor considers the message deleted".
+            """CREATE TABLE settled (
+                   queue_id INTEGER NOT NULL,
+                   seq BIGINT NOT NULL,
+                   outcome TINYINT NOT NULL,
+                   settled_at TIMESTAMP NOT NULL)""",
+        ),
+    ),
+)
+
+SCHEMA_VERSION = MIGRATIONS[-1].version
+
+# Column order and Arrow types of the insert-only tables the writer appends to.
+TIMESTAMP = pa.timestamp("us")
+ROW_TABLES: dict[str, pa.Schema] = {
+    "messages": pa.schema(
+        [
+            ("seq", pa.int64()),
+            ("topic", pa.string()),
+            ("id", pa.string()),
+            ("published_at", TIMESTAMP),
+            ("expires_at", TIMESTAMP),
+            ("headers", pa.string()),
+            ("payload", pa.binary()),
+        ]
+    ),
+    "publish_ids": pa.schema([("id", pa.string()), ("seq", pa.int64()), ("expires_at", TIMESTAMP)]),
+    "destinations": pa.schema([("seq", pa.int64()), ("queue_id", pa.int32())]),
+    "deliveries": pa.schema(
+        [
+            ("queue_id", pa.int32()),
+            ("seq", pa.int64()),
+            ("attempt", pa.int32()),
+            ("due", TIMESTAMP),
+            ("released", pa.bool_()),
+        ]
+    ),
+    "settled": pa.schema(
+        [("queue_id", pa.int32()), ("seq", pa.int64()), ("outcome", pa.int8()), ("settled_at", TIMESTAMP)]
+    ),
+}
+
+
+def schema_version(conn: duckdb.DuckDBPyConnection) -> int:
+    """The version recorded in the database, 0 for a new one."""
+    exists = conn.execute(
+        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
+    ).fetchone()
+    if not exists or not exists[0]:
+        return 0
+    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
+    return int(row[0]) if row else 0
+
+
+def migrate(conn: duckdb.DuckDBPyConnection) -> list[Migration]:
+    """Apply the migrations this database lacks, each atomically with its record.
+
+    Idempotent. Raises SchemaTooNew when the database is ahead of this code.
+    """
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS schema_migrations (
+               version INTEGER PRIMARY KEY,
+               name VARCHAR NOT NULL,
+               applied_at TIMESTAMP NOT NULL DEFAULT (now()::TIMESTAMP))"""
+    )
+    current = schema_version(conn)
+    if current > SCHEMA_VERSION:
+        raise SchemaTooNew(
+            f"the data directory has schema version {current}, this eomsg knows up to "
+            f"{SCHEMA_VERSION}: upgrade eomsg"
+        )
+    applied = []
+    for migration in MIGRATIONS:
+        if migration.version <= current:
+            continue
+        conn.execute("BEGIN TRANSACTION")
+        try:
+            for statement in migration.statements:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
+                [migration.version, migration.name],
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        applied.append(migration)
+    return applied

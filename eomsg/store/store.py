@@ -1,0 +1,378 @@
+"""The store: a data directory holding one DuckDB database, and every SQL statement eomsg
+runs against it.
+
+Opening takes the directory's lock, opens the database read-write, migrates it and starts
+the :class:`~eomsg.store.writer.Writer`. Writes go through the writer (group commit);
+reads run on per-thread cursors of the same database and see only committed data.
+
+Times cross this boundary as integer microseconds since the epoch (UTC); the table
+columns are ``TIMESTAMP`` so that ``inspect sql`` shows readable times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from eomsg.core.message import Message
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import DataDirError, InvalidQuery, StorageError
+from eomsg.store.lock import DataDirLock
+from eomsg.store.schema import migrate
+from eomsg.store.writer import Writer
+
+DB_NAME = "eomsg.duckdb"
+US = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    """One unsettled (queue, message) pair found on recovery; times in microseconds."""
+
+    queue_id: int
+    seq: int
+    expires_us: int | None
+    attempt: int | None  # None: never delivered
+    due_us: int | None
+    released: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class SettledCounts:
+    deleted: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    purged: int = 0
+
+
+_MESSAGE_COLUMNS = (
+    "seq, topic, id, epoch_us(published_at), epoch_us(expires_at), headers, payload"
+)
+
+
+def _message(row: Sequence[Any]) -> Message:
+    seq, topic, msg_id, published_us, expires_us, headers, payload = row
+    return Message(
+        seq=seq,
+        topic=topic,
+        payload=bytes(payload),
+        id=msg_id,
+        published_at=published_us / US,
+        expires_at=None if expires_us is None else expires_us / US,
+        headers=json.loads(headers) if headers else {},
+    )
+
+
+def _duckdb_error(e: duckdb.Error, doing: str) -> StorageError:
+    return StorageError(f"{doing} failed: {e}")
+
+
+class Store:
+    """A data directory opened read-write by this process (see the module docstring)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.path = data_dir / DB_NAME
+        self._lock = DataDirLock(data_dir)
+        try:
+            self._db = duckdb.connect(str(self.path))
+            migrate(self._db)
+        except duckdb.Error as e:
+            self._lock.release()
+            raise DataDirError(f"cannot open {self.path}: {e}") from e
+        except BaseException:
+            self._lock.release()
+            raise
+        self._local = threading.local()
+        self._cursors: list[duckdb.DuckDBPyConnection] = []
+        self._cursors_lock = threading.Lock()
+        self.writer = Writer(self._db.cursor())
+
+    def close(self) -> None:
+        """Finish queued writes, checkpoint, close the database and drop the lock."""
+        self.writer.close()
+        with self._cursors_lock:
+            for cursor in self._cursors:
+                cursor.close()
+            self._cursors.clear()
+        with contextlib.suppress(duckdb.Error):  # a failed store cannot; the WAL replays
+            self._db.execute("CHECKPOINT")
+        self._db.close()
+        self._lock.release()
+
+    def _reader(self) -> duckdb.DuckDBPyConnection:
+        cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
+        if cursor is None:
+            cursor = self._db.cursor()
+            self._local.cursor = cursor
+            with self._cursors_lock:
+                self._cursors.append(cursor)
+        return cursor
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
+        try:
+            return self._reader().execute(sql, params).fetchall()
+        except duckdb.Error as e:
+            raise _duckdb_error(e, "reading the store") from e
+
+    # -- recovery -----------------------------------------------------------------------
+
+    def load_queues(self) -> list[tuple[int, QueueConfig]]:
+        rows = self._query("SELECT queue_id, config FROM queues ORDER BY queue_id")
+        return [(qid, QueueConfig.from_json(json.loads(config))) for qid, config in rows]
+
+    def meta(self, key: str) -> str | None:
+        rows = self._query("SELECT value FROM node_meta WHERE key = ?", [key])
+        return rows[0][0] if rows else None
+
+    def last_seq(self) -> int:
+        """The highest sequence number ever assigned durably (log GC included)."""
+        (top,) = self._query("SELECT coalesce(max(seq), 0) FROM messages")[0]
+        return max(int(top), int(self.meta("gc_horizon") or 1) - 1)
+
+    def load_pending(self) -> Iterator[PendingRow]:
+        """Every unsettled (queue, message) pair with its latest delivery attempt, ordered
+        by queue then seq. Reads only the hot tables and the log range they point into."""
+        sql = """
+            WITH hot AS (
+                SELECT d.queue_id, d.seq FROM destinations d
+                ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+            ), latest AS (
+                SELECT queue_id, seq, max(attempt) AS attempt,
+                       arg_max(epoch_us(due), attempt * 2 + released::INTEGER) AS due,
+                       arg_max(released, attempt * 2 + released::INTEGER) AS released
+                FROM deliveries GROUP BY queue_id, seq
+            )
+            SELECT h.queue_id, h.seq, epoch_us(m.expires_at), l.attempt, l.due, l.released
+            FROM hot h
+            JOIN messages m ON m.seq = h.seq
+            LEFT JOIN latest l ON l.queue_id = h.queue_id AND l.seq = h.seq
+            WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
+            ORDER BY h.queue_id, h.seq
+        """
+        try:
+            result = self._reader().execute(sql)
+            while chunk := result.fetchmany(65536):
+                for row in chunk:
+                    yield PendingRow(*row)
+        except duckdb.Error as e:
+            raise _duckdb_error(e, "recovering pending messages") from e
+
+    def load_publish_ids(self, now_us: int) -> list[tuple[str, int, int | None]]:
+        """Live publish ids (seed 001) as (id, seq, expires_us), oldest first."""
+        return self._query(
+            """SELECT id, seq, epoch_us(expires_at) FROM publish_ids
+               WHERE expires_at IS NULL OR epoch_us(expires_at) > ? ORDER BY seq""",
+            [now_us],
+        )
+
+    def load_counts(self) -> dict[int, SettledCounts]:
+        """Settled totals per queue: compacted totals plus records not yet compacted."""
+        rows = self._query(
+            """SELECT queue_id, sum(deleted), sum(expired), sum(dead_lettered), sum(purged)
+               FROM (
+                   SELECT queue_id, deleted, expired, dead_lettered, purged FROM queue_stats
+                   UNION ALL
+                   SELECT queue_id, (outcome = 0)::INT, (outcome = 1)::INT,
+                          (outcome = 2)::INT, (outcome = 3)::INT FROM settled
+               ) GROUP BY queue_id"""
+        )
+        return {qid: SettledCounts(*(int(v) for v in vals)) for qid, *vals in rows}
+
+    # -- reading messages ----------------------------------------------------------------
+
+    def fetch(self, seqs: Sequence[int]) -> dict[int, Message]:
+        """The messages with these sequence numbers (ascending), by seq."""
+        if not seqs:
+            return {}
+        rows = self._query(
+            f"""SELECT {_MESSAGE_COLUMNS} FROM messages
+                WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
+            [min(seqs), max(seqs), list(seqs)],
+        )
+        return {row[0]: _message(row) for row in rows}
+
+    def log(
+        self, topic_regex: str | None, from_seq: int, limit: int
+    ) -> list[Message]:
+        """Retained messages from ``from_seq`` on, optionally filtered by a topic regex."""
+        where = "seq >= ?"
+        params: list[Any] = [from_seq]
+        if topic_regex is not None:
+            where += " AND regexp_full_match(topic, ?)"
+            params.append(topic_regex)
+        rows = self._query(
+            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY seq LIMIT ?",
+            [*params, limit],
+        )
+        return [_message(r) for r in rows]
+
+    def published_at(self, seqs: Sequence[int]) -> dict[int, float]:
+        """Publish times of a few messages, by seq."""
+        if not seqs:
+            return {}
+        rows = self._query(
+            "SELECT seq, epoch_us(published_at) FROM messages "
+            "WHERE seq IN (SELECT unnest(?::BIGINT[]))",
+            [list(seqs)],
+        )
+        return {seq: us / US for seq, us in rows}
+
+    def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
+        """Expiry times of the messages among ``seqs`` that have one, by seq."""
+        rows = self._query(
+            "SELECT seq, epoch_us(expires_at) FROM messages "
+            "WHERE expires_at IS NOT NULL AND seq IN (SELECT unnest(?::BIGINT[]))",
+            [list(seqs)],
+        )
+        return {seq: us / US for seq, us in rows}
+
+    def settled_rows(self) -> int:
+        """Settlement records not yet compacted."""
+        return int(self._query("SELECT count(*) FROM settled")[0][0])
+
+    def log_bounds(self) -> tuple[int, int, int]:
+        """(first seq, last seq, count) of the retained log."""
+        first, last, count = self._query(
+            "SELECT coalesce(min(seq), 0), coalesce(max(seq), 0), count(*) FROM messages"
+        )[0]
+        return int(first), int(last), int(count)
+
+    # -- jobs for the writer (each runs in its own transaction) ---------------------------
+
+    @staticmethod
+    def create_queue_job(config: QueueConfig, now_us: int) -> Any:
+        def job(conn: duckdb.DuckDBPyConnection) -> int:
+            row = conn.execute(
+                """INSERT INTO queues VALUES (nextval('queue_ids'), ?, ?, make_timestamp(?))
+                   RETURNING queue_id""",
+                [config.name, json.dumps(config.to_json()), now_us],
+            ).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        return job
+
+    @staticmethod
+    def update_queue_job(queue_id: int, config: QueueConfig) -> Any:
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute(
+                "UPDATE queues SET config = ? WHERE queue_id = ?",
+                [json.dumps(config.to_json()), queue_id],
+            )
+
+        return job
+
+    @staticmethod
+    def drop_queue_job(queue_id: int) -> Any:
+        """Remove a queue and every record of it, atomically."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            for table in ("destinations", "deliveries", "settled", "queue_stats", "queues"):
+                conn.execute(f"DELETE FROM {table} WHERE queue_id = ?", [queue_id])
+
+        return job
+
+    @staticmethod
+    def compact_job() -> Any:
+        """Drop the hot-table rows of every settled (queue, message) pair, folding their
+        outcomes into ``queue_stats``. Returns the number of pairs compacted."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> int:
+            row = conn.execute("SELECT count(*) FROM settled").fetchone()
+            count = int(row[0]) if row else 0
+            if not count:
+                return 0
+            conn.execute(
+                """INSERT INTO queue_stats
+                   SELECT queue_id, count(*) FILTER (outcome = 0), count(*) FILTER (outcome = 1),
+                          count(*) FILTER (outcome = 2), count(*) FILTER (outcome = 3)
+                   FROM settled GROUP BY queue_id
+                   ON CONFLICT (queue_id) DO UPDATE SET
+                       deleted = deleted + excluded.deleted,
+                       expired = expired + excluded.expired,
+                       dead_lettered = dead_lettered + excluded.dead_lettered,
+                       purged = purged + excluded.purged"""
+            )
+            for table in ("destinations", "deliveries"):
+                conn.execute(
+                    f"""DELETE FROM {table} t USING settled s
+                        WHERE t.queue_id = s.queue_id AND t.seq = s.seq"""
+                )
+            conn.execute("DELETE FROM settled")
+            return count
+
+        return job
+
+    @staticmethod
+    def collect_garbage_job(floor: int, cutoff_us: int, now_us: int) -> Any:
+        """Drop the retained log below the GC horizon: no message at or above ``floor`` is
+        pending anywhere, and none published after ``cutoff_us`` is past retention.
+        Also trims expired publish ids. Returns the new horizon (first seq kept)."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> int:
+            row = conn.execute(
+                """SELECT least(?, coalesce(
+                       (SELECT min(seq) FROM messages WHERE published_at > make_timestamp(?)),
+                       ?))""",
+                [floor, cutoff_us, floor],
+            ).fetchone()
+            horizon = int(row[0]) if row else 0
+            conn.execute("DELETE FROM messages WHERE seq < ?", [horizon])
+            conn.execute(
+                """DELETE FROM publish_ids
+                   WHERE (expires_at IS NOT NULL AND expires_at <= make_timestamp(?))
+                      OR (expires_at IS NULL AND seq < ?)""",
+                [now_us, horizon],
+            )
+            conn.execute(
+                """INSERT INTO node_meta VALUES ('gc_at', ?::VARCHAR)
+                   ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+                [now_us / US],
+            )
+            conn.execute(
+                """INSERT INTO node_meta VALUES ('gc_horizon', ?::VARCHAR)
+                   ON CONFLICT (key) DO UPDATE
+                   SET value = greatest(value::BIGINT, excluded.value::BIGINT)::VARCHAR""",
+                [horizon],
+            )
+            return horizon
+
+        return job
+
+
+def read_only_query(data_dir: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+    """Run ``sql`` on a read-only connection that cannot write or touch other files.
+
+    Takes the data directory's lock for the duration, so it never races a writer.
+    """
+    path = data_dir / DB_NAME
+    lock = DataDirLock(data_dir, create=False)
+    try:
+        if not path.exists():
+            raise DataDirError(f"no eomsg store in {data_dir} (check --data)")
+        try:
+            conn = duckdb.connect(
+                str(path), read_only=True, config={"enable_external_access": False}
+            )
+        except duckdb.Error as e:
+            raise DataDirError(f"cannot open {path}: {e}") from e
+        try:
+            result = conn.execute(sql)
+            columns = [d[0] for d in result.description or []]
+            return columns, result.fetchall()
+        except (duckdb.InvalidInputException, duckdb.PermissionException) as e:
+            raise InvalidQuery(f"inspect sql is read-only: {str(e).splitlines()[0]}") from e
+        except duckdb.Error as e:
+            raise InvalidQuery(f"query failed: {str(e).splitlines()[0]}") from e
+        finally:
+            conn.close()
+    finally:
+        lock.release()

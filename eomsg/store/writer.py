@@ -1,0 +1,206 @@
+"""The single writer: one thread owns the read-write DuckDB connection and group-commits.
+
+Callers hand it work and wait on a future; the thread takes everything that queued up
+while the previous commit ran and puts it into the next transaction. One commit costs
+about a millisecond whatever it holds, so under load the per-message cost of durability
+falls with the batch size — that is the whole point of group commit.
+
+Two kinds of work:
+
+* :class:`RowBatch` — rows appended to the insert-only tables. Consecutive batches merge
+  into one Arrow table per table and one ``INSERT … SELECT`` each (never ``executemany``,
+  which runs row by row).
+* a job, ``fn(conn) -> T`` — anything else (queue changes, compaction, GC); it runs alone
+  in its own transaction, in arrival order.
+
+A future resolves only after ``COMMIT`` has returned, and DuckDB fdatasyncs its WAL on
+commit: an acknowledgement built on it is durable. After each commit the thread runs the
+batches' after-commit callbacks in submission order, so in-memory indexes see commits in
+the order the log holds them. If a commit fails, every waiting future gets the
+:class:`StorageError` and the writer refuses further work: the in-memory state may be ahead
+of the disk, and only a restart (which rebuilds it from disk) makes them agree again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import duckdb
+import pyarrow as pa
+
+from eomsg.errors import NodeClosed, StorageError
+from eomsg.failpoints import failpoint
+from eomsg.store.schema import ROW_TABLES
+
+T = TypeVar("T")
+
+
+class RowBatch:
+    """Rows for the insert-only tables, as column lists, plus after-commit callbacks."""
+
+    __slots__ = ("callbacks", "columns", "rows")
+
+    def __init__(self) -> None:
+        self.columns: dict[str, dict[str, list[Any]]] = {}
+        self.callbacks: list[Callable[[], None]] = []
+        self.rows = 0
+
+    def after_commit(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the writer thread once these rows are committed."""
+        self.callbacks.append(callback)
+
+    def table(self, name: str) -> dict[str, list[Any]]:
+        """The column lists of ``name``, created empty on first use."""
+        cols = self.columns.get(name)
+        if cols is None:
+            cols = self.columns[name] = {f: [] for f in ROW_TABLES[name].names}
+        return cols
+
+    def add(self, name: str, *row: Any) -> None:
+        cols = self.table(name)
+        for values, value in zip(cols.values(), row, strict=True):
+            values.append(value)
+        self.rows += 1
+
+    def merge(self, other: RowBatch) -> None:
+        for name, cols in other.columns.items():
+            mine = self.table(name)
+            for field, values in cols.items():
+                mine[field].extend(values)
+        self.rows += other.rows
+
+
+_FATAL = (duckdb.IOException, duckdb.FatalException, duckdb.InternalException)
+_Job = Callable[[duckdb.DuckDBPyConnection], Any]
+_STOP = object()
+
+
+class Writer:
+    """The group-committing writer thread. See the module docstring."""
+
+    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._failed: BaseException | None = None
+        self._closed = False
+        self.commits = 0
+        self._thread = threading.Thread(target=self._run, name="eomsg-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, batch: RowBatch) -> Future[None]:
+        """Queue rows for the next group commit."""
+        return self._submit(batch)
+
+    def run(self, job: Callable[[duckdb.DuckDBPyConnection], T]) -> Future[T]:
+        """Queue ``job`` to run alone in its own transaction."""
+        return self._submit(job)
+
+    def close(self) -> None:
+        """Finish the queued work, then stop the thread. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put((_STOP, None))
+            self._thread.join()
+
+    def _submit(self, work: Any) -> Future[Any]:
+        if self._failed is not None:
+            raise StorageError(f"the store failed earlier and accepts no writes: {self._failed}")
+        if self._closed:
+            raise NodeClosed("the node is closed")
+        future: Future[Any] = Future()
+        self._queue.put((work, future))
+        return future
+
+    def _run(self) -> None:
+        pending: list[tuple[Any, Future[Any]]] = []
+        while True:
+            if not pending:
+                pending.append(self._queue.get())
+            while True:  # drain what queued during the last commit
+                try:
+                    pending.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            group: list[tuple[RowBatch, Future[Any]]] = []
+            while pending and isinstance(pending[0][0], RowBatch):
+                group.append(pending.pop(0))
+            if group:
+                self._commit_rows(group)
+                continue
+            work, future = pending.pop(0)
+            if work is _STOP:
+                for _, f in pending:
+                    f.set_exception(NodeClosed("the node closed before this write ran"))
+                return
+            self._commit_job(work, future)
+
+    def _commit_rows(self, group: list[tuple[RowBatch, Future[Any]]]) -> None:
+        batch = group[0][0] if len(group) == 1 else RowBatch()
+        if len(group) > 1:
+            for b, _ in group:
+                batch.merge(b)
+        futures = [f for _, f in group]
+        if self._failed is not None:
+            return self._fail(futures, self._failed)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN TRANSACTION")
+            for name, cols in batch.columns.items():
+                arrow = pa.Table.from_pydict(cols, schema=ROW_TABLES[name])
+                conn.register("_eomsg_rows", arrow)
+                conn.execute(f"INSERT INTO {name} BY NAME SELECT * FROM _eomsg_rows")
+                conn.unregister("_eomsg_rows")
+            failpoint("store.commit.before")
+            conn.execute("COMMIT")
+        except Exception as e:
+            self._rollback()
+            self._failed = e
+            return self._fail(futures, e)
+        self.commits += 1
+        failpoint("store.commit.after")
+        self._after_commit([b for b, _ in group], futures)
+
+    def _commit_job(self, job: _Job, future: Future[Any]) -> None:
+        if self._failed is not None:
+            return self._fail([future], self._failed)
+        conn = self._conn
+        try:
+            conn.execute("BEGIN TRANSACTION")
+            result = job(conn)
+            conn.execute("COMMIT")
+        except Exception as e:
+            self._rollback()
+            if isinstance(e, _FATAL):  # the database itself failed: stop trusting it
+                self._failed = e
+                return self._fail([future], e)
+            future.set_exception(e)  # the job's own error, rolled back cleanly
+            return None
+        self.commits += 1
+        future.set_result(result)
+        return None
+
+    def _after_commit(self, batches: list[RowBatch], futures: list[Future[Any]]) -> None:
+        for b, f in zip(batches, futures, strict=True):
+            try:
+                for callback in b.callbacks:
+                    callback()
+            except Exception as e:  # a bug in a callback must not stop the writer
+                f.set_exception(e)
+            else:
+                f.set_result(None)
+
+    def _rollback(self) -> None:
+        with contextlib.suppress(duckdb.Error):  # no transaction open: nothing to undo
+            self._conn.execute("ROLLBACK")
+
+    @staticmethod
+    def _fail(futures: list[Future[Any]], cause: BaseException) -> None:
+        error = StorageError(f"write failed, nothing was acknowledged: {cause}")
+        error.__cause__ = cause
+        for f in futures:
+            f.set_exception(error)
