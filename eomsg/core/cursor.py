@@ -200,8 +200,7 @@ class Cursor:
             delivered = entry.attempt > 0 if entry is not None else seq <= self.read_seq
             if not delivered:  # unread seqs are all above read_seq
                 raise NotInFlight(
-                    f"message {seq} has not been delivered from this queue, so it cannot "
-                    "be deleted"
+                    f"message {seq} has not been delivered from this queue, so it cannot be deleted"
                 )
         done = []
         for seq in seqs:

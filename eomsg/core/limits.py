@@ -37,7 +37,8 @@ def check_outgoing(msg: Outgoing, limits: Limits) -> Outgoing:
             "bytes; store large data elsewhere and publish a reference"
         )
     if msg.id is not None and (
-        not isinstance(msg.id, str) or not 0 < len(msg.id) <= MAX_ID_LENGTH
+        not isinstance(msg.id, str)
+        or not 0 < len(msg.id) <= MAX_ID_LENGTH
         or not msg.id.isprintable()
     ):
         raise InvalidInput(f"message id must be 1-{MAX_ID_LENGTH} printable characters")

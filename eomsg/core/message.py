@@ -79,5 +79,4 @@ class PublishResult:
     queues: int | None
 
     def to_json(self) -> dict[str, Any]:
-        return {"seq": self.seq, "id": self.id, "duplicate": self.duplicate,
-                "queues": self.queues}
+        return {"seq": self.seq, "id": self.id, "duplicate": self.duplicate, "queues": self.queues}

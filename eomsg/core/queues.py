@@ -58,9 +58,7 @@ class QueueConfig:
                 "a message past its limit goes somewhere instead of being lost"
             )
         if not 0 < self.ack_timeout <= 7 * 86400:
-            raise InvalidConfig(
-                f"queue {self.name!r}: --ack-timeout must be between 0 and 7 days"
-            )
+            raise InvalidConfig(f"queue {self.name!r}: --ack-timeout must be between 0 and 7 days")
 
     @classmethod
     def create(

@@ -135,9 +135,12 @@ class Node:
         data_dir: Path | str,
         settings: NodeSettings | None = None,
         clock: Clock = time.time,
+        *,
+        create: bool = True,
     ) -> Node:
-        """Open (creating if needed) the data directory and rebuild the in-memory state."""
-        store = Store(Path(data_dir))
+        """Open the data directory (creating it unless ``create`` is False) and rebuild
+        the in-memory state from it."""
+        store = Store(Path(data_dir), create=create)
         try:
             return cls(store, settings or NodeSettings(), clock)
         except BaseException:
@@ -258,8 +261,14 @@ class Node:
                 expires_us = None if expires is None else _us(expires)
                 queues = self._route(m.topic)
                 batch.add(
-                    "messages", seq, m.topic, m.id, now_us, expires_us,
-                    json.dumps(m.headers) if m.headers else None, m.payload,
+                    "messages",
+                    seq,
+                    m.topic,
+                    m.id,
+                    now_us,
+                    expires_us,
+                    json.dumps(m.headers) if m.headers else None,
+                    m.payload,
                 )
                 if m.id is not None:
                     batch.add("publish_ids", m.id, seq, expires_us)
@@ -329,16 +338,13 @@ class Node:
             for d in taken.deliveries:
                 batch.add("deliveries", q.id, d.seq, d.attempt, _us(d.deadline), False)
             self._record_settlements(batch, q, taken.settlements, now)
-            future = self.store.writer.write(batch) if batch.rows else None
+            future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
         if not taken.deliveries:
             return []
         messages = self.store.fetch([d.seq for d in taken.deliveries])
-        return [
-            Delivered(queue, messages[d.seq], d.attempt, d.deadline)
-            for d in taken.deliveries
-        ]
+        return [Delivered(queue, messages[d.seq], d.attempt, d.deadline) for d in taken.deliveries]
 
     def delete(self, queue: str, seqs: Iterable[int]) -> list[bool]:
         """Delete delivered messages from ``queue`` (seed 003: a deletion record per
@@ -352,13 +358,15 @@ class Node:
             done = q.cursor.delete_many(seqs)
             batch = RowBatch()
             now_us = _us(now)
-            for seq, deleted in zip(seqs, done, strict=True):
-                if deleted:
-                    batch.add("settled", q.id, seq, Outcome.DELETED, now_us)
-            q.counts[Outcome.DELETED] += batch.rows
-            self._settled_since_compaction += batch.rows
+            rows = [
+                (q.id, s, Outcome.DELETED, now_us) for s, d in zip(seqs, done, strict=True) if d
+            ]
+            if rows:
+                batch.rows_of("settled").extend(rows)
+            q.counts[Outcome.DELETED] += len(rows)
+            self._settled_since_compaction += len(rows)
             failpoint("delete.before_commit")
-            future = self.store.writer.write(batch) if batch.rows else None
+            future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
         return done
@@ -380,7 +388,7 @@ class Node:
                 else:
                     settlements.append(r)
             self._record_settlements(batch, q, settlements, now)
-            future = self.store.writer.write(batch) if batch.rows else None
+            future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
 
@@ -433,9 +441,7 @@ class Node:
 
     def _create(self, config: QueueConfig) -> None:
         self._check_open()
-        queue_id = self.store.writer.run(
-            Store.create_queue_job(config, _us(self.clock()))
-        ).result()
+        queue_id = self.store.writer.run(Store.create_queue_job(config, _us(self.clock()))).result()
         with self._lock:
             self._install(queue_id, config)
 
@@ -472,8 +478,11 @@ class Node:
             if pattern in q.config.subscriptions:
                 return False
             config = QueueConfig(
-                name, (*q.config.subscriptions, pattern), q.config.max_redeliveries,
-                q.config.dead_letter, q.config.ack_timeout,
+                name,
+                (*q.config.subscriptions, pattern),
+                q.config.max_redeliveries,
+                q.config.dead_letter,
+                q.config.ack_timeout,
             )
             self._update(q, config)
             return True
@@ -486,7 +495,10 @@ class Node:
                 return False
             subs = tuple(p for p in q.config.subscriptions if p != pattern)
             config = QueueConfig(
-                name, subs, q.config.max_redeliveries, q.config.dead_letter,
+                name,
+                subs,
+                q.config.max_redeliveries,
+                q.config.dead_letter,
                 q.config.ack_timeout,
             )
             self._update(q, config)
@@ -512,7 +524,7 @@ class Node:
             settlements = q.cursor.purge()
             batch = RowBatch()
             self._record_settlements(batch, q, settlements, now)
-            future = self.store.writer.write(batch) if batch.rows else None
+            future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
         return len(settlements)
@@ -541,8 +553,13 @@ class Node:
         self._poll(now)
         with self._lock:
             snapshot = [
-                (q.config, q.cursor.depth, q.cursor.in_flight, dict(q.counts),
-                 q.cursor.lowest_pending())
+                (
+                    q.config,
+                    q.cursor.depth,
+                    q.cursor.in_flight,
+                    dict(q.counts),
+                    q.cursor.lowest_pending(),
+                )
                 for q in sorted(self._queues.values(), key=lambda q: q.config.name)
             ]
         published = self.store.published_at([low for *_, low in snapshot if low is not None])
@@ -551,11 +568,17 @@ class Node:
             oldest = published.get(low) if low is not None else None
             out.append(
                 QueueStats(
-                    config.name, config.subscriptions, depth, in_flight,
-                    counts[Outcome.DELETED], counts[Outcome.EXPIRED],
-                    counts[Outcome.DEAD_LETTERED], counts[Outcome.PURGED],
+                    config.name,
+                    config.subscriptions,
+                    depth,
+                    in_flight,
+                    counts[Outcome.DELETED],
+                    counts[Outcome.EXPIRED],
+                    counts[Outcome.DEAD_LETTERED],
+                    counts[Outcome.PURGED],
                     None if oldest is None else max(0.0, now - oldest),
-                    config.dead_letter, config.max_redeliveries,
+                    config.dead_letter,
+                    config.max_redeliveries,
                 )
             )
         return out
@@ -605,7 +628,7 @@ class Node:
             self._dedup.expire(now)
             for q in self._queues.values():
                 self._record_settlements(batch, q, q.cursor.poll(now), now)
-            future = self.store.writer.write(batch) if batch.rows else None
+            future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
 

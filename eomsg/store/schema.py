@@ -110,7 +110,12 @@ ROW_TABLES: dict[str, pa.Schema] = {
         ]
     ),
     "settled": pa.schema(
-        [("queue_id", pa.int32()), ("seq", pa.int64()), ("outcome", pa.int8()), ("settled_at", TIMESTAMP)]
+        [
+            ("queue_id", pa.int32()),
+            ("seq", pa.int64()),
+            ("outcome", pa.int8()),
+            ("settled_at", TIMESTAMP),
+        ]
     ),
 }
 

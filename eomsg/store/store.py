@@ -52,9 +52,7 @@ class SettledCounts:
     purged: int = 0
 
 
-_MESSAGE_COLUMNS = (
-    "seq, topic, id, epoch_us(published_at), epoch_us(expires_at), headers, payload"
-)
+_MESSAGE_COLUMNS = "seq, topic, id, epoch_us(published_at), epoch_us(expires_at), headers, payload"
 
 
 def _message(row: Sequence[Any]) -> Message:
@@ -77,10 +75,13 @@ def _duckdb_error(e: duckdb.Error, doing: str) -> StorageError:
 class Store:
     """A data directory opened read-write by this process (see the module docstring)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, *, create: bool = True) -> None:
         self.data_dir = data_dir
         self.path = data_dir / DB_NAME
-        self._lock = DataDirLock(data_dir)
+        self._lock = DataDirLock(data_dir, create=create)
+        if not create and not self.path.exists():
+            self._lock.release()
+            raise DataDirError(f"no eomsg data in {data_dir} yet (check --data)")
         try:
             self._db = duckdb.connect(str(self.path))
             migrate(self._db)
@@ -192,16 +193,22 @@ class Store:
         """The messages with these sequence numbers (ascending), by seq."""
         if not seqs:
             return {}
+        low, high = min(seqs), max(seqs)
+        if high - low < 4 * len(seqs):  # dense, the usual case: a plain range scan
+            wanted = set(seqs)
+            rows = self._query(
+                f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
+                [low, high],
+            )
+            return {row[0]: _message(row) for row in rows if row[0] in wanted}
         rows = self._query(
             f"""SELECT {_MESSAGE_COLUMNS} FROM messages
                 WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
-            [min(seqs), max(seqs), list(seqs)],
+            [low, high, list(seqs)],
         )
         return {row[0]: _message(row) for row in rows}
 
-    def log(
-        self, topic_regex: str | None, from_seq: int, limit: int
-    ) -> list[Message]:
+    def log(self, topic_regex: str | None, from_seq: int, limit: int) -> list[Message]:
         """Retained messages from ``from_seq`` on, optionally filtered by a topic regex."""
         where = "seq >= ?"
         params: list[Any] = [from_seq]
@@ -357,7 +364,7 @@ def read_only_query(data_dir: Path, sql: str) -> tuple[list[str], list[tuple[Any
     lock = DataDirLock(data_dir, create=False)
     try:
         if not path.exists():
-            raise DataDirError(f"no eomsg store in {data_dir} (check --data)")
+            raise DataDirError(f"no eomsg data in {data_dir} yet (check --data)")
         try:
             conn = duckdb.connect(
                 str(path), read_only=True, config={"enable_external_access": False}

@@ -1,0 +1,43 @@
+"""The ``eomsg`` command: each subcommand is a thin skin over one node call."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+from typing import Annotated
+
+import typer
+
+from eomsg.cli import inspect, queue
+from eomsg.cli.consume import consume
+from eomsg.cli.publish import publish
+
+app = typer.Typer(
+    help="Durable, exactly-once messaging for applications that keep their own databases.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command()(publish)
+app.command()(consume)
+app.add_typer(queue.app, name="queue")
+app.add_typer(inspect.app, name="inspect")
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"eomsg {version('eomsg')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def root(
+    _: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Durable, exactly-once messaging for applications that keep their own databases."""
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,97 @@
+"""``eomsg consume``: take messages from a queue, print them or run a command on each,
+and delete each only once it has been handled."""
+
+from __future__ import annotations
+
+import json as jsonlib
+import os
+import subprocess
+import sys
+from typing import Annotated
+
+import typer
+
+from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_node
+from eomsg.core.message import Delivered
+from eomsg.errors import HandlerFailed
+from eomsg.node.node import Node
+
+
+@handles_errors
+def consume(
+    queue: Annotated[str, typer.Argument(help="Queue to consume from.")],
+    max: Annotated[
+        int | None, typer.Option("--max", min=1, help="Stop after this many messages.")
+    ] = None,
+    exec_: Annotated[
+        str | None,
+        typer.Option(
+            "--exec",
+            help="Shell command run per message (payload on stdin, EOMSG_* variables); "
+            "the message is deleted only if it exits 0.",
+        ),
+    ] = None,
+    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Messages per fetch.")] = 500,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Consume messages until the queue has none ready (or --max is reached)."""
+    remaining = max
+    with open_node(data) as node:
+        while remaining is None or remaining > 0:
+            size = 1 if exec_ is not None else batch
+            taken = node.fetch(queue, size if remaining is None else min(size, remaining))
+            if not taken:
+                break
+            if exec_ is not None:
+                _run_handler(node, exec_, taken[0])
+            else:
+                _print_then_delete(node, taken, json)
+            if remaining is not None:
+                remaining -= len(taken)
+
+
+def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> None:
+    """Write the batch to stdout, flush, and only then delete it; if stdout fails, give
+    the batch back so nothing is lost."""
+    try:
+        out = sys.stdout
+        for d in taken:
+            out.write(_render(d, as_json))
+        out.flush()
+    except (BrokenPipeError, OSError):
+        node.release(taken[0].queue, [d.seq for d in taken])
+        # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise typer.Exit(1) from None
+    node.delete(taken[0].queue, [d.seq for d in taken])
+
+
+def _render(d: Delivered, as_json: bool) -> str:
+    if as_json:
+        return jsonlib.dumps(d.to_json(), ensure_ascii=False) + "\n"
+    body = d.message.payload_json_fields()
+    text = body.get("payload", f"<{len(d.message.payload)} bytes>")
+    return f"{d.seq} {d.message.topic} {text}\n"
+
+
+def _run_handler(node: Node, command: str, d: Delivered) -> None:
+    m = d.message
+    env = {
+        **os.environ,
+        "EOMSG_QUEUE": d.queue,
+        "EOMSG_SEQ": str(m.seq),
+        "EOMSG_ID": m.id or "",
+        "EOMSG_TOPIC": m.topic,
+        "EOMSG_ATTEMPT": str(d.attempt),
+        "EOMSG_HEADERS": jsonlib.dumps(m.headers),
+    }
+    code = subprocess.run(command, shell=True, input=m.payload, env=env, check=False).returncode
+    if code == 0:
+        node.delete(d.queue, [m.seq])
+        return
+    node.release(d.queue, [m.seq])
+    raise HandlerFailed(
+        f"handler exited {code} on message {m.seq} (attempt {d.attempt}); it was released "
+        "for redelivery"
+    )

@@ -1,0 +1,122 @@
+"""``eomsg inspect``: queues, the retained log, and read-only SQL over the store."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    handles_errors,
+    open_node,
+    print_json,
+)
+from eomsg.core.durations import format_duration
+from eomsg.store.store import read_only_query
+
+app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help=True)
+
+
+@app.command()
+@handles_errors
+def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Depth, in flight, deleted, expired, dead-lettered and oldest age per queue."""
+    with open_node(data, create=False) as node:
+        stats = node.stats()
+    if json:
+        print_json([s.to_json() for s in stats])
+        return
+    table = Table(
+        "queue",
+        "subscriptions",
+        "depth",
+        "in flight",
+        "deleted",
+        "expired",
+        "dead-lettered",
+        "oldest",
+    )
+    for s in stats:
+        table.add_row(
+            s.name,
+            " ".join(s.subscriptions) or "-",
+            str(s.depth),
+            str(s.in_flight),
+            str(s.deleted),
+            str(s.expired),
+            str(s.dead_lettered),
+            "-" if s.oldest_age is None else format_duration(s.oldest_age),
+        )
+    console.print(table)
+
+
+def _time(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command()
+@handles_errors
+def log(
+    topic: Annotated[str | None, typer.Option(help="Only topics matching this pattern.")] = None,
+    from_seq: Annotated[int, typer.Option(min=0, help="First sequence number.")] = 0,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Messages in the retained log, oldest first."""
+    with open_node(data, create=False) as node:
+        messages = node.log(topic, from_seq, limit)
+    if json:
+        for m in messages:
+            print_json(m.to_json())
+        return
+    table = Table("seq", "published (UTC)", "topic", "id", "bytes", "payload")
+    for m in messages:
+        text = m.payload_json_fields().get("payload", "<binary>")
+        table.add_row(
+            str(m.seq),
+            _time(m.published_at),
+            m.topic,
+            m.id or "-",
+            str(len(m.payload)),
+            text if len(text) <= 60 else text[:57] + "...",
+        )
+    console.print(table)
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return base64.b64encode(value).decode("ascii")
+    if isinstance(value, dt.datetime | dt.date):
+        return value.isoformat()
+    return value
+
+
+@app.command()
+@handles_errors
+def sql(
+    query: Annotated[str, typer.Argument(help="A read-only SQL query.")],
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Run a read-only SQL query against the store (tables: messages, queues, ...)."""
+    columns, rows = read_only_query(data, query)
+    if json:
+        print_json([{c: _cell(v) for c, v in zip(columns, row, strict=True)} for row in rows])
+        return
+    table = Table(*columns)
+    for row in rows:
+        table.add_row(*("NULL" if v is None else str(_cell(v)) for v in row))
+    console.print(table)

@@ -1,0 +1,139 @@
+"""``eomsg queue``: create, list, subscribe, purge and delete queues."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    handles_errors,
+    open_node,
+    print_json,
+)
+from eomsg.core.durations import parse_duration
+from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
+
+app = typer.Typer(help="Create, list, subscribe, purge and delete queues.", no_args_is_help=True)
+
+
+@app.command()
+@handles_errors
+def create(
+    name: Annotated[str, typer.Argument(help="Queue name.")],
+    subscribe: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--subscribe", "-s", help="Topic pattern ('*' one level, '>' the rest); repeatable."
+        ),
+    ] = None,
+    max_redeliveries: Annotated[
+        int | None, typer.Option(min=0, help="Redeliveries before a message is dead-lettered.")
+    ] = None,
+    dead_letter: Annotated[
+        str | None, typer.Option(help="Dead-letter queue (created if missing).")
+    ] = None,
+    ack_timeout: Annotated[
+        str, typer.Option(help="How long a delivery may stay unacknowledged.")
+    ] = f"{int(DEFAULT_ACK_TIMEOUT)}s",
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Create a queue (a no-op if an identical one exists)."""
+    config = QueueConfig.create(
+        name,
+        subscribe or [],
+        max_redeliveries=max_redeliveries,
+        dead_letter=dead_letter,
+        ack_timeout=parse_duration(ack_timeout),
+    )
+    with open_node(data) as node:
+        created = node.create_queue(config)
+    if json:
+        print_json({**config.to_json(), "created": created})
+    else:
+        console.print(f"{'created' if created else 'exists:'} queue {name}", markup=False)
+
+
+@app.command("list")
+@handles_errors
+def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """List queues and their settings."""
+    with open_node(data, create=False) as node:
+        configs = [node.queue_config(n) for n in node.queue_names()]
+    if json:
+        print_json([c.to_json() for c in configs])
+        return
+    table = Table("queue", "subscriptions", "max redeliveries", "dead letter", "ack timeout")
+    for c in configs:
+        table.add_row(
+            c.name,
+            " ".join(c.subscriptions) or "-",
+            "-" if c.max_redeliveries is None else str(c.max_redeliveries),
+            c.dead_letter or "-",
+            f"{c.ack_timeout:g}s",
+        )
+    console.print(table)
+
+
+@app.command()
+@handles_errors
+def subscribe(
+    name: Annotated[str, typer.Argument(help="Queue name.")],
+    pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
+    data: DataOption = DEFAULT_DATA,
+) -> None:
+    """Route messages published from now on to matching topics into the queue."""
+    with open_node(data, create=False) as node:
+        added = node.subscribe(name, pattern)
+    console.print(
+        f"{'subscribed' if added else 'already subscribed:'} {name} to {pattern}", markup=False
+    )
+
+
+@app.command()
+@handles_errors
+def unsubscribe(
+    name: Annotated[str, typer.Argument(help="Queue name.")],
+    pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
+    data: DataOption = DEFAULT_DATA,
+) -> None:
+    """Stop routing a pattern into the queue (messages already in it stay)."""
+    with open_node(data, create=False) as node:
+        removed = node.unsubscribe(name, pattern)
+    console.print(
+        f"{'unsubscribed' if removed else 'was not subscribed:'} {name} from {pattern}",
+        markup=False,
+    )
+
+
+@app.command()
+@handles_errors
+def purge(
+    name: Annotated[str, typer.Argument(help="Queue name.")],
+    data: DataOption = DEFAULT_DATA,
+) -> None:
+    """Drop every message waiting in the queue (they stay in the log)."""
+    with open_node(data, create=False) as node:
+        count = node.purge(name)
+    console.print(f"purged {count} messages from {name}", markup=False)
+
+
+@app.command()
+@handles_errors
+def delete(
+    name: Annotated[str, typer.Argument(help="Queue name.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Delete even if it holds messages.")
+    ] = False,
+    data: DataOption = DEFAULT_DATA,
+) -> None:
+    """Delete a queue (refused while it holds messages, unless --force)."""
+    with open_node(data, create=False) as node:
+        dropped = node.delete_queue(name, force=force)
+    console.print(f"deleted queue {name} ({dropped} messages dropped)", markup=False)
