@@ -1,0 +1,79 @@
+import pytest
+
+from eomsg.core.dedup import DedupWindow
+from eomsg.core.durations import format_duration, parse_duration
+from eomsg.core.limits import Limits, check_outgoing
+from eomsg.core.message import Outgoing
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import (
+    InvalidConfig,
+    InvalidDuration,
+    InvalidHeader,
+    InvalidInput,
+    InvalidQueueName,
+    PayloadTooLarge,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 30), ("1.5", 1.5), ("500ms", 0.5), ("30s", 30), ("5m", 300), ("1h30m", 5400),
+     ("7d", 604800), ("2w", 1209600), (" 1H ", 3600)],
+)
+def test_parse_duration(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["", "abc", "1x", "h", "-5s", "0", "nan", "1h 30m", "1000000w"])
+def test_parse_duration_rejects(bad: str) -> None:
+    with pytest.raises(InvalidDuration):
+        parse_duration(bad)
+
+
+def test_format_duration() -> None:
+    assert [format_duration(s) for s in (0.25, 42, 192, 18240, 183600)] == [
+        "250ms", "42s", "3m12s", "5h04m", "2d03h"]
+
+
+def test_dedup_window_follows_message_lifetime() -> None:
+    w = DedupWindow()
+    w.remember("a", 1, expires_at=100.0)
+    w.remember("b", 2, expires_at=None)
+    assert w.lookup("a", 99.0) == 1
+    assert w.lookup("a", 100.0) is None  # expired messages can publish anew
+    assert w.expire(100.0) == 1
+    w.remember("a", 7, expires_at=200.0)  # republished after expiry
+    assert w.expire(150.0) == 0
+    assert w.lookup("a", 150.0) == 7
+    assert w.forget_below(2) == 0 and w.lookup("b", 1e12) == 2
+    assert w.forget_below(3) == 1 and w.lookup("b", 0) is None
+    assert len(w) == 1
+
+
+def test_queue_config_rules() -> None:
+    q = QueueConfig.create("orders", ["orders/>"], dead_letter="orders-dlq")
+    assert q.max_redeliveries == 5
+    assert QueueConfig.from_json(q.to_json()) == q
+    with pytest.raises(InvalidConfig, match="needs --dead-letter"):
+        QueueConfig.create("orders", max_redeliveries=3)
+    with pytest.raises(InvalidConfig, match="own dead-letter"):
+        QueueConfig.create("orders", dead_letter="orders")
+    with pytest.raises(InvalidQueueName):
+        QueueConfig.create("bad name")
+    with pytest.raises(InvalidConfig, match="twice"):
+        QueueConfig.create("q", ["a", "a"])
+
+
+def test_outgoing_checks() -> None:
+    limits = Limits(max_payload=10)
+    check_outgoing(Outgoing("a/b", b"0123456789", "id", 5.0, {"k": "v"}), limits)
+    with pytest.raises(PayloadTooLarge):
+        check_outgoing(Outgoing("a/b", b"x" * 11), limits)
+    with pytest.raises(InvalidHeader):
+        check_outgoing(Outgoing("a/b", b"", headers={"bad name": "v"}), limits)
+    with pytest.raises(InvalidDuration):
+        check_outgoing(Outgoing("a/b", b"", ttl=-1), limits)
+    with pytest.raises(InvalidInput):
+        check_outgoing(Outgoing("a/b", b"", id=""), limits)
+    with pytest.raises(InvalidInput):
+        check_outgoing(Outgoing("a/b", "text"), limits)  # type: ignore[arg-type]
