@@ -37,6 +37,13 @@ _points = _parse(os.environ.get(ENV, ""))
 _hits: dict[str, int] = {}
 
 
+def configure(spec: str) -> None:
+    """Replace the failpoints of this process (``""`` clears them), as the env var would."""
+    global _points
+    _points = _parse(spec)
+    _hits.clear()
+
+
 def failpoint(name: str) -> None:
     """Crash or raise here if the environment asked for it (see the module docstring)."""
     if not _points:

@@ -17,8 +17,17 @@ from eomsg.errors import (
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30", 30), ("1.5", 1.5), ("500ms", 0.5), ("30s", 30), ("5m", 300), ("1h30m", 5400),
-     ("7d", 604800), ("2w", 1209600), (" 1H ", 3600)],
+    [
+        ("30", 30),
+        ("1.5", 1.5),
+        ("500ms", 0.5),
+        ("30s", 30),
+        ("5m", 300),
+        ("1h30m", 5400),
+        ("7d", 604800),
+        ("2w", 1209600),
+        (" 1H ", 3600),
+    ],
 )
 def test_parse_duration(text: str, seconds: float) -> None:
     assert parse_duration(text) == seconds
@@ -32,7 +41,12 @@ def test_parse_duration_rejects(bad: str) -> None:
 
 def test_format_duration() -> None:
     assert [format_duration(s) for s in (0.25, 42, 192, 18240, 183600)] == [
-        "250ms", "42s", "3m12s", "5h04m", "2d03h"]
+        "250ms",
+        "42s",
+        "3m12s",
+        "5h04m",
+        "2d03h",
+    ]
 
 
 def test_dedup_window_follows_message_lifetime() -> None:

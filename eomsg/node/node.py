@@ -155,7 +155,8 @@ class Node:
         if self._ticker is not None:
             self._ticker.join()
         try:
-            self.maintain()
+            if not self.store.writer.failed:
+                self.maintain()
         finally:
             self._closed = True
             self.store.close()

@@ -27,21 +27,19 @@ class DataDirLock:
 
     def _acquire(self, create: bool) -> None:
         d = self.data_dir
+        if d.exists() and not d.is_dir():
+            raise DataDirError(f"{d} is not a directory (check --data)")
         try:
             if create:
                 d.mkdir(parents=True, exist_ok=True)
             elif not d.exists():
-                raise DataDirError(f"data directory {d} does not exist (check --data)")
-            if not d.is_dir():
-                raise DataDirError(f"{d} is not a directory (check --data)")
+                raise DataDirError(f"no eomsg data in {d} yet (check --data)")
             fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         except PermissionError as e:
             raise DataDirError(f"cannot use data directory {d}: permission denied") from e
         except FileNotFoundError as e:
             raise DataDirError(f"data directory {d} does not exist (check --data)") from e
         except OSError as e:
-            if isinstance(e, DataDirError):
-                raise
             raise DataDirError(f"cannot use data directory {d}: {e.strerror}") from e
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -101,6 +101,11 @@ class Writer:
         self._thread = threading.Thread(target=self._run, name="eomsg-writer", daemon=True)
         self._thread.start()
 
+    @property
+    def failed(self) -> bool:
+        """True once a commit failed; the writer then refuses all work."""
+        return self._failed is not None
+
     def write(self, batch: RowBatch) -> Future[None]:
         """Queue rows for the next group commit."""
         return self._submit(batch)

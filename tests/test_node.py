@@ -1,0 +1,269 @@
+"""The node end to end on a real data directory: ingress, delivery, recovery."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from eomsg import failpoints
+from eomsg.core.message import Outgoing
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import (
+    DataDirError,
+    DataDirLocked,
+    InvalidTopic,
+    NotInFlight,
+    PayloadTooLarge,
+    QueueExists,
+    QueueNotEmpty,
+    QueueNotFound,
+    SchemaTooNew,
+    StorageError,
+)
+from eomsg.node.node import Node
+from eomsg.store.store import DB_NAME
+
+from .conftest import FakeClock, NodeFactory
+
+
+def orders(node: Node, **kw: object) -> None:
+    node.create_queue(QueueConfig.create("orders", ["orders/>"], **kw))  # type: ignore[arg-type]
+
+
+def test_publish_routes_by_subscription(node: Node) -> None:
+    orders(node)
+    node.create_queue(QueueConfig.create("eu", ["*/eu/*"]))
+    r = node.publish("orders/eu/new", b"1")
+    assert (r.seq, r.duplicate, r.queues) == (1, False, 2)
+    assert node.publish("orders/us/new", b"2").queues == 1
+    assert node.publish("billing/x", b"3").queues == 0  # kept in the log only
+    assert [d.seq for d in node.fetch("orders", 10)] == [1, 2]
+    assert [d.seq for d in node.fetch("eu", 10)] == [1]
+    assert [m.seq for m in node.log()] == [1, 2, 3]
+
+
+def test_duplicate_id_is_stored_once(node: Node) -> None:
+    orders(node)
+    first = node.publish("orders/a", b"x", id="order-1")
+    again = node.publish("orders/a", b"x", id="order-1")
+    assert again.seq == first.seq and again.duplicate
+    batch = node.publish_batch([Outgoing("orders/a", b"y", "k"), Outgoing("orders/a", b"y", "k")])
+    assert batch[0].seq == batch[1].seq and [r.duplicate for r in batch] == [False, True]
+    assert len(node.log()) == 2
+    assert node.stats()[0].depth == 2
+
+
+def test_dedup_window_is_the_message_lifetime(node: Node, clock: FakeClock) -> None:
+    orders(node)
+    first = node.publish("orders/a", b"x", id="k", ttl=60)
+    clock.advance(59)
+    assert node.publish("orders/a", b"x", id="k").duplicate
+    clock.advance(2)  # expired: the same id publishes a new message
+    again = node.publish("orders/a", b"x", id="k")
+    assert not again.duplicate and again.seq > first.seq
+
+
+def test_bad_input_changes_nothing(node: Node) -> None:
+    orders(node)
+    with pytest.raises(InvalidTopic):
+        node.publish_batch([Outgoing("orders/ok", b"1"), Outgoing("orders/bad topic", b"2")])
+    with pytest.raises(PayloadTooLarge):
+        node.publish("orders/a", b"x" * (1024 * 1024 + 1))
+    with pytest.raises(QueueNotFound):
+        node.fetch("nope")
+    assert node.log() == [] and node.stats()[0].depth == 0
+
+
+def test_expired_messages_are_never_delivered(node: Node, clock: FakeClock) -> None:
+    orders(node)
+    node.publish("orders/a", b"short", ttl=5)
+    node.publish("orders/a", b"long")
+    clock.advance(6)
+    assert [d.message.payload for d in node.fetch("orders", 10)] == [b"long"]
+    assert node.stats()[0].expired == 1
+
+
+def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock) -> None:
+    orders(node, max_redeliveries=1, dead_letter="orders-dlq", ack_timeout=10)
+    node.publish("orders/a", b"poison")
+    assert [d.attempt for d in node.fetch("orders")] == [1]
+    assert node.fetch("orders") == []  # in flight
+    clock.advance(11)
+    assert [d.attempt for d in node.fetch("orders")] == [2]
+    clock.advance(11)
+    assert node.fetch("orders") == []
+    (dead,) = node.fetch("orders-dlq")
+    assert dead.message.payload == b"poison" and dead.seq == 1
+    stats = {s.name: s for s in node.stats()}
+    assert stats["orders"].dead_lettered == 1 and stats["orders-dlq"].in_flight == 1
+
+
+def test_release_with_delay(node: Node, clock: FakeClock) -> None:
+    orders(node)
+    node.publish("orders/a", b"x")
+    (d,) = node.fetch("orders")
+    node.release("orders", [d.seq], delay=30)
+    assert node.fetch("orders") == []
+    clock.advance(30)
+    assert [x.attempt for x in node.fetch("orders")] == [2]
+    with pytest.raises(NotInFlight):
+        node.release("orders", [999])
+
+
+def test_delete_is_idempotent_and_refuses_undelivered(node: Node) -> None:
+    orders(node)
+    node.publish("orders/a", b"1")
+    node.publish("orders/a", b"2")
+    (d,) = node.fetch("orders", 1)
+    with pytest.raises(NotInFlight):
+        node.delete("orders", [d.seq, 2])
+    assert node.delete("orders", [d.seq]) == [True]
+    assert node.delete("orders", [d.seq]) == [False]
+    assert node.stats()[0].deleted == 1
+
+
+def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> None:
+    node = open_node()
+    orders(node, max_redeliveries=1, dead_letter="dlq", ack_timeout=10)
+    for i in range(5):
+        node.publish("orders/a", str(i).encode(), id=f"m{i}")
+    d1, d2 = node.fetch("orders", 2)
+    node.delete("orders", [d1.seq])
+    node.close()
+
+    node = open_node()
+    assert node.publish("orders/a", b"0", id="m0").duplicate  # dedup ids survive
+    stats = node.stats()[1]
+    assert (stats.depth, stats.in_flight, stats.deleted) == (4, 1, 1)
+    assert [d.seq for d in node.fetch("orders", 10)] == [3, 4, 5]  # 2 is still in flight
+    clock.advance(11)
+    assert [(d.seq, d.attempt) for d in node.fetch("orders", 10)] == [
+        (2, 2),
+        (3, 2),
+        (4, 2),
+        (5, 2),
+    ]
+    node.close()
+
+    node = open_node()  # the attempt counts survived: the next timeout dead-letters
+    clock.advance(11)
+    assert node.fetch("orders", 10) == []
+    assert sorted(d.seq for d in node.fetch("dlq", 10)) == [2, 3, 4, 5]
+    assert node.publish("orders/a", b"new").seq == 6
+
+
+def test_queue_admin(node: Node) -> None:
+    assert node.create_queue(QueueConfig.create("q", ["a"]))
+    assert not node.create_queue(QueueConfig.create("q", ["a"]))  # identical: no-op
+    with pytest.raises(QueueExists):
+        node.create_queue(QueueConfig.create("q", ["b"]))
+    assert node.subscribe("q", "b/>") and not node.subscribe("q", "b/>")
+    node.publish("b/x", b"1")
+    assert node.unsubscribe("q", "b/>")
+    node.publish("b/x", b"2")
+    assert node.stats()[0].depth == 1
+    with pytest.raises(QueueNotEmpty):
+        node.delete_queue("q")
+    assert node.purge("q") == 1
+    assert node.delete_queue("q") == 0
+    assert node.queue_names() == []
+
+
+def test_dead_letter_queue_cannot_be_deleted_first(node: Node) -> None:
+    orders(node, dead_letter="dlq")
+    with pytest.raises(QueueNotEmpty, match="dead-letter queue of orders"):
+        node.delete_queue("dlq")
+
+
+def test_compaction_and_gc_keep_the_store_bounded(
+    open_node: NodeFactory, clock: FakeClock, data_dir: Path
+) -> None:
+    node = open_node(retention=0.0, compact_every=1000, gc_interval=0.0)
+    orders(node)
+    sizes = []
+    for _round in range(12):
+        node.publish_batch(
+            [Outgoing("orders/a", b"x" * 256, id=f"{_round}-{i}") for i in range(5000)]
+        )
+        while taken := node.fetch("orders", 1000):
+            node.delete("orders", [d.seq for d in taken])
+        clock.advance(1)
+        node.maintain()
+        node.store._db.execute("CHECKPOINT")
+        sizes.append((data_dir / DB_NAME).stat().st_size)
+    assert node.log() == []  # everything consumed and past retention
+    assert node.store.settled_rows() == 0
+    assert max(sizes[6:]) <= max(sizes[:6]) * 1.1, sizes  # no growth once warm
+    assert len(node._dedup) == 0
+    node.close()
+    node = open_node()
+    assert node.publish("orders/a", b"x").seq == 60_001  # seqs never restart after GC
+    assert node.stats()[0].deleted == 60_000
+
+
+def test_second_process_is_refused(node: Node, data_dir: Path) -> None:
+    with pytest.raises(DataDirLocked, match="in use by pid"):
+        Node.open(data_dir)
+
+
+def test_unusable_data_dir(tmp_path: Path) -> None:
+    f = tmp_path / "file"
+    f.write_text("x")
+    with pytest.raises(DataDirError, match="not a directory"):
+        Node.open(f)
+    with pytest.raises(DataDirError, match="no eomsg data"):
+        Node.open(tmp_path / "missing", create=False)
+
+
+def test_schema_from_the_future(open_node: NodeFactory) -> None:
+    node = open_node()
+    node.store.writer.run(
+        lambda c: c.execute("INSERT INTO schema_migrations (version, name) VALUES (99, 'x')")
+    ).result()
+    node.close()
+    with pytest.raises(SchemaTooNew):
+        open_node()
+
+
+def test_concurrent_publishers_and_consumers(node: Node) -> None:
+    orders(node)
+    errors: list[BaseException] = []
+
+    def produce(k: int) -> None:
+        try:
+            for i in range(200):
+                node.publish(f"orders/{k}", f"{k}-{i}".encode(), id=f"{k}-{i}")
+        except BaseException as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    seen: list[bytes] = []
+    while any(t.is_alive() for t in threads) or node.stats()[0].depth:
+        taken = node.fetch("orders", 50)
+        seen.extend(d.message.payload for d in taken)
+        node.delete("orders", [d.seq for d in taken])
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(seen) == sorted(f"{k}-{i}".encode() for k in range(4) for i in range(200))
+
+
+def test_storage_failure_acknowledges_nothing(open_node: NodeFactory) -> None:
+    node = open_node()
+    orders(node)
+    node.publish("orders/a", b"kept")
+    failpoints.configure("store.commit.before=error")
+    try:
+        with pytest.raises(StorageError):
+            node.publish("orders/a", b"lost")
+        with pytest.raises(StorageError):
+            node.publish("orders/a", b"refused")  # the node stops trusting its state
+    finally:
+        failpoints.configure("")
+    node.close()
+    node = open_node()
+    assert [m.payload for m in node.log()] == [b"kept"]
