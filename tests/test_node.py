@@ -129,7 +129,7 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     orders(node, max_redeliveries=1, dead_letter="dlq", ack_timeout=10)
     for i in range(5):
         node.publish("orders/a", str(i).encode(), id=f"m{i}")
-    d1, d2 = node.fetch("orders", 2)
+    d1, _ = node.fetch("orders", 2)
     node.delete("orders", [d1.seq])
     node.close()
 
