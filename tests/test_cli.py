@@ -1,0 +1,171 @@
+"""The ``eomsg`` command through typer's runner: exact output and exit codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from eomsg.cli.app import app
+from eomsg.errors import ExitCode
+
+
+@pytest.fixture
+def run(data_dir: Path):  # type: ignore[no-untyped-def]
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | bytes | None = None, code: int = 0):  # type: ignore[no-untyped-def]
+        result = runner.invoke(app, [*args], input=input, env={"EOMSG_DATA": str(data_dir)})
+        assert result.exit_code == code, (result.output, result.stderr)
+        return result
+
+    return invoke
+
+
+def test_the_issue_walkthrough(run) -> None:  # type: ignore[no-untyped-def]
+    r = run(
+        "queue",
+        "create",
+        "orders",
+        "--subscribe",
+        "orders/>",
+        "--max-redeliveries",
+        "5",
+        "--dead-letter",
+        "orders-dlq",
+    )
+    assert r.stdout == "created queue orders\n"
+    r = run("publish", "orders/eu/new", '{"order": 1}', "--id", "order-1", "--ttl", "1h")
+    assert r.stdout == "published seq 1\n"
+    r = run("publish", "orders/eu/new", '{"order": 1}', "--id", "order-1")
+    assert r.stdout == "duplicate of seq 1 (id order-1): stored once\n"
+    r = run("publish", "orders/us/new", "--stdin", input="".join(f"{i}\n" for i in range(1, 1001)))
+    assert r.stdout == "published 1000 messages (seq 2..1001), 0 duplicates\n"
+    r = run("consume", "orders", "--max", "10", "--json")
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [m["seq"] for m in lines] == list(range(1, 11))
+    assert lines[0] | {"published_at": 0, "expires_at": 0} == {
+        "seq": 1,
+        "id": "order-1",
+        "topic": "orders/eu/new",
+        "headers": {},
+        "payload": '{"order": 1}',
+        "queue": "orders",
+        "attempt": 1,
+        "published_at": 0,
+        "expires_at": 0,
+    }
+    stats = json.loads(run("inspect", "queues", "--json").stdout)
+    assert [
+        (s["name"], s["depth"], s["in_flight"], s["deleted"], s["dead_lettered"]) for s in stats
+    ] == [("orders", 991, 0, 10, 0), ("orders-dlq", 0, 0, 0, 0)]
+    r = run("inspect", "log", "--topic", "orders/>", "--from-seq", "10", "--limit", "2", "--json")
+    assert [json.loads(line)["seq"] for line in r.stdout.splitlines()] == [10, 11]
+    r = run(
+        "inspect",
+        "sql",
+        "SELECT topic, count(*) AS n FROM messages GROUP BY 1 ORDER BY 1",
+        "--json",
+    )
+    assert json.loads(r.stdout) == [
+        {"topic": "orders/eu/new", "n": 1},
+        {"topic": "orders/us/new", "n": 1000},
+    ]
+
+
+def test_publish_json_contract(run) -> None:  # type: ignore[no-untyped-def]
+    run("queue", "create", "q", "-s", "t")
+    r = run("publish", "t", "x", "--id", "a", "--json")
+    assert json.loads(r.stdout) == {"seq": 1, "id": "a", "duplicate": False, "queues": 1}
+    r = run("publish", "t", "--stdin", "--id-prefix", "line-", "--json", input="a\nb\n")
+    assert [json.loads(x) for x in r.stdout.splitlines()] == [
+        {"seq": 2, "id": "line-1", "duplicate": False, "queues": 1},
+        {"seq": 3, "id": "line-2", "duplicate": False, "queues": 1},
+    ]
+    r = run("publish", "t", "--stdin", "--id-prefix", "line-", input="a\nb\nc\n")
+    assert r.stdout == "published 1 messages (seq 4..4), 2 duplicates\n"
+
+
+def test_binary_payload_is_base64(run) -> None:  # type: ignore[no-untyped-def]
+    run("queue", "create", "q", "-s", "t")
+    run("publish", "t", "-", input=b"\xff\x00binary")
+    out = json.loads(run("consume", "q", "--json").stdout)
+    assert out["payload_b64"] == "/wBiaW5hcnk=" and "payload" not in out
+
+
+def test_consume_exec_deletes_only_on_success(run, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    run("queue", "create", "q", "-s", "t")
+    run("publish", "t", "one")
+    run("publish", "t", "two")
+    seen = tmp_path / "seen"
+    r = run(
+        "consume",
+        "q",
+        "--exec",
+        f'cat >> {seen}; echo "$EOMSG_SEQ" >> {seen}; exit 3',
+        code=ExitCode.HANDLER_FAILED,
+    )
+    assert r.stderr == (
+        "Error: handler exited 3 on message 1 (attempt 1); it was released for redelivery\n"
+    )
+    run("consume", "q", "--exec", f'cat >> {seen}; echo " $EOMSG_ATTEMPT" >> {seen}')
+    assert seen.read_text() == "one1\none 2\ntwo 1\n"
+    assert json.loads(run("inspect", "queues", "--json").stdout)[0]["depth"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["publish", "bad topic", "x"], ExitCode.INVALID_INPUT, "topic 'bad topic': level"),
+        (["publish", "t", "x", "--ttl", "soon"], ExitCode.INVALID_INPUT, "duration 'soon'"),
+        (["publish", "t", "x", "-H", "nokey"], ExitCode.INVALID_INPUT, "header 'nokey'"),
+        (["consume", "nope"], ExitCode.NOT_FOUND, "queue 'nope' does not exist"),
+        (["queue", "create", "q", "-s", "a/>/b"], ExitCode.INVALID_INPUT, "'>' may only"),
+        (
+            ["queue", "create", "q", "--max-redeliveries", "2"],
+            ExitCode.INVALID_INPUT,
+            "needs --dead-letter",
+        ),
+        (["publish", "t"], ExitCode.USAGE, "give a payload"),
+        (["publish", "t", "x", "--stdin"], ExitCode.USAGE, "with --stdin"),
+    ],
+)
+def test_bad_input_is_one_clear_line(run, args, code, message) -> None:  # type: ignore[no-untyped-def]
+    r = run(*args, code=code)
+    assert r.stderr.startswith("Error: ") and message in r.stderr
+    assert r.stderr.count("\n") == 1
+
+
+def test_read_only_commands_do_not_create_data(run, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    r = run("inspect", "queues", code=ExitCode.DATA_DIR)
+    assert r.stderr == f"Error: no eomsg data in {data_dir} yet (check --data)\n"
+    assert not data_dir.exists()
+
+
+def test_inspect_sql_is_read_only(run) -> None:  # type: ignore[no-untyped-def]
+    run("publish", "t", "x")
+    r = run("inspect", "sql", "DELETE FROM messages", code=ExitCode.INVALID_INPUT)
+    assert r.stderr.startswith("Error: inspect sql is read-only")
+    r = run("inspect", "sql", "COPY messages TO '/tmp/x.csv'", code=ExitCode.INVALID_INPUT)
+    assert "read-only" in r.stderr
+    r = run("inspect", "sql", "SELEC 1", code=ExitCode.INVALID_INPUT)
+    assert r.stderr.startswith("Error: query failed: Parser Error")
+    assert run("inspect", "sql", "SELECT count(*) AS n FROM messages", "--json").stdout == (
+        '[{"n": 1}]\n'
+    )
+
+
+def test_queue_commands(run) -> None:  # type: ignore[no-untyped-def]
+    run("queue", "create", "q", "-s", "a")
+    assert run("queue", "create", "q", "-s", "a").stdout == "exists: queue q\n"
+    run("queue", "create", "q", "-s", "b", code=ExitCode.CONFLICT)
+    assert run("queue", "subscribe", "q", "b/>").stdout == "subscribed q to b/>\n"
+    run("publish", "b/1", "x")
+    r = run("queue", "delete", "q", code=ExitCode.CONFLICT)
+    assert r.stderr == "Error: queue 'q' holds 1 messages; purge it or use --force\n"
+    assert run("queue", "purge", "q").stdout == "purged 1 messages from q\n"
+    assert json.loads(run("queue", "list", "--json").stdout)[0]["subscriptions"] == ["a", "b/>"]
+    assert run("queue", "unsubscribe", "q", "a").stdout == "unsubscribed q from a\n"
+    assert run("queue", "delete", "q").stdout == "deleted queue q (0 messages dropped)\n"

@@ -1,0 +1,244 @@
+"""Real ``eomsg`` processes: exit codes, a held data directory, and crashes by SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from eomsg.errors import ExitCode
+from eomsg.node.node import Node, NodeSettings
+
+
+def eomsg(
+    bin: str,
+    env: dict[str, str],
+    *args: str,
+    input: bytes | None = None,
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(
+        [bin, *args],
+        input=input,
+        capture_output=True,
+        timeout=120,
+        env={**env, **(extra_env or {})},
+        check=False,
+    )
+
+
+def log_ids(data_dir: Path) -> list[str]:
+    with Node.open(data_dir, NodeSettings(tick=None)) as node:
+        return [m.id or "" for m in node.log(limit=1_000_000)]
+
+
+def test_cli_subprocess_walkthrough(eomsg_bin: str, cli_env: dict[str, str]) -> None:
+    r = eomsg(eomsg_bin, cli_env, "queue", "create", "orders", "--subscribe", "orders/>")
+    assert (r.returncode, r.stdout) == (0, b"created queue orders\n")
+    r = eomsg(
+        eomsg_bin,
+        cli_env,
+        "publish",
+        "orders/us/new",
+        "--stdin",
+        "--json",
+        input=b"".join(b"%d\n" % i for i in range(1, 1001)),
+    )
+    acks = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [a["seq"] for a in acks] == list(range(1, 1001))
+    r = eomsg(eomsg_bin, cli_env, "consume", "orders", "--json")
+    assert [json.loads(line)["payload"] for line in r.stdout.splitlines()] == [
+        str(i) for i in range(1, 1001)
+    ]
+    r = eomsg(eomsg_bin, cli_env, "consume", "orders", "--json")
+    assert (r.returncode, r.stdout) == (0, b"")
+    r = eomsg(eomsg_bin, cli_env, "publish", "bad topic", "x")
+    assert r.returncode == ExitCode.INVALID_INPUT and r.stderr.startswith(b"Error: topic")
+    r = eomsg(eomsg_bin, cli_env, "--version")
+    assert r.stdout.startswith(b"eomsg ")
+
+
+def test_held_data_dir_is_a_clear_error(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    with Node.open(data_dir, NodeSettings(tick=None)):
+        r = eomsg(eomsg_bin, cli_env, "publish", "t", "x")
+    assert r.returncode == ExitCode.DATA_DIR
+    assert r.stderr.decode().startswith(f"Error: data directory {data_dir} is in use by pid ")
+    assert r.stderr.count(b"\n") == 1
+
+
+def test_consume_stops_quietly_when_the_reader_goes(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    eomsg(eomsg_bin, cli_env, "queue", "create", "q", "-s", "t")
+    eomsg(eomsg_bin, cli_env, "publish", "t", "--stdin", input=b"x\n" * 20000)
+    consumer = subprocess.Popen(
+        [eomsg_bin, "consume", "q", "--batch", "5000"],
+        env=cli_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert consumer.stdout is not None
+    consumer.stdout.read(10)
+    consumer.stdout.close()  # like `| head`: the rest of the batch is never read
+    consumer.wait(timeout=60)
+    with Node.open(data_dir, NodeSettings(tick=None)) as node:
+        stats = node.stats()[0]
+    assert stats.depth > 0 and stats.in_flight == 0  # the unread batch was given back
+
+
+def publish_and_kill(
+    bin: str, env: dict[str, str], lines: list[bytes], kill_after: int, rng: random.Random
+) -> set[str]:
+    """Feed lines to a publishing process, SIGKILL it once ``kill_after`` acks arrived
+    (or at the end), and return the ids it acknowledged."""
+    proc = subprocess.Popen(
+        [
+            bin,
+            "publish",
+            "orders/x",
+            "--stdin",
+            "--id-prefix",
+            "m",
+            "--json",
+            "--batch",
+            str(rng.choice([1, 7, 50])),
+        ],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    acked: set[str] = set()
+    try:
+        proc.stdin.write(b"".join(lines))
+        proc.stdin.flush()
+    except BrokenPipeError:
+        pass
+    while len(acked) < kill_after:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        acked.add(json.loads(line)["id"])
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for line in proc.stdout.read().splitlines():  # acks already written before the kill
+        acked.add(json.loads(line)["id"])
+    return acked
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_sigkill_while_publishing_loses_and_duplicates_nothing(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path, seed: int
+) -> None:
+    rng = random.Random(seed)
+    eomsg(eomsg_bin, cli_env, "queue", "create", "orders", "-s", "orders/>")
+    n = 600
+    lines = [b"payload-%d\n" % i for i in range(1, n + 1)]
+    acked = publish_and_kill(eomsg_bin, cli_env, lines, rng.randrange(50, n), rng)
+    stored = log_ids(data_dir)
+    assert len(stored) == len(set(stored)), "a message was stored twice"
+    assert acked <= set(stored), "an acknowledged message was lost"
+    # The producer retries everything: ids make the retry exactly-once.
+    r = eomsg(
+        eomsg_bin,
+        cli_env,
+        "publish",
+        "orders/x",
+        "--stdin",
+        "--id-prefix",
+        "m",
+        "--json",
+        input=b"".join(lines),
+    )
+    again = [json.loads(x) for x in r.stdout.splitlines()]
+    assert all(a["duplicate"] for a in again if a["id"] in acked)
+    r = eomsg(eomsg_bin, cli_env, "consume", "orders", "--json")
+    got = [json.loads(x) for x in r.stdout.splitlines()]
+    assert sorted(m["id"] for m in got) == sorted(f"m{i}" for i in range(1, n + 1))
+    assert all(m["payload"] == f"payload-{m['id'][1:]}" for m in got)
+
+
+def test_crash_between_commit_and_ack(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    eomsg(eomsg_bin, cli_env, "queue", "create", "orders", "-s", "orders/>")
+    lines = b"".join(b"%d\n" % i for i in range(1, 31))
+    r = eomsg(
+        eomsg_bin,
+        cli_env,
+        "publish",
+        "orders/x",
+        "--stdin",
+        "--id-prefix",
+        "m",
+        "--json",
+        "--batch",
+        "10",
+        input=lines,
+        extra_env={"EOMSG_FAILPOINTS": "publish.after_commit=crash@2"},
+    )
+    assert r.returncode == -signal.SIGKILL
+    assert len(r.stdout.splitlines()) == 10  # the second batch committed, never acked
+    assert len(log_ids(data_dir)) == 20
+    r = eomsg(
+        eomsg_bin,
+        cli_env,
+        "publish",
+        "orders/x",
+        "--stdin",
+        "--id-prefix",
+        "m",
+        "--json",
+        input=lines,
+    )
+    dup = [json.loads(x)["duplicate"] for x in r.stdout.splitlines()]
+    assert dup == [True] * 20 + [False] * 10
+    assert sorted(log_ids(data_dir)) == sorted(f"m{i}" for i in range(1, 31))
+
+
+def test_crash_before_delete_redelivers(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    eomsg(eomsg_bin, cli_env, "queue", "create", "q", "-s", "t", "--ack-timeout", "1s")
+    eomsg(eomsg_bin, cli_env, "publish", "t", "--stdin", input=b"a\nb\n")
+    r = eomsg(
+        eomsg_bin,
+        cli_env,
+        "consume",
+        "q",
+        "--json",
+        extra_env={"EOMSG_FAILPOINTS": "delete.before_commit=crash"},
+    )
+    assert r.returncode == -signal.SIGKILL and len(r.stdout.splitlines()) == 2
+    r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
+    assert r.stdout == b""  # still in flight until the ack timeout
+    time.sleep(1.1)
+    r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
+    assert [(m["payload"], m["attempt"]) for m in map(json.loads, r.stdout.splitlines())] == [
+        ("a", 2),
+        ("b", 2),
+    ]
+
+
+@pytest.mark.slow
+def test_sigkill_loop_many_rounds(eomsg_bin: str, cli_env: dict[str, str], data_dir: Path) -> None:
+    """Kill the publisher again and again over one growing log; every ack survives."""
+    rng = random.Random(7)
+    eomsg(eomsg_bin, cli_env, "queue", "create", "orders", "-s", "orders/>")
+    lines = [b"p%d\n" % i for i in range(1, 2001)]
+    acked: set[str] = set()
+    for _ in range(8):
+        acked |= publish_and_kill(eomsg_bin, cli_env, lines, rng.randrange(1, 2000), rng)
+        stored = log_ids(data_dir)
+        assert len(stored) == len(set(stored))
+        assert acked <= set(stored)
+    assert os.path.getsize(data_dir / "eomsg.duckdb") > 0
