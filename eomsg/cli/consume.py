@@ -7,6 +7,7 @@ import json as jsonlib
 import os
 import subprocess
 import sys
+from concurrent.futures import Future
 from typing import Annotated
 
 import typer
@@ -37,6 +38,7 @@ def consume(
 ) -> None:
     """Consume messages until the queue has none ready (or --max is reached)."""
     remaining = max
+    deletions: list[Future[None]] = []
     with open_node(data) as node:
         while remaining is None or remaining > 0:
             size = 1 if exec_ is not None else batch
@@ -46,14 +48,17 @@ def consume(
             if exec_ is not None:
                 _run_handler(node, exec_, taken[0])
             else:
-                _print_then_delete(node, taken, json)
+                deletions.append(_print_then_delete(node, taken, json))
             if remaining is not None:
                 remaining -= len(taken)
+        for deleted in deletions:  # every deletion is durable before we exit 0
+            deleted.result()
 
 
-def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> None:
+def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> Future[None]:
     """Write the batch to stdout, flush, and only then delete it; if stdout fails, give
-    the batch back so nothing is lost."""
+    the batch back so nothing is lost. Returns the deletion's commit, which shares a
+    group commit with the next fetch."""
     try:
         out = sys.stdout
         for d in taken:
@@ -64,7 +69,7 @@ def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> Non
         # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
-    node.delete(taken[0].queue, [d.seq for d in taken])
+    return node.delete_async(taken[0].queue, [d.seq for d in taken])[1]
 
 
 def _render(d: Delivered, as_json: bool) -> str:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated
 
@@ -110,25 +112,36 @@ def _publish_lines(
     published = duplicates = 0
     first = last = None
     line_no = 0
+    in_flight: deque[Future[list[PublishResult]]] = deque()
+
+    def acknowledge(results: list[PublishResult]) -> None:
+        nonlocal published, duplicates, first, last
+        for r in results:
+            if as_json:
+                print_json(r.to_json())
+            if r.duplicate:
+                duplicates += 1
+            else:
+                published += 1
+                first = r.seq if first is None else first
+                last = r.seq
+        if as_json:
+            sys.stdout.flush()
+
     with open_node(data) as node:
+        # Two batches in flight: the next is prepared while the last commits. Each
+        # batch is acknowledged, in order, only once its commit has returned.
         for chunk in _lines(batch):
             messages = []
             for body in chunk:
                 line_no += 1
                 msg_id = None if id_prefix is None else f"{id_prefix}{line_no}"
                 messages.append(Outgoing(topic, body, msg_id, ttl, headers))
-            results = node.publish_batch(messages)
-            for r in results:
-                if as_json:
-                    print_json(r.to_json())
-                if r.duplicate:
-                    duplicates += 1
-                else:
-                    published += 1
-                    first = r.seq if first is None else first
-                    last = r.seq
-            if as_json:
-                sys.stdout.flush()
+            in_flight.append(node.publish_async(messages))
+            if len(in_flight) > 1:
+                acknowledge(in_flight.popleft().result())
+        while in_flight:
+            acknowledge(in_flight.popleft().result())
     if not as_json:
         span = f" (seq {first}..{last})" if first is not None else ""
         console.print(f"published {published} messages{span}, {duplicates} duplicates")

@@ -149,6 +149,21 @@ class Cursor:
             self._expires[seq] = expires_at
             heapq.heappush(self._expiry, (expires_at, seq))
 
+    def extend(self, seqs: list[int], expires_at: list[float | None]) -> None:
+        """:meth:`append` for many ascending seqs at once (the ingress fast path)."""
+        unread = self._unread
+        if (
+            seqs
+            and seqs[0] > self.read_seq
+            and (not unread or seqs[0] > unread[-1])
+            and not any(expires_at)
+        ):
+            unread.extend(seqs)
+            self._count += len(seqs)
+            return
+        for seq, expires in zip(seqs, expires_at, strict=True):
+            self.append(seq, expires)
+
     def restore(
         self, seq: int, attempt: int, due: float, in_flight: bool, expires_at: float | None
     ) -> None:

@@ -43,6 +43,17 @@ class DedupWindow:
         else:
             heapq.heappush(self._expiring, (expires_at, seq, msg_id))
 
+    def remember_many(
+        self, ids: list[str], seqs: list[int], expires_at: list[float | None]
+    ) -> None:
+        """:meth:`remember` for many ids published together, in seq order."""
+        if not any(expires_at):  # the common case, done in C
+            self._ids.update(zip(ids, zip(seqs, expires_at, strict=True), strict=True))
+            self._lasting.extend(zip(seqs, ids, strict=True))
+            return
+        for msg_id, seq, expires in zip(ids, seqs, expires_at, strict=True):
+            self.remember(msg_id, seq, expires)
+
     def expire(self, now: float) -> int:
         """Forget ids whose messages expired at or before ``now``; returns how many."""
         dropped = 0

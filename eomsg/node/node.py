@@ -20,6 +20,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,6 +238,12 @@ class Node:
         published before and can still live is not stored again: its result carries the
         original ``seq`` and ``duplicate=True`` (also within one batch).
         """
+        return self.publish_async(messages).result()
+
+    def publish_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
+        """Like :meth:`publish_batch`, but returns at once with a future that resolves
+        after the commit, so a producer can prepare its next batch meanwhile. Invalid
+        input raises here, before anything is queued."""
         limits = self.settings.limits
         for m in messages:
             check_outgoing(m, limits)
@@ -245,54 +252,65 @@ class Node:
         results: list[PublishResult] = []
         fresh: list[tuple[int, str | None, float | None, tuple[_Queue, ...]]] = []
         batch = RowBatch()
-        batch.after_commit(lambda: self._published(fresh))
+        log_rows, id_rows, dest_rows = (
+            batch.rows_of("messages"),
+            batch.rows_of("publish_ids"),
+            batch.rows_of("destinations"),
+        )
         with self._lock:
             self._check_open()
             self._dedup.expire(now)
-            first_seq = self._next_seq
+            uncommitted, lookup = self._uncommitted_ids, self._dedup.lookup
+            seq = self._next_seq
+            first_seq = seq
             for m in messages:
-                if m.id is not None:
-                    seq = self._uncommitted_ids.get(m.id) or self._dedup.lookup(m.id, now)
-                    if seq is not None:
-                        results.append(PublishResult(seq, m.id, True, None))
+                msg_id = m.id
+                if msg_id is not None:
+                    original = uncommitted.get(msg_id) or lookup(msg_id, now)
+                    if original is not None:
+                        results.append(PublishResult(original, msg_id, True, None))
                         continue
-                seq = self._next_seq
-                self._next_seq += 1
+                    uncommitted[msg_id] = seq
                 expires = None if m.ttl is None else now + m.ttl
                 expires_us = None if expires is None else _us(expires)
                 queues = self._route(m.topic)
-                batch.add(
-                    "messages",
-                    seq,
-                    m.topic,
-                    m.id,
-                    now_us,
-                    expires_us,
-                    json.dumps(m.headers) if m.headers else None,
-                    m.payload,
-                )
-                if m.id is not None:
-                    batch.add("publish_ids", m.id, seq, expires_us)
-                    self._uncommitted_ids[m.id] = seq
+                headers = json.dumps(m.headers) if m.headers else None
+                log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
+                if msg_id is not None:
+                    id_rows.append((msg_id, seq, expires_us))
                 for q in queues:
-                    batch.add("destinations", seq, q.id)
-                fresh.append((seq, m.id, expires, queues))
-                results.append(PublishResult(seq, m.id, False, len(queues)))
-            future = self.store.writer.write(batch) if fresh else None
-            failpoint("publish.before_commit")
-        try:
-            if future is not None:
-                future.result()
+                    dest_rows.append((seq, q.id))
+                fresh.append((seq, msg_id, expires, queues))
+                results.append(PublishResult(seq, msg_id, False, len(queues)))
+                seq += 1
+            self._next_seq = seq
+            for name in ("messages", "publish_ids", "destinations"):
+                if not batch.tables[name]:
+                    del batch.tables[name]
+            if fresh:
+                batch.after_commit(lambda: self._published(fresh))
+            if fresh or self._durable_seq < first_seq - 1:  # duplicates wait for originals
+                committed = self.store.writer.write(batch)
             else:
-                self._wait_durable(first_seq - 1)
-        except BaseException:
-            with self._lock:
-                for _, msg_id, _, _ in fresh:
-                    if msg_id is not None:
-                        self._uncommitted_ids.pop(msg_id, None)
-            raise
-        failpoint("publish.after_commit")
-        return results
+                committed = Future()
+                committed.set_result(None)
+            failpoint("publish.before_commit")
+        acked: Future[list[PublishResult]] = Future()
+
+        def on_commit(f: Future[None]) -> None:
+            error = f.exception()
+            if error is not None:
+                with self._lock:
+                    for _, msg_id, _, _ in fresh:
+                        if msg_id is not None:
+                            self._uncommitted_ids.pop(msg_id, None)
+                acked.set_exception(error)
+                return
+            failpoint("publish.after_commit")
+            acked.set_result(results)
+
+        committed.add_done_callback(on_commit)
+        return acked
 
     def _route(self, topic: str) -> tuple[_Queue, ...]:
         route = self._routes.get(topic)
@@ -306,21 +324,38 @@ class Node:
     def _published(
         self, fresh: list[tuple[int, str | None, float | None, tuple[_Queue, ...]]]
     ) -> None:
-        """After commit (writer thread, commit order): make the messages deliverable."""
+        """After commit (writer thread, commit order): make the messages deliverable and
+        their ids known. Consecutive messages with the same route go to the cursors as
+        one run, since a batch usually shares one topic."""
+        ids: list[str] = []
+        id_seqs: list[int] = []
+        id_expiry: list[float | None] = []
         with self._lock:
-            for seq, msg_id, expires, queues in fresh:
-                for q in queues:
-                    q.cursor.append(seq, expires)
+            run_route: tuple[_Queue, ...] | None = None
+            run_seqs: list[int] = []
+            run_expiry: list[float | None] = []
+            for seq, msg_id, expires, route in fresh:
+                if route is not run_route:
+                    self._append_run(run_route, run_seqs, run_expiry)
+                    run_route, run_seqs, run_expiry = route, [], []
+                run_seqs.append(seq)
+                run_expiry.append(expires)
                 if msg_id is not None:
-                    self._dedup.remember(msg_id, seq, expires)
-                    self._uncommitted_ids.pop(msg_id, None)
+                    ids.append(msg_id)
+                    id_seqs.append(seq)
+                    id_expiry.append(expires)
+            self._append_run(run_route, run_seqs, run_expiry)
+            self._dedup.remember_many(ids, id_seqs, id_expiry)
+            for msg_id in ids:
+                self._uncommitted_ids.pop(msg_id, None)
             self._durable_seq = fresh[-1][0]
 
-    def _wait_durable(self, seq: int) -> None:
-        """A batch of only duplicates still waits until its originals are committed."""
-        if self._durable_seq >= seq:
-            return
-        self.store.writer.write(RowBatch()).result()  # FIFO: earlier batches commit first
+    @staticmethod
+    def _append_run(
+        route: tuple[_Queue, ...] | None, seqs: list[int], expiry: list[float | None]
+    ) -> None:
+        for q in route or ():
+            q.cursor.extend(seqs, expiry)
 
     # -- consuming (seed 003 cursor) -----------------------------------------------------
 
@@ -350,27 +385,34 @@ class Node:
     def delete(self, queue: str, seqs: Iterable[int]) -> list[bool]:
         """Delete delivered messages from ``queue`` (seed 003: a deletion record per
         message). Atomic and idempotent: True for each message deleted now, False for one
-        already settled; NotInFlight (and nothing deleted) if any was never delivered."""
+        already settled; NotInFlight (and nothing deleted) if any was never delivered.
+        Returns once the deletion is durable."""
+        done, committed = self.delete_async(queue, seqs)
+        committed.result()
+        return done
+
+    def delete_async(self, queue: str, seqs: Iterable[int]) -> tuple[list[bool], Future[None]]:
+        """Like :meth:`delete`, but returns at once with a future for the commit, so a
+        consumer can fetch its next batch meanwhile (both then share one commit)."""
         seqs = list(seqs)
-        now = self.clock()
+        now_us = _us(self.clock())
         with self._lock:
             self._check_open()
             q = self._queue(queue)
             done = q.cursor.delete_many(seqs)
-            batch = RowBatch()
-            now_us = _us(now)
             rows = [
                 (q.id, s, Outcome.DELETED, now_us) for s, d in zip(seqs, done, strict=True) if d
             ]
-            if rows:
-                batch.rows_of("settled").extend(rows)
             q.counts[Outcome.DELETED] += len(rows)
             self._settled_since_compaction += len(rows)
             failpoint("delete.before_commit")
-            future = self.store.writer.write(batch) if not batch.empty else None
-        if future is not None:
-            future.result()
-        return done
+            if rows:
+                batch = RowBatch()
+                batch.rows_of("settled").extend(rows)
+                return done, self.store.writer.write(batch)
+        finished: Future[None] = Future()
+        finished.set_result(None)
+        return done, finished
 
     def release(self, queue: str, seqs: Iterable[int], delay: float = 0.0) -> None:
         """Give delivered messages back for redelivery after ``delay`` seconds (nack).

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Benchmarks of eomsg, each on a fresh temporary data directory.
+
+    python scripts/bench.py --scenario embedded-publish-batch --n 200000 --json
+    python scripts/bench.py --scenario embedded-consume --n 200000 --log-size 1000000
+
+Scenarios:
+  embedded-publish        one message per publish call (one commit each)
+  embedded-publish-batch  --batch messages per publish call (group commit)
+  embedded-consume        fetch --batch, then delete them (consume+delete), until empty
+
+``--log-size L`` first fills the log with L messages that have already been consumed
+(retained for replay, not pending), so the measured messages land on a log of that size:
+compare L = 10^4 and 10^6 to see that the cost per message stays flat.
+
+Prints one JSON object (``--json``) or a line of text; only the measured phase is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import duckdb
+
+from eomsg.core.message import Outgoing
+from eomsg.core.queues import QueueConfig
+from eomsg.node.node import Node, NodeSettings
+
+SCENARIOS = ("embedded-publish", "embedded-publish-batch", "embedded-consume")
+FILL_BATCH = 10_000
+
+
+def _messages(n: int, payload: bytes, start: int) -> list[Outgoing]:
+    return [Outgoing("bench/orders/eu", payload, f"m{start + i}") for i in range(n)]
+
+
+def _publish_all(node: Node, n: int, payload: bytes, batch: int, start: int) -> None:
+    """Publish as ``eomsg publish --stdin`` does: the next batch is prepared while the
+    previous one commits; each is acknowledged only after its commit."""
+    previous = None
+    for i in range(0, n, batch):
+        future = node.publish_async(_messages(min(batch, n - i), payload, start + i))
+        if previous is not None:
+            previous.result()
+        previous = future
+    if previous is not None:
+        previous.result()
+
+
+def _drain(node: Node, batch: int) -> int:
+    """Consume as ``eomsg consume`` does: deliveries recorded durably before they are
+    handed out; each batch's deletion commits together with the next fetch."""
+    count = 0
+    pending = []
+    while taken := node.fetch("bench", batch):
+        pending.append(node.delete_async("bench", [d.seq for d in taken])[1])
+        count += len(taken)
+    for deleted in pending:
+        deleted.result()
+    return count
+
+
+def run(scenario: str, n: int, batch: int, payload_size: int, log_size: int) -> dict[str, object]:
+    payload = os.urandom(payload_size // 2).hex().encode()[:payload_size]
+    with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+        # Long retention and rare GC: the prefilled log must stay for the measurement.
+        settings = NodeSettings(tick=None, retention=10 * 86400, gc_interval=10 * 86400)
+        with Node.open(Path(tmp) / "data", settings) as node:
+            node.create_queue(QueueConfig.create("bench", ["bench/>"]))
+            if log_size:
+                _publish_all(node, log_size, payload, FILL_BATCH, 0)
+                _drain(node, FILL_BATCH)
+                node.maintain()
+            start = log_size
+            if scenario == "embedded-consume":
+                _publish_all(node, n, payload, FILL_BATCH, start)
+            t0 = time.perf_counter()
+            if scenario == "embedded-publish":
+                for m in _messages(n, payload, start):
+                    node.publish_batch([m])
+            elif scenario == "embedded-publish-batch":
+                _publish_all(node, n, payload, batch, start)
+            else:
+                consumed = _drain(node, batch)
+                assert consumed == n, f"consumed {consumed} of {n}"
+            seconds = time.perf_counter() - t0
+            commits = node.store.writer.commits
+    return {
+        "scenario": scenario,
+        "n": n,
+        "seconds": round(seconds, 4),
+        "msgs_per_s": round(n / seconds, 1),
+        "us_per_msg": round(seconds / n * 1e6, 2),
+        "batch": 1 if scenario == "embedded-publish" else batch,
+        "payload_bytes": payload_size,
+        "log_size": log_size,
+        "commits_total": commits,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "duckdb": duckdb.__version__,
+            "platform": platform.platform(),
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenario", choices=SCENARIOS, required=True)
+    parser.add_argument("--n", type=int, default=100_000, help="messages measured")
+    parser.add_argument("--batch", type=int, default=1000, help="messages per call")
+    parser.add_argument("--payload", type=int, default=256, help="payload bytes")
+    parser.add_argument(
+        "--log-size", type=int, default=0, help="consumed messages already in the log"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
+        parser.error("--n and --batch must be positive, --payload and --log-size not negative")
+    result = run(args.scenario, args.n, args.batch, args.payload, args.log_size)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"{result['scenario']}: {result['msgs_per_s']:,.0f} msgs/s "
+            f"({result['us_per_msg']} us/msg, n={args.n}, batch={result['batch']}, "
+            f"log={args.log_size})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
