@@ -102,7 +102,10 @@ class Cursor:
         self._unread: deque[int] = deque()  # destined here, after read_seq, ascending
         self._dropped: set[int] = set()  # unread seqs settled without delivery (lazy)
         self._delivered: dict[int, _Delivered] = {}
-        self._timers: list[tuple[float, int]] = []  # heap (due, seq), validated lazily
+        # Heap of (due, tiebreak, seqs): one entry per take() or release, since a batch
+        # shares its deadline; each seq is validated against its entry when it fires.
+        self._timers: list[tuple[float, int, list[int]]] = []
+        self._timer_ids = 0
         self._ready: list[int] = []  # heap of seqs, validated lazily
         self._expires: dict[int, float] = {}
         self._expiry: list[tuple[float, int]] = []  # heap (expires_at, seq)
@@ -171,7 +174,7 @@ class Cursor:
         self._count += 1
         entry = _Delivered(attempt, due, in_flight)
         self._delivered[seq] = entry
-        heapq.heappush(self._timers, (due, seq))
+        self._add_timer(due, [seq])
         self.read_seq = max(self.read_seq, seq)
         if expires_at is not None:
             self._expires[seq] = expires_at
@@ -185,6 +188,8 @@ class Cursor:
         settlements = self.poll(now)
         deliveries: list[Delivery] = []
         deadline = now + self.ack_timeout
+        delivered, expires = self._delivered, self._expires
+        timed: list[int] = []
         while len(deliveries) < limit:
             seq = self._next_ready()
             if seq is None:
@@ -192,16 +197,20 @@ class Cursor:
                 if seq is None:
                     break
                 self.read_seq = seq
-                self._delivered[seq] = _Delivered(0, 0.0, in_flight=False)
-            entry = self._delivered[seq]
-            expires_at = self._expires.get(seq)
-            if expires_at is not None and expires_at <= now:
-                settlements.append(self._settle(seq, Outcome.EXPIRED))
-                continue
+                entry = delivered[seq] = _Delivered(0, 0.0, in_flight=False)
+            else:
+                entry = delivered[seq]
+            if expires:
+                expires_at = expires.get(seq)
+                if expires_at is not None and expires_at <= now:
+                    settlements.append(self._settle(seq, Outcome.EXPIRED))
+                    continue
             entry.attempt += 1
             entry.due, entry.in_flight, entry.ready = deadline, True, False
-            heapq.heappush(self._timers, (deadline, seq))
+            timed.append(seq)
             deliveries.append(Delivery(seq, entry.attempt, deadline))
+        if timed:
+            self._add_timer(deadline, timed)
         return Taken(deliveries, settlements)
 
     def delete_many(self, seqs: list[int]) -> list[bool]:
@@ -247,17 +256,18 @@ class Cursor:
         out: list[Settlement] = []
         timers = self._timers
         while timers and timers[0][0] <= now:
-            due, seq = heapq.heappop(timers)
-            entry = self._delivered.get(seq)
-            if entry is None or entry.due != due or entry.ready:
-                continue  # stale timer
-            if entry.in_flight:
-                result = self._give_back(seq, entry, now, now)
-                if isinstance(result, Settlement):
-                    out.append(result)
-            else:
-                entry.ready = True
-                heapq.heappush(self._ready, seq)
+            due, _, seqs = heapq.heappop(timers)
+            for seq in seqs:
+                entry = self._delivered.get(seq)
+                if entry is None or entry.due != due or entry.ready:
+                    continue  # settled, or re-timed since this timer was set
+                if entry.in_flight:
+                    result = self._give_back(seq, entry, now, now)
+                    if isinstance(result, Settlement):
+                        out.append(result)
+                else:
+                    entry.ready = True
+                    heapq.heappush(self._ready, seq)
         expiry = self._expiry
         while expiry and expiry[0][0] <= now:
             _, seq = heapq.heappop(expiry)
@@ -292,7 +302,11 @@ class Cursor:
         if ready:
             heapq.heappush(self._ready, seq)
         else:
-            heapq.heappush(self._timers, (due, seq))
+            self._add_timer(due, [seq])
+
+    def _add_timer(self, due: float, seqs: list[int]) -> None:
+        self._timer_ids += 1
+        heapq.heappush(self._timers, (due, self._timer_ids, seqs))
 
     def _next_ready(self) -> int | None:
         ready = self._ready
