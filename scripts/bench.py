@@ -9,9 +9,10 @@ Scenarios:
   embedded-publish-batch  --batch messages per publish call (group commit)
   embedded-consume        fetch --batch, then delete them (consume+delete), until empty
 
-``--log-size L`` first fills the log with L messages that have already been consumed
-(retained for replay, not pending), so the measured messages land on a log of that size:
-compare L = 10^4 and 10^6 to see that the cost per message stays flat.
+Messages carry ids (deduplicated) unless ``--no-ids``. ``--log-size L`` first fills
+the log with L messages that have already been consumed (retained for replay, not
+pending), so the measured messages land on a log of that size: compare L = 10^4 and
+10^6 to see that the cost per message stays flat.
 
 Prints one JSON object (``--json``) or a line of text; only the measured phase is timed.
 """
@@ -37,7 +38,12 @@ SCENARIOS = ("embedded-publish", "embedded-publish-batch", "embedded-consume")
 FILL_BATCH = 10_000
 
 
+IDS = True
+
+
 def _messages(n: int, payload: bytes, start: int) -> list[Outgoing]:
+    if not IDS:
+        return [Outgoing("bench/orders/eu", payload) for _ in range(n)]
     return [Outgoing("bench/orders/eu", payload, f"m{start + i}") for i in range(n)]
 
 
@@ -101,6 +107,7 @@ def run(scenario: str, n: int, batch: int, payload_size: int, log_size: int) -> 
         "batch": 1 if scenario == "embedded-publish" else batch,
         "payload_bytes": payload_size,
         "log_size": log_size,
+        "ids": IDS,
         "commits_total": commits,
         "machine": {
             "cpus": os.cpu_count(),
@@ -115,15 +122,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", choices=SCENARIOS, required=True)
     parser.add_argument("--n", type=int, default=100_000, help="messages measured")
-    parser.add_argument("--batch", type=int, default=1000, help="messages per call")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="messages per call (default: 5000 to publish, as `publish --stdin`; 1000 to consume)",
+    )
     parser.add_argument("--payload", type=int, default=256, help="payload bytes")
     parser.add_argument(
         "--log-size", type=int, default=0, help="consumed messages already in the log"
     )
+    parser.add_argument(
+        "--no-ids", action="store_true", help="publish without message ids (no dedup)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.batch is None:
+        args.batch = 1000 if args.scenario == "embedded-consume" else 5000
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
+    global IDS
+    IDS = not args.no_ids
     result = run(args.scenario, args.n, args.batch, args.payload, args.log_size)
     if args.json:
         print(json.dumps(result))

@@ -32,7 +32,7 @@ def consume(
             "the message is deleted only if it exits 0.",
         ),
     ] = None,
-    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Messages per fetch.")] = 500,
+    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Messages per fetch.")] = 1000,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:

@@ -73,7 +73,7 @@ def publish(
     ] = None,
     batch: Annotated[
         int, typer.Option(min=1, max=100_000, help="With --stdin: lines per commit.")
-    ] = 1000,
+    ] = 5000,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
