@@ -1,0 +1,52 @@
+"""Every command has help text and a section in docs/cli.md; the README's commands exist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.testing import CliRunner
+
+from eomsg.cli.app import app
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI_DOC = (ROOT / "docs" / "cli.md").read_text()
+
+
+def commands() -> list[tuple[str, Any]]:
+    root = typer.main.get_command(app)
+    assert isinstance(root, TyperGroup)
+    found: list[tuple[str, Any]] = []
+    for name, cmd in root.commands.items():
+        if isinstance(cmd, TyperGroup):
+            found += [(f"{name} {sub}", subcmd) for sub, subcmd in cmd.commands.items()]
+        else:
+            found.append((name, cmd))
+    return found
+
+
+@pytest.mark.parametrize(("name", "command"), commands(), ids=[n for n, _ in commands()])
+def test_command_has_help_and_docs(name: str, command: Any) -> None:
+    assert command.help, f"eomsg {name} has no help text"
+    assert f"## eomsg {name}\n" in CLI_DOC, f"docs/cli.md has no section for eomsg {name}"
+    result = CliRunner().invoke(app, [*name.split(), "--help"])
+    assert result.exit_code == 0 and "Usage:" in result.output
+    for param in command.params:
+        if isinstance(param, TyperOption | TyperArgument):
+            assert param.help, f"eomsg {name} {param.name} has no help text"
+
+
+def test_readme_names_the_two_setup_commands() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "bash scripts/demo.sh" in readme and "bash scripts/test.sh" in readme
+    assert "scripts/test.sh" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_exit_codes_are_documented() -> None:
+    from eomsg.errors import ExitCode
+
+    for code in ExitCode:
+        assert f"| {code.value} | {code.name} |" in CLI_DOC
