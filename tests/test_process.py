@@ -33,6 +33,10 @@ def eomsg(
     )
 
 
+# Publish each stdin line with the id m<line number>, printing one JSON ack per message.
+PUBLISH_WITH_IDS = ("publish", "orders/x", "--stdin", "--id-prefix", "m", "--json")
+
+
 def log_ids(data_dir: Path) -> list[str]:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
         return [m.id or "" for m in node.log(limit=1_000_000)]
@@ -151,12 +155,7 @@ def test_sigkill_while_publishing_loses_and_duplicates_nothing(
     r = eomsg(
         eomsg_bin,
         cli_env,
-        "publish",
-        "orders/x",
-        "--stdin",
-        "--id-prefix",
-        "m",
-        "--json",
+        *PUBLISH_WITH_IDS,
         input=b"".join(lines),
     )
     again = [json.loads(x) for x in r.stdout.splitlines()]
@@ -175,12 +174,7 @@ def test_crash_between_commit_and_ack(
     r = eomsg(
         eomsg_bin,
         cli_env,
-        "publish",
-        "orders/x",
-        "--stdin",
-        "--id-prefix",
-        "m",
-        "--json",
+        *PUBLISH_WITH_IDS,
         "--batch",
         "10",
         input=lines,
@@ -193,12 +187,7 @@ def test_crash_between_commit_and_ack(
     r = eomsg(
         eomsg_bin,
         cli_env,
-        "publish",
-        "orders/x",
-        "--stdin",
-        "--id-prefix",
-        "m",
-        "--json",
+        *PUBLISH_WITH_IDS,
         input=lines,
     )
     dup = [json.loads(x)["duplicate"] for x in r.stdout.splitlines()]

@@ -259,7 +259,6 @@ class Node:
         )
         with self._lock:
             self._check_open()
-            self._dedup.expire(now)
             uncommitted, lookup = self._uncommitted_ids, self._dedup.lookup
             seq = self._next_seq
             first_seq = seq
@@ -662,13 +661,13 @@ class Node:
             ).result()
             with self._lock:
                 self._dedup.forget_below(horizon)
+                self._dedup.expire(now)
 
     def _poll(self, now: float) -> None:
         """Apply the passage of time to every cursor and persist what it settled."""
         batch = RowBatch()
         with self._lock:
             self._check_open()
-            self._dedup.expire(now)
             for q in self._queues.values():
                 self._record_settlements(batch, q, q.cursor.poll(now), now)
             future = self.store.writer.write(batch) if not batch.empty else None
