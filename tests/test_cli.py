@@ -169,3 +169,19 @@ def test_queue_commands(run) -> None:  # type: ignore[no-untyped-def]
     assert json.loads(run("queue", "list", "--json").stdout)[0]["subscriptions"] == ["a", "b/>"]
     assert run("queue", "unsubscribe", "q", "a").stdout == "unsubscribed q from a\n"
     assert run("queue", "delete", "q").stdout == "deleted queue q (0 messages dropped)\n"
+
+
+def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untyped-def]
+    assert json.loads(run("config", "set", "retention", "7d", "--json").stdout) == {
+        "retention": "604800"
+    }
+    assert run("config", "set", "max-payload", "64KiB").stdout == "max-payload = 65536\n"
+    assert json.loads(run("config", "show", "--json").stdout) == {
+        "retention": "604800",
+        "max-payload": "65536",
+    }
+    r = run("publish", "t", "x" * 65537, code=ExitCode.INVALID_INPUT)
+    assert "exceeds the limit of 65536 bytes" in r.stderr
+    r = run("config", "set", "colour", "blue", code=ExitCode.INVALID_INPUT)
+    assert r.stderr == "Error: unknown setting 'colour'; known: retention, max-payload\n"
+    run("config", "set", "max-payload", "1GiB", code=ExitCode.INVALID_INPUT)

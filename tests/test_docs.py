@@ -32,6 +32,7 @@ def commands() -> list[tuple[str, Any]]:
 def test_command_has_help_and_docs(name: str, command: Any) -> None:
     assert command.help, f"eomsg {name} has no help text"
     assert f"## eomsg {name}\n" in CLI_DOC, f"docs/cli.md has no section for eomsg {name}"
+    assert any(p.name == "json" for p in command.params), f"eomsg {name} lacks --json"
     result = CliRunner().invoke(app, [*name.split(), "--help"])
     assert result.exit_code == 0 and "Usage:" in result.output
     for param in command.params:

@@ -267,3 +267,24 @@ def test_storage_failure_acknowledges_nothing(open_node: NodeFactory) -> None:
     node.close()
     node = open_node()
     assert [m.payload for m in node.log()] == [b"kept"]
+
+
+def test_saved_retention_drives_garbage_collection(
+    open_node: NodeFactory, clock: FakeClock
+) -> None:
+    node = open_node(gc_interval=0.0)
+    orders(node)
+    assert node.configure("retention", "1h") == "3600"
+    node.close()
+    node = open_node(gc_interval=0.0)  # the saved setting outlives the process
+    assert node.settings.retention == 3600
+    node.publish("orders/a", b"x", id="a")
+    (d,) = node.fetch("orders")
+    node.delete("orders", [d.seq])
+    clock.advance(1800)
+    node.maintain()
+    assert len(node.log()) == 1  # consumed, but within retention
+    clock.advance(1801)
+    node.maintain()
+    assert node.log() == []
+    assert not node.publish("orders/a", b"x", id="a").duplicate  # gone from the log: new

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from eomsg.cli import inspect, queue
+from eomsg.cli import config, inspect, queue
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 
@@ -21,6 +21,7 @@ app.command()(publish)
 app.command()(consume)
 app.add_typer(queue.app, name="queue")
 app.add_typer(inspect.app, name="inspect")
+app.add_typer(config.app, name="config")
 
 
 def _version(value: bool) -> None:

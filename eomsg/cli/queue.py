@@ -87,10 +87,14 @@ def subscribe(
     name: Annotated[str, typer.Argument(help="Queue name.")],
     pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
     data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
 ) -> None:
     """Route messages published from now on to matching topics into the queue."""
     with open_node(data, create=False) as node:
         added = node.subscribe(name, pattern)
+    if json:
+        print_json({"queue": name, "pattern": pattern, "changed": added})
+        return
     console.print(
         f"{'subscribed' if added else 'already subscribed:'} {name} to {pattern}", markup=False
     )
@@ -102,10 +106,14 @@ def unsubscribe(
     name: Annotated[str, typer.Argument(help="Queue name.")],
     pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
     data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
 ) -> None:
     """Stop routing a pattern into the queue (messages already in it stay)."""
     with open_node(data, create=False) as node:
         removed = node.unsubscribe(name, pattern)
+    if json:
+        print_json({"queue": name, "pattern": pattern, "changed": removed})
+        return
     console.print(
         f"{'unsubscribed' if removed else 'was not subscribed:'} {name} from {pattern}",
         markup=False,
@@ -117,10 +125,14 @@ def unsubscribe(
 def purge(
     name: Annotated[str, typer.Argument(help="Queue name.")],
     data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
 ) -> None:
     """Drop every message waiting in the queue (they stay in the log)."""
     with open_node(data, create=False) as node:
         count = node.purge(name)
+    if json:
+        print_json({"queue": name, "purged": count})
+        return
     console.print(f"purged {count} messages from {name}", markup=False)
 
 
@@ -132,8 +144,12 @@ def delete(
         bool, typer.Option("--force", help="Delete even if it holds messages.")
     ] = False,
     data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
 ) -> None:
     """Delete a queue (refused while it holds messages, unless --force)."""
     with open_node(data, create=False) as node:
         dropped = node.delete_queue(name, force=force)
+    if json:
+        print_json({"queue": name, "deleted": True, "dropped": dropped})
+        return
     console.print(f"deleted queue {name} ({dropped} messages dropped)", markup=False)

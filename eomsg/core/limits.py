@@ -8,12 +8,40 @@ from dataclasses import dataclass
 
 from eomsg.core.message import Outgoing
 from eomsg.core.topics import validate_topic
-from eomsg.errors import InvalidDuration, InvalidHeader, InvalidInput, PayloadTooLarge
+from eomsg.errors import (
+    InvalidConfig,
+    InvalidDuration,
+    InvalidHeader,
+    InvalidInput,
+    PayloadTooLarge,
+)
 
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 MAX_ID_LENGTH = 256
 MAX_HEADERS_BYTES = 64 * 1024
+MAX_MAX_PAYLOAD = 64 * 1024 * 1024
 _HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
+_SIZE = re.compile(r"(\d+)\s*(b|kib|kb|k|mib|mb|m)?", re.IGNORECASE)
+_SIZE_UNITS = {
+    "b": 1,
+    "k": 1024,
+    "kb": 1024,
+    "kib": 1024,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "mib": 1 << 20,
+}
+
+
+def parse_size(text: str) -> int:
+    """Bytes in ``text`` (``65536``, ``64KiB``, ``1MiB``); at most 64 MiB, at least 1."""
+    m = _SIZE.fullmatch(text.strip())
+    if m is None:
+        raise InvalidConfig(f"size {text!r} is not understood: use bytes or KiB/MiB, e.g. 1MiB")
+    size = int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
+    if not 1 <= size <= MAX_MAX_PAYLOAD:
+        raise InvalidConfig(f"size {text!r} must be between 1 byte and 64 MiB")
+    return size
 
 
 @dataclass(frozen=True)

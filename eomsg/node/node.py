@@ -21,13 +21,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
-from eomsg.core.limits import Limits, check_outgoing
+from eomsg.core.durations import parse_duration
+from eomsg.core.limits import Limits, check_outgoing, parse_size
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig
 from eomsg.core.topics import Matcher, pattern_regex
@@ -93,6 +94,27 @@ class QueueStats:
         }
 
 
+# Settings a data directory can save (``eomsg config set``): name -> (parse to the
+# canonical text, apply to NodeSettings).
+SETTINGS: dict[str, tuple[Callable[[str], str], Callable[[NodeSettings, str], NodeSettings]]] = {
+    "retention": (
+        lambda v: f"{parse_duration(v, allow_zero=True):g}",
+        lambda s, v: replace(s, retention=float(v)),
+    ),
+    "max-payload": (
+        lambda v: str(parse_size(v)),
+        lambda s, v: replace(s, limits=replace(s.limits, max_payload=int(v))),
+    ),
+}
+
+
+def _apply_saved(settings: NodeSettings, saved: dict[str, str]) -> NodeSettings:
+    for name, value in saved.items():
+        if name in SETTINGS:
+            settings = SETTINGS[name][1](settings, value)
+    return settings
+
+
 class _Queue:
     """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
 
@@ -112,7 +134,7 @@ class Node:
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
-        self.settings = settings
+        self.settings = _apply_saved(settings, store.settings())
         self.clock = clock
         self._lock = threading.Lock()
         self._admin = threading.Lock()
@@ -586,6 +608,25 @@ class Node:
                 f"queue {name!r} does not exist; create it with `eomsg queue create {name}`"
             )
         return q
+
+    # -- settings -----------------------------------------------------------------------
+
+    def configure(self, name: str, value: str) -> str:
+        """Save a node setting in the data directory and apply it now; returns its value
+        in canonical form. ``retention`` is a duration, ``max-payload`` a size."""
+        if name not in SETTINGS:
+            raise InvalidConfig(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
+        canonical = SETTINGS[name][0](value)
+        with self._admin:
+            self._check_open()
+            self.store.writer.run(Store.save_setting_job(name, canonical)).result()
+            self.settings = _apply_saved(self.settings, {name: canonical})
+        return canonical
+
+    def saved_settings(self) -> dict[str, str]:
+        """Every setting and its value, saved or default, in canonical form."""
+        s = self.settings
+        return {"retention": f"{s.retention:g}", "max-payload": str(s.limits.max_payload)}
 
     # -- inspection -----------------------------------------------------------------------
 

@@ -287,6 +287,22 @@ class Store:
 
         return job
 
+    def settings(self) -> dict[str, str]:
+        """Node settings saved in the data directory (``eomsg config set``)."""
+        rows = self._query("SELECT key, value FROM node_meta WHERE key LIKE 'setting.%'")
+        return {key.removeprefix("setting."): value for key, value in rows}
+
+    @staticmethod
+    def save_setting_job(name: str, value: str) -> Any:
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute(
+                """INSERT INTO node_meta VALUES (?, ?)
+                   ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
+                [f"setting.{name}", value],
+            )
+
+        return job
+
     @staticmethod
     def compact_job() -> Any:
         """Drop the hot-table rows of every settled (queue, message) pair, folding their

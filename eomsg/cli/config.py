@@ -1,0 +1,53 @@
+"""``eomsg config``: node settings saved in the data directory."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    handles_errors,
+    open_node,
+    print_json,
+)
+
+app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
+
+
+@app.command()
+@handles_errors
+def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Show every setting: retention (seconds) and max-payload (bytes)."""
+    with open_node(data, create=False) as node:
+        settings = node.saved_settings()
+    if json:
+        print_json(settings)
+        return
+    table = Table("setting", "value")
+    for name, value in settings.items():
+        table.add_row(name, value)
+    console.print(table)
+
+
+@app.command("set")
+@handles_errors
+def set_(
+    name: Annotated[str, typer.Argument(help="retention or max-payload.")],
+    value: Annotated[str, typer.Argument(help="A duration (retention) or a size (max-payload).")],
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Save a setting: `retention 7d` keeps consumed messages in the log for replay;
+    `max-payload 4MiB` is the largest payload a publish may carry."""
+    with open_node(data) as node:
+        canonical = node.configure(name, value)
+    if json:
+        print_json({name: canonical})
+    else:
+        console.print(f"{name} = {canonical}", markup=False)
