@@ -14,7 +14,9 @@ the log with L messages that have already been consumed (retained for replay, no
 pending), so the measured messages land on a log of that size: compare L = 10^4 and
 10^6 to see that the cost per message stays flat.
 
-Prints one JSON object (``--json``) or a line of text; only the measured phase is timed.
+Each of ``--rounds`` rounds (default 3) measures ``n`` messages on the same log; the
+median is reported, with every round. Prints one JSON object (``--json``) or a line of
+text; only the measured phase is timed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -73,42 +76,51 @@ def _drain(node: Node, batch: int) -> int:
     return count
 
 
-def run(scenario: str, n: int, batch: int, payload_size: int, log_size: int) -> dict[str, object]:
+def run(
+    scenario: str, n: int, batch: int, payload_size: int, log_size: int, rounds: int = 3
+) -> dict[str, object]:
     payload = os.urandom(payload_size // 2).hex().encode()[:payload_size]
+    timings = []
     with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
         # Long retention and rare GC: the prefilled log must stay for the measurement.
         settings = NodeSettings(tick=None, retention=10 * 86400, gc_interval=10 * 86400)
         with Node.open(Path(tmp) / "data", settings) as node:
             node.create_queue(QueueConfig.create("bench", ["bench/>"]))
+            start = 0
             if log_size:
                 _publish_all(node, log_size, payload, FILL_BATCH, 0)
                 _drain(node, FILL_BATCH)
                 node.maintain()
-            start = log_size
-            if scenario == "embedded-consume":
-                _publish_all(node, n, payload, FILL_BATCH, start)
-            t0 = time.perf_counter()
-            if scenario == "embedded-publish":
-                for m in _messages(n, payload, start):
-                    node.publish_batch([m])
-            elif scenario == "embedded-publish-batch":
-                _publish_all(node, n, payload, batch, start)
-            else:
-                consumed = _drain(node, batch)
-                assert consumed == n, f"consumed {consumed} of {n}"
-            seconds = time.perf_counter() - t0
-            commits = node.store.writer.commits
+                start = log_size
+            for _ in range(rounds):  # each round leaves the queue empty again
+                if scenario == "embedded-consume":
+                    _publish_all(node, n, payload, FILL_BATCH, start)
+                t0 = time.perf_counter()
+                if scenario == "embedded-publish":
+                    for m in _messages(n, payload, start):
+                        node.publish_batch([m])
+                elif scenario == "embedded-publish-batch":
+                    _publish_all(node, n, payload, batch, start)
+                else:
+                    consumed = _drain(node, batch)
+                    assert consumed == n, f"consumed {consumed} of {n}"
+                timings.append(time.perf_counter() - t0)
+                if scenario != "embedded-consume":
+                    _drain(node, FILL_BATCH)
+                node.maintain()
+                start += n
+    seconds = statistics.median(timings)
     return {
         "scenario": scenario,
         "n": n,
         "seconds": round(seconds, 4),
         "msgs_per_s": round(n / seconds, 1),
         "us_per_msg": round(seconds / n * 1e6, 2),
+        "rounds_msgs_per_s": [round(n / t) for t in timings],
         "batch": 1 if scenario == "embedded-publish" else batch,
         "payload_bytes": payload_size,
         "log_size": log_size,
         "ids": IDS,
-        "commits_total": commits,
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
@@ -133,17 +145,22 @@ def main(argv: list[str] | None = None) -> int:
         "--log-size", type=int, default=0, help="consumed messages already in the log"
     )
     parser.add_argument(
+        "--rounds", type=int, default=3, help="measured rounds; the median is reported"
+    )
+    parser.add_argument(
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
         args.batch = 1000 if args.scenario == "embedded-consume" else 5000
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
     global IDS
     IDS = not args.no_ids
-    result = run(args.scenario, args.n, args.batch, args.payload, args.log_size)
+    result = run(args.scenario, args.n, args.batch, args.payload, args.log_size, args.rounds)
     if args.json:
         print(json.dumps(result))
     else:

@@ -232,3 +232,27 @@ def test_sigkill_loop_many_rounds(eomsg_bin: str, cli_env: dict[str, str], data_
         assert len(stored) == len(set(stored))
         assert acked <= set(stored)
     assert os.path.getsize(data_dir / "eomsg.duckdb") > 0
+
+
+def test_crash_during_garbage_collection_keeps_a_consistent_store(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    eomsg(eomsg_bin, cli_env, "queue", "create", "q", "-s", "t")
+    eomsg(eomsg_bin, cli_env, "config", "set", "retention", "0")
+    eomsg(eomsg_bin, cli_env, "publish", "t", "--stdin", "--id-prefix", "m", input=b"a\nb\nc\n")
+    # consume deletes, then closing runs garbage collection, killed before it commits.
+    r = eomsg(
+        eomsg_bin,
+        cli_env,
+        "consume",
+        "q",
+        "--max",
+        "2",
+        extra_env={"EOMSG_FAILPOINTS": "store.job.before_commit=crash"},
+    )
+    assert r.returncode == -signal.SIGKILL and r.stdout == b"1 t a\n2 t b\n"
+    assert log_ids(data_dir) == ["m1", "m2", "m3"]  # the collection rolled back whole
+    r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
+    assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == ["m3"]  # 1, 2 deleted
+    stats = json.loads(eomsg(eomsg_bin, cli_env, "inspect", "queues", "--json").stdout)[0]
+    assert (stats["depth"], stats["deleted"]) == (0, 3)

@@ -24,9 +24,11 @@ delivered; one in flight is left to its consumer and expires if it comes back.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
+from itertools import islice
 
 from eomsg.errors import NotInFlight
 
@@ -74,6 +76,40 @@ class Taken:
     settlements: list[Settlement]
 
 
+class _SeqQueue:
+    """A FIFO of sequence numbers in an ``array('q')``: 8 bytes each and invisible to the
+    cycle collector, whose full passes would otherwise walk every queued int."""
+
+    __slots__ = ("_head", "_seqs")
+
+    def __init__(self) -> None:
+        self._seqs = array("q")
+        self._head = 0
+
+    def __len__(self) -> int:
+        return len(self._seqs) - self._head
+
+    def __iter__(self) -> Iterator[int]:
+        return islice(self._seqs, self._head, None)
+
+    def last(self) -> int:
+        return self._seqs[-1]
+
+    def append(self, seq: int) -> None:
+        self._seqs.append(seq)
+
+    def extend(self, seqs: Iterable[int]) -> None:
+        self._seqs.extend(seqs)
+
+    def popleft(self) -> int:
+        seq = self._seqs[self._head]
+        self._head += 1
+        if self._head > 4096 and self._head * 2 > len(self._seqs):
+            del self._seqs[: self._head]  # reclaim the consumed front
+            self._head = 0
+        return seq
+
+
 class _Delivered:
     """A message delivered at least once and not yet settled."""
 
@@ -99,12 +135,12 @@ class Cursor:
         self.ack_timeout = ack_timeout
         self.max_redeliveries = max_redeliveries
         self.read_seq = read_seq  # seed 003: the last message read from the log in order
-        self._unread: deque[int] = deque()  # destined here, after read_seq, ascending
+        self._unread = _SeqQueue()  # destined here, after read_seq, ascending
         self._dropped: set[int] = set()  # unread seqs settled without delivery (lazy)
         self._delivered: dict[int, _Delivered] = {}
         # Heap of (due, tiebreak, seqs): one entry per take() or release, since a batch
         # shares its deadline; each seq is validated against its entry when it fires.
-        self._timers: list[tuple[float, int, list[int]]] = []
+        self._timers: list[tuple[float, int, array[int]]] = []
         self._timer_ids = 0
         self._ready: list[int] = []  # heap of seqs, validated lazily
         self._expires: dict[int, float] = {}
@@ -143,7 +179,7 @@ class Cursor:
         Messages normally arrive in sequence order; one that arrives late (a message
         dead-lettered here from another queue) is made ready at once instead.
         """
-        if (self._unread and seq <= self._unread[-1]) or seq <= self.read_seq:
+        if (self._unread and seq <= self._unread.last()) or seq <= self.read_seq:
             self._park(seq, _Delivered(0, 0.0, in_flight=False), ready=True)
         else:
             self._unread.append(seq)
@@ -158,7 +194,7 @@ class Cursor:
         if (
             seqs
             and seqs[0] > self.read_seq
-            and (not unread or seqs[0] > unread[-1])
+            and (not unread or seqs[0] > unread.last())
             and not any(expires_at)
         ):
             unread.extend(seqs)
@@ -306,7 +342,7 @@ class Cursor:
 
     def _add_timer(self, due: float, seqs: list[int]) -> None:
         self._timer_ids += 1
-        heapq.heappush(self._timers, (due, self._timer_ids, seqs))
+        heapq.heappush(self._timers, (due, self._timer_ids, array("q", seqs)))
 
     def _next_ready(self) -> int | None:
         ready = self._ready
@@ -319,7 +355,7 @@ class Cursor:
 
     def _next_unread(self) -> int | None:
         unread = self._unread
-        while unread:
+        while len(unread):
             seq = unread.popleft()
             if seq in self._dropped:
                 self._dropped.discard(seq)

@@ -186,6 +186,7 @@ class Writer:
         try:
             conn.execute("BEGIN TRANSACTION")
             result = job(conn)
+            failpoint("store.job.before_commit")
             conn.execute("COMMIT")
         except Exception as e:
             self._rollback()

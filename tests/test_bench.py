@@ -1,0 +1,53 @@
+"""scripts/bench.py keeps working and keeps its output contract (no timing asserted)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
+
+
+@pytest.mark.parametrize(
+    "scenario", ["embedded-publish", "embedded-publish-batch", "embedded-consume"]
+)
+def test_bench_prints_one_json_object(scenario: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--scenario",
+            scenario,
+            "--n",
+            "300",
+            "--batch",
+            "100",
+            "--log-size",
+            "200",
+            "--rounds",
+            "2",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    result = json.loads(out)
+    assert result["scenario"] == scenario and result["n"] == 300
+    assert result["seconds"] > 0 and result["msgs_per_s"] > 0
+    assert len(result["rounds_msgs_per_s"]) == 2 and result["log_size"] == 200
+
+
+def test_bench_rejects_bad_arguments() -> None:
+    r = subprocess.run(
+        [sys.executable, str(BENCH), "--scenario", "embedded-consume", "--n", "0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 2 and "--n and --batch must be positive" in r.stderr
