@@ -178,10 +178,13 @@ def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untype
     assert run("config", "set", "max-payload", "64KiB").stdout == "max-payload = 65536\n"
     assert json.loads(run("config", "show", "--json").stdout) == {
         "retention": "604800",
+        "gc-interval": "60",
         "max-payload": "65536",
     }
     r = run("publish", "t", "x" * 65537, code=ExitCode.INVALID_INPUT)
     assert "exceeds the limit of 65536 bytes" in r.stderr
     r = run("config", "set", "colour", "blue", code=ExitCode.INVALID_INPUT)
-    assert r.stderr == "Error: unknown setting 'colour'; known: retention, max-payload\n"
+    assert r.stderr == (
+        "Error: unknown setting 'colour'; known: retention, gc-interval, max-payload\n"
+    )
     run("config", "set", "max-payload", "1GiB", code=ExitCode.INVALID_INPUT)

@@ -239,6 +239,7 @@ def test_crash_during_garbage_collection_keeps_a_consistent_store(
 ) -> None:
     eomsg(eomsg_bin, cli_env, "queue", "create", "q", "-s", "t")
     eomsg(eomsg_bin, cli_env, "config", "set", "retention", "0")
+    eomsg(eomsg_bin, cli_env, "config", "set", "gc-interval", "0")  # collect at every close
     eomsg(eomsg_bin, cli_env, "publish", "t", "--stdin", "--id-prefix", "m", input=b"a\nb\nc\n")
     # consume deletes, then closing runs garbage collection, killed before it commits.
     r = eomsg(

@@ -23,7 +23,7 @@ app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
 @app.command()
 @handles_errors
 def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
-    """Show every setting: retention (seconds) and max-payload (bytes)."""
+    """Show every setting: retention and gc-interval (seconds), max-payload (bytes)."""
     with open_node(data, create=False) as node:
         settings = node.saved_settings()
     if json:
@@ -38,13 +38,14 @@ def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 @app.command("set")
 @handles_errors
 def set_(
-    name: Annotated[str, typer.Argument(help="retention or max-payload.")],
-    value: Annotated[str, typer.Argument(help="A duration (retention) or a size (max-payload).")],
+    name: Annotated[str, typer.Argument(help="retention, gc-interval or max-payload.")],
+    value: Annotated[str, typer.Argument(help="A duration, or a size for max-payload.")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
     """Save a setting: `retention 7d` keeps consumed messages in the log for replay;
-    `max-payload 4MiB` is the largest payload a publish may carry."""
+    `gc-interval 5m` sets how often the log is collected; `max-payload 4MiB` is the
+    largest payload a publish may carry."""
     with open_node(data) as node:
         canonical = node.configure(name, value)
     if json:

@@ -101,6 +101,10 @@ SETTINGS: dict[str, tuple[Callable[[str], str], Callable[[NodeSettings, str], No
         lambda v: f"{parse_duration(v, allow_zero=True):g}",
         lambda s, v: replace(s, retention=float(v)),
     ),
+    "gc-interval": (
+        lambda v: f"{parse_duration(v, allow_zero=True):g}",
+        lambda s, v: replace(s, gc_interval=float(v)),
+    ),
     "max-payload": (
         lambda v: str(parse_size(v)),
         lambda s, v: replace(s, limits=replace(s.limits, max_payload=int(v))),
@@ -613,7 +617,8 @@ class Node:
 
     def configure(self, name: str, value: str) -> str:
         """Save a node setting in the data directory and apply it now; returns its value
-        in canonical form. ``retention`` is a duration, ``max-payload`` a size."""
+        in canonical form. ``retention`` and ``gc-interval`` are durations, ``max-payload``
+        a size."""
         if name not in SETTINGS:
             raise InvalidConfig(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
         canonical = SETTINGS[name][0](value)
@@ -626,7 +631,11 @@ class Node:
     def saved_settings(self) -> dict[str, str]:
         """Every setting and its value, saved or default, in canonical form."""
         s = self.settings
-        return {"retention": f"{s.retention:g}", "max-payload": str(s.limits.max_payload)}
+        return {
+            "retention": f"{s.retention:g}",
+            "gc-interval": f"{s.gc_interval:g}",
+            "max-payload": str(s.limits.max_payload),
+        }
 
     # -- inspection -----------------------------------------------------------------------
 
