@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -90,14 +91,7 @@ def subscribe(
     json: JsonOption = False,
 ) -> None:
     """Route messages published from now on to matching topics into the queue."""
-    with open_node(data, create=False) as node:
-        added = node.subscribe(name, pattern)
-    if json:
-        print_json({"queue": name, "pattern": pattern, "changed": added})
-        return
-    console.print(
-        f"{'subscribed' if added else 'already subscribed:'} {name} to {pattern}", markup=False
-    )
+    _change_subscription(name, pattern, data, json, add=True)
 
 
 @app.command()
@@ -109,15 +103,24 @@ def unsubscribe(
     json: JsonOption = False,
 ) -> None:
     """Stop routing a pattern into the queue (messages already in it stay)."""
+    _change_subscription(name, pattern, data, json, add=False)
+
+
+def _change_subscription(name: str, pattern: str, data: Path, as_json: bool, *, add: bool) -> None:
     with open_node(data, create=False) as node:
-        removed = node.unsubscribe(name, pattern)
-    if json:
-        print_json({"queue": name, "pattern": pattern, "changed": removed})
-        return
-    console.print(
-        f"{'unsubscribed' if removed else 'was not subscribed:'} {name} from {pattern}",
-        markup=False,
-    )
+        changed = node.subscribe(name, pattern) if add else node.unsubscribe(name, pattern)
+    if as_json:
+        print_json({"queue": name, "pattern": pattern, "changed": changed})
+    elif add:
+        console.print(
+            f"{'subscribed' if changed else 'already subscribed:'} {name} to {pattern}",
+            markup=False,
+        )
+    else:
+        console.print(
+            f"{'unsubscribed' if changed else 'was not subscribed:'} {name} from {pattern}",
+            markup=False,
+        )
 
 
 @app.command()

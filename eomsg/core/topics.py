@@ -14,7 +14,7 @@ few distinct topics; the cache is dropped whenever subscriptions change.
 from __future__ import annotations
 
 import re
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 from functools import lru_cache
 from typing import Generic, TypeVar
 
@@ -181,10 +181,6 @@ class Matcher(Generic[K]):
             self._cache.clear()
         self._cache[topic] = result
         return result
-
-    def add_all(self, pairs: Iterable[tuple[str, K]]) -> None:
-        for pattern, key in pairs:
-            self.add(pattern, key)
 
     @staticmethod
     def _child(node: _Node[K], level: str) -> _Node[K]:

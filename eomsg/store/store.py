@@ -245,13 +245,6 @@ class Store:
         """Settlement records not yet compacted."""
         return int(self._query("SELECT count(*) FROM settled")[0][0])
 
-    def log_bounds(self) -> tuple[int, int, int]:
-        """(first seq, last seq, count) of the retained log."""
-        first, last, count = self._query(
-            "SELECT coalesce(min(seq), 0), coalesce(max(seq), 0), count(*) FROM messages"
-        )[0]
-        return int(first), int(last), int(count)
-
     # -- jobs for the writer (each runs in its own transaction) ---------------------------
 
     @staticmethod

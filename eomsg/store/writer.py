@@ -97,7 +97,6 @@ class Writer:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._failed: BaseException | None = None
         self._closed = False
-        self.commits = 0
         self._thread = threading.Thread(target=self._run, name="eomsg-writer", daemon=True)
         self._thread.start()
 
@@ -175,7 +174,6 @@ class Writer:
             self._rollback()
             self._failed = e
             return self._fail(futures, e)
-        self.commits += 1
         failpoint("store.commit.after")
         self._after_commit([b for b, _ in group], futures)
 
@@ -195,7 +193,6 @@ class Writer:
                 return self._fail([future], e)
             future.set_exception(e)  # the job's own error, rolled back cleanly
             return None
-        self.commits += 1
         future.set_result(result)
         return None
 
