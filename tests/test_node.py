@@ -261,9 +261,10 @@ def test_storage_failure_acknowledges_nothing(open_node: NodeFactory) -> None:
         with pytest.raises(StorageError):
             node.publish("orders/a", b"lost")
         with pytest.raises(StorageError):
-            node.publish("orders/a", b"refused")  # the node stops trusting its state
+            node.publish("orders/a", b"refused", id="r")  # the node stops trusting its state
     finally:
         failpoints.configure("")
+    assert node._uncommitted_ids == {}  # a refused batch leaves nothing behind
     node.close()
     node = open_node()
     assert [m.payload for m in node.log()] == [b"kept"]

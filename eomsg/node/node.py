@@ -315,7 +315,14 @@ class Node:
             if fresh:
                 batch.after_commit(lambda: self._published(fresh))
             if fresh or self._durable_seq < first_seq - 1:  # duplicates wait for originals
-                committed = self.store.writer.write(batch)
+                try:
+                    committed = self.store.writer.write(batch)
+                except BaseException:  # nothing was queued: forget this batch entirely
+                    self._next_seq = first_seq
+                    for _, msg_id, _, _ in fresh:
+                        if msg_id is not None:
+                            uncommitted.pop(msg_id, None)
+                    raise
             else:
                 committed = Future()
                 committed.set_result(None)
