@@ -23,6 +23,8 @@ class ExitCode(IntEnum):
     DATA_DIR = 6
     STORAGE = 7
     HANDLER_FAILED = 8
+    UNAVAILABLE = 9
+    AUTH = 10
 
 
 class EomsgError(Exception):
@@ -169,3 +171,60 @@ class HandlerFailed(EomsgError):
 
     code = "handler_failed"
     exit_code = ExitCode.HANDLER_FAILED
+
+
+# -- talking to a node -------------------------------------------------------------------
+
+
+class ProtocolError(EomsgError):
+    """A peer broke the wire protocol (bad frame, wrong order); the connection is closed."""
+
+    code = "protocol"
+    exit_code = ExitCode.FAILURE
+
+
+class FrameTooLarge(ProtocolError):
+    """A frame's length prefix exceeds the receiver's frame limit."""
+
+    code = "frame_too_large"
+
+
+class AuthenticationFailed(EomsgError):
+    """The node refused the client's token (or the client sent none where one is needed)."""
+
+    code = "authentication_failed"
+    exit_code = ExitCode.AUTH
+
+
+class Unavailable(EomsgError):
+    """No node answers at the address, or the connection to it was lost.
+
+    A publish or delete that was in flight when the connection dropped may or may not
+    have committed: retry it — a publish with an ``id`` is deduplicated, a delete is
+    idempotent."""
+
+    code = "unavailable"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class Overloaded(EomsgError):
+    """The node refused a connection or request because a limit was reached; retry later."""
+
+    code = "overloaded"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+def _subclasses(cls: type[EomsgError]) -> list[type[EomsgError]]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out.extend(_subclasses(sub))
+    return out
+
+
+def from_code(code: str, message: str) -> EomsgError:
+    """The error a node reported in an error frame, as the class its ``code`` names (the
+    base class for a code this version does not know)."""
+    for cls in _subclasses(EomsgError):
+        if cls.code == code:
+            return cls(message)
+    return EomsgError(message)

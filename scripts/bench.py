@@ -69,7 +69,7 @@ def _drain(node: Node, batch: int) -> int:
     count = 0
     pending = []
     while taken := node.fetch("bench", batch):
-        pending.append(node.delete_async("bench", [d.seq for d in taken])[1])
+        pending.append(node.delete_async("bench", [d.seq for d in taken]))
         count += len(taken)
     for deleted in pending:
         deleted.result()

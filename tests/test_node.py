@@ -289,3 +289,12 @@ def test_saved_retention_drives_garbage_collection(
     node.maintain()
     assert node.log() == []
     assert not node.publish("orders/a", b"x", id="a").duplicate  # gone from the log: new
+
+
+def test_row_tables_list_columns_in_table_order(node: Node) -> None:
+    """The writer inserts Arrow batches by position, so the orders must agree."""
+    from eomsg.store.schema import ROW_TABLES
+
+    for name, schema in ROW_TABLES.items():
+        columns, _ = node.query(f"SELECT * FROM {name} LIMIT 0")
+        assert columns == schema.names, name

@@ -38,7 +38,7 @@ def consume(
 ) -> None:
     """Consume messages until the queue has none ready (or --max is reached)."""
     remaining = max
-    deletions: list[Future[None]] = []
+    deletions: list[Future[list[bool]]] = []
     with open_node(data) as node:
         while remaining is None or remaining > 0:
             size = 1 if exec_ is not None else batch
@@ -55,7 +55,7 @@ def consume(
             deleted.result()
 
 
-def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> Future[None]:
+def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> Future[list[bool]]:
     """Write the batch to stdout, flush, and only then delete it; if stdout fails, give
     the batch back so nothing is lost. Returns the deletion's commit, which shares a
     group commit with the next fetch."""
@@ -69,7 +69,7 @@ def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> Fut
         # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
-    return node.delete_async(taken[0].queue, [d.seq for d in taken])[1]
+    return node.delete_async(taken[0].queue, [d.seq for d in taken])
 
 
 def _render(d: Delivered, as_json: bool) -> str:

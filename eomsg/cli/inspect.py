@@ -19,7 +19,6 @@ from eomsg.cli.common import (
     print_json,
 )
 from eomsg.core.durations import format_duration
-from eomsg.store.store import read_only_query
 
 app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help=True)
 
@@ -112,7 +111,8 @@ def sql(
     json: JsonOption = False,
 ) -> None:
     """Run a read-only SQL query against the store (tables: messages, queues, ...)."""
-    columns, rows = read_only_query(data, query)
+    with open_node(data, create=False) as node:
+        columns, rows = node.query(query)
     if json:
         print_json([{c: _cell(v) for c, v in zip(columns, row, strict=True)} for row in rows])
         return

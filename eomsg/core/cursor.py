@@ -166,6 +166,11 @@ class Cursor:
                 return seq if low is None else min(low, seq)
         return low
 
+    def in_flight_attempt(self, seq: int) -> int | None:
+        """The attempt under which ``seq`` is in flight now, or None if it is not."""
+        entry = self._delivered.get(seq)
+        return entry.attempt if entry is not None and entry.in_flight else None
+
     def pending(self) -> list[int]:
         """All unsettled sequence numbers, ascending (for tests and inspection)."""
         live = [s for s in self._unread if s not in self._dropped]

@@ -93,3 +93,39 @@ class QueueConfig:
             data.get("dead_letter"),
             float(data.get("ack_timeout", DEFAULT_ACK_TIMEOUT)),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A queue as ``inspect queues`` shows it."""
+
+    name: str
+    subscriptions: tuple[str, ...]
+    depth: int
+    in_flight: int
+    deleted: int
+    expired: int
+    dead_lettered: int
+    purged: int
+    oldest_age: float | None
+    dead_letter: str | None
+    max_redeliveries: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "subscriptions": list(self.subscriptions),
+            "depth": self.depth,
+            "in_flight": self.in_flight,
+            "deleted": self.deleted,
+            "expired": self.expired,
+            "dead_lettered": self.dead_lettered,
+            "purged": self.purged,
+            "oldest_age": self.oldest_age,
+            "dead_letter": self.dead_letter,
+            "max_redeliveries": self.max_redeliveries,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> QueueStats:
+        return cls(**{**data, "subscriptions": tuple(data["subscriptions"])})

@@ -30,7 +30,7 @@ from eomsg.core.dedup import DedupWindow
 from eomsg.core.durations import parse_duration
 from eomsg.core.limits import Limits, check_outgoing, parse_size
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
-from eomsg.core.queues import QueueConfig
+from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.topics import Matcher, pattern_regex
 from eomsg.errors import (
     InvalidConfig,
@@ -60,38 +60,6 @@ class NodeSettings:
     compact_every: int = 50_000
     gc_interval: float = 60.0
     tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
-
-
-@dataclass(frozen=True)
-class QueueStats:
-    """A queue as ``inspect queues`` shows it."""
-
-    name: str
-    subscriptions: tuple[str, ...]
-    depth: int
-    in_flight: int
-    deleted: int
-    expired: int
-    dead_lettered: int
-    purged: int
-    oldest_age: float | None
-    dead_letter: str | None
-    max_redeliveries: int | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "subscriptions": list(self.subscriptions),
-            "depth": self.depth,
-            "in_flight": self.in_flight,
-            "deleted": self.deleted,
-            "expired": self.expired,
-            "dead_lettered": self.dead_lettered,
-            "purged": self.purged,
-            "oldest_age": self.oldest_age,
-            "dead_letter": self.dead_letter,
-            "max_redeliveries": self.max_redeliveries,
-        }
 
 
 # Settings a data directory can save (``eomsg config set``): name -> (parse to the
@@ -149,6 +117,7 @@ class Node:
         self._routes: dict[str, tuple[_Queue, ...]] = {}
         self._dedup = DedupWindow()
         self._uncommitted_ids: dict[str, int] = {}
+        self._listeners: list[Callable[[str], None]] = []
         self._recover()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -362,6 +331,7 @@ class Node:
         ids: list[str] = []
         id_seqs: list[int] = []
         id_expiry: list[float | None] = []
+        routes: set[tuple[_Queue, ...]] = set()
         with self._lock:
             run_route: tuple[_Queue, ...] | None = None
             run_seqs: list[int] = []
@@ -370,6 +340,7 @@ class Node:
                 if route is not run_route:
                     self._append_run(run_route, run_seqs, run_expiry)
                     run_route, run_seqs, run_expiry = route, [], []
+                    routes.add(route)
                 run_seqs.append(seq)
                 run_expiry.append(expires)
                 if msg_id is not None:
@@ -381,6 +352,8 @@ class Node:
             for msg_id in ids:
                 self._uncommitted_ids.pop(msg_id, None)
             self._durable_seq = fresh[-1][0]
+        if self._listeners:
+            self._notify({q.config.name for route in routes for q in route})
 
     @staticmethod
     def _append_run(
@@ -419,15 +392,15 @@ class Node:
         message). Atomic and idempotent: True for each message deleted now, False for one
         already settled; NotInFlight (and nothing deleted) if any was never delivered.
         Returns once the deletion is durable."""
-        done, committed = self.delete_async(queue, seqs)
-        committed.result()
-        return done
+        return self.delete_async(queue, seqs).result()
 
-    def delete_async(self, queue: str, seqs: Iterable[int]) -> tuple[list[bool], Future[None]]:
-        """Like :meth:`delete`, but returns at once with a future for the commit, so a
-        consumer can fetch its next batch meanwhile (both then share one commit)."""
+    def delete_async(self, queue: str, seqs: Iterable[int]) -> Future[list[bool]]:
+        """Like :meth:`delete`, but returns at once with a future that resolves after the
+        commit, so a consumer can fetch its next batch meanwhile (both then share one
+        commit). Invalid input raises here, before anything is queued."""
         seqs = list(seqs)
         now_us = _us(self.clock())
+        deleted: Future[list[bool]] = Future()
         with self._lock:
             self._check_open()
             q = self._queue(queue)
@@ -438,22 +411,47 @@ class Node:
             q.counts[Outcome.DELETED] += len(rows)
             self._settled_since_compaction += len(rows)
             failpoint("delete.before_commit")
-            if rows:
-                batch = RowBatch()
-                batch.rows_of("settled").extend(rows)
-                return done, self.store.writer.write(batch)
-        finished: Future[None] = Future()
-        finished.set_result(None)
-        return done, finished
+            if not rows:
+                deleted.set_result(done)
+                return deleted
+            batch = RowBatch()
+            batch.rows_of("settled").extend(rows)
+            committed = self.store.writer.write(batch)
+
+        def on_commit(f: Future[None]) -> None:
+            error = f.exception()
+            if error is not None:
+                deleted.set_exception(error)
+            else:
+                deleted.set_result(done)
+
+        committed.add_done_callback(on_commit)
+        return deleted
 
     def release(self, queue: str, seqs: Iterable[int], delay: float = 0.0) -> None:
         """Give delivered messages back for redelivery after ``delay`` seconds (nack).
         Atomic. A message past its redelivery limit goes to the dead-letter queue."""
-        seqs = list(seqs)
+        self._release(queue, list(seqs), delay)
+
+    def release_held(self, queue: str, held: Iterable[tuple[int, int]]) -> int:
+        """Give back those of the ``(seq, attempt)`` deliveries that are still in flight
+        under that very attempt — what a consumer that went away was holding — and
+        leave alone any message settled or redelivered since. Returns how many."""
+        with self._lock:
+            self._check_open()
+            cursor = self._queue(queue).cursor
+            seqs = [s for s, attempt in held if cursor.in_flight_attempt(s) == attempt]
+        return self._release(queue, seqs, 0.0, missing_ok=True)
+
+    def _release(
+        self, queue: str, seqs: list[int], delay: float, *, missing_ok: bool = False
+    ) -> int:
         now = self.clock()
         with self._lock:
             self._check_open()
             q = self._queue(queue)
+            if missing_ok:  # settled or retaken between the caller's check and now
+                seqs = [s for s in seqs if q.cursor.in_flight_attempt(s) is not None]
             outcomes = q.cursor.release_many(seqs, now, delay)
             batch = RowBatch()
             settlements = []
@@ -466,6 +464,9 @@ class Node:
             future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
+        if seqs and delay <= 0:
+            self._notify({queue})
+        return len(seqs)
 
     def _record_settlements(
         self, batch: RowBatch, q: _Queue, settlements: list[Settlement], now: float
@@ -492,6 +493,7 @@ class Node:
                 with self._lock:
                     for seq in moved:
                         target.cursor.append(seq, expiries.get(seq))
+                self._notify({target.config.name})
 
             batch.after_commit(to_dlq)
 
@@ -644,7 +646,26 @@ class Node:
             "max-payload": str(s.limits.max_payload),
         }
 
+    # -- watching -----------------------------------------------------------------------
+
+    def add_listener(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(queue)`` whenever messages become ready in a queue (published,
+        released, dead-lettered into it). It runs on whichever thread made them ready,
+        so it must be quick and must not call the node; redeliveries that come due by
+        time are not announced — poll for those."""
+        self._listeners.append(callback)
+
+    def _notify(self, queues: set[str]) -> None:
+        for callback in self._listeners:
+            for name in queues:
+                callback(name)
+
     # -- inspection -----------------------------------------------------------------------
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only SQL query on the store: column names and rows."""
+        self._check_open()
+        return self.store.query(sql)
 
     def stats(self) -> list[QueueStats]:
         """A snapshot of every queue, by name."""

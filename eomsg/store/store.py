@@ -83,7 +83,9 @@ class Store:
             self._lock.release()
             raise DataDirError(f"no eomsg data in {data_dir} yet (check --data)")
         try:
-            self._db = duckdb.connect(str(self.path))
+            # The node reads and writes only its own file; turning file access off makes
+            # `inspect sql` unable to read or write any other.
+            self._db = duckdb.connect(str(self.path), config={"enable_external_access": False})
             migrate(self._db)
         except duckdb.Error as e:
             self._lock.release()
@@ -122,6 +124,31 @@ class Store:
             return self._reader().execute(sql, params).fetchall()
         except duckdb.Error as e:
             raise _duckdb_error(e, "reading the store") from e
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one SELECT (or EXPLAIN) in a read-only transaction: column names, rows.
+        Anything else — several statements, a write, a setting — is InvalidQuery."""
+        try:
+            statements = duckdb.extract_statements(sql)
+        except duckdb.Error as e:
+            raise InvalidQuery(f"query failed: {str(e).splitlines()[0]}") from e
+        if len(statements) != 1:
+            raise InvalidQuery("give exactly one SQL statement")
+        kind = statements[0].type
+        if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
+            raise InvalidQuery(f"inspect sql is read-only: {kind.name} statements are refused")
+        cursor = self._db.cursor()
+        try:
+            cursor.execute("BEGIN TRANSACTION READ ONLY")
+            result = cursor.execute(sql)
+            columns = [d[0] for d in result.description or []]
+            return columns, result.fetchall()
+        except (duckdb.InvalidInputException, duckdb.PermissionException) as e:
+            raise InvalidQuery(f"inspect sql is read-only: {str(e).splitlines()[0]}") from e
+        except duckdb.Error as e:
+            raise InvalidQuery(f"query failed: {str(e).splitlines()[0]}") from e
+        finally:
+            cursor.close()
 
     # -- recovery -----------------------------------------------------------------------
 
@@ -362,33 +389,3 @@ class Store:
             return horizon
 
         return job
-
-
-def read_only_query(data_dir: Path, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-    """Run ``sql`` on a read-only connection that cannot write or touch other files.
-
-    Takes the data directory's lock for the duration, so it never races a writer.
-    """
-    path = data_dir / DB_NAME
-    lock = DataDirLock(data_dir, create=False)
-    try:
-        if not path.exists():
-            raise DataDirError(f"no eomsg data in {data_dir} yet (check --data)")
-        try:
-            conn = duckdb.connect(
-                str(path), read_only=True, config={"enable_external_access": False}
-            )
-        except duckdb.Error as e:
-            raise DataDirError(f"cannot open {path}: {e}") from e
-        try:
-            result = conn.execute(sql)
-            columns = [d[0] for d in result.description or []]
-            return columns, result.fetchall()
-        except (duckdb.InvalidInputException, duckdb.PermissionException) as e:
-            raise InvalidQuery(f"inspect sql is read-only: {str(e).splitlines()[0]}") from e
-        except duckdb.Error as e:
-            raise InvalidQuery(f"query failed: {str(e).splitlines()[0]}") from e
-        finally:
-            conn.close()
-    finally:
-        lock.release()

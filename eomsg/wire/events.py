@@ -1,0 +1,553 @@
+"""The events of the wire protocol: frozen values, and their strict msgpack shape.
+
+Each frame body is a msgpack array ``[type, field, …]``. Decoding checks every field's
+type and every length, so an event that leaves this module is well formed: the server and
+the client never look at raw msgpack. Anything else raises :class:`ProtocolError`.
+
+Client → node: Hello, Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, Ping,
+Pong, Goodbye. Node → client: Welcome, Published, Deliver, Deleted, Result, Error, Ping,
+Pong, Goodbye. A request carries a request id (``rid``) chosen by the client, unique among
+its requests in flight; the reply carries the same id, so requests can be pipelined.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+MAX_BATCH = 100_000  # items in one publish, deliver or delete frame
+MAX_NAME = 1024  # characters in a name, topic, id, op or error code
+MAX_ARGS_DEPTH = 8  # nesting of a Call's arguments or a Result's value
+
+
+# -- field checks: each returns the value or raises ProtocolError ------------------------
+
+
+def _bad(what: str, value: object) -> ProtocolError:
+    return ProtocolError(f"malformed frame: {what} must not be {type(value).__name__}")
+
+
+def _int(value: object, what: str) -> int:
+    if type(value) is not int:
+        raise _bad(what, value)
+    return value
+
+
+def _opt_int(value: object, what: str) -> int | None:
+    return None if value is None else _int(value, what)
+
+
+def _bool(value: object, what: str) -> bool:
+    if type(value) is not bool:
+        raise _bad(what, value)
+    return value
+
+
+def _num(value: object, what: str) -> float:
+    if type(value) is float:
+        return value
+    if type(value) is int:
+        return float(value)
+    raise _bad(what, value)
+
+
+def _opt_num(value: object, what: str) -> float | None:
+    return None if value is None else _num(value, what)
+
+
+def _str(value: object, what: str, limit: int = MAX_NAME) -> str:
+    if type(value) is not str:
+        raise _bad(what, value)
+    if len(value) > limit:
+        raise ProtocolError(f"malformed frame: {what} is longer than {limit} characters")
+    return value
+
+
+def _opt_str(value: object, what: str) -> str | None:
+    return None if value is None else _str(value, what)
+
+
+def _bytes(value: object, what: str) -> bytes:
+    if type(value) is not bytes:
+        raise _bad(what, value)
+    return value
+
+
+def _list(value: object, what: str, limit: int = MAX_BATCH) -> list[Any]:
+    if type(value) is not list:
+        raise _bad(what, value)
+    if len(value) > limit:
+        raise ProtocolError(f"malformed frame: more than {limit} items in {what}")
+    return value
+
+
+def _headers(value: object) -> dict[str, str]:
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise _bad("headers", value)
+    for k, v in value.items():
+        _str(k, "a header name")
+        _str(v, "a header value", 1 << 20)
+    return value
+
+
+def _plain(value: object, depth: int = 0) -> Any:
+    """A JSON-like value (None, bool, int, float, str, bytes, list, str-keyed map)."""
+    if depth > MAX_ARGS_DEPTH:
+        raise ProtocolError(f"malformed frame: values nest deeper than {MAX_ARGS_DEPTH}")
+    kind = type(value)
+    if value is None or kind in (bool, int, float, str, bytes):
+        return value
+    if kind is list:
+        return [_plain(v, depth + 1) for v in value]  # type: ignore[attr-defined]
+    if kind is dict:
+        return {_str(k, "a key"): _plain(v, depth + 1) for k, v in value.items()}  # type: ignore[attr-defined]
+    raise _bad("a value", value)
+
+
+def _fields(body: list[Any], n: int, name: str) -> list[Any]:
+    if len(body) != n + 1:
+        raise ProtocolError(f"malformed frame: {name} has {len(body) - 1} fields, not {n}")
+    return body
+
+
+# -- events -------------------------------------------------------------------------------
+
+
+class Event:
+    """Base class of every protocol event."""
+
+    TYPE: ClassVar[int]
+
+    def to_wire(self) -> list[Any]:
+        raise NotImplementedError
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Event:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, slots=True)
+class Hello(Event):
+    """The client's first frame: protocol version, a name for logs, and its token."""
+
+    TYPE: ClassVar[int] = 1
+    version: int
+    name: str
+    token: str | None = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.version, self.name, self.token]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Hello:
+        _, version, name, token = _fields(body, 3, "hello")
+        return cls(_int(version, "version"), _str(name, "client name"), _opt_str(token, "token"))
+
+
+@dataclass(frozen=True, slots=True)
+class Welcome(Event):
+    """The node accepts the client: its version, id, frame limit and ping interval."""
+
+    TYPE: ClassVar[int] = 2
+    version: int
+    node: str
+    max_frame: int
+    heartbeat: float
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.version, self.node, self.max_frame, self.heartbeat]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Welcome:
+        _, version, node, max_frame, heartbeat = _fields(body, 4, "welcome")
+        return cls(
+            _int(version, "version"),
+            _str(node, "node"),
+            _int(max_frame, "max frame"),
+            _num(heartbeat, "heartbeat"),
+        )
+
+
+def _outgoing(item: object) -> Outgoing:
+    topic, payload, msg_id, ttl, headers = _list(item, "a message", 5)
+    return Outgoing(
+        _str(topic, "topic"),
+        _bytes(payload, "payload"),
+        _opt_str(msg_id, "id"),
+        _opt_num(ttl, "ttl"),
+        _headers(headers),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Publish(Event):
+    """Publish messages atomically; answered by Published once they are durable."""
+
+    TYPE: ClassVar[int] = 3
+    rid: int
+    messages: tuple[Outgoing, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.rid,
+            [[m.topic, m.payload, m.id, m.ttl, m.headers or None] for m in self.messages],
+        ]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Publish:
+        _, rid, messages = _fields(body, 2, "publish")
+        return cls(_int(rid, "rid"), tuple(map(_outgoing, _list(messages, "messages"))))
+
+
+def _result(item: object) -> PublishResult:
+    seq, msg_id, duplicate, queues = _list(item, "a result", 4)
+    return PublishResult(
+        _int(seq, "seq"),
+        _opt_str(msg_id, "id"),
+        _bool(duplicate, "duplicate"),
+        _opt_int(queues, "queues"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Published(Event):
+    """The publish ``rid`` is durable: one result per message, in order."""
+
+    TYPE: ClassVar[int] = 4
+    rid: int
+    results: tuple[PublishResult, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.rid,
+            [[r.seq, r.id, r.duplicate, r.queues] for r in self.results],
+        ]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Published:
+        _, rid, results = _fields(body, 2, "published")
+        return cls(_int(rid, "rid"), tuple(map(_result, _list(results, "results"))))
+
+
+@dataclass(frozen=True, slots=True)
+class Fetch(Event):
+    """Deliver up to ``max`` messages of ``queue``, waiting up to ``wait`` seconds for
+    one when the queue has none ready; answered by one Deliver (maybe empty)."""
+
+    TYPE: ClassVar[int] = 5
+    rid: int
+    queue: str
+    max: int
+    wait: float = 0.0
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.queue, self.max, self.wait]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Fetch:
+        _, rid, queue, max_, wait = _fields(body, 4, "fetch")
+        return cls(_int(rid, "rid"), _str(queue, "queue"), _int(max_, "max"), _num(wait, "wait"))
+
+
+def _delivered(queue: str) -> Any:
+    def decode(item: object) -> Delivered:
+        seq, topic, payload, msg_id, published, expires, headers, attempt, deadline = _list(
+            item, "a delivery", 9
+        )
+        message = Message(
+            _int(seq, "seq"),
+            _str(topic, "topic"),
+            _bytes(payload, "payload"),
+            _opt_str(msg_id, "id"),
+            _num(published, "published_at"),
+            _opt_num(expires, "expires_at"),
+            _headers(headers),
+        )
+        return Delivered(queue, message, _int(attempt, "attempt"), _num(deadline, "deadline"))
+
+    return decode
+
+
+@dataclass(frozen=True, slots=True)
+class Deliver(Event):
+    """Messages of ``queue`` for the Fetch or Subscribe ``rid``. Each must be deleted or
+    released before its deadline, or the queue delivers it again."""
+
+    TYPE: ClassVar[int] = 6
+    rid: int
+    queue: str
+    deliveries: tuple[Delivered, ...]
+
+    def to_wire(self) -> list[Any]:
+        rows = []
+        for d in self.deliveries:
+            m = d.message
+            rows.append(
+                [
+                    m.seq,
+                    m.topic,
+                    m.payload,
+                    m.id,
+                    m.published_at,
+                    m.expires_at,
+                    m.headers or None,
+                    d.attempt,
+                    d.deadline,
+                ]
+            )
+        return [self.TYPE, self.rid, self.queue, rows]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Deliver:
+        _, rid, queue, rows = _fields(body, 3, "deliver")
+        queue = _str(queue, "queue")
+        return cls(_int(rid, "rid"), queue, tuple(map(_delivered(queue), _list(rows, "rows"))))
+
+
+@dataclass(frozen=True, slots=True)
+class Subscribe(Event):
+    """Push messages of ``queue`` to this connection as Deliver frames tagged ``rid``,
+    keeping at most ``prefetch`` of them undeleted at a time. Answered by a Result."""
+
+    TYPE: ClassVar[int] = 7
+    rid: int
+    queue: str
+    prefetch: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.queue, self.prefetch]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Subscribe:
+        _, rid, queue, prefetch = _fields(body, 3, "subscribe")
+        return cls(_int(rid, "rid"), _str(queue, "queue"), _int(prefetch, "prefetch"))
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel(Event):
+    """Stop the subscription ``subscription``; its undeleted messages are released."""
+
+    TYPE: ClassVar[int] = 8
+    rid: int
+    subscription: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.subscription]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Cancel:
+        _, rid, subscription = _fields(body, 2, "cancel")
+        return cls(_int(rid, "rid"), _int(subscription, "subscription"))
+
+
+def _seqs(value: object) -> tuple[int, ...]:
+    seqs = _list(value, "seqs")
+    for s in seqs:
+        _int(s, "a seq")
+    return tuple(seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Delete(Event):
+    """Delete delivered messages of ``queue``; answered by Deleted once durable."""
+
+    TYPE: ClassVar[int] = 9
+    rid: int
+    queue: str
+    seqs: tuple[int, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.queue, list(self.seqs)]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Delete:
+        _, rid, queue, seqs = _fields(body, 3, "delete")
+        return cls(_int(rid, "rid"), _str(queue, "queue"), _seqs(seqs))
+
+
+@dataclass(frozen=True, slots=True)
+class Deleted(Event):
+    """The delete ``rid`` is durable: True per message deleted now, False if it was
+    settled already."""
+
+    TYPE: ClassVar[int] = 10
+    rid: int
+    done: tuple[bool, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, list(self.done)]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Deleted:
+        _, rid, done = _fields(body, 2, "deleted")
+        flags = _list(done, "done")
+        for f in flags:
+            _bool(f, "a done flag")
+        return cls(_int(rid, "rid"), tuple(flags))
+
+
+@dataclass(frozen=True, slots=True)
+class Release(Event):
+    """Give delivered messages back for redelivery after ``delay`` seconds."""
+
+    TYPE: ClassVar[int] = 11
+    rid: int
+    queue: str
+    seqs: tuple[int, ...]
+    delay: float = 0.0
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.queue, list(self.seqs), self.delay]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Release:
+        _, rid, queue, seqs, delay = _fields(body, 4, "release")
+        return cls(_int(rid, "rid"), _str(queue, "queue"), _seqs(seqs), _num(delay, "delay"))
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Event):
+    """Run the node operation ``op`` (queue admin, inspection, settings) with ``args``."""
+
+    TYPE: ClassVar[int] = 12
+    rid: int
+    op: str
+    args: dict[str, Any]
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.op, self.args]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Call:
+        _, rid, op, args = _fields(body, 3, "call")
+        if type(args) is not dict:
+            raise _bad("call arguments", args)
+        return cls(_int(rid, "rid"), _str(op, "op"), _plain(args))
+
+
+@dataclass(frozen=True, slots=True)
+class Result(Event):
+    """The successful answer to the request ``rid`` (a Call, Subscribe, Cancel or
+    Release); ``value`` is plain data."""
+
+    TYPE: ClassVar[int] = 13
+    rid: int
+    value: Any = None
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.value]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Result:
+        _, rid, value = _fields(body, 2, "result")
+        return cls(_int(rid, "rid"), _plain(value))
+
+
+@dataclass(frozen=True, slots=True)
+class Error(Event):
+    """The request ``rid`` failed with the eomsg error ``code``; ``rid`` 0 means the
+    connection itself failed and the node is closing it."""
+
+    TYPE: ClassVar[int] = 14
+    rid: int
+    code: str
+    message: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.code, self.message]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Error:
+        _, rid, code, message = _fields(body, 3, "error")
+        return cls(_int(rid, "rid"), _str(code, "code"), _str(message, "message", 1 << 16))
+
+
+@dataclass(frozen=True, slots=True)
+class Ping(Event):
+    """Keep-alive: the peer answers with a Pong carrying the same nonce."""
+
+    TYPE: ClassVar[int] = 15
+    nonce: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.nonce]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Ping:
+        return cls(_int(_fields(body, 1, "ping")[1], "nonce"))
+
+
+@dataclass(frozen=True, slots=True)
+class Pong(Event):
+    """The answer to a Ping."""
+
+    TYPE: ClassVar[int] = 16
+    nonce: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.nonce]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Pong:
+        return cls(_int(_fields(body, 1, "pong")[1], "nonce"))
+
+
+@dataclass(frozen=True, slots=True)
+class Goodbye(Event):
+    """The sender closes the connection after this frame (it has answered everything it
+    will answer)."""
+
+    TYPE: ClassVar[int] = 17
+    reason: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.reason]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Goodbye:
+        return cls(_str(_fields(body, 1, "goodbye")[1], "reason"))
+
+
+EVENT_TYPES: dict[int, type[Event]] = {
+    cls.TYPE: cls
+    for cls in (
+        Hello,
+        Welcome,
+        Publish,
+        Published,
+        Fetch,
+        Deliver,
+        Subscribe,
+        Cancel,
+        Delete,
+        Deleted,
+        Release,
+        Call,
+        Result,
+        Error,
+        Ping,
+        Pong,
+        Goodbye,
+    )
+}
+
+
+def decode_event(body: object) -> Event:
+    """The event a decoded frame body holds; ProtocolError if it is not one."""
+    if type(body) is not list or not body or type(body[0]) is not int:
+        raise ProtocolError("malformed frame: not an [event type, …] array")
+    cls = EVENT_TYPES.get(body[0])
+    if cls is None:
+        raise ProtocolError(f"malformed frame: unknown event type {body[0]}")
+    try:
+        return cls.from_wire(body)
+    except ValueError as e:  # unpacking a list of the wrong length
+        raise ProtocolError(f"malformed frame: {cls.__name__.lower()}: {e}") from e

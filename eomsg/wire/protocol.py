@@ -1,0 +1,216 @@
+"""The sans-IO protocol: bytes in, events out; events in, bytes out.
+
+A :class:`Connection` knows nothing of sockets or threads, so the asyncio server, the
+client and the tests drive the very same object::
+
+    conn.receive_data(data)            # b"" means the peer closed its side
+    while (event := conn.next_event()) is not NEED_DATA: ...
+    sock.sendall(conn.send(event))
+
+Frames are a 4-byte big-endian body length and a msgpack body. The length is checked
+against the frame limit *before* the body is read, so an oversize frame costs nothing
+but its header. Decoding is strict: no extension types, bounded lengths, every field
+checked (see :mod:`eomsg.wire.events`).
+
+Who may send what, and when, is the table :data:`TRANSITIONS`; a move not in it raises
+:class:`ProtocolError` naming the event, the sender's role and the state, whichever side
+made it. After a receive error the connection stays broken: it cannot be trusted again.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import Final
+
+import msgpack
+
+from eomsg.errors import FrameTooLarge, ProtocolError
+from eomsg.wire.events import (
+    Call,
+    Cancel,
+    Delete,
+    Deleted,
+    Deliver,
+    Error,
+    Event,
+    Fetch,
+    Goodbye,
+    Hello,
+    Ping,
+    Pong,
+    Publish,
+    Published,
+    Release,
+    Result,
+    Subscribe,
+    Welcome,
+    decode_event,
+)
+
+DEFAULT_MAX_FRAME = 4 << 20
+_HEADER = struct.Struct(">I")
+
+
+class Role(enum.Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+class State(enum.Enum):
+    START = "start"  # nothing said yet
+    HELLO_SENT = "hello-sent"  # the client introduced itself; the node has not answered
+    OPEN = "open"
+    CLOSED = "closed"  # a Goodbye went either way, the peer hung up, or it broke
+
+
+class _Sentinel(enum.Enum):
+    NEED_DATA = "need-data"
+    CLOSED = "closed"
+
+
+NEED_DATA: Final = _Sentinel.NEED_DATA
+"""next_event(): no whole frame buffered yet."""
+PEER_CLOSED: Final = _Sentinel.CLOSED
+"""next_event(): the peer closed the connection cleanly, between frames."""
+
+_C, _S = Role.CLIENT, Role.SERVER
+_REQUESTS = (Publish, Fetch, Subscribe, Cancel, Delete, Release, Call)
+_ANSWERS = (Published, Deliver, Deleted, Result, Error)
+
+TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
+    (_C, State.START, Hello): State.HELLO_SENT,
+    (_S, State.HELLO_SENT, Welcome): State.OPEN,
+    (_S, State.START, Error): State.CLOSED,  # e.g. the handshake timed out
+    (_S, State.HELLO_SENT, Error): State.CLOSED,  # refused: version, token, limits
+    **{(_C, State.OPEN, e): State.OPEN for e in (*_REQUESTS, Ping, Pong)},
+    **{(_S, State.OPEN, e): State.OPEN for e in (*_ANSWERS, Ping, Pong)},
+    **{(r, s, Goodbye): State.CLOSED for r in Role for s in (State.HELLO_SENT, State.OPEN)},
+}
+"""(sender, state, event) → the state after it. Anything else is a protocol error."""
+
+
+def _reject_ext(code: int, data: bytes) -> object:
+    raise ProtocolError(f"malformed frame: msgpack extension type {code} is not allowed")
+
+
+class Connection:
+    """One end of a connection, as ``our_role``. ``max_frame`` bounds the frames we
+    accept; the frames we send are bounded by the peer's limit once the Welcome told it
+    (see :attr:`peer_max_frame`)."""
+
+    def __init__(self, our_role: Role, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.our_role = our_role
+        self.their_role = Role.SERVER if our_role is Role.CLIENT else Role.CLIENT
+        self.max_frame = max_frame
+        self.peer_max_frame = DEFAULT_MAX_FRAME
+        self.state = State.START
+        self._buffer = bytearray()
+        self._pos = 0
+        self._eof = False
+        self._broken: ProtocolError | None = None
+
+    # -- receiving ----------------------------------------------------------------------
+
+    def receive_data(self, data: bytes) -> None:
+        """Feed bytes read from the peer; ``b""`` says the peer closed its side."""
+        if data:
+            if self._eof:
+                raise ProtocolError("data received after the peer closed the connection")
+            self._buffer += data
+        else:
+            self._eof = True
+
+    def next_event(self) -> Event | _Sentinel:
+        """The next whole event, NEED_DATA, or PEER_CLOSED. Raises ProtocolError (and
+        stays broken) if the peer sent something it must not."""
+        if self._broken is not None:
+            raise self._broken
+        try:
+            return self._next_event()
+        except ProtocolError as e:
+            self._broken = e
+            self.state = State.CLOSED
+            raise
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet turned into events."""
+        return len(self._buffer) - self._pos
+
+    def _next_event(self) -> Event | _Sentinel:
+        buffer, pos = self._buffer, self._pos
+        available = len(buffer) - pos
+        if available >= 4:
+            (size,) = _HEADER.unpack_from(buffer, pos)
+            if size > self.max_frame:
+                raise FrameTooLarge(
+                    f"frame of {size} bytes exceeds the limit of {self.max_frame} bytes"
+                )
+            if available >= 4 + size:
+                body = bytes(buffer[pos + 4 : pos + 4 + size])
+                self._pos = pos + 4 + size
+                if self._pos > 65536 and self._pos * 2 > len(buffer):
+                    del buffer[: self._pos]
+                    self._pos = 0
+                event = decode_event(self._unpack(body))
+                self._transition(self.their_role, event)
+                return event
+        if self._eof:
+            if available:
+                raise ProtocolError("the peer closed the connection in the middle of a frame")
+            self.state = State.CLOSED
+            return PEER_CLOSED
+        return NEED_DATA
+
+    def _unpack(self, body: bytes) -> object:
+        limit = self.max_frame
+        try:
+            return msgpack.unpackb(
+                body,
+                raw=False,
+                strict_map_key=True,
+                ext_hook=_reject_ext,
+                timestamp=0,
+                max_str_len=limit,
+                max_bin_len=limit,
+                max_array_len=limit,
+                max_map_len=limit,
+                max_ext_len=0,
+            )
+        except ProtocolError:
+            raise
+        except (ValueError, msgpack.UnpackException, TypeError) as e:
+            # ExtraData, FormatError, StackError (nesting), bad UTF-8 and too-long
+            # lengths are all ValueError subclasses.
+            raise ProtocolError(f"malformed frame: {e}") from e
+
+    # -- sending ------------------------------------------------------------------------
+
+    def send(self, event: Event) -> bytes:
+        """The bytes that carry ``event`` to the peer. Raises ProtocolError if we may not
+        send it now, FrameTooLarge (changing nothing) if it exceeds the peer's limit."""
+        data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
+        if len(data) > self.peer_max_frame:
+            raise FrameTooLarge(
+                f"{type(event).__name__} frame of {len(data)} bytes exceeds the peer's limit "
+                f"of {self.peer_max_frame} bytes; send smaller batches"
+            )
+        self._transition(self.our_role, event)
+        return _HEADER.pack(len(data)) + data
+
+    def send_failed(self) -> None:
+        """The socket layer could not deliver what we sent: nothing more can be said."""
+        self.state = State.CLOSED
+
+    def _transition(self, sender: Role, event: Event) -> None:
+        new = TRANSITIONS.get((sender, self.state, type(event)))
+        if new is None:
+            raise ProtocolError(
+                f"{sender.value} cannot send {type(event).__name__} in state {self.state.value}"
+            )
+        if isinstance(event, Welcome) and self.our_role is Role.CLIENT:
+            # The node's frames (deliveries) may be as large as its own limit.
+            self.peer_max_frame = event.max_frame
+            self.max_frame = max(self.max_frame, event.max_frame)
+        self.state = new
