@@ -55,7 +55,7 @@ def _publish_all(node: Node, n: int, payload: bytes, batch: int, start: int) -> 
     previous one commits; each is acknowledged only after its commit."""
     previous = None
     for i in range(0, n, batch):
-        future = node.publish_async(_messages(min(batch, n - i), payload, start + i))
+        future = node.publish_batch_async(_messages(min(batch, n - i), payload, start + i))
         if previous is not None:
             previous.result()
         previous = future

@@ -10,6 +10,7 @@ import typer
 from eomsg.cli import config, inspect, queue
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
+from eomsg.cli.serve import serve
 
 app = typer.Typer(
     help="Durable, exactly-once messaging for applications that keep their own databases.",
@@ -19,6 +20,7 @@ app = typer.Typer(
 )
 app.command()(publish)
 app.command()(consume)
+app.command()(serve)
 app.add_typer(queue.app, name="queue")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")

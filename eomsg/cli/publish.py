@@ -137,7 +137,7 @@ def _publish_lines(
                 line_no += 1
                 msg_id = None if id_prefix is None else f"{id_prefix}{line_no}"
                 messages.append(Outgoing(topic, body, msg_id, ttl, headers))
-            in_flight.append(node.publish_async(messages))
+            in_flight.append(node.publish_batch_async(messages))
             if len(in_flight) > 1:
                 acknowledge(in_flight.popleft().result())
         while in_flight:

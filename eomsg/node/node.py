@@ -233,9 +233,9 @@ class Node:
         published before and can still live is not stored again: its result carries the
         original ``seq`` and ``duplicate=True`` (also within one batch).
         """
-        return self.publish_async(messages).result()
+        return self.publish_batch_async(messages).result()
 
-    def publish_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
+    def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
         """Like :meth:`publish_batch`, but returns at once with a future that resolves
         after the commit, so a producer can prepare its next batch meanwhile. Invalid
         input raises here, before anything is queued."""

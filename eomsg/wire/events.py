@@ -152,25 +152,35 @@ class Hello(Event):
 
 @dataclass(frozen=True, slots=True)
 class Welcome(Event):
-    """The node accepts the client: its version, id, frame limit and ping interval."""
+    """The node accepts the client: its version, id, frame limit, ping interval and the
+    largest payload it takes (so a client can refuse one before sending it)."""
 
     TYPE: ClassVar[int] = 2
     version: int
     node: str
     max_frame: int
     heartbeat: float
+    max_payload: int
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.version, self.node, self.max_frame, self.heartbeat]
+        return [
+            self.TYPE,
+            self.version,
+            self.node,
+            self.max_frame,
+            self.heartbeat,
+            self.max_payload,
+        ]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Welcome:
-        _, version, node, max_frame, heartbeat = _fields(body, 4, "welcome")
+        _, version, node, max_frame, heartbeat, max_payload = _fields(body, 5, "welcome")
         return cls(
             _int(version, "version"),
             _str(node, "node"),
             _int(max_frame, "max frame"),
             _num(heartbeat, "heartbeat"),
+            _int(max_payload, "max payload"),
         )
 
 
@@ -257,21 +267,31 @@ class Fetch(Event):
         return cls(_int(rid, "rid"), _str(queue, "queue"), _int(max_, "max"), _num(wait, "wait"))
 
 
+def message_to_wire(m: Message) -> list[Any]:
+    """A logged message as ``[seq, topic, payload, id, published_at, expires_at, headers]``."""
+    return [m.seq, m.topic, m.payload, m.id, m.published_at, m.expires_at, m.headers or None]
+
+
+def message_from_wire(item: object) -> Message:
+    """The inverse of :func:`message_to_wire`, checking every field."""
+    seq, topic, payload, msg_id, published, expires, headers = _list(item, "a message", 7)
+    return Message(
+        _int(seq, "seq"),
+        _str(topic, "topic"),
+        _bytes(payload, "payload"),
+        _opt_str(msg_id, "id"),
+        _num(published, "published_at"),
+        _opt_num(expires, "expires_at"),
+        _headers(headers),
+    )
+
+
 def _delivered(queue: str) -> Any:
     def decode(item: object) -> Delivered:
-        seq, topic, payload, msg_id, published, expires, headers, attempt, deadline = _list(
-            item, "a delivery", 9
+        *message, attempt, deadline = _list(item, "a delivery", 9)
+        return Delivered(
+            queue, message_from_wire(message), _int(attempt, "attempt"), _num(deadline, "deadline")
         )
-        message = Message(
-            _int(seq, "seq"),
-            _str(topic, "topic"),
-            _bytes(payload, "payload"),
-            _opt_str(msg_id, "id"),
-            _num(published, "published_at"),
-            _opt_num(expires, "expires_at"),
-            _headers(headers),
-        )
-        return Delivered(queue, message, _int(attempt, "attempt"), _num(deadline, "deadline"))
 
     return decode
 
@@ -279,37 +299,25 @@ def _delivered(queue: str) -> Any:
 @dataclass(frozen=True, slots=True)
 class Deliver(Event):
     """Messages of ``queue`` for the Fetch or Subscribe ``rid``. Each must be deleted or
-    released before its deadline, or the queue delivers it again."""
+    released before its deadline, or the queue delivers it again. A Fetch's answer may
+    take several frames (each within the frame limit): all but the last say ``more``."""
 
     TYPE: ClassVar[int] = 6
     rid: int
     queue: str
     deliveries: tuple[Delivered, ...]
+    more: bool = False
 
     def to_wire(self) -> list[Any]:
-        rows = []
-        for d in self.deliveries:
-            m = d.message
-            rows.append(
-                [
-                    m.seq,
-                    m.topic,
-                    m.payload,
-                    m.id,
-                    m.published_at,
-                    m.expires_at,
-                    m.headers or None,
-                    d.attempt,
-                    d.deadline,
-                ]
-            )
-        return [self.TYPE, self.rid, self.queue, rows]
+        rows = [[*message_to_wire(d.message), d.attempt, d.deadline] for d in self.deliveries]
+        return [self.TYPE, self.rid, self.queue, rows, self.more]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Deliver:
-        _, rid, queue, rows = _fields(body, 3, "deliver")
+        _, rid, queue, rows, more = _fields(body, 4, "deliver")
         queue = _str(queue, "queue")
-        return cls(_int(rid, "rid"), queue, tuple(map(_delivered(queue), _list(rows, "rows"))))
+        deliveries = tuple(map(_delivered(queue), _list(rows, "rows")))
+        return cls(_int(rid, "rid"), queue, deliveries, _bool(more, "more"))
 
 
 @dataclass(frozen=True, slots=True)

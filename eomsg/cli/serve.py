@@ -1,0 +1,82 @@
+"""``eomsg serve``: run the node daemon on a data directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Annotated
+
+import typer
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    handles_errors,
+    print_json,
+)
+from eomsg.core.limits import parse_size
+from eomsg.node.node import Node, NodeSettings
+from eomsg.server.server import ServerSettings
+from eomsg.server.server import serve as run_server
+from eomsg.wire.address import Address, parse_address, token_path
+
+
+@handles_errors
+def serve(
+    listen: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--listen",
+            help="Also listen on tcp://HOST:PORT (repeatable; port 0 picks one). The Unix "
+            "socket DIR/eomsg.sock is always on.",
+        ),
+    ] = None,
+    allow_remote: Annotated[
+        bool,
+        typer.Option(help="Allow --listen on a non-loopback address (clients need the token)."),
+    ] = False,
+    max_frame: Annotated[
+        str, typer.Option(help="Largest frame accepted from a client, e.g. 4MiB.")
+    ] = "4MiB",
+    max_connections: Annotated[
+        int, typer.Option(min=1, help="Connections served at once; more are refused.")
+    ] = 1024,
+    heartbeat: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds between pings; a client silent for 3 is cut off."),
+    ] = 10.0,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections.")] = False,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Serve the data directory to clients until SIGTERM or Ctrl-C."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    settings = ServerSettings(
+        listen=tuple(parse_address(a) for a in listen or ()),
+        allow_remote=allow_remote,
+        max_frame=parse_size(max_frame),
+        max_connections=max_connections,
+        heartbeat=heartbeat,
+    )
+    settings.check()  # before taking the data directory
+
+    def ready(addresses: list[Address]) -> None:
+        where = [str(a) for a in addresses]
+        if json:
+            print_json({"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where})
+        else:
+            console.print(f"eomsg node (pid {os.getpid()}) serving {data} on {', '.join(where)}")
+            if len(addresses) > 1:
+                console.print(f"TCP clients need the token in {token_path(data)}")
+
+    with Node.open(data, NodeSettings()) as node:
+        run_server(data, node, settings, ready)
+    if json:
+        print_json({"event": "stopped", "pid": os.getpid()})
+    else:
+        console.print("stopped")

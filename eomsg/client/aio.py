@@ -1,0 +1,657 @@
+"""The asyncio client: one connection to a node, requests pipelined over it.
+
+Publishes and deletes made one message at a time are gathered into batch frames: each
+call adds to an outbox, and the outbox goes out as one frame on the next turn of the
+event loop, so a producer that does not wait for each acknowledgement gets batching for
+free. A result resolves only when the node has committed it.
+
+The synchronous :class:`~eomsg.client.sync.Client` runs this client on a thread of its
+own, so both flavours share every rule here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import itertools
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eomsg.core.limits import Limits, check_outgoing
+from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.errors import EomsgError, ProtocolError, Unavailable, from_code
+from eomsg.wire import events as ev
+from eomsg.wire.address import Address, parse_address, socket_path, unix_address
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
+
+T = TypeVar("T")
+DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
+FRAME_SLACK = 64 << 10
+
+
+def resolve(target: str | Path) -> Address:
+    """``unix://…`` and ``tcp://…`` as given; anything else is a data directory, whose
+    node listens on ``DIR/eomsg.sock``."""
+    text = str(target)
+    if "://" in text:
+        return parse_address(text)
+    return unix_address(socket_path(Path(text)))
+
+
+class Received:
+    """A delivered message in a consumer's hands: read it, then :meth:`delete` it (or
+    :meth:`release` it to have it delivered again)."""
+
+    __slots__ = ("_settle", "delivered")
+
+    def __init__(self, delivered: Delivered, settle: Callable[[str, int, float | None], Any]):
+        self.delivered = delivered
+        self._settle = settle
+
+    @property
+    def message(self) -> Message:
+        return self.delivered.message
+
+    @property
+    def seq(self) -> int:
+        return self.delivered.message.seq
+
+    @property
+    def topic(self) -> str:
+        return self.delivered.message.topic
+
+    @property
+    def payload(self) -> bytes:
+        return self.delivered.message.payload
+
+    @property
+    def id(self) -> str | None:
+        return self.delivered.message.id
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.delivered.message.headers
+
+    @property
+    def attempt(self) -> int:
+        return self.delivered.attempt
+
+    @property
+    def queue(self) -> str:
+        return self.delivered.queue
+
+    def delete(self) -> Any:
+        """Delete the message from its queue. Returns a future (of the flavour of the
+        client) that resolves once the deletion is durable; the consumer's exit waits
+        for all of them."""
+        return self._settle("delete", self.seq, None)
+
+    def release(self, delay: float = 0.0) -> Any:
+        """Give the message back, to be delivered again after ``delay`` seconds."""
+        return self._settle("release", self.seq, delay)
+
+    def __repr__(self) -> str:
+        return f"Received(queue={self.queue!r}, seq={self.seq}, topic={self.topic!r})"
+
+
+class _Wire(asyncio.Protocol):
+    def __init__(self, client: AsyncClient) -> None:
+        self.client = client
+
+    def data_received(self, data: bytes) -> None:
+        self.client._receive(data)
+
+    def eof_received(self) -> bool | None:
+        self.client._receive(b"")
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.client._lost(Unavailable(f"lost the connection to the node at {self.client.address}"))
+
+
+class _Subscription:
+    def __init__(
+        self, rid: int, queue: str, sink: Callable[[list[Delivered] | BaseException], None]
+    ):
+        self.rid = rid
+        self.queue = queue
+        self.sink = sink
+
+
+class AsyncClient:
+    """A connection to one node. Make one with :func:`connect_async`."""
+
+    def __init__(self, address: Address, window: int) -> None:
+        self.address = address
+        self.loop = asyncio.get_running_loop()
+        self.conn = Connection(Role.CLIENT)
+        self.limits = Limits()
+        self.node = ""
+        self._transport: asyncio.Transport | None = None
+        self._rids = itertools.count(1)
+        self._requests: dict[int, tuple[asyncio.Future[Any], list[Delivered] | None]] = {}
+        self._subscriptions: dict[int, _Subscription] = {}
+        self._window = asyncio.Semaphore(window)
+        self._outbox: list[tuple[Outgoing, asyncio.Future[PublishResult]]] = []
+        self._deletes: dict[str, list[tuple[int, asyncio.Future[bool]]]] = {}
+        self._flush_scheduled = False
+        self._failed: EomsgError | None = None
+        self._welcome: asyncio.Future[ev.Welcome] = self.loop.create_future()
+
+    # -- connecting ----------------------------------------------------------------------
+
+    async def _open(self, name: str, token: str | None, timeout: float) -> None:
+        address = self.address
+        try:
+            if address.is_unix:
+                transport, _ = await asyncio.wait_for(
+                    self.loop.create_unix_connection(lambda: _Wire(self), address.path), timeout
+                )
+            else:
+                transport, _ = await asyncio.wait_for(
+                    self.loop.create_connection(lambda: _Wire(self), address.host, address.port),
+                    timeout,
+                )
+        except (OSError, TimeoutError) as e:
+            reason = getattr(e, "strerror", None) or "timed out"
+            raise Unavailable(f"no node answers at {address} ({reason})") from e
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token))
+        try:
+            welcome = await asyncio.wait_for(asyncio.shield(self._welcome), timeout)
+        except TimeoutError as e:
+            transport.abort()
+            raise Unavailable(f"the node at {address} did not answer the handshake") from e
+        self.limits = Limits(welcome.max_payload)
+        self.node = welcome.node
+
+    async def close(self) -> None:
+        """Wait for what is in flight, say goodbye and close. Idempotent."""
+        self._flush()
+        pending = [f for f, _ in self._requests.values()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._transport is not None and not self._transport.is_closing():
+            with contextlib.suppress(ProtocolError):
+                self._send(ev.Goodbye("client closing"))
+            self._transport.close()
+        self._lost(Unavailable("the client is closed"))
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- publishing ------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Publish one message; returns once it is durable on the node."""
+        return await (await self.publish_async(topic, payload, id=id, ttl=ttl, headers=headers))
+
+    async def publish_async(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> asyncio.Future[PublishResult]:
+        """Queue one message for the next batch frame and return a future for its
+        acknowledgement. Waits while the window of unacknowledged messages is full.
+        Invalid input raises here, before anything is sent."""
+        message = check_outgoing(Outgoing(topic, payload, id, ttl, headers or {}), self.limits)
+        self._check()
+        await self._window.acquire()
+        future: asyncio.Future[PublishResult] = self.loop.create_future()
+        future.add_done_callback(lambda _: self._window.release())
+        self._outbox.append((message, future))
+        self._schedule_flush()
+        return future
+
+    async def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """Publish messages in order; each frame of the batch commits atomically."""
+        return await self.publish_batch_async(messages)
+
+    def publish_batch_async(
+        self, messages: Sequence[Outgoing]
+    ) -> asyncio.Future[list[PublishResult]]:
+        """Send a batch now; the future resolves once all of it is durable."""
+        limits = self.limits
+        for m in messages:
+            check_outgoing(m, limits)
+        self._check()
+        parts = [
+            self._request(functools.partial(ev.Publish, messages=chunk))
+            for chunk in self._frames(messages)
+        ]
+        return _concat(self.loop, parts)
+
+    def _frames(self, messages: Sequence[Outgoing]) -> list[tuple[Outgoing, ...]]:
+        budget = self.conn.peer_max_frame - FRAME_SLACK
+        frames: list[tuple[Outgoing, ...]] = []
+        start, size = 0, 0
+        for i, m in enumerate(messages):
+            n = len(m.payload) + len(m.topic) + 48 + (len(m.id) if m.id else 0)
+            if m.headers:
+                n += sum(len(k) + len(v) + 8 for k, v in m.headers.items())
+            if i > start and (size + n > budget or i - start >= ev.MAX_BATCH):
+                frames.append(tuple(messages[start:i]))
+                start, size = i, 0
+            size += n
+        if start < len(messages):
+            frames.append(tuple(messages[start:]))
+        return frames
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the outboxes as batch frames (on the loop, once per turn)."""
+        self._flush_scheduled = False
+        if self._outbox:
+            outbox, self._outbox = self._outbox, []
+            for chunk in self._frames([m for m, _ in outbox]):
+                waiting = outbox[: len(chunk)]
+                del outbox[: len(chunk)]
+                self._send_publish(chunk, [f for _, f in waiting])
+        if self._deletes:
+            deletes, self._deletes = self._deletes, {}
+            for queue, items in deletes.items():
+                for i in range(0, len(items), ev.MAX_BATCH):
+                    part = items[i : i + ev.MAX_BATCH]
+                    self._send_delete(queue, part)
+
+    def _send_publish(
+        self, chunk: tuple[Outgoing, ...], futures: list[asyncio.Future[PublishResult]]
+    ) -> None:
+        try:
+            reply = self._request(functools.partial(ev.Publish, messages=chunk))
+        except EomsgError as e:
+            for f in futures:
+                if not f.done():
+                    f.set_exception(e)
+            return
+
+        def done(r: asyncio.Future[list[PublishResult]]) -> None:
+            error = None if r.cancelled() else r.exception()
+            for i, f in enumerate(futures):
+                if f.done():
+                    continue
+                if error is not None:
+                    f.set_exception(error)
+                else:
+                    f.set_result(r.result()[i])
+
+        reply.add_done_callback(done)
+
+    def _send_delete(self, queue: str, items: list[tuple[int, asyncio.Future[bool]]]) -> None:
+        seqs = tuple(s for s, _ in items)
+        try:
+            reply = self._request(lambda rid: ev.Delete(rid, queue, seqs))
+        except EomsgError as e:
+            for _, f in items:
+                f.set_exception(e)
+            return
+
+        def done(r: asyncio.Future[list[bool]]) -> None:
+            error = None if r.cancelled() else r.exception()
+            for i, (_, f) in enumerate(items):
+                if f.done():
+                    continue
+                if error is not None:
+                    f.set_exception(error)
+                else:
+                    f.set_result(r.result()[i])
+
+        reply.add_done_callback(done)
+
+    # -- consuming -------------------------------------------------------------------------
+
+    async def fetch(
+        self, queue: str, max_messages: int = 100, wait: float = 0.0
+    ) -> list[Delivered]:
+        """Take up to ``max_messages`` from ``queue``, waiting up to ``wait`` seconds
+        for the first. Delete (or release) each before its deadline."""
+        self._check()
+        result: list[Delivered] = await self._request(
+            lambda rid: ev.Fetch(rid, queue, max_messages, wait), collect=True
+        )
+        return result
+
+    async def delete(self, queue: str, seqs: Sequence[int]) -> list[bool]:
+        """Delete delivered messages; True for each deleted now. Durable on return."""
+        return await self.delete_async(queue, seqs)
+
+    def delete_async(self, queue: str, seqs: Sequence[int]) -> asyncio.Future[list[bool]]:
+        self._check()
+        return self._request(lambda rid: ev.Delete(rid, queue, tuple(seqs)))
+
+    def delete_later(self, queue: str, seq: int) -> asyncio.Future[bool]:
+        """Queue the deletion of one message for the next batch frame."""
+        self._check()
+        future: asyncio.Future[bool] = self.loop.create_future()
+        self._deletes.setdefault(queue, []).append((seq, future))
+        self._schedule_flush()
+        return future
+
+    async def release(self, queue: str, seqs: Sequence[int], delay: float = 0.0) -> None:
+        """Give delivered messages back for redelivery after ``delay`` seconds."""
+        self._check()
+        await self._request(lambda rid: ev.Release(rid, queue, tuple(seqs), delay))
+
+    def consumer(
+        self, queue: str, prefetch: int = 256, idle_timeout: float | None = None
+    ) -> AsyncConsumer:
+        """Messages of ``queue`` pushed by the node, at most ``prefetch`` undeleted at a
+        time; iteration ends after ``idle_timeout`` seconds without one (never if None)."""
+        return AsyncConsumer(self, queue, prefetch, idle_timeout)
+
+    async def subscribe_raw(
+        self, queue: str, prefetch: int, sink: Callable[[list[Delivered] | BaseException], None]
+    ) -> int:
+        """Start a push subscription; ``sink`` gets each batch (on the loop) or the error
+        that ended it. Returns its id for :meth:`cancel`."""
+        self._check()
+        rid = next(self._rids)
+        self._subscriptions[rid] = _Subscription(rid, queue, sink)
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self._requests[rid] = (future, None)
+        try:
+            self._send(ev.Subscribe(rid, queue, prefetch))
+            await future
+        except BaseException:
+            self._subscriptions.pop(rid, None)
+            raise
+        return rid
+
+    async def cancel(self, subscription: int) -> int:
+        """Stop a subscription; the node releases what it delivered and was not deleted."""
+        self._subscriptions.pop(subscription, None)
+        if self._failed is not None:
+            return 0
+        released: int = await self._request(lambda rid: ev.Cancel(rid, subscription))
+        return released
+
+    # -- administration ------------------------------------------------------------------
+
+    async def call(self, op: str, **args: Any) -> Any:
+        """Run the node operation ``op`` (see eomsg.server.calls)."""
+        self._check()
+        return await self._request(lambda rid: ev.Call(rid, op, args))
+
+    async def create_queue(self, config: QueueConfig) -> bool:
+        created: bool = await self.call("create_queue", config=config.to_json())
+        return created
+
+    async def delete_queue(self, name: str, *, force: bool = False) -> int:
+        dropped: int = await self.call("delete_queue", name=name, force=force)
+        return dropped
+
+    async def subscribe(self, name: str, pattern: str) -> bool:
+        changed: bool = await self.call("subscribe", name=name, pattern=pattern)
+        return changed
+
+    async def unsubscribe(self, name: str, pattern: str) -> bool:
+        changed: bool = await self.call("unsubscribe", name=name, pattern=pattern)
+        return changed
+
+    async def purge(self, name: str) -> int:
+        purged: int = await self.call("purge", name=name)
+        return purged
+
+    async def queue_config(self, name: str) -> QueueConfig:
+        return QueueConfig.from_json(await self.call("queue_config", name=name))
+
+    async def queue_names(self) -> list[str]:
+        names: list[str] = await self.call("queue_names")
+        return names
+
+    async def stats(self) -> list[QueueStats]:
+        return [QueueStats.from_json(s) for s in await self.call("stats")]
+
+    async def log(
+        self, pattern: str | None = None, from_seq: int = 0, limit: int = 20
+    ) -> list[Message]:
+        rows = await self.call("log", pattern=pattern, from_seq=from_seq, limit=limit)
+        return [ev.message_from_wire(r) for r in rows]
+
+    async def configure(self, name: str, value: str) -> str:
+        canonical: str = await self.call("configure", name=name, value=value)
+        return canonical
+
+    async def saved_settings(self) -> dict[str, str]:
+        settings: dict[str, str] = await self.call("saved_settings")
+        return settings
+
+    async def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        result = await self.call("query", sql=sql)
+        return result["columns"], [tuple(r) for r in result["rows"]]
+
+    # -- the connection --------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise self._failed
+
+    def _request(
+        self, make: Callable[[int], ev.Event], *, collect: bool = False
+    ) -> asyncio.Future[Any]:
+        rid = next(self._rids)
+        future: asyncio.Future[Any] = self.loop.create_future()
+        self._send(make(rid))  # may raise FrameTooLarge, having registered nothing
+        self._requests[rid] = (future, [] if collect else None)
+        return future
+
+    def _send(self, event: ev.Event) -> None:
+        if self._transport is None or self._transport.is_closing():
+            raise self._failed or Unavailable(f"not connected to the node at {self.address}")
+        self._transport.write(self.conn.send(event))
+
+    def _receive(self, data: bytes) -> None:
+        self.conn.receive_data(data)
+        while True:
+            try:
+                event = self.conn.next_event()
+            except ProtocolError as e:
+                self._lost(ProtocolError(f"the node sent a bad frame: {e.message}"))
+                return
+            if event is NEED_DATA:
+                return
+            if event is PEER_CLOSED:
+                self._lost(Unavailable(f"the node at {self.address} closed the connection"))
+                return
+            assert isinstance(event, ev.Event)
+            self._on_event(event)
+
+    def _on_event(self, event: ev.Event) -> None:
+        match event:
+            case ev.Published(rid, results):
+                self._resolve(rid, list(results))
+            case ev.Deleted(rid, done):
+                self._resolve(rid, list(done))
+            case ev.Result(rid, value):
+                self._resolve(rid, value)
+            case ev.Deliver(rid, _, deliveries, more):
+                sub = self._subscriptions.get(rid)
+                if sub is not None:
+                    sub.sink(list(deliveries))
+                    return
+                entry = self._requests.get(rid)
+                if entry is not None and entry[1] is not None:
+                    entry[1].extend(deliveries)
+                    if not more:
+                        self._resolve(rid, entry[1])
+            case ev.Error(0, code, message):
+                self._lost(from_code(code, message))
+            case ev.Error(rid, code, message):
+                error = from_code(code, message)
+                sub = self._subscriptions.pop(rid, None)
+                if sub is not None and rid not in self._requests:
+                    sub.sink(error)
+                    return
+                entry = self._requests.pop(rid, None)
+                if entry is not None and not entry[0].done():
+                    entry[0].set_exception(error)
+            case ev.Ping(nonce):
+                with contextlib.suppress(EomsgError):
+                    self._send(ev.Pong(nonce))
+            case ev.Welcome():
+                if not self._welcome.done():
+                    self._welcome.set_result(event)
+            case ev.Goodbye(reason):
+                self._lost(Unavailable(f"the node closed the connection: {reason}"))
+
+    def _resolve(self, rid: int, value: Any) -> None:
+        entry = self._requests.pop(rid, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_result(value)
+
+    def _lost(self, error: EomsgError) -> None:
+        """The connection is over: fail everything still waiting, once."""
+        if self._failed is None:
+            self._failed = error
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
+        if not self._welcome.done():
+            self._welcome.set_exception(error)
+            self._welcome.exception()  # retrieved: no "never retrieved" warning
+        requests, self._requests = self._requests, {}
+        for future, _ in requests.values():
+            if not future.done():
+                future.set_exception(error)
+        outbox, self._outbox = self._outbox, []
+        for _, f in outbox:
+            if not f.done():
+                f.set_exception(error)
+        deletes, self._deletes = self._deletes, {}
+        for items in deletes.values():
+            for _, d in items:
+                if not d.done():
+                    d.set_exception(error)
+        subscriptions, self._subscriptions = self._subscriptions, {}
+        for sub in subscriptions.values():
+            sub.sink(error)
+
+
+def _concat(
+    loop: asyncio.AbstractEventLoop, parts: list[asyncio.Future[list[T]]]
+) -> asyncio.Future[list[T]]:
+    """One future for the concatenated results of ``parts`` (the first error wins)."""
+    out: asyncio.Future[list[T]] = loop.create_future()
+    if not parts:
+        out.set_result([])
+        return out
+    left = [len(parts)]
+
+    def done(_: asyncio.Future[list[T]]) -> None:
+        left[0] -= 1
+        if out.done():
+            return
+        for p in parts:
+            if p.done() and not p.cancelled() and p.exception() is not None:
+                out.set_exception(p.exception())  # type: ignore[arg-type]
+                return
+        if left[0] == 0:
+            out.set_result([r for p in parts for r in p.result()])
+
+    for p in parts:
+        p.add_done_callback(done)
+    return out
+
+
+class AsyncConsumer:
+    """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
+
+    def __init__(
+        self, client: AsyncClient, queue: str, prefetch: int, idle_timeout: float | None
+    ) -> None:
+        self.client = client
+        self.queue = queue
+        self.prefetch = prefetch
+        self.idle_timeout = idle_timeout
+        self._inbox: asyncio.Queue[list[Delivered] | BaseException] = asyncio.Queue()
+        self._batch: list[Delivered] = []
+        self._subscription: int | None = None
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    async def __aenter__(self) -> AsyncConsumer:
+        self._subscription = await self.client.subscribe_raw(
+            self.queue, self.prefetch, self._inbox.put_nowait
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Cancel the subscription (undeleted messages go back to the queue) and wait
+        until every deletion made through this consumer is durable."""
+        self.client._flush()
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        if self._subscription is not None:
+            with contextlib.suppress(EomsgError):
+                await self.client.cancel(self._subscription)
+            self._subscription = None
+
+    def __aiter__(self) -> AsyncIterator[Received]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Received]:
+        while True:
+            if not self._batch:
+                try:
+                    item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
+                except TimeoutError:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                self._batch = item
+                self._batch.reverse()
+            yield Received(self._batch.pop(), self._settle)
+
+    def _settle(self, how: str, seq: int, delay: float | None) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any]
+        if how == "delete":
+            future = self.client.delete_later(self.queue, seq)
+        else:
+            future = asyncio.ensure_future(self.client.release(self.queue, [seq], delay or 0.0))
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return future
+
+
+async def connect_async(
+    target: str | Path | None = None,
+    *,
+    token: str | None = None,
+    name: str | None = None,
+    timeout: float = 10.0,
+    window: int = DEFAULT_WINDOW,
+) -> AsyncClient:
+    """Connect to the node at ``target``: a data directory, ``unix://PATH`` or
+    ``tcp://HOST:PORT`` (default: env ``EOMSG_BROKER``, else ``./eomsg-data``). TCP
+    needs the node's token (``token=`` or env ``EOMSG_TOKEN``)."""
+    address = resolve(target or os.environ.get("EOMSG_BROKER") or "eomsg-data")
+    client = AsyncClient(address, window)
+    await client._open(
+        name or f"python:{os.getpid()}", token or os.environ.get("EOMSG_TOKEN"), timeout
+    )
+    return client

@@ -1,0 +1,357 @@
+"""The synchronous client: the asyncio client on an event loop thread of its own.
+
+Calls from any number of threads are handed to that loop. The per-message calls —
+:meth:`Client.publish_async` and a received message's ``delete()`` — are gathered on the
+caller's side and cross to the loop once per batch, so their cost stays a few
+microseconds however fast they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue as queuelib
+import threading
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, Received, connect_async
+from eomsg.core.limits import check_outgoing
+from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.errors import EomsgError, Unavailable
+
+T = TypeVar("T")
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+class Client:
+    """A connection to one node, usable from any thread. Make one with :func:`connect`;
+    close it (or use ``with``)."""
+
+    def __init__(
+        self,
+        target: str | Path | None = None,
+        *,
+        token: str | None = None,
+        name: str | None = None,
+        timeout: float = 10.0,
+        window: int = DEFAULT_WINDOW,
+    ) -> None:
+        self._loop = _new_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="eomsg-client")
+        self._thread.daemon = True
+        self._thread.start()
+        self._window = window
+        self._lock = threading.Condition()
+        self._inflight = 0
+        self._outbox: list[tuple[Outgoing, Future[PublishResult]]] = []
+        self._deletes: list[tuple[str, int, Future[bool]]] = []
+        self._scheduled = False
+        self._closed = False
+        try:
+            self._ac: AsyncClient = self._run(
+                connect_async(target, token=token, name=name, timeout=timeout, window=window)
+            )
+        except BaseException:
+            self._stop_loop()
+            raise
+
+    @property
+    def address(self) -> str:
+        return str(self._ac.address)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def close(self) -> None:
+        """Send what is queued, wait for every answer, and disconnect. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(EomsgError):
+            self._run(self._close())
+        self._stop_loop()
+
+    async def _close(self) -> None:
+        self._flush()
+        await self._ac.close()
+
+    def _stop_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
+        self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- publishing ------------------------------------------------------------------------
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Publish one message; returns once it is durable on the node."""
+        return self.publish_async(topic, payload, id=id, ttl=ttl, headers=headers).result()
+
+    def publish_async(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> Future[PublishResult]:
+        """Queue one message and return a future for its acknowledgement (durable once
+        resolved). Blocks while ``window`` messages are unacknowledged. Invalid input
+        raises here; retry a failed publish with the same ``id`` to keep it once-only."""
+        message = check_outgoing(Outgoing(topic, payload, id, ttl, headers or {}), self._ac.limits)
+        future: Future[PublishResult] = Future()
+        with self._lock:
+            self._check()
+            while self._inflight >= self._window:
+                self._lock.wait()
+                self._check()
+            self._inflight += 1
+            self._outbox.append((message, future))
+            self._wake()
+        return future
+
+    def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """Publish messages in order; durable on return."""
+        return self.publish_batch_async(messages).result()
+
+    def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
+        """Send a batch now; the future resolves once all of it is durable."""
+        for m in messages:
+            check_outgoing(m, self._ac.limits)
+        return self._submit(self._ac.publish_batch(messages))
+
+    def _check(self) -> None:
+        if self._closed:
+            raise Unavailable("the client is closed")
+        self._ac._check()
+
+    def _wake(self) -> None:
+        """Have the loop send the outboxes (call with the lock held)."""
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._flush)
+
+    def _flush(self) -> None:
+        """On the loop: hand the outboxes to the asyncio client as batch frames."""
+        with self._lock:
+            self._scheduled = False
+            outbox, self._outbox = self._outbox, []
+            deletes, self._deletes = self._deletes, []
+        ac = self._ac
+        for message, future in outbox:
+            ac._outbox.append((message, _Bridge(future, self._acked)))  # type: ignore[arg-type]
+        for queue, seq, done in deletes:
+            ac._deletes.setdefault(queue, []).append((seq, _Bridge(done)))  # type: ignore[arg-type]
+        if ac._failed is not None:
+            ac._lost(ac._failed)  # fails what was just queued
+        else:
+            ac._flush()
+
+    def _acked(self) -> None:
+        with self._lock:
+            self._inflight -= 1
+            if self._inflight == self._window - 1 or self._ac._failed is not None:
+                self._lock.notify_all()
+
+    # -- consuming -------------------------------------------------------------------------
+
+    def fetch(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[Delivered]:
+        """Take up to ``max_messages`` from ``queue``, waiting up to ``wait`` seconds for
+        the first. Delete (or release) each before its deadline."""
+        return self._run(self._ac.fetch(queue, max_messages, wait))
+
+    def delete(self, queue: str, seqs: Sequence[int]) -> list[bool]:
+        """Delete delivered messages; True for each deleted now. Durable on return."""
+        return self.delete_async(queue, seqs).result()
+
+    def delete_async(self, queue: str, seqs: Sequence[int]) -> Future[list[bool]]:
+        return self._submit(self._ac.delete(queue, list(seqs)))
+
+    def release(self, queue: str, seqs: Sequence[int], delay: float = 0.0) -> None:
+        """Give delivered messages back for redelivery after ``delay`` seconds."""
+        self._run(self._ac.release(queue, list(seqs), delay))
+
+    def consumer(
+        self, queue: str, prefetch: int = 256, idle_timeout: float | None = None
+    ) -> Consumer:
+        """Messages of ``queue`` pushed by the node, at most ``prefetch`` undeleted at a
+        time. Iterating waits for messages; it ends after ``idle_timeout`` seconds
+        without one (never, if None)."""
+        return Consumer(self, queue, prefetch, idle_timeout)
+
+    def _delete_later(self, queue: str, seq: int) -> Future[bool]:
+        future: Future[bool] = Future()
+        with self._lock:
+            self._check()
+            self._deletes.append((queue, seq, future))
+            self._wake()
+        return future
+
+    # -- administration (the same calls as an embedded node) -----------------------------
+
+    def create_queue(self, config: QueueConfig) -> bool:
+        return self._run(self._ac.create_queue(config))
+
+    def delete_queue(self, name: str, *, force: bool = False) -> int:
+        return self._run(self._ac.delete_queue(name, force=force))
+
+    def subscribe(self, name: str, pattern: str) -> bool:
+        return self._run(self._ac.subscribe(name, pattern))
+
+    def unsubscribe(self, name: str, pattern: str) -> bool:
+        return self._run(self._ac.unsubscribe(name, pattern))
+
+    def purge(self, name: str) -> int:
+        return self._run(self._ac.purge(name))
+
+    def queue_config(self, name: str) -> QueueConfig:
+        return self._run(self._ac.queue_config(name))
+
+    def queue_names(self) -> list[str]:
+        return self._run(self._ac.queue_names())
+
+    def stats(self) -> list[QueueStats]:
+        return self._run(self._ac.stats())
+
+    def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
+        return self._run(self._ac.log(pattern, from_seq, limit))
+
+    def configure(self, name: str, value: str) -> str:
+        return self._run(self._ac.configure(name, value))
+
+    def saved_settings(self) -> dict[str, str]:
+        return self._run(self._ac.saved_settings())
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        return self._run(self._ac.query(sql))
+
+
+class _Bridge:
+    """Stands in for an asyncio future in the asyncio client's outboxes and passes the
+    outcome to a concurrent future (plus an optional hook), without a second hop."""
+
+    __slots__ = ("_future", "_hook")
+
+    def __init__(self, future: Future[Any], hook: Callable[[], None] | None = None) -> None:
+        self._future = future
+        self._hook = hook
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def set_result(self, value: Any) -> None:
+        self._future.set_result(value)
+        if self._hook is not None:
+            self._hook()
+
+    def set_exception(self, error: BaseException) -> None:
+        self._future.set_exception(error)
+        if self._hook is not None:
+            self._hook()
+
+
+class Consumer:
+    """``with client.consumer(queue) as consumer: for msg in consumer: …; msg.delete()``."""
+
+    def __init__(
+        self, client: Client, queue: str, prefetch: int, idle_timeout: float | None
+    ) -> None:
+        self.client = client
+        self.queue = queue
+        self.prefetch = prefetch
+        self.idle_timeout = idle_timeout
+        self._inbox: queuelib.SimpleQueue[list[Delivered] | BaseException] = queuelib.SimpleQueue()
+        self._batch: list[Delivered] = []
+        self._subscription: int | None = None
+        self._pending: list[Future[Any]] = []
+
+    def __enter__(self) -> Consumer:
+        self._subscription = self.client._run(
+            self.client._ac.subscribe_raw(self.queue, self.prefetch, self._inbox.put)
+        )
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait until every deletion made through this consumer is durable, then cancel
+        the subscription: messages received and not deleted go back to the queue."""
+        self.flush()
+        if self._subscription is not None:
+            subscription, self._subscription = self._subscription, None
+            with contextlib.suppress(EomsgError):
+                self.client._run(self.client._ac.cancel(subscription))
+
+    def flush(self) -> None:
+        """Block until every deletion so far is durable; raise the first that failed."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def __iter__(self) -> Iterator[Received]:
+        while True:
+            if not self._batch:
+                try:
+                    item = self._inbox.get(timeout=self.idle_timeout)
+                except queuelib.Empty:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                self._batch = item
+                self._batch.reverse()
+            yield Received(self._batch.pop(), self._settle)
+
+    def _settle(self, how: str, seq: int, delay: float | None) -> Future[Any]:
+        if how == "delete":
+            future: Future[Any] = self.client._delete_later(self.queue, seq)
+        else:
+            future = self.client._submit(self.client._ac.release(self.queue, [seq], delay or 0.0))
+        self._pending.append(future)
+        if len(self._pending) > 4096:
+            self._pending = [f for f in self._pending if not f.done() or f.exception()]
+        return future
+
+
+def connect(
+    target: str | Path | None = None,
+    *,
+    token: str | None = None,
+    name: str | None = None,
+    timeout: float = 10.0,
+    window: int = DEFAULT_WINDOW,
+) -> Client:
+    """Connect to the node at ``target``: a data directory, ``unix://PATH`` or
+    ``tcp://HOST:PORT`` (default: env ``EOMSG_BROKER``, else ``./eomsg-data``). TCP
+    needs the node's token (``token=`` or env ``EOMSG_TOKEN``). Raises Unavailable when
+    no node answers."""
+    return Client(target, token=token, name=name, timeout=timeout, window=window)

@@ -1,0 +1,83 @@
+"""The node operations a client runs with a Call frame: queue admin, inspection and
+settings. Each takes the Call's arguments (plain data, checked here) and returns plain
+data; the client turns it back into the same values the embedded node returns."""
+
+from __future__ import annotations
+
+import datetime as dt
+import decimal
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import InvalidInput
+from eomsg.node.node import Node
+from eomsg.wire.events import message_to_wire
+
+Args = dict[str, Any]
+
+
+def _arg(args: Args, name: str, kind: type, *, optional: bool = False) -> Any:
+    value = args.get(name)
+    if value is None and optional:
+        return None
+    if kind is float and type(value) is int:
+        return float(value)
+    if type(value) is not kind:
+        raise InvalidInput(f"argument {name!r} must be {kind.__name__}")
+    return value
+
+
+def _cell(value: Any) -> Any:
+    """A query result cell as plain data: times as ISO text, other exotic values as text."""
+    if value is None or isinstance(value, bool | int | float | str | bytes):
+        return value
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, decimal.Decimal | uuid.UUID | dt.timedelta):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_cell(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _cell(v) for k, v in value.items()}
+    return str(value)
+
+
+def _create_queue(node: Node, args: Args) -> Any:
+    config = _arg(args, "config", dict)
+    try:
+        parsed = QueueConfig.from_json(config)
+    except (KeyError, TypeError, ValueError) as e:
+        raise InvalidInput(f"malformed queue config: {e}") from e
+    return node.create_queue(parsed)
+
+
+def _query(node: Node, args: Args) -> Any:
+    columns, rows = node.query(_arg(args, "sql", str))
+    return {"columns": columns, "rows": [[_cell(v) for v in row] for row in rows]}
+
+
+CALLS: dict[str, Callable[[Node, Args], Any]] = {
+    "create_queue": _create_queue,
+    "delete_queue": lambda n, a: n.delete_queue(
+        _arg(a, "name", str), force=bool(_arg(a, "force", bool, optional=True))
+    ),
+    "subscribe": lambda n, a: n.subscribe(_arg(a, "name", str), _arg(a, "pattern", str)),
+    "unsubscribe": lambda n, a: n.unsubscribe(_arg(a, "name", str), _arg(a, "pattern", str)),
+    "purge": lambda n, a: n.purge(_arg(a, "name", str)),
+    "queue_config": lambda n, a: n.queue_config(_arg(a, "name", str)).to_json(),
+    "queue_names": lambda n, a: n.queue_names(),
+    "stats": lambda n, a: [s.to_json() for s in n.stats()],
+    "log": lambda n, a: [
+        message_to_wire(m)
+        for m in n.log(
+            _arg(a, "pattern", str, optional=True),
+            _arg(a, "from_seq", int),
+            _arg(a, "limit", int),
+        )
+    ],
+    "configure": lambda n, a: n.configure(_arg(a, "name", str), _arg(a, "value", str)),
+    "saved_settings": lambda n, a: n.saved_settings(),
+    "query": _query,
+}

@@ -1,0 +1,259 @@
+"""``eomsg serve``: the node daemon. It owns the data directory (DuckDB lets one process
+hold the file) and serves it on ``DIR/eomsg.sock`` and, when asked, on TCP.
+
+Security baseline: the Unix socket is the owner's alone (mode 0600); TCP needs the token
+kept in ``DIR/eomsg.token`` (created on first start, mode 0600, compared in constant
+time) and listens on loopback unless ``allow_remote`` says otherwise. Connections, frame
+size, in-flight bytes and the handshake's duration are all bounded.
+
+Shutdown (SIGTERM, SIGINT, or :meth:`Server.stop`): stop accepting, let every session
+answer what it has in flight and say goodbye, then close the node, which runs a last
+maintenance pass and checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import secrets
+import signal
+import socket
+from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from eomsg.errors import DataDirError, InvalidConfig
+from eomsg.node.node import Node
+from eomsg.server.session import Session
+from eomsg.wire.address import Address, socket_path, token_path, unix_address
+from eomsg.wire.protocol import DEFAULT_MAX_FRAME
+
+T = TypeVar("T")
+log = logging.getLogger("eomsg.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """Limits and timings of the daemon. ``listen`` adds TCP addresses to the socket."""
+
+    listen: tuple[Address, ...] = ()
+    allow_remote: bool = False
+    max_frame: int = DEFAULT_MAX_FRAME
+    max_connections: int = 1024
+    max_inflight_bytes: int = 64 << 20  # unacknowledged publish bytes per connection
+    max_total_inflight_bytes: int = 512 << 20  # ... and over all connections
+    handshake_timeout: float = 5.0
+    heartbeat: float = 10.0
+    poll: float = 1.0  # how often idle consumers look for redeliveries that came due
+    drain_timeout: float = 30.0
+
+    def check(self) -> None:
+        """InvalidConfig for settings that contradict the security baseline or each other."""
+        for address in self.listen:
+            if address.is_unix:
+                raise InvalidConfig(
+                    f"--listen {address}: the Unix socket is always DIR/eomsg.sock; "
+                    "give tcp://HOST:PORT"
+                )
+            if not address.is_loopback and not self.allow_remote:
+                raise InvalidConfig(
+                    f"--listen {address} is not a loopback address; add --allow-remote to "
+                    "accept other machines (they must present the token)"
+                )
+        if not 1024 <= self.max_frame <= 1 << 30:
+            raise InvalidConfig("--max-frame must be between 1 KiB and 1 GiB")
+        if self.max_connections < 1:
+            raise InvalidConfig("--max-connections must be at least 1")
+
+
+def load_token(data_dir: Path) -> str:
+    """The node's TCP token, created (mode 0600) on first use."""
+    path = token_path(data_dir)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        token = path.read_text().strip()
+        if not token:
+            raise DataDirError(f"{path} is empty; delete it to make a new token") from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+class Server:
+    """The asyncio side of the daemon, over an open node. Use :func:`serve`."""
+
+    def __init__(self, node: Node, data_dir: Path, settings: ServerSettings) -> None:
+        settings.check()
+        self.node = node
+        self.data_dir = data_dir
+        self.settings = settings
+        self.loop = asyncio.get_running_loop()
+        self.token = load_token(data_dir)
+        self.node_name = f"{socket.gethostname()}:{os.getpid()}"
+        self.addresses: list[Address] = []
+        self.sessions: set[Session] = set()
+        self.inflight_bytes = 0
+        self._servers: list[asyncio.AbstractServer] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="eomsg-pool")
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._wakes_pending: set[str] = set()
+        self._stop_requested = asyncio.Event()
+        self._stopping = False
+        node.add_listener(self._on_ready)
+
+    async def start(self) -> None:
+        """Listen on the data directory's socket and every ``listen`` address."""
+        sock = socket_path(self.data_dir)
+        address = unix_address(sock)
+        # We hold the data directory's lock, so a socket file left there is stale.
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+        old_umask = os.umask(0o177)
+        try:
+            server = await self.loop.create_unix_server(
+                lambda: Session(self, needs_token=False), str(sock)
+            )
+        finally:
+            os.umask(old_umask)
+        self._servers.append(server)
+        self.addresses.append(address)
+        for address in self.settings.listen:
+            try:
+                server = await self.loop.create_server(
+                    lambda: Session(self, needs_token=True), address.host, address.port
+                )
+            except OSError as e:
+                raise InvalidConfig(f"cannot listen on {address}: {e.strerror}") from e
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+            self.addresses.append(Address("tcp", host=address.host, port=port))
+
+    def request_stop(self) -> None:
+        """Ask :func:`serve` to shut down (safe from a signal handler)."""
+        self._stop_requested.set()
+
+    async def stop_requested(self) -> None:
+        await self._stop_requested.wait()
+
+    async def stop(self) -> None:
+        """Graceful shutdown; see the module docstring. Call once."""
+        self._stopping = True
+        for server in self._servers:
+            server.close()
+        sessions = list(self.sessions)
+        drained = asyncio.gather(*(s.drain("the node is shutting down") for s in sessions))
+        try:
+            await asyncio.wait_for(drained, self.settings.drain_timeout)
+        except TimeoutError:
+            log.warning("sessions did not drain within %g s", self.settings.drain_timeout)
+        for s in list(self.sessions):
+            if s.transport is not None:
+                s.transport.abort()
+        for server in self._servers:
+            await server.wait_closed()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=self.settings.poll * 2)
+        self._pool.shutdown(wait=True)
+        with contextlib.suppress(FileNotFoundError):
+            socket_path(self.data_dir).unlink()
+
+    # -- sessions ------------------------------------------------------------------------
+
+    def admit(self, session: Session) -> bool:
+        if self._stopping or len(self.sessions) >= self.settings.max_connections:
+            return False
+        self.sessions.add(session)
+        return True
+
+    def forget(self, session: Session) -> None:
+        self.sessions.discard(session)
+
+    def over_limit(self, session: Session, *, resume: bool = False) -> bool:
+        """Whether ``session`` must stop reading: its own or everyone's unacknowledged
+        bytes are over the limit (under half of it, once paused, to resume)."""
+        s = self.settings
+        factor = 0.5 if resume else 1.0
+        return (
+            session.inflight_bytes > s.max_inflight_bytes * factor
+            or self.inflight_bytes > s.max_total_inflight_bytes * factor
+        )
+
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        """Run ``coro`` as a task the server keeps a reference to until it ends."""
+        task = self.loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a call that may block (on a commit or a read) on the server's pool."""
+        return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    # -- readiness -----------------------------------------------------------------------
+
+    def ready_waiter(self, queue: str) -> asyncio.Future[None]:
+        """A future resolved the next time messages become ready in ``queue``. Take it
+        *before* looking at the queue, so nothing that arrives meanwhile is missed."""
+        future: asyncio.Future[None] = self.loop.create_future()
+        waiters = self._waiters.setdefault(queue, [])
+        if len(waiters) > 64:  # consumers that timed out waiting leave cancelled ones
+            waiters[:] = [f for f in waiters if not f.done()]
+        waiters.append(future)
+        return future
+
+    def _on_ready(self, queue: str) -> None:
+        """Node listener, on any thread: wake the queue's waiters on the loop, once per
+        burst (a wake already scheduled covers later arrivals)."""
+        if queue in self._wakes_pending:
+            return
+        self._wakes_pending.add(queue)
+        with contextlib.suppress(RuntimeError):  # loop closed at exit
+            self.loop.call_soon_threadsafe(self._wake, queue)
+
+    def _wake(self, queue: str) -> None:
+        self._wakes_pending.discard(queue)
+        for future in self._waiters.pop(queue, ()):
+            if not future.done():
+                future.set_result(None)
+
+
+def serve(
+    data_dir: Path,
+    node: Node,
+    settings: ServerSettings,
+    on_ready: Callable[[list[Address]], None] = lambda addresses: None,
+) -> None:
+    """Serve ``node`` until SIGTERM or SIGINT, then shut down gracefully. The caller
+    opened the node (holding the data directory) and closes it afterwards."""
+
+    async def main() -> None:
+        server = Server(node, data_dir, settings)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, server.request_stop)
+        try:
+            await server.start()
+            on_ready(server.addresses)
+            await server.stop_requested()
+        finally:
+            await server.stop()
+
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(main())
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop

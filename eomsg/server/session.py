@@ -1,0 +1,524 @@
+"""One client connection to the node: the sans-IO protocol on an asyncio transport.
+
+Every answer that acknowledges a write (Published, Deleted) is sent only after the writer
+thread's commit holding it returned. Work that blocks — a fetch waits for its delivery
+records to commit, then reads payloads; admin calls wait for their own commit — runs on
+the server's thread pool, never on the event loop.
+
+Flow control: a session stops reading from its socket while the bytes of its
+unacknowledged publishes exceed ``max_inflight_bytes`` (so a writer that falls behind
+slows producers down instead of filling memory); a subscription pushes at most
+``prefetch`` undeleted messages, and nothing while the client is not reading.
+
+Any misbehaviour of the client — a malformed or oversize frame, a move the protocol
+forbids, a wrong token, silence during the handshake — ends this session with an Error
+frame; the node and every other session carry on. Messages the client held when it went
+away are released for redelivery at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import logging
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+from eomsg.core.message import Delivered, PublishResult
+from eomsg.errors import (
+    AuthenticationFailed,
+    EomsgError,
+    InvalidConfig,
+    Overloaded,
+    ProtocolError,
+)
+from eomsg.server.calls import CALLS
+from eomsg.wire import events as ev
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
+
+if TYPE_CHECKING:
+    from eomsg.server.server import Server
+
+log = logging.getLogger("eomsg.server")
+
+MAX_PREFETCH = 100_000
+FETCH_CHUNK = 1000  # messages fetched from the node at a time
+FRAME_SLACK = 64 << 10  # room left in a frame for everything but payloads
+
+
+@dataclass(eq=False)
+class _Subscription:
+    rid: int
+    queue: str
+    prefetch: int
+    held: dict[int, int] = field(default_factory=dict)  # seq -> attempt
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    closed: bool = False
+
+
+class Session(asyncio.Protocol):
+    """The server side of one connection."""
+
+    def __init__(self, server: Server, *, needs_token: bool) -> None:
+        self.server = server
+        self.node = server.node
+        self.loop = server.loop
+        self.needs_token = needs_token
+        self.conn = Connection(Role.SERVER, server.settings.max_frame)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.client_name = ""
+        self.inflight_bytes = 0
+        self.pending = 0  # requests received and not yet answered
+        self.reading_paused = False
+        self.writable = True  # False while the transport's write buffer is full
+        self.closing = False
+        self.subscriptions: dict[int, _Subscription] = {}
+        self.fetched: dict[str, dict[int, int]] = {}  # queue -> seq -> attempt (Fetch)
+        self.last_heard = self.loop.time()
+        self.draining = False
+        self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
+        peer = self.transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unix"
+        if not self.server.admit(self):
+            self._fail(Overloaded("the node is at its connection limit; retry later"))
+            return
+        self._timers["handshake"] = self.loop.call_later(
+            self.server.settings.handshake_timeout, self._handshake_timeout
+        )
+
+    def data_received(self, data: bytes) -> None:
+        self.last_heard = self.loop.time()
+        self.conn.receive_data(data)
+        self._process()
+
+    def eof_received(self) -> bool | None:
+        self.conn.receive_data(b"")
+        self._process()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        for timer in self._timers.values():
+            timer.cancel()
+        for sub in self.subscriptions.values():
+            self._stop_subscription(sub)
+        held = [(s.queue, list(s.held.items())) for s in self.subscriptions.values()]
+        held += [(q, list(h.items())) for q, h in self.fetched.items()]
+        self.subscriptions.clear()
+        self.fetched.clear()
+        self.server.forget(self)
+        for queue, items in held:
+            if items:
+                self.server.spawn(self._release_held(queue, items))
+
+    def pause_writing(self) -> None:
+        self.writable = False
+
+    def resume_writing(self) -> None:
+        self.writable = True
+        for sub in self.subscriptions.values():
+            sub.wake.set()
+
+    # -- frames in ---------------------------------------------------------------------------
+
+    def _process(self) -> None:
+        while not self.closing:
+            try:
+                event = self.conn.next_event()
+            except ProtocolError as e:
+                self._fail(e)
+                return
+            if event is NEED_DATA:
+                return
+            if event is PEER_CLOSED:
+                self._close()
+                return
+            assert isinstance(event, ev.Event)
+            try:
+                self._dispatch(event)
+            except Exception as e:  # a bug here must cost one connection, not the node
+                log.exception("session %s: error handling %s", self.peer, type(event).__name__)
+                self._fail(EomsgError(f"internal error handling {type(event).__name__}: {e}"))
+                return
+
+    def _dispatch(self, event: ev.Event) -> None:
+        match event:
+            case ev.Publish():
+                self._publish(event)
+            case ev.Delete():
+                self._delete(event)
+            case ev.Fetch():
+                self._start(event.rid, self._fetch(event))
+            case ev.Subscribe():
+                self._subscribe(event)
+            case ev.Cancel():
+                self._start(event.rid, self._cancel(event))
+            case ev.Release():
+                self._start(event.rid, self._release(event))
+            case ev.Call():
+                self._start(event.rid, self._call(event))
+            case ev.Ping():
+                self._send(ev.Pong(event.nonce))
+            case ev.Pong():
+                pass
+            case ev.Hello():
+                self._hello(event)
+            case ev.Goodbye():
+                self._close()
+
+    def _hello(self, hello: ev.Hello) -> None:
+        if hello.version != ev.PROTOCOL_VERSION:
+            self._fail(
+                ProtocolError(
+                    f"protocol version {hello.version} is not supported; this node speaks "
+                    f"version {ev.PROTOCOL_VERSION} (upgrade the client)"
+                )
+            )
+            return
+        if self.needs_token:
+            given = (hello.token or "").encode()
+            if not hmac.compare_digest(given, self.server.token.encode()):
+                self._fail(
+                    AuthenticationFailed(
+                        "wrong or missing token; pass the token from the node's data "
+                        "directory (eomsg.token) with --token or EOMSG_TOKEN"
+                    )
+                )
+                return
+        self.client_name = hello.name
+        s = self.server.settings
+        welcome = ev.Welcome(
+            ev.PROTOCOL_VERSION,
+            self.server.node_name,
+            s.max_frame,
+            s.heartbeat,
+            self.node.settings.limits.max_payload,
+        )
+        self._send(welcome)
+        self._timers["handshake"].cancel()
+        self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def _publish(self, event: ev.Publish) -> None:
+        size = sum(len(m.payload) for m in event.messages) + 64 * len(event.messages)
+        try:
+            committed = self.node.publish_batch_async(event.messages)
+        except EomsgError as e:
+            self._send(ev.Error(event.rid, e.code, e.message))
+            return
+        self._track(size)
+        committed.add_done_callback(self._from_writer(self._published, event.rid, size))
+
+    def _published(self, rid: int, size: int, f: Future[list[PublishResult]]) -> None:
+        self._untrack(size)
+        error = f.exception()
+        if error is not None:
+            self._send_error(rid, error)
+        else:
+            self._send(ev.Published(rid, tuple(f.result())))
+
+    def _delete(self, event: ev.Delete) -> None:
+        try:
+            committed = self.node.delete_async(event.queue, event.seqs)
+        except EomsgError as e:
+            self._send(ev.Error(event.rid, e.code, e.message))
+            return
+        self._settled(event.queue, event.seqs)
+        self._track(0)
+        committed.add_done_callback(self._from_writer(self._deleted, event.rid))
+
+    def _deleted(self, rid: int, f: Future[list[bool]]) -> None:
+        self._untrack(0)
+        error = f.exception()
+        if error is not None:
+            self._send_error(rid, error)
+        else:
+            self._send(ev.Deleted(rid, tuple(f.result())))
+
+    async def _fetch(self, event: ev.Fetch) -> None:
+        if not 1 <= event.max <= MAX_PREFETCH:
+            raise InvalidConfig(f"fetch max must be between 1 and {MAX_PREFETCH}")
+        if not 0 <= event.wait <= 3600:
+            raise InvalidConfig("fetch wait must be between 0 and 3600 seconds")
+        deadline = self.loop.time() + event.wait
+        while True:
+            ready = self.server.ready_waiter(event.queue)
+            taken = await self.server.blocking(self.node.fetch, event.queue, event.max)
+            remaining = deadline - self.loop.time()
+            if taken or remaining <= 0 or self.closing or self.draining:
+                break
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ready, min(remaining, self.server.settings.poll))
+        if self.closing:
+            await self._release_held(event.queue, [(d.seq, d.attempt) for d in taken])
+            return
+        held = self.fetched.setdefault(event.queue, {})
+        for d in taken:
+            held[d.seq] = d.attempt
+        self._send_deliveries(event.rid, event.queue, taken, final=True)
+
+    def _subscribe(self, event: ev.Subscribe) -> None:
+        if not 1 <= event.prefetch <= MAX_PREFETCH:
+            self._send(
+                ev.Error(
+                    event.rid,
+                    InvalidConfig.code,
+                    f"prefetch must be between 1 and {MAX_PREFETCH}",
+                )
+            )
+            return
+        if event.rid in self.subscriptions:
+            self._send(ev.Error(event.rid, InvalidConfig.code, "subscription id in use"))
+            return
+        try:
+            self.node.queue_config(event.queue)
+        except EomsgError as e:
+            self._send(ev.Error(event.rid, e.code, e.message))
+            return
+        sub = _Subscription(event.rid, event.queue, event.prefetch)
+        self.subscriptions[event.rid] = sub
+        self._send(ev.Result(event.rid, None))
+        sub.task = self.server.spawn(self._pump(sub))
+
+    async def _pump(self, sub: _Subscription) -> None:
+        """Push the queue's messages while the subscription has room and the client
+        reads; when the queue runs dry, wait for new ones (or poll, for redeliveries
+        that come due by time)."""
+        poll = self.server.settings.poll
+        while not sub.closed:
+            room = sub.prefetch - len(sub.held)
+            if room <= 0 or not self.writable:
+                sub.wake.clear()  # set by a delete, a release, resume_writing or a stop
+                await sub.wake.wait()
+                continue
+            ready = self.server.ready_waiter(sub.queue)
+            try:
+                taken = await self.server.blocking(
+                    self.node.fetch, sub.queue, min(room, FETCH_CHUNK)
+                )
+            except EomsgError as e:  # the queue was deleted, or the node is closing
+                self._send(ev.Error(sub.rid, e.code, e.message))
+                sub.closed = True
+                break
+            if sub.closed:
+                await self._release_held(sub.queue, [(d.seq, d.attempt) for d in taken])
+                break
+            if not taken:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ready, poll)
+                continue
+            for d in taken:
+                sub.held[d.seq] = d.attempt
+            self._send_deliveries(sub.rid, sub.queue, taken, final=False)
+
+    async def _cancel(self, event: ev.Cancel) -> None:
+        sub = self.subscriptions.pop(event.subscription, None)
+        if sub is None:
+            self._send(ev.Result(event.rid, 0))
+            return
+        self._stop_subscription(sub)
+        released = await self._release_held(sub.queue, list(sub.held.items()))
+        self._send(ev.Result(event.rid, released))
+
+    async def _release(self, event: ev.Release) -> None:
+        await self.server.blocking(self.node.release, event.queue, event.seqs, event.delay)
+        self._settled(event.queue, event.seqs)
+        self._send(ev.Result(event.rid, None))
+
+    async def _call(self, event: ev.Call) -> None:
+        fn = CALLS.get(event.op)
+        if fn is None:
+            raise InvalidConfig(f"unknown operation {event.op!r}; known: {', '.join(CALLS)}")
+        value = await self.server.blocking(fn, self.node, event.args)
+        self._send(ev.Result(event.rid, value))
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _start(self, rid: int, work: Any) -> None:
+        """Run a request's coroutine; its EomsgError becomes an Error frame for ``rid``."""
+        self.pending += 1
+        self._idle.clear()
+
+        async def run() -> None:
+            try:
+                await work
+            except EomsgError as e:
+                self._send(ev.Error(rid, e.code, e.message))
+            except Exception as e:
+                log.exception("session %s: request %d failed", self.peer, rid)
+                self._send(ev.Error(rid, EomsgError.code, f"internal error: {e}"))
+            finally:
+                self._done_one()
+
+        self.server.spawn(run())
+
+    def _from_writer(self, handler: Callable[..., None], *args: Any) -> Callable[[Any], None]:
+        """A future callback (run on the writer thread) that hands ``handler`` over to
+        the event loop."""
+        loop = self.loop
+
+        def callback(f: Any) -> None:
+            with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
+                loop.call_soon_threadsafe(functools.partial(handler, *args, f))
+
+        return callback
+
+    def _track(self, size: int) -> None:
+        self.pending += 1
+        self._idle.clear()
+        self.inflight_bytes += size
+        self.server.inflight_bytes += size
+        if self.transport is not None and not self.reading_paused and self.server.over_limit(self):
+            self.reading_paused = True
+            self.transport.pause_reading()
+
+    def _untrack(self, size: int) -> None:
+        self.inflight_bytes -= size
+        self.server.inflight_bytes -= size
+        if self.reading_paused and not self.server.over_limit(self, resume=True):
+            self.reading_paused = False
+            if self.transport is not None and not self.closing:
+                self.transport.resume_reading()
+        self._done_one()
+
+    def _done_one(self) -> None:
+        self.pending -= 1
+        if self.pending == 0:
+            self._idle.set()
+
+    def _settled(self, queue: str, seqs: tuple[int, ...]) -> None:
+        """Deleted or released messages no longer count against prefetch windows."""
+        held = self.fetched.get(queue)
+        if held:
+            for s in seqs:
+                held.pop(s, None)
+        for sub in self.subscriptions.values():
+            if sub.queue == queue and sub.held:
+                before = len(sub.held)
+                for s in seqs:
+                    sub.held.pop(s, None)
+                if len(sub.held) != before:
+                    sub.wake.set()
+
+    async def _release_held(self, queue: str, held: list[tuple[int, int]]) -> int:
+        if not held:
+            return 0
+        try:
+            released: int = await self.server.blocking(self.node.release_held, queue, held)
+        except EomsgError as e:  # queue deleted or node closing: redelivery by timeout
+            log.info("could not release %d messages of %s: %s", len(held), queue, e)
+            return 0
+        return released
+
+    def _stop_subscription(self, sub: _Subscription) -> None:
+        """Let the pump run out by itself (within a poll interval): cancelling it could
+        lose a fetch already running on the pool, whose messages it must give back."""
+        sub.closed = True
+        sub.wake.set()
+
+    def _send_deliveries(
+        self, rid: int, queue: str, taken: list[Delivered], *, final: bool
+    ) -> None:
+        """Deliver frames within the frame limit; a Fetch's last one has ``more`` False."""
+        budget = self.server.settings.max_frame - FRAME_SLACK
+        chunk: list[Delivered] = []
+        size = 0
+        for d in taken:
+            n = len(d.message.payload) + 256
+            if chunk and size + n > budget:
+                self._send(ev.Deliver(rid, queue, tuple(chunk), more=final))
+                chunk, size = [], 0
+            chunk.append(d)
+            size += n
+        if chunk or final:
+            self._send(ev.Deliver(rid, queue, tuple(chunk), more=False))
+
+    def _send(self, event: ev.Event) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.conn.state is State.CLOSED:
+            return
+        self.transport.write(self.conn.send(event))
+
+    def _send_error(self, rid: int, error: BaseException) -> None:
+        if isinstance(error, EomsgError):
+            self._send(ev.Error(rid, error.code, error.message))
+        else:
+            self._send(ev.Error(rid, EomsgError.code, f"internal error: {error}"))
+
+    def _fail(self, error: EomsgError) -> None:
+        """Tell the client why, then hang up: the stream can no longer be trusted."""
+        log.info("closing %s (%s): %s", self.peer, self.client_name or "no hello", error)
+        if self.transport is None:
+            return
+        with contextlib.suppress(ProtocolError):
+            data = self.conn.send(ev.Error(0, error.code, error.message))
+            if not self.transport.is_closing():
+                self.transport.write(data)
+        self.conn.send_failed()
+        self._close()
+
+    def _close(self) -> None:
+        self.closing = True
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def _handshake_timeout(self) -> None:
+        if self.conn.state is not State.OPEN and not self.closing:
+            self._fail(
+                ProtocolError(f"no handshake within {self.server.settings.handshake_timeout:g} s")
+            )
+
+    def _heartbeat(self) -> None:
+        """Ping the client every heartbeat; hang up on one silent for three."""
+        if self.closing:
+            return
+        s = self.server.settings
+        if self.loop.time() - self.last_heard > 3 * s.heartbeat:
+            self._fail(ProtocolError(f"no word from the client for {3 * s.heartbeat:g} s"))
+            return
+        self._send(ev.Ping(0))
+        self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
+
+    async def drain(self, goodbye: str) -> None:
+        """Graceful shutdown of this session: take no new requests and push nothing new,
+        answer what is in flight, say goodbye and hang up."""
+        if self.transport is None or self.closing:
+            return
+        self.draining = True
+        if not self.reading_paused:
+            self.reading_paused = True
+            self.transport.pause_reading()
+        pumps = []
+        for sub in self.subscriptions.values():
+            self._stop_subscription(sub)
+            if sub.task is not None:
+                pumps.append(sub.task)
+        await asyncio.gather(*pumps, return_exceptions=True)
+        await self._idle.wait()
+        # The client can no longer delete what it holds: make it deliverable again now
+        # rather than after the ack timeout of the restarted node.
+        held = [(s.queue, list(s.held.items())) for s in self.subscriptions.values()]
+        held += [(q, list(h.items())) for q, h in self.fetched.items()]
+        self.subscriptions.clear()
+        self.fetched.clear()
+        for queue, items in held:
+            await self._release_held(queue, items)
+        with contextlib.suppress(ProtocolError):
+            self._send(ev.Goodbye(goodbye))
+        self._close()

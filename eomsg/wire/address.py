@@ -1,0 +1,84 @@
+"""Where a node listens: ``unix://PATH`` or ``tcp://HOST:PORT``, and the files a data
+directory keeps for its running node. Pure parsing; nothing here opens a socket."""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from eomsg.errors import InvalidInput
+
+SOCKET_NAME = "eomsg.sock"
+TOKEN_NAME = "eomsg.token"
+MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A Unix socket (``path``) or a TCP endpoint (``host``, ``port``)."""
+
+    scheme: str
+    path: str = ""
+    host: str = ""
+    port: int = 0
+
+    def __str__(self) -> str:
+        if self.scheme == "unix":
+            return f"unix://{self.path}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    @property
+    def is_unix(self) -> bool:
+        return self.scheme == "unix"
+
+    @property
+    def is_loopback(self) -> bool:
+        """True for a Unix socket and for TCP on localhost or a loopback address."""
+        if self.is_unix or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:  # a host name: it may resolve anywhere
+            return False
+
+
+def socket_path(data_dir: Path) -> Path:
+    """The Unix socket a node serving ``data_dir`` listens on."""
+    return data_dir / SOCKET_NAME
+
+
+def token_path(data_dir: Path) -> Path:
+    """The file holding the token TCP clients of ``data_dir``'s node must present."""
+    return data_dir / TOKEN_NAME
+
+
+def unix_address(path: Path) -> Address:
+    text = str(path.absolute())
+    if len(text.encode()) > MAX_UNIX_PATH:
+        raise InvalidInput(
+            f"the socket path {text} is longer than {MAX_UNIX_PATH} bytes, which Unix "
+            "sockets cannot hold; use a shorter --data path"
+        )
+    return Address("unix", path=text)
+
+
+def parse_address(text: str) -> Address:
+    """``unix://PATH`` or ``tcp://HOST:PORT`` (IPv6 hosts in brackets)."""
+    if text.startswith("unix://"):
+        rest = text[len("unix://") :]
+        if not rest:
+            raise InvalidInput(f"address {text!r} names no socket path")
+        return unix_address(Path(rest))
+    if not text.startswith("tcp://"):
+        raise InvalidInput(f"address {text!r} must start with unix:// or tcp://")
+    try:
+        parts = urlsplit(text)
+        host, port = parts.hostname, parts.port
+    except ValueError as e:
+        raise InvalidInput(f"address {text!r} is malformed: {e}") from e
+    if not host or port is None or parts.path or parts.query or parts.username:
+        raise InvalidInput(f"address {text!r} must be tcp://HOST:PORT")
+    return Address("tcp", host=host, port=port)
