@@ -41,6 +41,13 @@ class EomsgError(Exception):
         return self.message
 
 
+class UsageError(EomsgError):
+    """The command or call cannot work this way (for example it needs a running node)."""
+
+    code = "usage"
+    exit_code = ExitCode.USAGE
+
+
 # -- bad input --------------------------------------------------------------------------
 
 

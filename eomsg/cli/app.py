@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from eomsg.cli import config, inspect, queue
+from eomsg.cli.common import Target
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.serve import serve
@@ -38,8 +39,19 @@ def root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
+    broker: Annotated[
+        str | None,
+        typer.Option(
+            "--broker",
+            envvar="EOMSG_BROKER",
+            help="Talk to the node at unix://PATH or tcp://HOST:PORT (env EOMSG_BROKER; "
+            "TCP needs env EOMSG_TOKEN). Default: the node serving --data, if any, else "
+            "the data directory in-process.",
+        ),
+    ] = None,
 ) -> None:
     """Durable, exactly-once messaging for applications that keep their own databases."""
+    Target.broker = broker
 
 
 def main() -> None:

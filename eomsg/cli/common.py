@@ -14,8 +14,10 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 
-from eomsg.errors import EomsgError, ExitCode
+from eomsg.client.sync import Client, connect
+from eomsg.errors import EomsgError, ExitCode, Unavailable, UsageError
 from eomsg.node.node import Node, NodeSettings
+from eomsg.wire.address import socket_path
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,11 +59,42 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+class Target:
+    """Where commands find their node: ``--broker`` (env EOMSG_BROKER) if given, set by
+    the root command; else the data directory's socket, else the embedded store."""
+
+    broker: str | None = None
+
+
 @contextlib.contextmanager
-def open_node(data: Path, *, create: bool = True) -> Iterator[Node]:
-    """The node for one command, embedded in this process: opened, then closed."""
+def open_node(data: Path, *, create: bool = True) -> Iterator[Node | Client]:
+    """The node for one command: a client of the running node when there is one (the
+    ``--broker`` or the data directory's socket), else the store embedded in this
+    process for the command's duration. A named broker that does not answer is an
+    error, never a reason to fall back."""
+    if Target.broker is not None:
+        with connect(Target.broker, name="eomsg-cli") as named:
+            yield named
+        return
+    client: Client | None = None
+    if socket_path(data).exists():
+        with contextlib.suppress(Unavailable):  # a socket left by a node that died
+            client = connect(data, name="eomsg-cli")
+    if client is not None:
+        with client:
+            yield client
+        return
     with Node.open(data, NodeSettings(tick=None), create=create) as node:
         yield node
+
+
+def require_client(node: Node | Client, what: str) -> Client:
+    """``node`` if it is a running node's client; else the UsageError that says so."""
+    if isinstance(node, Client):
+        return node
+    raise UsageError(
+        f"{what} needs a running node; start one with `eomsg serve --data DIR` (or give --broker)"
+    )
 
 
 def print_json(obj: Any) -> None:

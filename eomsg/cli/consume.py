@@ -12,10 +12,20 @@ from typing import Annotated
 
 import typer
 
-from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_node
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    handles_errors,
+    open_node,
+    require_client,
+)
+from eomsg.client.sync import Client
 from eomsg.core.message import Delivered
 from eomsg.errors import HandlerFailed
 from eomsg.node.node import Node
+
+FOLLOW_WAIT = 30.0  # seconds one long poll waits for a message before asking again
 
 
 @handles_errors
@@ -33,16 +43,30 @@ def consume(
         ),
     ] = None,
     batch: Annotated[int, typer.Option(min=1, max=10_000, help="Messages per fetch.")] = 1000,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow", "-f", help="Keep waiting for new messages (needs a running node)."
+        ),
+    ] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Consume messages until the queue has none ready (or --max is reached)."""
+    """Consume messages until the queue has none ready (or --max is reached); with
+    --follow, until interrupted."""
     remaining = max
     deletions: list[Future[list[bool]]] = []
     with open_node(data) as node:
+        client = require_client(node, "--follow") if follow else None
         while remaining is None or remaining > 0:
             size = 1 if exec_ is not None else batch
-            taken = node.fetch(queue, size if remaining is None else min(size, remaining))
+            size = size if remaining is None else min(size, remaining)
+            if client is not None:
+                taken = client.fetch(queue, size, wait=FOLLOW_WAIT)
+                if not taken:
+                    continue
+            else:
+                taken = node.fetch(queue, size)
             if not taken:
                 break
             if exec_ is not None:
@@ -55,7 +79,9 @@ def consume(
             deleted.result()
 
 
-def _print_then_delete(node: Node, taken: list[Delivered], as_json: bool) -> Future[list[bool]]:
+def _print_then_delete(
+    node: Node | Client, taken: list[Delivered], as_json: bool
+) -> Future[list[bool]]:
     """Write the batch to stdout, flush, and only then delete it; if stdout fails, give
     the batch back so nothing is lost. Returns the deletion's commit, which shares a
     group commit with the next fetch."""
@@ -80,7 +106,7 @@ def _render(d: Delivered, as_json: bool) -> str:
     return f"{d.seq} {d.message.topic} {text}\n"
 
 
-def _run_handler(node: Node, command: str, d: Delivered) -> None:
+def _run_handler(node: Node | Client, command: str, d: Delivered) -> None:
     m = d.message
     env = {
         **os.environ,
