@@ -176,7 +176,6 @@ class Connection:
                 max_bin_len=limit,
                 max_array_len=limit,
                 max_map_len=limit,
-                max_ext_len=0,
             )
         except ProtocolError:
             raise

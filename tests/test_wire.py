@@ -1,0 +1,259 @@
+"""The sans-IO protocol: every event round-trips, byte by byte too; the transition table
+is enforced for both roles; random or hostile bytes either parse or raise ProtocolError."""
+
+from __future__ import annotations
+
+import contextlib
+import struct
+from typing import Any
+
+import msgpack
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.errors import FrameTooLarge, ProtocolError
+from eomsg.wire import events as ev
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
+
+MSG = Message(7, "orders/eu", b"\x00payload", "id-7", 1.5, None, {"k": "v"})
+
+CLIENT_EVENTS: list[ev.Event] = [
+    ev.Publish(1, (Outgoing("a/b", b"x", "id", 3.0, {"h": "1"}), Outgoing("a", b""))),
+    ev.Fetch(2, "q", 10, 0.5),
+    ev.Subscribe(3, "q", 256),
+    ev.Cancel(4, 3),
+    ev.Delete(5, "q", (1, 2, 3)),
+    ev.Release(6, "q", (4,), 1.0),
+    ev.Call(7, "stats", {"a": [1, "x", None, {"b": b"\x01"}]}),
+    ev.Ping(1),
+    ev.Pong(2),
+]
+SERVER_EVENTS: list[ev.Event] = [
+    ev.Published(1, (PublishResult(1, "id", False, 2), PublishResult(1, None, True, None))),
+    ev.Deliver(2, "q", (Delivered("q", MSG, 2, 99.0),), more=True),
+    ev.Deleted(5, (True, False)),
+    ev.Result(7, {"x": [1, 2.5]}),
+    ev.Error(8, "queue_not_found", "queue 'q' does not exist"),
+    ev.Ping(3),
+    ev.Pong(4),
+]
+
+
+def open_pair() -> tuple[Connection, Connection]:
+    client, server = Connection(Role.CLIENT), Connection(Role.SERVER)
+    server.receive_data(client.send(ev.Hello(ev.PROTOCOL_VERSION, "test", "tok")))
+    assert isinstance(server.next_event(), ev.Hello)
+    client.receive_data(server.send(ev.Welcome(ev.PROTOCOL_VERSION, "node", 1 << 20, 5.0, 1024)))
+    assert isinstance(client.next_event(), ev.Welcome)
+    assert client.state is State.OPEN and server.state is State.OPEN
+    return client, server
+
+
+def events_of(conn: Connection) -> list[Any]:
+    out = []
+    while (event := conn.next_event()) is not NEED_DATA:
+        out.append(event)
+        if event is PEER_CLOSED:
+            break
+    return out
+
+
+@pytest.mark.parametrize("bytewise", [False, True], ids=["whole", "byte-by-byte"])
+def test_every_event_round_trips(bytewise: bool) -> None:
+    client, server = open_pair()
+    for sender, receiver, batch in (
+        (client, server, CLIENT_EVENTS),
+        (server, client, SERVER_EVENTS),
+    ):
+        data = b"".join(sender.send(e) for e in batch)
+        got: list[Any] = []
+        if bytewise:
+            for i in range(len(data)):
+                receiver.receive_data(data[i : i + 1])
+                got += events_of(receiver)
+        else:
+            receiver.receive_data(data)
+            got = events_of(receiver)
+        assert got == batch
+
+
+def test_goodbye_and_end_of_stream_close_the_connection() -> None:
+    client, server = open_pair()
+    server.receive_data(client.send(ev.Goodbye("done")))
+    server.receive_data(b"")
+    assert events_of(server) == [ev.Goodbye("done"), PEER_CLOSED]
+    assert server.state is State.CLOSED and client.state is State.CLOSED
+
+
+def test_eof_inside_a_frame_is_an_error() -> None:
+    client, server = open_pair()
+    data = client.send(ev.Ping(1))
+    server.receive_data(data[:-1])
+    server.receive_data(b"")
+    with pytest.raises(ProtocolError, match="middle of a frame"):
+        server.next_event()
+
+
+@pytest.mark.parametrize(
+    ("role", "state_events", "event", "message"),
+    [
+        (Role.CLIENT, [], ev.Publish(1, ()), "client cannot send Publish in state start"),
+        (
+            Role.SERVER,
+            [],
+            ev.Welcome(1, "n", 1024, 1.0, 1),
+            "server cannot send Welcome in state start",
+        ),
+        (
+            Role.CLIENT,
+            [ev.Hello(1, "c")],
+            ev.Hello(1, "c"),
+            "client cannot send Hello in state hello-sent",
+        ),
+        (
+            Role.CLIENT,
+            [ev.Hello(1, "c")],
+            ev.Fetch(1, "q", 1),
+            "client cannot send Fetch in state hello-sent",
+        ),
+    ],
+)
+def test_illegal_moves_name_event_role_and_state(
+    role: Role, state_events: list[ev.Event], event: ev.Event, message: str
+) -> None:
+    conn = Connection(role)
+    for e in state_events:
+        conn.send(e)
+    with pytest.raises(ProtocolError, match=message):
+        conn.send(event)
+
+
+def test_server_refuses_requests_before_the_handshake() -> None:
+    server = Connection(Role.SERVER)
+    server.receive_data(raw_frame(ev.Publish(1, ()).to_wire()))
+    with pytest.raises(ProtocolError, match="client cannot send Publish in state start"):
+        server.next_event()
+    with pytest.raises(ProtocolError):  # stays broken
+        server.next_event()
+
+
+def test_client_may_not_send_server_events() -> None:
+    client, _ = open_pair()
+    with pytest.raises(ProtocolError, match="client cannot send Published in state open"):
+        client.send(ev.Published(1, ()))
+
+
+def test_oversize_frame_is_refused_from_its_length_prefix() -> None:
+    server = Connection(Role.SERVER, max_frame=1024)
+    server.receive_data(struct.pack(">I", 1025))  # no body at all: refused already
+    with pytest.raises(FrameTooLarge, match="1025 bytes exceeds the limit of 1024"):
+        server.next_event()
+
+
+def test_sending_past_the_peer_limit_raises_and_changes_nothing() -> None:
+    client = Connection(Role.CLIENT)
+    client.send(ev.Hello(1, "c"))
+    server = Connection(Role.SERVER)
+    server.state = State.HELLO_SENT
+    client.receive_data(server.send(ev.Welcome(1, "node", 2048, 5.0, 1024)))
+    assert isinstance(client.next_event(), ev.Welcome)
+    assert client.peer_max_frame == 2048
+    with pytest.raises(FrameTooLarge, match="send smaller batches"):
+        client.send(ev.Publish(1, (Outgoing("t", b"x" * 4096),)))
+    assert client.state is State.OPEN
+    client.send(ev.Ping(1))  # still usable
+
+
+def raw_frame(body: Any) -> bytes:
+    data = msgpack.packb(body, use_bin_type=True)
+    return struct.pack(">I", len(data)) + data
+
+
+@pytest.mark.parametrize(
+    ("body", "match"),
+    [
+        ({"not": "a list"}, "not an \\[event type"),
+        ([], "not an \\[event type"),
+        ([99], "unknown event type 99"),
+        ([1, 1, "c"], "hello has 2 fields, not 3"),
+        ([1, "1", "c", None], "version must not be str"),
+        ([1, 1, 5, None], "client name must not be int"),
+        ([1, True, "c", None], "version must not be bool"),
+        ([1, 1, "c" * 5000, None], "longer than 1024"),
+    ],
+)
+def test_malformed_bodies_raise_protocol_errors(body: Any, match: str) -> None:
+    server = Connection(Role.SERVER)
+    server.receive_data(raw_frame(body))
+    with pytest.raises(ProtocolError, match=match):
+        server.next_event()
+
+
+def test_extension_types_and_timestamps_are_refused() -> None:
+    for value in (msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0)):
+        server = Connection(Role.SERVER)
+        server.receive_data(raw_frame([1, 1, value, None]))
+        with pytest.raises(ProtocolError, match=r"extension type|must not be"):
+            server.next_event()
+
+
+def test_deep_nesting_is_refused() -> None:
+    _, server = open_pair()
+    deep: Any = 1
+    for _ in range(20):
+        deep = [deep]
+    server.receive_data(raw_frame([ev.Call.TYPE, 1, "x", {"a": deep}]))
+    with pytest.raises(ProtocolError, match="nest deeper"):
+        server.next_event()
+
+
+def test_bad_publish_items_are_refused() -> None:
+    _, server = open_pair()
+    server.receive_data(
+        raw_frame([ev.Publish.TYPE, 1, [["t", "text not bytes", None, None, None]]])
+    )
+    with pytest.raises(ProtocolError, match="payload must not be str"):
+        server.next_event()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=256), st.sampled_from([Role.CLIENT, Role.SERVER]))
+def test_random_bytes_parse_or_raise_protocol_error(data: bytes, role: Role) -> None:
+    conn = Connection(role, max_frame=1 << 16)
+    conn.receive_data(data)
+    conn.receive_data(b"")
+    with contextlib.suppress(ProtocolError):
+        events_of(conn)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(min_value=0, max_value=17),
+            st.lists(
+                st.one_of(
+                    st.none(),
+                    st.booleans(),
+                    st.integers(min_value=-(2**63), max_value=2**64 - 1),
+                    st.floats(allow_nan=False),
+                    st.text(max_size=8),
+                    st.binary(max_size=8),
+                    st.lists(st.integers(min_value=0, max_value=99), max_size=3),
+                ),
+                max_size=6,
+            ),
+        ),
+        max_size=4,
+    )
+)
+def test_well_framed_random_bodies_parse_or_raise_protocol_error(
+    frames: list[tuple[int, list[Any]]],
+) -> None:
+    """msgpack that frames fine but holds nonsense exercises every field check."""
+    _, server = open_pair()
+    server.receive_data(b"".join(raw_frame([t, *fields]) for t, fields in frames))
+    with contextlib.suppress(ProtocolError):
+        events_of(server)
