@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -76,3 +79,65 @@ def cli_env(data_dir: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("EOMSG_")}
     env["EOMSG_DATA"] = str(data_dir)
     return env
+
+
+class NodeProcess:
+    """``eomsg serve`` on a data directory, in a real process of its own."""
+
+    def __init__(self, eomsg_bin: str, data_dir: Path, env: dict[str, str], *args: str) -> None:
+        self.cmd = [
+            eomsg_bin, "serve", "--data", str(data_dir), "--listen", "tcp://127.0.0.1:0",
+            "--json", *args,
+        ]  # fmt: skip
+        self.data_dir = data_dir
+        self.env = env
+        self.proc: subprocess.Popen[str] | None = None
+        self.tcp = ""
+
+    def start(self) -> NodeProcess:
+        self.proc = subprocess.Popen(
+            self.cmd, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            self.proc.wait(10)
+            assert self.proc.stderr is not None
+            pytest.fail(f"eomsg serve did not start: {self.proc.stderr.read()}")
+        ready = json.loads(line)
+        assert ready["event"] == "ready"
+        self.tcp = ready["listen"][1]
+        return self
+
+    @property
+    def token(self) -> str:
+        return (self.data_dir / "eomsg.token").read_text().strip()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> tuple[int, str, str]:
+        """Signal the node and wait: exit code, rest of stdout, stderr."""
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out, err
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def serve(
+    eomsg_bin: str, data_dir: Path, cli_env: dict[str, str]
+) -> Iterator[Callable[..., NodeProcess]]:
+    """Start ``eomsg serve`` processes on ``data_dir``; any still running are killed."""
+    started: list[NodeProcess] = []
+
+    def start(*args: str) -> NodeProcess:
+        node = NodeProcess(eomsg_bin, data_dir, cli_env, *args).start()
+        started.append(node)
+        return node
+
+    yield start
+    for node in started:
+        node.kill()

@@ -167,7 +167,7 @@ def test_sending_past_the_peer_limit_raises_and_changes_nothing() -> None:
 
 
 def raw_frame(body: Any) -> bytes:
-    data = msgpack.packb(body, use_bin_type=True)
+    data: bytes = msgpack.packb(body, use_bin_type=True)
     return struct.pack(">I", len(data)) + data
 
 

@@ -47,6 +47,10 @@ def serve(
         float,
         typer.Option(min=0.1, help="Seconds between pings; a client silent for 3 is cut off."),
     ] = 10.0,
+    handshake_timeout: Annotated[
+        float,
+        typer.Option(min=0.1, help="Seconds a new connection has to say hello."),
+    ] = 5.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections.")] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -62,6 +66,7 @@ def serve(
         max_frame=parse_size(max_frame),
         max_connections=max_connections,
         heartbeat=heartbeat,
+        handshake_timeout=handshake_timeout,
     )
     settings.check()  # before taking the data directory
 

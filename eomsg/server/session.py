@@ -112,6 +112,7 @@ class Session(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
+        self.conn.send_failed()  # nothing more can reach the client
         for timer in self._timers.values():
             timer.cancel()
         for sub in self.subscriptions.values():
@@ -466,11 +467,8 @@ class Session(asyncio.Protocol):
         log.info("closing %s (%s): %s", self.peer, self.client_name or "no hello", error)
         if self.transport is None:
             return
-        with contextlib.suppress(ProtocolError):
-            data = self.conn.send(ev.Error(0, error.code, error.message))
-            if not self.transport.is_closing():
-                self.transport.write(data)
-        self.conn.send_failed()
+        if not self.transport.is_closing():
+            self.transport.write(self.conn.send_fatal(ev.Error(0, error.code, error.message)))
         self._close()
 
     def _close(self) -> None:

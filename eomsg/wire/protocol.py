@@ -198,6 +198,15 @@ class Connection:
         self._transition(self.our_role, event)
         return _HEADER.pack(len(data)) + data
 
+    def send_fatal(self, event: Error) -> bytes:
+        """The node's last word, allowed in any state (even after the peer broke the
+        protocol): a connection-level Error. The connection is closed after it."""
+        if self.our_role is not Role.SERVER or event.rid != 0:
+            raise ProtocolError("only the node ends a connection with an error, with rid 0")
+        self.state = State.CLOSED
+        data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
+        return _HEADER.pack(len(data)) + data
+
     def send_failed(self) -> None:
         """The socket layer could not deliver what we sent: nothing more can be said."""
         self.state = State.CLOSED
