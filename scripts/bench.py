@@ -4,10 +4,18 @@
     python scripts/bench.py --scenario embedded-publish-batch --n 200000 --json
     python scripts/bench.py --scenario embedded-consume --n 200000 --log-size 1000000
 
-Scenarios:
+Scenarios in this process (embedded node):
   embedded-publish        one message per publish call (one commit each)
   embedded-publish-batch  --batch messages per publish call (group commit)
   embedded-consume        fetch --batch, then delete them (consume+delete), until empty
+
+Scenarios through a node process started on a temporary data directory (``eomsg
+serve``), with the Python client on its Unix socket (see scripts/bench_broker.py):
+  publish      one client, publish_async per message (pipelined, bounded window)
+  publish-c32  --clients (32) connections, each with --inflight (1) unacknowledged
+  consume      one consumer, --prefetch (1000), deleting each message
+  e2e          publish and consume at once; timed until the last message is consumed
+  latency      one message in flight at a time; adds p50_ms, p99_ms and max_ms
 
 Messages carry ids (deduplicated) unless ``--no-ids``. ``--log-size L`` first fills
 the log with L messages that have already been consumed (retained for replay, not
@@ -31,13 +39,19 @@ import tempfile
 import time
 from pathlib import Path
 
+import bench_broker  # scripts/ is on the path when this file runs as a script
 import duckdb
 
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.node.node import Node, NodeSettings
 
-SCENARIOS = ("embedded-publish", "embedded-publish-batch", "embedded-consume")
+SCENARIOS = (
+    "embedded-publish",
+    "embedded-publish-batch",
+    "embedded-consume",
+    *bench_broker.SCENARIOS,
+)
 FILL_BATCH = 10_000
 
 
@@ -121,12 +135,16 @@ def run(
         "payload_bytes": payload_size,
         "log_size": log_size,
         "ids": IDS,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "duckdb": duckdb.__version__,
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
+    }
+
+
+def machine() -> dict[str, object]:
+    return {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "duckdb": duckdb.__version__,
+        "platform": platform.platform(),
     }
 
 
@@ -150,6 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
     )
+    parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch window")
+    parser.add_argument("--clients", type=int, default=32, help="publish-c32: connections")
+    parser.add_argument(
+        "--inflight", type=int, default=1, help="publish-c32: unacknowledged per connection"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
@@ -160,7 +183,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
     global IDS
     IDS = not args.no_ids
-    result = run(args.scenario, args.n, args.batch, args.payload, args.log_size, args.rounds)
+    if args.scenario in bench_broker.SCENARIOS:
+        if args.log_size:
+            parser.error("--log-size applies to the embedded scenarios only")
+        payload = os.urandom(args.payload // 2 + 1).hex().encode()[: args.payload]
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            result = bench_broker.run(
+                args.scenario,
+                args.n,
+                payload,
+                args.rounds,
+                IDS,
+                args.prefetch,
+                args.clients,
+                args.inflight,
+                Path(tmp),
+            )
+        result["machine"] = machine()
+    else:
+        result = run(args.scenario, args.n, args.batch, args.payload, args.log_size, args.rounds)
     if args.json:
         print(json.dumps(result))
     else:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import queue as queuelib
 import threading
+from collections import deque
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, Received, connect_async
 from eomsg.core.limits import check_outgoing
@@ -53,10 +55,10 @@ class Client:
         self._thread.daemon = True
         self._thread.start()
         self._window = window
-        self._lock = threading.Condition()
-        self._inflight = 0
-        self._outbox: list[tuple[Outgoing, Future[PublishResult]]] = []
-        self._deletes: list[tuple[str, int, Future[bool]]] = []
+        self._signal = _Signal()
+        self._sent = itertools.count(1)
+        self._outbox: deque[tuple[Outgoing, Ack[PublishResult]]] = deque()
+        self._deletes: deque[tuple[str, int, Ack[bool]]] = deque()
         self._scheduled = False
         self._closed = False
         try:
@@ -123,21 +125,21 @@ class Client:
         id: str | None = None,
         ttl: float | None = None,
         headers: dict[str, str] | None = None,
-    ) -> Future[PublishResult]:
+    ) -> Ack[PublishResult]:
         """Queue one message and return a future for its acknowledgement (durable once
         resolved). Blocks while ``window`` messages are unacknowledged. Invalid input
         raises here; retry a failed publish with the same ``id`` to keep it once-only."""
         message = check_outgoing(Outgoing(topic, payload, id, ttl, headers or {}), self._ac.limits)
-        future: Future[PublishResult] = Future()
-        with self._lock:
+        self._check()
+        n = next(self._sent)
+        signal = self._signal
+        if n - signal.acked > self._window:
+            signal.wait_for(lambda: n - signal.acked <= self._window or self._failed())
             self._check()
-            while self._inflight >= self._window:
-                self._lock.wait()
-                self._check()
-            self._inflight += 1
-            self._outbox.append((message, future))
-            self._wake()
-        return future
+        ack: Ack[PublishResult] = Ack(signal, counts=True)
+        self._outbox.append((message, ack))  # deque.append: atomic, no lock needed
+        self._wake()
+        return ack
 
     def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
         """Publish messages in order; durable on return."""
@@ -154,33 +156,32 @@ class Client:
             raise Unavailable("the client is closed")
         self._ac._check()
 
+    def _failed(self) -> bool:
+        return self._closed or self._ac._failed is not None
+
     def _wake(self) -> None:
-        """Have the loop send the outboxes (call with the lock held)."""
+        """Have the loop send the outboxes. Callers append first and look at the flag
+        second, and the loop clears the flag before it drains: so whatever is appended
+        is either drained by a flush under way or schedules the next one."""
         if not self._scheduled:
             self._scheduled = True
             self._loop.call_soon_threadsafe(self._flush)
 
     def _flush(self) -> None:
-        """On the loop: hand the outboxes to the asyncio client as batch frames."""
-        with self._lock:
-            self._scheduled = False
-            outbox, self._outbox = self._outbox, []
-            deletes, self._deletes = self._deletes, []
+        """On the loop: move the outboxes into the asyncio client's, which sends them
+        as batch frames."""
+        self._scheduled = False
         ac = self._ac
-        for message, future in outbox:
-            ac._outbox.append((message, _Bridge(future, self._acked)))  # type: ignore[arg-type]
-        for queue, seq, done in deletes:
-            ac._deletes.setdefault(queue, []).append((seq, _Bridge(done)))  # type: ignore[arg-type]
+        outbox, deletes = self._outbox, self._deletes
+        while outbox:
+            ac._outbox.append(outbox.popleft())  # type: ignore[arg-type]
+        while deletes:
+            queue, seq, done = deletes.popleft()
+            ac._deletes.setdefault(queue, []).append((seq, done))  # type: ignore[arg-type]
         if ac._failed is not None:
-            ac._lost(ac._failed)  # fails what was just queued
+            ac._lost(ac._failed)  # fails what was just moved
         else:
             ac._flush()
-
-    def _acked(self) -> None:
-        with self._lock:
-            self._inflight -= 1
-            if self._inflight == self._window - 1 or self._ac._failed is not None:
-                self._lock.notify_all()
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -208,13 +209,12 @@ class Client:
         without one (never, if None)."""
         return Consumer(self, queue, prefetch, idle_timeout)
 
-    def _delete_later(self, queue: str, seq: int) -> Future[bool]:
-        future: Future[bool] = Future()
-        with self._lock:
-            self._check()
-            self._deletes.append((queue, seq, future))
-            self._wake()
-        return future
+    def _delete_later(self, queue: str, seq: int) -> Ack[bool]:
+        self._check()
+        ack: Ack[bool] = Ack(self._signal, counts=False)
+        self._deletes.append((queue, seq, ack))
+        self._wake()
+        return ack
 
     # -- administration (the same calls as an embedded node) -----------------------------
 
@@ -255,28 +255,91 @@ class Client:
         return self._run(self._ac.query(sql))
 
 
-class _Bridge:
-    """Stands in for an asyncio future in the asyncio client's outboxes and passes the
-    outcome to a concurrent future (plus an optional hook), without a second hop."""
+class _Signal:
+    """What threads waiting on :class:`Ack` results sleep on. The loop notifies only
+    when someone waits, so a pipelined producer pays nothing for it."""
 
-    __slots__ = ("_future", "_hook")
+    __slots__ = ("acked", "cond", "waiters")
 
-    def __init__(self, future: Future[Any], hook: Callable[[], None] | None = None) -> None:
-        self._future = future
-        self._hook = hook
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.waiters = 0
+        self.acked = 0  # publishes acknowledged (or failed): the window's lower edge
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float | None = None) -> bool:
+        with self.cond:
+            self.waiters += 1
+            try:
+                return self.cond.wait_for(predicate, timeout)
+            finally:
+                self.waiters -= 1
+
+    def pulse(self) -> None:
+        if self.waiters:
+            with self.cond:
+                self.cond.notify_all()
+
+
+_PENDING, _VALUE, _ERROR = 0, 1, 2
+
+
+class Ack(Generic[T]):
+    """The future of one publish or deletion made through :class:`Client`: ``result()``,
+    ``exception()``, ``done()`` and ``add_done_callback()`` as on
+    :class:`concurrent.futures.Future`, at a fraction of its cost per message (callbacks
+    run on the client's loop thread)."""
+
+    __slots__ = ("_callbacks", "_counts", "_signal", "_state", "_value")
+
+    def __init__(self, signal: _Signal, *, counts: bool) -> None:
+        self._signal = signal
+        self._counts = counts
+        self._state = _PENDING
+        self._value: Any = None
+        self._callbacks: list[Callable[[Ack[T]], None]] | None = None
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._state != _PENDING
 
-    def set_result(self, value: Any) -> None:
-        self._future.set_result(value)
-        if self._hook is not None:
-            self._hook()
+    def result(self, timeout: float | None = None) -> T:
+        if self._state == _PENDING and not self._signal.wait_for(self.done, timeout):
+            raise TimeoutError("no acknowledgement yet")
+        if self._state == _ERROR:
+            raise self._value
+        value: T = self._value
+        return value
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == _PENDING and not self._signal.wait_for(self.done, timeout):
+            raise TimeoutError("no acknowledgement yet")
+        error: BaseException | None = self._value if self._state == _ERROR else None
+        return error
+
+    def add_done_callback(self, fn: Callable[[Ack[T]], None]) -> None:
+        if self._state != _PENDING:
+            fn(self)
+        elif self._callbacks is None:
+            self._callbacks = [fn]
+        else:
+            self._callbacks.append(fn)
+
+    def set_result(self, value: T) -> None:
+        self._finish(_VALUE, value)
 
     def set_exception(self, error: BaseException) -> None:
-        self._future.set_exception(error)
-        if self._hook is not None:
-            self._hook()
+        self._finish(_ERROR, error)
+
+    def _finish(self, state: int, value: Any) -> None:
+        if self._state != _PENDING:
+            return
+        self._value = value
+        self._state = state
+        if self._counts:
+            self._signal.acked += 1  # only the loop thread writes it
+        self._signal.pulse()
+        if self._callbacks:
+            for fn in self._callbacks:
+                fn(self)
 
 
 class Consumer:
@@ -292,7 +355,7 @@ class Consumer:
         self._inbox: queuelib.SimpleQueue[list[Delivered] | BaseException] = queuelib.SimpleQueue()
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
-        self._pending: list[Future[Any]] = []
+        self._pending: list[Ack[Any] | Future[Any]] = []
 
     def __enter__(self) -> Consumer:
         self._subscription = self.client._run(
@@ -331,9 +394,10 @@ class Consumer:
                 self._batch.reverse()
             yield Received(self._batch.pop(), self._settle)
 
-    def _settle(self, how: str, seq: int, delay: float | None) -> Future[Any]:
+    def _settle(self, how: str, seq: int, delay: float | None) -> Ack[Any] | Future[Any]:
+        future: Ack[Any] | Future[Any]
         if how == "delete":
-            future: Future[Any] = self.client._delete_later(self.queue, seq)
+            future = self.client._delete_later(self.queue, seq)
         else:
             future = self.client._submit(self.client._ac.release(self.queue, [seq], delay or 0.0))
         self._pending.append(future)

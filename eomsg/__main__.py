@@ -1,0 +1,5 @@
+"""``python -m eomsg``: the ``eomsg`` command."""
+
+from eomsg.cli.app import main
+
+main()
