@@ -12,7 +12,7 @@ Scenarios in this process (embedded node):
 Scenarios through a node process started on a temporary data directory (``eomsg
 serve``), with the Python client on its Unix socket (see scripts/bench_broker.py):
   publish      one client, publish_async per message (pipelined, bounded window)
-  publish-c32  --clients (32) connections, each with --inflight (1) unacknowledged
+  publish-c32  --clients (32) connections, each with --inflight (100) unacknowledged
   consume      one consumer, --prefetch (1000), deleting each message
   e2e          publish and consume at once; timed until the last message is consumed
   latency      one message in flight at a time; adds p50_ms, p99_ms and max_ms
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch window")
     parser.add_argument("--clients", type=int, default=32, help="publish-c32: connections")
     parser.add_argument(
-        "--inflight", type=int, default=1, help="publish-c32: unacknowledged per connection"
+        "--inflight", type=int, default=100, help="publish-c32: unacknowledged per connection"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
