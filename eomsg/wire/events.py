@@ -186,12 +186,20 @@ class Welcome(Event):
 
 def _outgoing(item: object) -> Outgoing:
     topic, payload, msg_id, ttl, headers = _list(item, "a message", 5)
+    # The common case (text topic and id, bytes payload, no ttl or headers) is checked
+    # inline: this runs once per published message on the node's event loop.
+    if type(topic) is not str or len(topic) > MAX_NAME:
+        _str(topic, "topic")
+    if type(payload) is not bytes:
+        _bytes(payload, "payload")
+    if msg_id is not None:
+        _str(msg_id, "id")
     return Outgoing(
-        _str(topic, "topic"),
-        _bytes(payload, "payload"),
-        _opt_str(msg_id, "id"),
-        _opt_num(ttl, "ttl"),
-        _headers(headers),
+        topic,
+        payload,
+        msg_id,
+        None if ttl is None else _num(ttl, "ttl"),
+        {} if headers is None else _headers(headers),
     )
 
 
