@@ -114,7 +114,9 @@ def run(
                 elif scenario == "consume":
                     assert _consume(client, n, prefetch) == n
                 elif scenario == "e2e":
-                    producer = _in_thread(lambda: _publish_pipelined(client, n, payload, id_list))
+                    producer = _in_thread(
+                        lambda ids=id_list: _publish_pipelined(client, n, payload, ids)  # type: ignore[misc]
+                    )
                     assert _consume(client, n, prefetch) == n
                     producer.join()
                 else:  # latency: one message in flight at a time

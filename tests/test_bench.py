@@ -51,3 +51,30 @@ def test_bench_rejects_bad_arguments() -> None:
         check=False,
     )
     assert r.returncode == 2 and "--n and --batch must be positive" in r.stderr
+
+
+@pytest.mark.parametrize("scenario", ["publish", "publish-c32", "consume", "e2e", "latency"])
+def test_broker_scenarios_print_one_json_object(scenario: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCH),
+            "--scenario",
+            scenario,
+            "--n",
+            "64",
+            "--clients",
+            "4",
+            "--rounds",
+            "1",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    result = json.loads(out)
+    assert result["scenario"] == scenario and result["msgs_per_s"] > 0
+    if scenario == "latency":
+        assert 0 < result["p50_ms"] <= result["p99_ms"]
