@@ -284,44 +284,32 @@ class AsyncClient:
     def _send_publish(
         self, chunk: tuple[Outgoing, ...], futures: list[asyncio.Future[PublishResult]]
     ) -> None:
+        self._fan_out(functools.partial(ev.Publish, messages=chunk), futures)
+
+    def _send_delete(self, queue: str, items: list[tuple[int, asyncio.Future[bool]]]) -> None:
+        seqs = tuple(s for s, _ in items)
+        self._fan_out(lambda rid: ev.Delete(rid, queue, seqs), [f for _, f in items])
+
+    def _fan_out(self, make: Callable[[int], ev.Event], futures: Sequence[Any]) -> None:
+        """Send one batch request; its i-th result (or its error) goes to ``futures[i]``."""
         try:
-            reply = self._request(functools.partial(ev.Publish, messages=chunk))
+            reply = self._request(make)
         except EomsgError as e:
             for f in futures:
                 if not f.done():
                     f.set_exception(e)
             return
 
-        def done(r: asyncio.Future[list[PublishResult]]) -> None:
+        def done(r: asyncio.Future[list[Any]]) -> None:
             error = None if r.cancelled() else r.exception()
+            results = r.result() if error is None else None
             for i, f in enumerate(futures):
                 if f.done():
                     continue
-                if error is not None:
+                if results is None:
                     f.set_exception(error)
                 else:
-                    f.set_result(r.result()[i])
-
-        reply.add_done_callback(done)
-
-    def _send_delete(self, queue: str, items: list[tuple[int, asyncio.Future[bool]]]) -> None:
-        seqs = tuple(s for s, _ in items)
-        try:
-            reply = self._request(lambda rid: ev.Delete(rid, queue, seqs))
-        except EomsgError as e:
-            for _, f in items:
-                f.set_exception(e)
-            return
-
-        def done(r: asyncio.Future[list[bool]]) -> None:
-            error = None if r.cancelled() else r.exception()
-            for i, (_, f) in enumerate(items):
-                if f.done():
-                    continue
-                if error is not None:
-                    f.set_exception(error)
-                else:
-                    f.set_result(r.result()[i])
+                    f.set_result(results[i])
 
         reply.add_done_callback(done)
 

@@ -12,6 +12,7 @@ its requests in flight; the reply carries the same id, so requests can be pipeli
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -119,17 +120,20 @@ def _fields(body: list[Any], n: int, name: str) -> list[Any]:
 # -- events -------------------------------------------------------------------------------
 
 
-class Event:
+class Event(abc.ABC):
     """Base class of every protocol event."""
 
+    __slots__ = ()
     TYPE: ClassVar[int]
 
+    @abc.abstractmethod
     def to_wire(self) -> list[Any]:
-        raise NotImplementedError
+        """The frame body: ``[TYPE, field, …]``."""
 
     @classmethod
+    @abc.abstractmethod
     def from_wire(cls, body: list[Any]) -> Event:
-        raise NotImplementedError
+        """The event a frame body of this TYPE holds, every field checked."""
 
 
 @dataclass(frozen=True, slots=True)
