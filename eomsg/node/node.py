@@ -437,21 +437,17 @@ class Node:
         """Give back those of the ``(seq, attempt)`` deliveries that are still in flight
         under that very attempt — what a consumer that went away was holding — and
         leave alone any message settled or redelivered since. Returns how many."""
-        with self._lock:
-            self._check_open()
-            cursor = self._queue(queue).cursor
-            seqs = [s for s, attempt in held if cursor.in_flight_attempt(s) == attempt]
-        return self._release(queue, seqs, 0.0, missing_ok=True)
+        return self._release(queue, [], 0.0, held=dict(held))
 
     def _release(
-        self, queue: str, seqs: list[int], delay: float, *, missing_ok: bool = False
+        self, queue: str, seqs: list[int], delay: float, *, held: dict[int, int] | None = None
     ) -> int:
         now = self.clock()
         with self._lock:
             self._check_open()
             q = self._queue(queue)
-            if missing_ok:  # settled or retaken between the caller's check and now
-                seqs = [s for s in seqs if q.cursor.in_flight_attempt(s) is not None]
+            if held is not None:  # checked under the same lock as the release itself
+                seqs = [s for s, a in held.items() if q.cursor.in_flight_attempt(s) == a]
             outcomes = q.cursor.release_many(seqs, now, delay)
             batch = RowBatch()
             settlements = []
