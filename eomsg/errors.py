@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     HANDLER_FAILED = 8
     UNAVAILABLE = 9
     AUTH = 10
+    UNBOUND = 11
 
 
 class EomsgError(Exception):
@@ -129,6 +130,44 @@ class NotInFlight(EomsgError):
 
     code = "not_in_flight"
     exit_code = ExitCode.CONFLICT
+
+
+class StaleEpoch(EomsgError):
+    """A delete or release comes from an epoch that is over: the consumer was deposed and
+    its messages belong to the active flow now, so it must not apply them."""
+
+    code = "stale_epoch"
+    exit_code = ExitCode.CONFLICT
+
+
+# -- flows: consumers bound to a queue (seed 002) ------------------------------------------
+
+
+class FlowNotFound(EomsgError):
+    """No flow with that id is bound to the queue (it was unbound, or never existed)."""
+
+    code = "flow_not_found"
+    exit_code = ExitCode.NOT_FOUND
+
+
+class NotActive(EomsgError):
+    """The queue limits its active consumers, and the caller is not one of them."""
+
+    code = "not_active"
+    exit_code = ExitCode.CONFLICT
+
+
+class IllegalMove(EomsgError):
+    """The election tried a move its transition table forbids: a bug in eomsg, not input."""
+
+    code = "illegal_move"
+
+
+class Unbound(EomsgError):
+    """An administrator unbound this consumer's flow from its queue."""
+
+    code = "unbound"
+    exit_code = ExitCode.UNBOUND
 
 
 # -- the data directory and storage ----------------------------------------------------

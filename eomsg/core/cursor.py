@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from itertools import islice
 
-from eomsg.errors import NotInFlight
+from eomsg.errors import NotInFlight, StaleEpoch
 
 
 class Outcome(IntEnum):
@@ -49,6 +49,7 @@ class Delivery:
     seq: int
     attempt: int
     deadline: float
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +114,14 @@ class _SeqQueue:
 class _Delivered:
     """A message delivered at least once and not yet settled."""
 
-    __slots__ = ("attempt", "due", "in_flight", "ready")
+    __slots__ = ("attempt", "due", "epoch", "in_flight", "ready")
 
-    def __init__(self, attempt: int, due: float, in_flight: bool) -> None:
+    def __init__(self, attempt: int, due: float, in_flight: bool, epoch: int = 0) -> None:
         self.attempt = attempt
         self.due = due  # deadline while in flight, not-before time while parked
         self.in_flight = in_flight
         self.ready = False
+        self.epoch = epoch  # of the flow it was last delivered to; 0: no flow
 
 
 class Cursor:
@@ -146,6 +148,7 @@ class Cursor:
         self._expires: dict[int, float] = {}
         self._expiry: list[tuple[float, int]] = []  # heap (expires_at, seq)
         self._count = 0
+        self._in_flight = 0
 
     # -- what is in the queue ---------------------------------------------------------
 
@@ -156,7 +159,12 @@ class Cursor:
 
     @property
     def in_flight(self) -> int:
-        return sum(1 for d in self._delivered.values() if d.in_flight)
+        return self._in_flight
+
+    @property
+    def ready_count(self) -> int:
+        """Messages that could be handed out now or later: pending and not in flight."""
+        return self._count - self._in_flight
 
     def lowest_pending(self) -> int | None:
         """The lowest sequence number not yet settled, or None when empty."""
@@ -170,6 +178,14 @@ class Cursor:
         """The attempt under which ``seq`` is in flight now, or None if it is not."""
         entry = self._delivered.get(seq)
         return entry.attempt if entry is not None and entry.in_flight else None
+
+    def in_flight_by_epoch(self) -> dict[int, int]:
+        """How many messages each epoch holds in flight (for inspection)."""
+        counts: dict[int, int] = {}
+        for entry in self._delivered.values():
+            if entry.in_flight:
+                counts[entry.epoch] = counts.get(entry.epoch, 0) + 1
+        return counts
 
     def pending(self) -> list[int]:
         """All unsettled sequence numbers, ascending (for tests and inspection)."""
@@ -215,6 +231,7 @@ class Cursor:
         self._count += 1
         entry = _Delivered(attempt, due, in_flight)
         self._delivered[seq] = entry
+        self._in_flight += in_flight
         self._add_timer(due, [seq])
         self.read_seq = max(self.read_seq, seq)
         if expires_at is not None:
@@ -223,9 +240,10 @@ class Cursor:
 
     # -- the consumer's side ------------------------------------------------------------
 
-    def take(self, now: float, limit: int) -> Taken:
-        """Hand out up to ``limit`` messages: redeliveries first (lowest seq first), then
-        unread messages in order. Also returns settlements that came due on the way."""
+    def take(self, now: float, limit: int, epoch: int = 0) -> Taken:
+        """Hand out up to ``limit`` messages to the flow holding ``epoch`` (0: no flow):
+        redeliveries first (lowest seq first), then unread messages in order. Also
+        returns settlements that came due on the way."""
         settlements = self.poll(now)
         deliveries: list[Delivery] = []
         deadline = now + self.ack_timeout
@@ -247,18 +265,22 @@ class Cursor:
                     settlements.append(self._settle(seq, Outcome.EXPIRED))
                     continue
             entry.attempt += 1
-            entry.due, entry.in_flight, entry.ready = deadline, True, False
+            entry.due, entry.in_flight, entry.ready, entry.epoch = deadline, True, False, epoch
             timed.append(seq)
-            deliveries.append(Delivery(seq, entry.attempt, deadline))
+            deliveries.append(Delivery(seq, entry.attempt, deadline, epoch))
         if timed:
             self._add_timer(deadline, timed)
+            self._in_flight += len(timed)
         return Taken(deliveries, settlements)
 
-    def delete_many(self, seqs: list[int]) -> list[bool]:
-        """Record the consumer's deletion of delivered messages (seed 003), atomically.
+    def delete_many(self, seqs: list[int], epoch: int = 0) -> list[bool]:
+        """Record the deletion of delivered messages (seed 003) by the flow holding
+        ``epoch`` (0: no flow), atomically.
 
         Idempotent: True for each message settled now, False for one settled already (or
-        listed twice). Raises NotInFlight, changing nothing, if any was never delivered.
+        listed twice). Changing nothing, raises NotInFlight if any was never delivered,
+        and StaleEpoch if any was last delivered under another epoch (it was handed to
+        another consumer since, who may be processing it).
         """
         for seq in seqs:
             entry = self._delivered.get(seq)
@@ -267,6 +289,8 @@ class Cursor:
                 raise NotInFlight(
                     f"message {seq} has not been delivered from this queue, so it cannot be deleted"
                 )
+            if entry is not None and entry.epoch != epoch:
+                raise StaleEpoch(_stale(seq, epoch, entry.epoch))
         done = []
         for seq in seqs:
             settle = seq in self._delivered
@@ -276,11 +300,12 @@ class Cursor:
         return done
 
     def release_many(
-        self, seqs: list[int], now: float, delay: float = 0.0
+        self, seqs: list[int], now: float, delay: float = 0.0, epoch: int = 0
     ) -> list[Release | Settlement]:
-        """Give back messages in flight, atomically: each is ready again after ``delay``,
-        or — past its redelivery limit or expired — settled instead. Raises NotInFlight,
-        changing nothing, if any is not in flight (or is listed twice)."""
+        """Give back messages in flight to the flow holding ``epoch``, atomically: each
+        is ready again after ``delay``, or — past its redelivery limit or expired —
+        settled instead. Raises NotInFlight, changing nothing, if any is not in flight
+        (or is listed twice), and StaleEpoch if any is in flight under another epoch."""
         if len(set(seqs)) != len(seqs):
             raise NotInFlight("a message is listed twice; release each once")
         for seq in seqs:
@@ -289,7 +314,15 @@ class Cursor:
                 raise NotInFlight(
                     f"message {seq} is not in flight on this queue; nothing to release"
                 )
+            if entry.epoch != epoch:
+                raise StaleEpoch(_stale(seq, epoch, entry.epoch))
         return [self._give_back(s, self._delivered[s], now, now + delay) for s in seqs]
+
+    def release_epoch(self, epoch: int, now: float) -> list[Release | Settlement]:
+        """Give back, ready at once and in sequence order, every message in flight under
+        ``epoch``: its flow lost activity, and the next active flow takes them over."""
+        held = sorted(s for s, e in self._delivered.items() if e.in_flight and e.epoch == epoch)
+        return [self._give_back(s, self._delivered[s], now, now) for s in held]
 
     def poll(self, now: float) -> list[Settlement]:
         """Advance time: time out deliveries past their deadline, ready parked messages
@@ -333,6 +366,7 @@ class Cursor:
         if self.max_redeliveries is not None and entry.attempt > self.max_redeliveries:
             return self._settle(seq, Outcome.DEAD_LETTERED)
         entry.in_flight = False
+        self._in_flight -= 1
         self._park(seq, entry, ready=due <= now, due=due)
         return Release(seq, entry.attempt, due)
 
@@ -369,8 +403,20 @@ class Cursor:
         return None
 
     def _settle(self, seq: int, outcome: Outcome) -> Settlement:
-        if self._delivered.pop(seq, None) is None:
+        entry = self._delivered.pop(seq, None)
+        if entry is None:
             self._dropped.add(seq)  # still in _unread; skipped when reached
+        elif entry.in_flight:
+            self._in_flight -= 1
         self._expires.pop(seq, None)
         self._count -= 1
         return Settlement(seq, outcome)
+
+
+def _stale(seq: int, epoch: int, holder: int) -> str:
+    if holder == 0:
+        return f"message {seq} was not delivered to the flow of epoch {epoch}; do not apply it"
+    return (
+        f"message {seq} was last delivered under epoch {holder}, not {epoch}: it belongs "
+        "to another consumer now; do not apply it"
+    )

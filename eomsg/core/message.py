@@ -41,12 +41,15 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """A message handed to a consumer of ``queue``: delete it (or release it) before
-    ``deadline``, or it is delivered again. ``attempt`` counts deliveries, from 1."""
+    ``deadline``, or it is delivered again. ``attempt`` counts deliveries, from 1;
+    ``epoch`` is that of the consumer's flow (0 when fetched without one): a delete must
+    carry it, and is refused once the epoch is over."""
 
     queue: str
     message: Message
     attempt: int
     deadline: float
+    epoch: int = 0
 
     @property
     def seq(self) -> int:

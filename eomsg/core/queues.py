@@ -12,6 +12,7 @@ from eomsg.errors import InvalidConfig, InvalidQueueName
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 DEFAULT_ACK_TIMEOUT = 30.0
 DEFAULT_MAX_REDELIVERIES_WITH_DLQ = 5
+MAX_ACTIVE_LIMIT = 10_000
 
 
 def validate_queue_name(name: str) -> str:
@@ -31,7 +32,10 @@ class QueueConfig:
     ``max_redeliveries`` counts deliveries after the first: with 5, a message is handed
     out at most 6 times, then moved to ``dead_letter`` (never dropped silently).
     ``ack_timeout`` is how long a delivered message stays in flight before it is
-    redelivered.
+    redelivered. ``max_active`` bounds the consumers receiving at once (seed 002: 1 makes
+    an exclusive queue, N a limited one, 0 no limit); ``immediate`` lets a newly bound
+    consumer of higher priority depose an active one at once instead of waiting for a
+    free slot.
     """
 
     name: str
@@ -39,6 +43,15 @@ class QueueConfig:
     max_redeliveries: int | None = None
     dead_letter: str | None = None
     ack_timeout: float = DEFAULT_ACK_TIMEOUT
+    max_active: int = 0
+    immediate: bool = True
+
+    @property
+    def kind(self) -> str:
+        """``exclusive``, ``limited`` or ``shared`` (no limit on active consumers)."""
+        if self.max_active == 1:
+            return "exclusive"
+        return "limited" if self.max_active > 1 else "shared"
 
     def __post_init__(self) -> None:
         validate_queue_name(self.name)
@@ -59,6 +72,11 @@ class QueueConfig:
             )
         if not 0 < self.ack_timeout <= 7 * 86400:
             raise InvalidConfig(f"queue {self.name!r}: --ack-timeout must be between 0 and 7 days")
+        if type(self.max_active) is not int or not 0 <= self.max_active <= MAX_ACTIVE_LIMIT:
+            raise InvalidConfig(
+                f"queue {self.name!r}: --max-active must be between 0 (no limit) and "
+                f"{MAX_ACTIVE_LIMIT}"
+            )
 
     @classmethod
     def create(
@@ -69,11 +87,21 @@ class QueueConfig:
         max_redeliveries: int | None = None,
         dead_letter: str | None = None,
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
+        max_active: int = 0,
+        immediate: bool = True,
     ) -> QueueConfig:
         """Build a config, defaulting ``max_redeliveries`` when only a DLQ is given."""
         if dead_letter is not None and max_redeliveries is None:
             max_redeliveries = DEFAULT_MAX_REDELIVERIES_WITH_DLQ
-        return cls(name, tuple(subscriptions), max_redeliveries, dead_letter, ack_timeout)
+        return cls(
+            name,
+            tuple(subscriptions),
+            max_redeliveries,
+            dead_letter,
+            ack_timeout,
+            max_active,
+            immediate,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -82,6 +110,8 @@ class QueueConfig:
             "max_redeliveries": self.max_redeliveries,
             "dead_letter": self.dead_letter,
             "ack_timeout": self.ack_timeout,
+            "max_active": self.max_active,
+            "immediate": self.immediate,
         }
 
     @classmethod
@@ -92,6 +122,8 @@ class QueueConfig:
             data.get("max_redeliveries"),
             data.get("dead_letter"),
             float(data.get("ack_timeout", DEFAULT_ACK_TIMEOUT)),
+            int(data.get("max_active", 0)),
+            bool(data.get("immediate", True)),
         )
 
 
@@ -110,6 +142,9 @@ class QueueStats:
     oldest_age: float | None
     dead_letter: str | None
     max_redeliveries: int | None
+    max_active: int = 0
+    flows: int = 0  # consumers bound
+    active: int = 0  # of them active
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -124,6 +159,9 @@ class QueueStats:
             "oldest_age": self.oldest_age,
             "dead_letter": self.dead_letter,
             "max_redeliveries": self.max_redeliveries,
+            "max_active": self.max_active,
+            "flows": self.flows,
+            "active": self.active,
         }
 
     @classmethod

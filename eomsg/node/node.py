@@ -16,89 +16,79 @@ serialises queue changes, which must wait for their commit before touching the s
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
-from eomsg.core.durations import parse_duration
-from eomsg.core.limits import Limits, check_outgoing, parse_size
+from eomsg.core.election import Change, Election, Epochs, FlowEvent, FlowInfo
+from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.topics import Matcher, pattern_regex
 from eomsg.errors import (
+    FlowNotFound,
     InvalidConfig,
     NodeClosed,
+    NotActive,
     QueueExists,
     QueueNotEmpty,
     QueueNotFound,
+    StaleEpoch,
 )
 from eomsg.failpoints import failpoint
+from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
 from eomsg.store.store import US, SettledCounts, Store
 from eomsg.store.writer import RowBatch
 
+__all__ = ["SETTINGS", "Node", "NodeSettings"]
+
 Clock = Callable[[], float]
+Notify = Callable[[FlowEvent], None]
+EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
 
 
 def _us(seconds: float) -> int:
     return int(seconds * US)
 
 
-@dataclass(frozen=True)
-class NodeSettings:
-    """Tunables of a node. ``retention`` keeps fully consumed messages in the log for
-    replay; ``compact_every`` settled records trigger a compaction of the hot tables."""
-
-    limits: Limits = field(default_factory=Limits)
-    retention: float = 86400.0
-    compact_every: int = 50_000
-    gc_interval: float = 60.0
-    tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
-
-
-# Settings a data directory can save (``eomsg config set``): name -> (parse to the
-# canonical text, apply to NodeSettings).
-SETTINGS: dict[str, tuple[Callable[[str], str], Callable[[NodeSettings, str], NodeSettings]]] = {
-    "retention": (
-        lambda v: f"{parse_duration(v, allow_zero=True):g}",
-        lambda s, v: replace(s, retention=float(v)),
-    ),
-    "gc-interval": (
-        lambda v: f"{parse_duration(v, allow_zero=True):g}",
-        lambda s, v: replace(s, gc_interval=float(v)),
-    ),
-    "max-payload": (
-        lambda v: str(parse_size(v)),
-        lambda s, v: replace(s, limits=replace(s.limits, max_payload=int(v))),
-    ),
-}
-
-
-def _apply_saved(settings: NodeSettings, saved: dict[str, str]) -> NodeSettings:
-    for name, value in saved.items():
-        if name in SETTINGS:
-            settings = SETTINGS[name][1](settings, value)
-    return settings
-
-
 class _Queue:
     """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
 
-    __slots__ = ("config", "counts", "cursor", "id")
+    __slots__ = ("config", "counts", "cursor", "election", "id", "live_epochs")
 
-    def __init__(self, queue_id: int, config: QueueConfig) -> None:
+    def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
         self.id = queue_id
         self.config = config
         self.cursor = Cursor(
             ack_timeout=config.ack_timeout, max_redeliveries=config.max_redeliveries
         )
         self.counts = dict.fromkeys(Outcome, 0)
+        self.election = Election(config.max_active, config.immediate, epochs)
+        self.live_epochs: set[int] = set()  # of the active flows: deletes accepted
+
+
+class _Flow:
+    """A consumer bound to a queue: who it is and how to tell it about changes."""
+
+    __slots__ = ("bound_at", "id", "notify", "owner", "priority", "queue")
+
+    def __init__(
+        self, flow_id: int, queue: _Queue, priority: int, owner: str, notify: Notify | None
+    ) -> None:
+        self.id = flow_id
+        self.queue = queue
+        self.priority = priority
+        self.owner = owner
+        self.notify = notify
+        self.bound_at = 0.0
 
 
 class Node:
@@ -106,10 +96,15 @@ class Node:
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
-        self.settings = _apply_saved(settings, store.settings())
+        self.settings = apply_saved(settings, store.settings())
         self.clock = clock
         self._lock = threading.Lock()
         self._admin = threading.Lock()
+        self._elect = threading.Lock()  # serialises election stimuli (they may wait)
+        self._epochs = Epochs(int(store.meta("epochs_reserved") or 0))
+        self._epochs_reserved = self._epochs.last
+        self._flows: dict[int, _Flow] = {}
+        self._flow_ids = itertools.count(1)
         self._closed = False
         self._queues: dict[str, _Queue] = {}
         self._by_id: dict[int, _Queue] = {}
@@ -197,7 +192,7 @@ class Node:
         self._last_gc = float(store.meta("gc_at") or 0.0)
 
     def _install(self, queue_id: int, config: QueueConfig) -> _Queue:
-        q = _Queue(queue_id, config)
+        q = _Queue(queue_id, config, self._epochs)
         self._queues[config.name] = q
         self._by_id[queue_id] = q
         for pattern in config.subscriptions:
@@ -364,17 +359,42 @@ class Node:
 
     # -- consuming (seed 003 cursor) -----------------------------------------------------
 
-    def fetch(self, queue: str, max_messages: int = 100) -> list[Delivered]:
+    def fetch(
+        self, queue: str, max_messages: int = 100, *, flow: int | None = None
+    ) -> list[Delivered]:
         """Deliver up to ``max_messages`` from ``queue``: redeliveries first, then new
         messages in sequence order. Each delivery attempt is durable before it is
-        returned, so the redelivery limit holds across crashes."""
+        returned, so the redelivery limit holds across crashes.
+
+        With ``flow`` (see :meth:`bind`) the messages go to that consumer under its epoch,
+        and only while it is active: an inactive flow gets none. When several flows are
+        active, each fetch takes at most its fair share of the ready messages, so a
+        burst is spread over them. Without ``flow``, only a queue with no limit on active
+        consumers can be read (NotActive otherwise)."""
         if max_messages < 1:
             raise InvalidConfig("max messages must be at least 1")
         now = self.clock()
         with self._lock:
             self._check_open()
             q = self._queue(queue)
-            taken = q.cursor.take(now, max_messages)
+            epoch = 0
+            if flow is None:
+                if q.config.max_active:
+                    raise NotActive(
+                        f"queue {queue!r} is {q.config.kind} (at most {q.config.max_active} "
+                        "active consumers): bind a consumer to it (client.consumer(...) or "
+                        "`eomsg consume`) to receive"
+                    )
+            else:
+                self._flow(q, flow)
+                epoch = q.election.epoch_of(flow)
+                if not epoch:
+                    return []
+                active = len(q.live_epochs)
+                if active > 1:
+                    share = -(-q.cursor.ready_count // active)
+                    max_messages = max(1, min(max_messages, share))
+            taken = q.cursor.take(now, max_messages, epoch)
             batch = RowBatch()
             for d in taken.deliveries:
                 batch.add("deliveries", q.id, d.seq, d.attempt, _us(d.deadline), False)
@@ -385,16 +405,22 @@ class Node:
         if not taken.deliveries:
             return []
         messages = self.store.fetch([d.seq for d in taken.deliveries])
-        return [Delivered(queue, messages[d.seq], d.attempt, d.deadline) for d in taken.deliveries]
+        return [
+            Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
+            for d in taken.deliveries
+        ]
 
-    def delete(self, queue: str, seqs: Iterable[int]) -> list[bool]:
+    def delete(self, queue: str, seqs: Iterable[int], *, epoch: int = 0) -> list[bool]:
         """Delete delivered messages from ``queue`` (seed 003: a deletion record per
         message). Atomic and idempotent: True for each message deleted now, False for one
-        already settled; NotInFlight (and nothing deleted) if any was never delivered.
-        Returns once the deletion is durable."""
-        return self.delete_async(queue, seqs).result()
+        already settled. Nothing is deleted if any was never delivered (NotInFlight), or
+        if ``epoch`` — that of the flow the messages were delivered to, 0 for a fetch
+        without one — is over or does not match (StaleEpoch). Returns once durable."""
+        return self.delete_async(queue, seqs, epoch=epoch).result()
 
-    def delete_async(self, queue: str, seqs: Iterable[int]) -> Future[list[bool]]:
+    def delete_async(
+        self, queue: str, seqs: Iterable[int], *, epoch: int = 0
+    ) -> Future[list[bool]]:
         """Like :meth:`delete`, but returns at once with a future that resolves after the
         commit, so a consumer can fetch its next batch meanwhile (both then share one
         commit). Invalid input raises here, before anything is queued."""
@@ -404,7 +430,8 @@ class Node:
         with self._lock:
             self._check_open()
             q = self._queue(queue)
-            done = q.cursor.delete_many(seqs)
+            self._check_epoch(q, epoch)
+            done = q.cursor.delete_many(seqs, epoch)
             rows = [
                 (q.id, s, Outcome.DELETED, now_us) for s, d in zip(seqs, done, strict=True) if d
             ]
@@ -428,10 +455,13 @@ class Node:
         committed.add_done_callback(on_commit)
         return deleted
 
-    def release(self, queue: str, seqs: Iterable[int], delay: float = 0.0) -> None:
+    def release(
+        self, queue: str, seqs: Iterable[int], delay: float = 0.0, *, epoch: int = 0
+    ) -> None:
         """Give delivered messages back for redelivery after ``delay`` seconds (nack).
-        Atomic. A message past its redelivery limit goes to the dead-letter queue."""
-        self._release(queue, list(seqs), delay)
+        Atomic. A message past its redelivery limit goes to the dead-letter queue.
+        ``epoch`` is checked as for :meth:`delete`."""
+        self._release(queue, list(seqs), delay, epoch=epoch)
 
     def release_held(self, queue: str, held: Iterable[tuple[int, int]]) -> int:
         """Give back those of the ``(seq, attempt)`` deliveries that are still in flight
@@ -440,7 +470,13 @@ class Node:
         return self._release(queue, [], 0.0, held=dict(held))
 
     def _release(
-        self, queue: str, seqs: list[int], delay: float, *, held: dict[int, int] | None = None
+        self,
+        queue: str,
+        seqs: list[int],
+        delay: float,
+        *,
+        epoch: int = 0,
+        held: dict[int, int] | None = None,
     ) -> int:
         now = self.clock()
         with self._lock:
@@ -448,21 +484,35 @@ class Node:
             q = self._queue(queue)
             if held is not None:  # checked under the same lock as the release itself
                 seqs = [s for s, a in held.items() if q.cursor.in_flight_attempt(s) == a]
-            outcomes = q.cursor.release_many(seqs, now, delay)
+            else:
+                self._check_epoch(q, epoch)
             batch = RowBatch()
-            settlements = []
-            for r in outcomes:
-                if isinstance(r, Release):
-                    batch.add("deliveries", q.id, r.seq, r.attempt, _us(r.due), True)
-                else:
-                    settlements.append(r)
-            self._record_settlements(batch, q, settlements, now)
+            self._record_releases(batch, q, q.cursor.release_many(seqs, now, delay, epoch), now)
             future = self.store.writer.write(batch) if not batch.empty else None
         if future is not None:
             future.result()
         if seqs and delay <= 0:
             self._notify({queue})
         return len(seqs)
+
+    def _record_releases(
+        self, batch: RowBatch, q: _Queue, outcomes: list[Release | Settlement], now: float
+    ) -> None:
+        settlements = []
+        for r in outcomes:
+            if isinstance(r, Release):
+                batch.add("deliveries", q.id, r.seq, r.attempt, _us(r.due), True)
+            else:
+                settlements.append(r)
+        self._record_settlements(batch, q, settlements, now)
+
+    @staticmethod
+    def _check_epoch(q: _Queue, epoch: int) -> None:
+        if epoch and epoch not in q.live_epochs:
+            raise StaleEpoch(
+                f"epoch {epoch} of queue {q.config.name!r} is over: that consumer is no longer "
+                "active, and its messages go to the active one; do not apply them"
+            )
 
     def _record_settlements(
         self, batch: RowBatch, q: _Queue, settlements: list[Settlement], now: float
@@ -520,7 +570,8 @@ class Node:
 
     def delete_queue(self, name: str, *, force: bool = False) -> int:
         """Delete a queue and its records; returns how many messages it still held.
-        Refuses a non-empty queue unless ``force``, and a queue another dead-letters to."""
+        Refuses a non-empty queue unless ``force``, and a queue another dead-letters to.
+        Consumers still bound to it are told they were unbound."""
         with self._admin:
             q = self._queue(name)
             users = [u.config.name for u in self._queues.values() if u.config.dead_letter == name]
@@ -541,6 +592,10 @@ class Node:
                     self._matcher.remove(pattern, q)
                 self._routes.clear()
                 del self._queues[name], self._by_id[q.id]
+                for v in q.election.flows():
+                    f = self._flows.pop(v.flow)
+                    if f.notify is not None:
+                        f.notify(FlowEvent(name, v.flow, "unbound", False, 0))
             return depth
 
     def subscribe(self, name: str, pattern: str) -> bool:
@@ -550,14 +605,7 @@ class Node:
             q = self._queue(name)
             if pattern in q.config.subscriptions:
                 return False
-            config = QueueConfig(
-                name,
-                (*q.config.subscriptions, pattern),
-                q.config.max_redeliveries,
-                q.config.dead_letter,
-                q.config.ack_timeout,
-            )
-            self._update(q, config)
+            self._update(q, replace(q.config, subscriptions=(*q.config.subscriptions, pattern)))
             return True
 
     def unsubscribe(self, name: str, pattern: str) -> bool:
@@ -567,14 +615,7 @@ class Node:
             if pattern not in q.config.subscriptions:
                 return False
             subs = tuple(p for p in q.config.subscriptions if p != pattern)
-            config = QueueConfig(
-                name,
-                subs,
-                q.config.max_redeliveries,
-                q.config.dead_letter,
-                q.config.ack_timeout,
-            )
-            self._update(q, config)
+            self._update(q, replace(q.config, subscriptions=subs))
             return True
 
     def _update(self, q: _Queue, config: QueueConfig) -> None:
@@ -618,6 +659,131 @@ class Node:
             )
         return q
 
+    # -- flows: consumers bound to a queue (seed 002) ------------------------------------
+
+    def bind(
+        self,
+        queue: str,
+        *,
+        priority: int = 0,
+        owner: str = "",
+        notify: Notify | None = None,
+    ) -> FlowInfo:
+        """Bind a consumer to ``queue`` and run the election; returns the new flow,
+        active or on standby. ``notify`` then hears every change of the flow, in order:
+        first ``bound`` (the same state as returned), later ``active`` / ``inactive``
+        with their epochs, and ``unbound`` if an administrator unbinds it. It runs under
+        the node's lock, on whichever thread caused the change, so it must only hand
+        the event on (never call the node)."""
+        if not -(2**31) <= priority < 2**31:
+            raise InvalidConfig("priority must fit in 32 bits")
+        with self._elect:
+            self._check_open()
+            self._reserve_epochs(queue)
+            now = self.clock()
+            with self._lock:
+                q = self._queue(queue)
+                f = _Flow(next(self._flow_ids), q, priority, owner, notify)
+                f.bound_at = now
+                self._flows[f.id] = f
+                changes = q.election.bind(f.id, priority)
+                future = self._apply(q, [c for c in changes if c.flow != f.id], now)
+                mine = [c for c in changes if c.flow == f.id]
+                epoch = mine[0].epoch if mine else 0
+                if epoch:
+                    q.live_epochs.add(epoch)
+                if notify is not None:
+                    notify(FlowEvent(queue, f.id, "bound", bool(epoch), epoch))
+                info = FlowInfo(queue, f.id, owner, priority, bool(epoch), epoch, now, 0)
+        self._settle_apply(q, future)
+        return info
+
+    def unbind(self, queue: str, flow: int, *, admin: bool = False) -> int:
+        """Unbind a flow — its consumer asked, went away, or fell silent; or, with
+        ``admin``, an administrator did (its consumer is told ``unbound``) — and run the
+        election. Whatever it held in flight is redelivered, in order, to the active
+        flows. Returns how many messages that was."""
+        with self._elect:
+            self._check_open()
+            self._reserve_epochs(queue)
+            now = self.clock()
+            with self._lock:
+                q = self._queue(queue)
+                f = self._flow(q, flow)
+                held = q.cursor.in_flight_by_epoch().get(q.election.epoch_of(flow), 0)
+                changes = q.election.unbind(flow)
+                future = self._apply(q, changes, now)
+                del self._flows[flow]
+                if admin and f.notify is not None:
+                    f.notify(FlowEvent(queue, flow, "unbound", False, 0))
+        self._settle_apply(q, future)
+        return held
+
+    def flows(self, queue: str | None = None) -> list[FlowInfo]:
+        """The flows bound to ``queue`` (or to every queue), best-ranked first."""
+        with self._lock:
+            queues = [self._queue(queue)] if queue is not None else list(self._queues.values())
+            out = []
+            for q in sorted(queues, key=lambda q: q.config.name):
+                held = q.cursor.in_flight_by_epoch()
+                for v in q.election.flows():
+                    f = self._flows[v.flow]
+                    out.append(
+                        FlowInfo(
+                            q.config.name,
+                            v.flow,
+                            f.owner,
+                            v.priority,
+                            v.active,
+                            v.epoch,
+                            f.bound_at,
+                            held.get(v.epoch, 0) if v.active else 0,
+                        )
+                    )
+            return out
+
+    def _flow(self, q: _Queue, flow: int) -> _Flow:
+        f = self._flows.get(flow)
+        if f is None or f.queue is not q:
+            raise FlowNotFound(
+                f"no flow {flow} is bound to queue {q.config.name!r}; see "
+                f"`eomsg inspect flows {q.config.name}`"
+            )
+        return f
+
+    def _reserve_epochs(self, queue: str) -> None:
+        """Make sure the epochs the next election may hand out are durably reserved, so
+        that none is ever reused after a crash. Call with ``_elect`` held."""
+        with self._lock:
+            bound = len(self._queue(queue).election)
+        need = self._epochs.last + bound + 1
+        if need > self._epochs_reserved:
+            reserved = need + EPOCH_BLOCK
+            self.store.writer.run(Store.save_meta_job("epochs_reserved", str(reserved))).result()
+            self._epochs_reserved = reserved
+
+    def _apply(self, q: _Queue, changes: list[Change], now: float) -> Future[None] | None:
+        """Carry out an election's changes, in order, under ``_lock``: a deactivated
+        flow's epoch stops being accepted and what it held in flight is made ready again
+        (lowest seq first, for the next active flow); every flow hears of its change."""
+        batch = RowBatch()
+        for c in changes:
+            if c.active:
+                q.live_epochs.add(c.epoch)
+            else:
+                q.live_epochs.discard(c.epoch)
+                self._record_releases(batch, q, q.cursor.release_epoch(c.epoch, now), now)
+            f = self._flows.get(c.flow)
+            if f is not None and f.notify is not None:
+                kind = "active" if c.active else "inactive"
+                f.notify(FlowEvent(q.config.name, c.flow, kind, c.active, c.epoch))
+        return self.store.writer.write(batch) if not batch.empty else None
+
+    def _settle_apply(self, q: _Queue, future: Future[None] | None) -> None:
+        if future is not None:
+            future.result()
+            self._notify({q.config.name})
+
     # -- settings -----------------------------------------------------------------------
 
     def configure(self, name: str, value: str) -> str:
@@ -630,7 +796,7 @@ class Node:
         with self._admin:
             self._check_open()
             self.store.writer.run(Store.save_setting_job(name, canonical)).result()
-            self.settings = _apply_saved(self.settings, {name: canonical})
+            self.settings = apply_saved(self.settings, {name: canonical})
         return canonical
 
     def saved_settings(self) -> dict[str, str]:
@@ -675,12 +841,14 @@ class Node:
                     q.cursor.in_flight,
                     dict(q.counts),
                     q.cursor.lowest_pending(),
+                    len(q.election),
+                    len(q.live_epochs),
                 )
                 for q in sorted(self._queues.values(), key=lambda q: q.config.name)
             ]
-        published = self.store.published_at([low for *_, low in snapshot if low is not None])
+        published = self.store.published_at([s[4] for s in snapshot if s[4] is not None])
         out = []
-        for config, depth, in_flight, counts, low in snapshot:
+        for config, depth, in_flight, counts, low, flows, active in snapshot:
             oldest = published.get(low) if low is not None else None
             out.append(
                 QueueStats(
@@ -695,6 +863,9 @@ class Node:
                     None if oldest is None else max(0.0, now - oldest),
                     config.dead_letter,
                     config.max_redeliveries,
+                    config.max_active,
+                    flows,
+                    active,
                 )
             )
         return out

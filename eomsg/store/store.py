@@ -314,11 +314,17 @@ class Store:
 
     @staticmethod
     def save_setting_job(name: str, value: str) -> Any:
+        return Store.save_meta_job(f"setting.{name}", value)
+
+    @staticmethod
+    def save_meta_job(key: str, value: str) -> Any:
+        """Set one ``node_meta`` entry (upsert)."""
+
         def job(conn: duckdb.DuckDBPyConnection) -> None:
             conn.execute(
                 """INSERT INTO node_meta VALUES (?, ?)
                    ON CONFLICT (key) DO UPDATE SET value = excluded.value""",
-                [f"setting.{name}", value],
+                [key, value],
             )
 
         return job

@@ -1,0 +1,46 @@
+"""A node's tunables, and those a data directory can save (``eomsg config set``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from eomsg.core.durations import parse_duration
+from eomsg.core.limits import Limits, parse_size
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """Tunables of a node. ``retention`` keeps fully consumed messages in the log for
+    replay; ``compact_every`` settled records trigger a compaction of the hot tables."""
+
+    limits: Limits = field(default_factory=Limits)
+    retention: float = 86400.0
+    compact_every: int = 50_000
+    gc_interval: float = 60.0
+    tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
+
+
+# Settings a data directory can save (``eomsg config set``): name -> (parse to the
+# canonical text, apply to NodeSettings).
+SETTINGS: dict[str, tuple[Callable[[str], str], Callable[[NodeSettings, str], NodeSettings]]] = {
+    "retention": (
+        lambda v: f"{parse_duration(v, allow_zero=True):g}",
+        lambda s, v: replace(s, retention=float(v)),
+    ),
+    "gc-interval": (
+        lambda v: f"{parse_duration(v, allow_zero=True):g}",
+        lambda s, v: replace(s, gc_interval=float(v)),
+    ),
+    "max-payload": (
+        lambda v: str(parse_size(v)),
+        lambda s, v: replace(s, limits=replace(s.limits, max_payload=int(v))),
+    ),
+}
+
+
+def apply_saved(settings: NodeSettings, saved: dict[str, str]) -> NodeSettings:
+    for name, value in saved.items():
+        if name in SETTINGS:
+            settings = SETTINGS[name][1](settings, value)
+    return settings
