@@ -51,6 +51,12 @@ def serve(
         float,
         typer.Option(min=0.1, help="Seconds a new connection has to say hello."),
     ] = 5.0,
+    resend: Annotated[
+        float,
+        typer.Option(
+            min=0.01, help="Seconds before an unacknowledged active/inactive notice is resent."
+        ),
+    ] = 1.0,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections.")] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -67,6 +73,7 @@ def serve(
         max_connections=max_connections,
         heartbeat=heartbeat,
         handshake_timeout=handshake_timeout,
+        resend=resend,
     )
     settings.check()  # before taking the data directory
 

@@ -21,10 +21,18 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import Limits, check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
-from eomsg.errors import EomsgError, ProtocolError, Unavailable, from_code
+from eomsg.errors import (
+    EomsgError,
+    ProtocolError,
+    StaleEpoch,
+    Unavailable,
+    Unbound,
+    from_code,
+)
 from eomsg.wire import events as ev
 from eomsg.wire.address import Address, parse_address, socket_path, unix_address
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
@@ -32,6 +40,10 @@ from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 T = TypeVar("T")
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
 FRAME_SLACK = 64 << 10
+
+Item = list[Delivered] | FlowEvent | BaseException
+"""What a subscription's sink receives, in wire order: a batch of deliveries, a change of
+its flow's activity, or the error that ended it."""
 
 
 def resolve(target: str | Path) -> Address:
@@ -49,7 +61,7 @@ class Received:
 
     __slots__ = ("_settle", "delivered")
 
-    def __init__(self, delivered: Delivered, settle: Callable[[str, int, float | None], Any]):
+    def __init__(self, delivered: Delivered, settle: Callable[[str, Delivered, float | None], Any]):
         self.delivered = delivered
         self._settle = settle
 
@@ -85,15 +97,20 @@ class Received:
     def queue(self) -> str:
         return self.delivered.queue
 
+    @property
+    def epoch(self) -> int:
+        return self.delivered.epoch
+
     def delete(self) -> Any:
         """Delete the message from its queue. Returns a future (of the flavour of the
-        client) that resolves once the deletion is durable; the consumer's exit waits
-        for all of them."""
-        return self._settle("delete", self.seq, None)
+        client) that resolves once the deletion is durable — or fails with StaleEpoch if
+        this consumer lost activity since, and the message went to another; the
+        consumer's exit waits for all of them."""
+        return self._settle("delete", self.delivered, None)
 
     def release(self, delay: float = 0.0) -> Any:
         """Give the message back, to be delivered again after ``delay`` seconds."""
-        return self._settle("release", self.seq, delay)
+        return self._settle("release", self.delivered, delay)
 
     def __repr__(self) -> str:
         return f"Received(queue={self.queue!r}, seq={self.seq}, topic={self.topic!r})"
@@ -115,12 +132,21 @@ class _Wire(asyncio.Protocol):
 
 
 class _Subscription:
-    def __init__(
-        self, rid: int, queue: str, sink: Callable[[list[Delivered] | BaseException], None]
-    ):
+    def __init__(self, rid: int, queue: str, sink: Callable[[Item], None]):
         self.rid = rid
         self.queue = queue
         self.sink = sink
+        self.flow = 0
+        self.epoch = 0  # the latest epoch heard of
+        self.active = False
+        self.bound = False
+
+    def change(self, active: bool, epoch: int) -> None:
+        """Apply a change of activity once: resends, and anything older, are ignored."""
+        if epoch > self.epoch or (epoch == self.epoch and self.active and not active):
+            self.epoch, self.active = epoch, active
+            kind = "active" if active else "inactive"
+            self.sink(FlowEvent(self.queue, self.flow, kind, active, epoch))
 
 
 class AsyncClient:
@@ -138,7 +164,7 @@ class AsyncClient:
         self._subscriptions: dict[int, _Subscription] = {}
         self._window = asyncio.Semaphore(window)
         self._outbox: list[tuple[Outgoing, asyncio.Future[PublishResult]]] = []
-        self._deletes: dict[str, list[tuple[int, asyncio.Future[bool]]]] = {}
+        self._deletes: dict[tuple[str, int], list[tuple[int, asyncio.Future[bool]]]] = {}
         self._flush_scheduled = False
         self._failed: EomsgError | None = None
         self._welcome: asyncio.Future[ev.Welcome] = self.loop.create_future()
@@ -276,22 +302,39 @@ class AsyncClient:
                 self._send_publish(chunk, [f for _, f in waiting])
         if self._deletes:
             deletes, self._deletes = self._deletes, {}
-            for queue, items in deletes.items():
+            for (queue, epoch), items in deletes.items():
                 for i in range(0, len(items), ev.MAX_BATCH):
                     part = items[i : i + ev.MAX_BATCH]
-                    self._send_delete(queue, part)
+                    self._send_delete(queue, epoch, part)
 
     def _send_publish(
         self, chunk: tuple[Outgoing, ...], futures: list[asyncio.Future[PublishResult]]
     ) -> None:
         self._fan_out(functools.partial(ev.Publish, messages=chunk), futures)
 
-    def _send_delete(self, queue: str, items: list[tuple[int, asyncio.Future[bool]]]) -> None:
+    def _send_delete(
+        self, queue: str, epoch: int, items: list[tuple[int, asyncio.Future[bool]]]
+    ) -> None:
         seqs = tuple(s for s, _ in items)
-        self._fan_out(lambda rid: ev.Delete(rid, queue, seqs), [f for _, f in items])
 
-    def _fan_out(self, make: Callable[[int], ev.Event], futures: Sequence[Any]) -> None:
-        """Send one batch request; its i-th result (or its error) goes to ``futures[i]``."""
+        def one_by_one() -> None:  # so each message gets its own verdict
+            for item in items:
+                self._send_delete(queue, epoch, [item])
+
+        self._fan_out(
+            lambda rid: ev.Delete(rid, queue, seqs, epoch),
+            [f for _, f in items],
+            on_stale=one_by_one if len(items) > 1 else None,
+        )
+
+    def _fan_out(
+        self,
+        make: Callable[[int], ev.Event],
+        futures: Sequence[Any],
+        on_stale: Callable[[], None] | None = None,
+    ) -> None:
+        """Send one batch request; its i-th result (or its error) goes to ``futures[i]``.
+        A batch refused as a whole for a stale epoch is handed to ``on_stale`` instead."""
         try:
             reply = self._request(make)
         except EomsgError as e:
@@ -302,6 +345,9 @@ class AsyncClient:
 
         def done(r: asyncio.Future[list[Any]]) -> None:
             error = None if r.cancelled() else r.exception()
+            if isinstance(error, StaleEpoch) and on_stale is not None and self._failed is None:
+                on_stale()
+                return
             results = r.result() if error is None else None
             for i, f in enumerate(futures):
                 if f.done():
@@ -326,46 +372,62 @@ class AsyncClient:
         )
         return result
 
-    async def delete(self, queue: str, seqs: Sequence[int]) -> list[bool]:
-        """Delete delivered messages; True for each deleted now. Durable on return."""
-        return await self.delete_async(queue, seqs)
+    async def delete(self, queue: str, seqs: Sequence[int], *, epoch: int = 0) -> list[bool]:
+        """Delete messages delivered under ``epoch`` (0: fetched without a flow); True
+        for each deleted now. Durable on return."""
+        return await self.delete_async(queue, seqs, epoch=epoch)
 
-    def delete_async(self, queue: str, seqs: Sequence[int]) -> asyncio.Future[list[bool]]:
+    def delete_async(
+        self, queue: str, seqs: Sequence[int], *, epoch: int = 0
+    ) -> asyncio.Future[list[bool]]:
         self._check()
-        return self._request(lambda rid: ev.Delete(rid, queue, tuple(seqs)))
+        return self._request(lambda rid: ev.Delete(rid, queue, tuple(seqs), epoch))
 
-    def delete_later(self, queue: str, seq: int) -> asyncio.Future[bool]:
+    def delete_later(self, queue: str, seq: int, epoch: int = 0) -> asyncio.Future[bool]:
         """Queue the deletion of one message for the next batch frame."""
         self._check()
         future: asyncio.Future[bool] = self.loop.create_future()
-        self._deletes.setdefault(queue, []).append((seq, future))
+        self._deletes.setdefault((queue, epoch), []).append((seq, future))
         self._schedule_flush()
         return future
 
-    async def release(self, queue: str, seqs: Sequence[int], delay: float = 0.0) -> None:
+    async def release(
+        self, queue: str, seqs: Sequence[int], delay: float = 0.0, *, epoch: int = 0
+    ) -> None:
         """Give delivered messages back for redelivery after ``delay`` seconds."""
         self._check()
-        await self._request(lambda rid: ev.Release(rid, queue, tuple(seqs), delay))
+        await self._request(lambda rid: ev.Release(rid, queue, tuple(seqs), delay, epoch))
 
     def consumer(
-        self, queue: str, prefetch: int = 256, idle_timeout: float | None = None
+        self,
+        queue: str,
+        prefetch: int = 256,
+        idle_timeout: float | None = None,
+        *,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
     ) -> AsyncConsumer:
-        """Messages of ``queue`` pushed by the node, at most ``prefetch`` undeleted at a
-        time; iteration ends after ``idle_timeout`` seconds without one (never if None)."""
-        return AsyncConsumer(self, queue, prefetch, idle_timeout)
+        """Bind to ``queue`` with ``priority`` and receive its messages while active, at
+        most ``prefetch`` undeleted at a time; iteration ends after ``idle_timeout``
+        seconds without one (never if None). ``on_active`` / ``on_inactive`` hear each
+        change of activity (on the event loop: they must not block)."""
+        return AsyncConsumer(self, queue, prefetch, idle_timeout, priority, on_active, on_inactive)
 
     async def subscribe_raw(
-        self, queue: str, prefetch: int, sink: Callable[[list[Delivered] | BaseException], None]
+        self, queue: str, prefetch: int, sink: Callable[[Item], None], priority: int = 0
     ) -> int:
-        """Start a push subscription; ``sink`` gets each batch (on the loop) or the error
-        that ended it. Returns its id for :meth:`cancel`."""
+        """Bind a flow to ``queue`` and have its messages pushed. ``sink`` gets, on the
+        loop and in order: the flow's state at bind (a FlowEvent), each batch, each later
+        change of activity, and the error that ends it (after an ``inactive`` event if
+        it was active). Returns its id for :meth:`cancel`."""
         self._check()
         rid = next(self._rids)
         self._subscriptions[rid] = _Subscription(rid, queue, sink)
         future: asyncio.Future[Any] = self.loop.create_future()
         self._requests[rid] = (future, None)
         try:
-            self._send(ev.Subscribe(rid, queue, prefetch))
+            self._send(ev.Subscribe(rid, queue, prefetch, priority))
             await future
         except BaseException:
             self._subscriptions.pop(rid, None)
@@ -435,6 +497,13 @@ class AsyncClient:
         result = await self.call("query", sql=sql)
         return result["columns"], [tuple(r) for r in result["rows"]]
 
+    async def flows(self, queue: str | None = None) -> list[FlowInfo]:
+        return [FlowInfo.from_json(f) for f in await self.call("flows", queue=queue)]
+
+    async def unbind(self, queue: str, flow: int) -> int:
+        released: int = await self.call("unbind", queue=queue, flow=flow)
+        return released
+
     # -- the connection --------------------------------------------------------------------
 
     def _check(self) -> None:
@@ -478,7 +547,26 @@ class AsyncClient:
             case ev.Deleted(rid, done):
                 self._resolve(rid, list(done))
             case ev.Result(rid, value):
+                sub = self._subscriptions.get(rid)
+                if sub is not None and not sub.bound and isinstance(value, dict):
+                    # the bind's answer: the flow's first state, before any change of it
+                    sub.bound, sub.flow = True, value.get("flow", 0)
+                    active, epoch = bool(value.get("active")), value.get("epoch", 0)
+                    sub.epoch, sub.active = epoch, active
+                    kind = "active" if active else "inactive"
+                    sub.sink(FlowEvent(sub.queue, sub.flow, kind, active, epoch))
                 self._resolve(rid, value)
+            case ev.FlowChanged(rid, _, active, epoch):
+                with contextlib.suppress(EomsgError):
+                    self._send(ev.FlowAck(rid, active, epoch))
+                sub = self._subscriptions.get(rid)
+                if sub is not None:
+                    sub.change(active, epoch)
+            case ev.Unbound(rid, flow, reason):
+                sub = self._subscriptions.pop(rid, None)
+                if sub is not None:
+                    sub.change(False, sub.epoch)
+                    sub.sink(Unbound(f"flow {flow} of queue {sub.queue!r}: {reason}"))
             case ev.Deliver(rid, _, deliveries, more):
                 sub = self._subscriptions.get(rid)
                 if sub is not None:
@@ -495,6 +583,7 @@ class AsyncClient:
                 error = from_code(code, message)
                 sub = self._subscriptions.pop(rid, None)
                 if sub is not None and rid not in self._requests:
+                    sub.change(False, sub.epoch)
                     sub.sink(error)
                     return
                 entry = self._requests.pop(rid, None)
@@ -538,6 +627,9 @@ class AsyncClient:
                     d.set_exception(error)
         subscriptions, self._subscriptions = self._subscriptions, {}
         for sub in subscriptions.values():
+            # Seed 002: cut off from the node, the consumer is no longer active — say so
+            # now rather than wait for a node that cannot tell it.
+            sub.change(False, sub.epoch)
             sub.sink(error)
 
 
@@ -567,30 +659,107 @@ def _concat(
     return out
 
 
+class Activity:
+    """The activity of a consumer's flow as its application sees it (seed 002), fed the
+    FlowEvents of the subscription in order. ``dispatch`` runs the application's
+    callbacks — on the loop for the asyncio consumer, on a thread of their own for the
+    synchronous one, so a slow callback never stalls the connection."""
+
+    __slots__ = ("_dispatch", "_on_active", "_on_inactive", "active", "epoch", "flow")
+
+    def __init__(
+        self,
+        on_active: Callable[[FlowEvent], Any] | None,
+        on_inactive: Callable[[FlowEvent], Any] | None,
+        dispatch: Callable[[Callable[[FlowEvent], Any], FlowEvent], None],
+    ) -> None:
+        self.flow = 0
+        self.active = False
+        self.epoch = 0
+        self._on_active = on_active
+        self._on_inactive = on_inactive
+        self._dispatch = dispatch
+
+    @property
+    def has_callbacks(self) -> bool:
+        return self._on_active is not None or self._on_inactive is not None
+
+    def apply(self, event: FlowEvent) -> None:
+        self.flow, self.active, self.epoch = event.flow, event.active, event.epoch
+        callback = self._on_active if event.active else self._on_inactive
+        if callback is not None:
+            self._dispatch(callback, event)
+
+    def current(self, d: Delivered) -> bool:
+        """False for a delivery of an epoch that is over: the node took it back when the
+        flow lost activity, and the active flow gets it; the application must not."""
+        return self.active and d.epoch == self.epoch
+
+
 class AsyncConsumer:
     """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
 
     def __init__(
-        self, client: AsyncClient, queue: str, prefetch: int, idle_timeout: float | None
+        self,
+        client: AsyncClient,
+        queue: str,
+        prefetch: int,
+        idle_timeout: float | None,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
     ) -> None:
         self.client = client
         self.queue = queue
         self.prefetch = prefetch
         self.idle_timeout = idle_timeout
-        self._inbox: asyncio.Queue[list[Delivered] | BaseException] = asyncio.Queue()
+        self.priority = priority
+        self.activity = Activity(on_active, on_inactive, lambda fn, e: fn(e))
+        self._inbox: asyncio.Queue[Item] = asyncio.Queue()
+        self._became_active = asyncio.Event()
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
         self._pending: set[asyncio.Future[Any]] = set()
 
+    @property
+    def active(self) -> bool:
+        """Whether this consumer's flow is active (False once the connection is lost)."""
+        return self.activity.active
+
+    @property
+    def epoch(self) -> int:
+        return self.activity.epoch
+
+    @property
+    def flow(self) -> int:
+        return self.activity.flow
+
+    async def wait_active(self, timeout: float | None = None) -> bool:
+        """Wait until the flow is active; False if ``timeout`` passed first."""
+        try:
+            await asyncio.wait_for(self._became_active.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _sink(self, item: Item) -> None:
+        if isinstance(item, FlowEvent):
+            self.activity.apply(item)
+            if item.active:
+                self._became_active.set()
+            else:
+                self._became_active.clear()
+        self._inbox.put_nowait(item)
+
     async def __aenter__(self) -> AsyncConsumer:
         self._subscription = await self.client.subscribe_raw(
-            self.queue, self.prefetch, self._inbox.put_nowait
+            self.queue, self.prefetch, self._sink, self.priority
         )
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        """Cancel the subscription (undeleted messages go back to the queue) and wait
-        until every deletion made through this consumer is durable."""
+        """Wait until every deletion made through this consumer is durable, then unbind
+        (undeleted messages go back to the queue, for the next active flow)."""
         self.client._flush()
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
@@ -600,27 +769,40 @@ class AsyncConsumer:
             self._subscription = None
 
     def __aiter__(self) -> AsyncIterator[Received]:
-        return self._iterate()
+        return self._messages()
 
-    async def _iterate(self) -> AsyncIterator[Received]:
+    async def _messages(self) -> AsyncIterator[Received]:
+        async for item in self.events():
+            if isinstance(item, Received):
+                yield item
+
+    async def events(self) -> AsyncIterator[Received | FlowEvent]:
+        """Messages and changes of activity, in the order the node sent them."""
         while True:
-            if not self._batch:
-                try:
-                    item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
-                except TimeoutError:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                self._batch = item
-                self._batch.reverse()
-            yield Received(self._batch.pop(), self._settle)
+            while self._batch:
+                d = self._batch.pop()
+                if self.activity.current(d):
+                    yield Received(d, self._settle)
+            try:
+                item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
+            except TimeoutError:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, FlowEvent):
+                yield item
+                continue
+            self._batch = item
+            self._batch.reverse()
 
-    def _settle(self, how: str, seq: int, delay: float | None) -> asyncio.Future[Any]:
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> asyncio.Future[Any]:
         future: asyncio.Future[Any]
         if how == "delete":
-            future = self.client.delete_later(self.queue, seq)
+            future = self.client.delete_later(self.queue, d.seq, d.epoch)
         else:
-            future = asyncio.ensure_future(self.client.release(self.queue, [seq], delay or 0.0))
+            future = asyncio.ensure_future(
+                self.client.release(self.queue, [d.seq], delay or 0.0, epoch=d.epoch)
+            )
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)
         return future

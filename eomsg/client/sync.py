@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 import queue as queuelib
 import threading
 from collections import deque
@@ -19,11 +20,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, Received, connect_async
+from eomsg.client.aio import DEFAULT_WINDOW, Activity, AsyncClient, Item, Received, connect_async
+from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
-from eomsg.errors import EomsgError, Unavailable
+from eomsg.errors import EomsgError, QueueExists, Unavailable
+
+log = logging.getLogger("eomsg.client")
 
 T = TypeVar("T")
 
@@ -58,7 +62,7 @@ class Client:
         self._signal = _Signal()
         self._sent = itertools.count(1)
         self._outbox: deque[tuple[Outgoing, Ack[PublishResult]]] = deque()
-        self._deletes: deque[tuple[str, int, Ack[bool]]] = deque()
+        self._deletes: deque[tuple[str, int, int, Ack[bool]]] = deque()
         self._scheduled = False
         self._closed = False
         try:
@@ -176,8 +180,8 @@ class Client:
         while outbox:
             ac._outbox.append(outbox.popleft())  # type: ignore[arg-type]
         while deletes:
-            queue, seq, done = deletes.popleft()
-            ac._deletes.setdefault(queue, []).append((seq, done))  # type: ignore[arg-type]
+            queue, seq, epoch, done = deletes.popleft()
+            ac._deletes.setdefault((queue, epoch), []).append((seq, done))  # type: ignore[arg-type]
         if ac._failed is not None:
             ac._lost(ac._failed)  # fails what was just moved
         else:
@@ -190,29 +194,65 @@ class Client:
         the first. Delete (or release) each before its deadline."""
         return self._run(self._ac.fetch(queue, max_messages, wait))
 
-    def delete(self, queue: str, seqs: Sequence[int]) -> list[bool]:
-        """Delete delivered messages; True for each deleted now. Durable on return."""
-        return self.delete_async(queue, seqs).result()
+    def delete(self, queue: str, seqs: Sequence[int], *, epoch: int = 0) -> list[bool]:
+        """Delete messages delivered under ``epoch`` (0: fetched without a flow); True
+        for each deleted now. Durable on return."""
+        return self.delete_async(queue, seqs, epoch=epoch).result()
 
-    def delete_async(self, queue: str, seqs: Sequence[int]) -> Future[list[bool]]:
-        return self._submit(self._ac.delete(queue, list(seqs)))
+    def delete_async(
+        self, queue: str, seqs: Sequence[int], *, epoch: int = 0
+    ) -> Future[list[bool]]:
+        return self._submit(self._ac.delete(queue, list(seqs), epoch=epoch))
 
-    def release(self, queue: str, seqs: Sequence[int], delay: float = 0.0) -> None:
+    def release(
+        self, queue: str, seqs: Sequence[int], delay: float = 0.0, *, epoch: int = 0
+    ) -> None:
         """Give delivered messages back for redelivery after ``delay`` seconds."""
-        self._run(self._ac.release(queue, list(seqs), delay))
+        self._run(self._ac.release(queue, list(seqs), delay, epoch=epoch))
 
     def consumer(
-        self, queue: str, prefetch: int = 256, idle_timeout: float | None = None
+        self,
+        queue: str,
+        prefetch: int = 256,
+        idle_timeout: float | None = None,
+        *,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
     ) -> Consumer:
-        """Messages of ``queue`` pushed by the node, at most ``prefetch`` undeleted at a
-        time. Iterating waits for messages; it ends after ``idle_timeout`` seconds
-        without one (never, if None)."""
-        return Consumer(self, queue, prefetch, idle_timeout)
+        """Bind to ``queue`` with ``priority`` (seed 002) and receive its messages while
+        this consumer is active, at most ``prefetch`` undeleted at a time. Iterating
+        waits for messages; it ends after ``idle_timeout`` seconds without one (never,
+        if None). ``on_active`` / ``on_inactive`` hear each change of activity, the
+        state at bind included, on a thread of the consumer's own; losing the
+        connection counts as becoming inactive."""
+        return Consumer(self, queue, prefetch, idle_timeout, priority, on_active, on_inactive)
 
-    def _delete_later(self, queue: str, seq: int) -> Ack[bool]:
+    def elect(
+        self,
+        name: str,
+        *,
+        priority: int = 0,
+        max_active: int = 1,
+        immediate: bool = False,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
+    ) -> Consumer:
+        """Stand for election on the queue ``name`` (seed 002: the queue as an election
+        mechanism), creating it with ``max_active`` and ``immediate`` if missing. Use the
+        result as a context manager; :meth:`Consumer.wait_active` blocks until elected,
+        ``active`` says whether it still is."""
+        config = QueueConfig.create(name, max_active=max_active, immediate=immediate)
+        with contextlib.suppress(QueueExists):  # an existing queue keeps its settings
+            self.create_queue(config)
+        return self.consumer(
+            name, prefetch=1, priority=priority, on_active=on_active, on_inactive=on_inactive
+        )
+
+    def _delete_later(self, queue: str, seq: int, epoch: int = 0) -> Ack[bool]:
         self._check()
         ack: Ack[bool] = Ack(self._signal, counts=False)
-        self._deletes.append((queue, seq, ack))
+        self._deletes.append((queue, seq, epoch, ack))
         self._wake()
         return ack
 
@@ -253,6 +293,13 @@ class Client:
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         return self._run(self._ac.query(sql))
+
+    def flows(self, queue: str | None = None) -> list[FlowInfo]:
+        return self._run(self._ac.flows(queue))
+
+    def unbind(self, queue: str, flow: int) -> int:
+        """Unbind a consumer's flow as an administrator (it is told so)."""
+        return self._run(self._ac.unbind(queue, flow))
 
 
 class _Signal:
@@ -346,34 +393,78 @@ class Consumer:
     """``with client.consumer(queue) as consumer: for msg in consumer: …; msg.delete()``."""
 
     def __init__(
-        self, client: Client, queue: str, prefetch: int, idle_timeout: float | None
+        self,
+        client: Client,
+        queue: str,
+        prefetch: int,
+        idle_timeout: float | None,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
     ) -> None:
         self.client = client
         self.queue = queue
         self.prefetch = prefetch
         self.idle_timeout = idle_timeout
-        self._inbox: queuelib.SimpleQueue[list[Delivered] | BaseException] = queuelib.SimpleQueue()
+        self.priority = priority
+        self.activity = Activity(on_active, on_inactive, self._dispatch)
+        self._inbox: queuelib.SimpleQueue[Item] = queuelib.SimpleQueue()
+        self._changed = threading.Condition()
+        self._callbacks: queuelib.SimpleQueue[tuple[Callable[[FlowEvent], Any], FlowEvent] | None]
+        self._callbacks = queuelib.SimpleQueue()
+        self._caller: threading.Thread | None = None
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
         self._pending: list[Ack[Any] | Future[Any]] = []
 
+    @property
+    def active(self) -> bool:
+        """Whether this consumer's flow is active (False once the connection is lost)."""
+        return self.activity.active
+
+    @property
+    def epoch(self) -> int:
+        return self.activity.epoch
+
+    @property
+    def flow(self) -> int:
+        return self.activity.flow
+
+    def wait_active(self, timeout: float | None = None) -> bool:
+        """Block until the flow is active; False if ``timeout`` passed first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.activity.active, timeout)
+
     def __enter__(self) -> Consumer:
-        self._subscription = self.client._run(
-            self.client._ac.subscribe_raw(self.queue, self.prefetch, self._inbox.put)
-        )
+        if self.activity.has_callbacks:
+            self._caller = threading.Thread(
+                target=self._call_back, name=f"eomsg-activity-{self.queue}", daemon=True
+            )
+            self._caller.start()
+        try:
+            self._subscription = self.client._run(
+                self.client._ac.subscribe_raw(self.queue, self.prefetch, self._sink, self.priority)
+            )
+        except BaseException:
+            self._stop_caller()
+            raise
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     def close(self) -> None:
-        """Wait until every deletion made through this consumer is durable, then cancel
-        the subscription: messages received and not deleted go back to the queue."""
-        self.flush()
-        if self._subscription is not None:
-            subscription, self._subscription = self._subscription, None
-            with contextlib.suppress(EomsgError):
-                self.client._run(self.client._ac.cancel(subscription))
+        """Wait until every deletion made through this consumer is durable, then unbind:
+        messages received and not deleted go back to the queue, for the next active
+        flow. Callbacks already due still run before this returns."""
+        try:
+            self.flush()
+        finally:
+            if self._subscription is not None:
+                subscription, self._subscription = self._subscription, None
+                with contextlib.suppress(EomsgError):
+                    self.client._run(self.client._ac.cancel(subscription))
+            self._stop_caller()
 
     def flush(self) -> None:
         """Block until every deletion so far is durable; raise the first that failed."""
@@ -382,24 +473,64 @@ class Consumer:
             f.result()
 
     def __iter__(self) -> Iterator[Received]:
-        while True:
-            if not self._batch:
-                try:
-                    item = self._inbox.get(timeout=self.idle_timeout)
-                except queuelib.Empty:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                self._batch = item
-                self._batch.reverse()
-            yield Received(self._batch.pop(), self._settle)
+        for item in self.events():
+            if isinstance(item, Received):
+                yield item
 
-    def _settle(self, how: str, seq: int, delay: float | None) -> Ack[Any] | Future[Any]:
+    def events(self) -> Iterator[Received | FlowEvent]:
+        """Messages and changes of activity, in the order the node sent them."""
+        while True:
+            while self._batch:
+                d = self._batch.pop()
+                if self.activity.current(d):
+                    yield Received(d, self._settle)
+            try:
+                item = self._inbox.get(timeout=self.idle_timeout)
+            except queuelib.Empty:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            if isinstance(item, FlowEvent):
+                yield item
+                continue
+            self._batch = item
+            self._batch.reverse()
+
+    def _sink(self, item: Item) -> None:
+        """On the loop thread: note a change of activity at once (so ``active`` and
+        :meth:`wait_active` need no iteration), then queue the item for iteration."""
+        if isinstance(item, FlowEvent):
+            with self._changed:
+                self.activity.apply(item)
+                self._changed.notify_all()
+        self._inbox.put(item)
+
+    def _dispatch(self, callback: Callable[[FlowEvent], Any], event: FlowEvent) -> None:
+        self._callbacks.put((callback, event))
+
+    def _call_back(self) -> None:
+        while (job := self._callbacks.get()) is not None:
+            callback, event = job
+            try:
+                callback(event)
+            except Exception:
+                log.exception("the %s callback of queue %s failed", event.kind, self.queue)
+
+    def _stop_caller(self) -> None:
+        if self._caller is not None:
+            self._callbacks.put(None)
+            if self._caller is not threading.current_thread():
+                self._caller.join()
+            self._caller = None
+
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> Ack[Any] | Future[Any]:
         future: Ack[Any] | Future[Any]
         if how == "delete":
-            future = self.client._delete_later(self.queue, seq)
+            future = self.client._delete_later(self.queue, d.seq, d.epoch)
         else:
-            future = self.client._submit(self.client._ac.release(self.queue, [seq], delay or 0.0))
+            future = self.client._submit(
+                self.client._ac.release(self.queue, [d.seq], delay or 0.0, epoch=d.epoch)
+            )
         self._pending.append(future)
         if len(self._pending) > 4096:
             self._pending = [f for f in self._pending if not f.done() or f.exception()]

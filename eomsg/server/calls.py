@@ -80,4 +80,6 @@ CALLS: dict[str, Callable[[Node, Args], Any]] = {
     "configure": lambda n, a: n.configure(_arg(a, "name", str), _arg(a, "value", str)),
     "saved_settings": lambda n, a: n.saved_settings(),
     "query": _query,
+    "flows": lambda n, a: [f.to_json() for f in n.flows(_arg(a, "queue", str, optional=True))],
+    "unbind": lambda n, a: n.unbind(_arg(a, "queue", str), _arg(a, "flow", int), admin=True),
 }

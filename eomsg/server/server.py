@@ -50,6 +50,7 @@ class ServerSettings:
     handshake_timeout: float = 5.0
     heartbeat: float = 10.0
     poll: float = 1.0  # how often idle consumers look for redeliveries that came due
+    resend: float = 1.0  # how often an unacknowledged flow-active/inactive is sent again
     drain_timeout: float = 30.0
 
     def check(self) -> None:
@@ -69,6 +70,8 @@ class ServerSettings:
             raise InvalidConfig("--max-frame must be between 1 KiB and 1 GiB")
         if self.max_connections < 1:
             raise InvalidConfig("--max-connections must be at least 1")
+        if not 0.01 <= self.resend <= 3600:
+            raise InvalidConfig("--resend must be between 10 ms and 1 hour")
 
 
 def load_token(data_dir: Path) -> str:
@@ -194,9 +197,9 @@ class Server:
         task.add_done_callback(self._tasks.discard)
         return task
 
-    async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
+    async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a call that may block (on a commit or a read) on the server's pool."""
-        return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        return await self.loop.run_in_executor(self._pool, functools.partial(fn, *args, **kwargs))
 
     # -- readiness -----------------------------------------------------------------------
 

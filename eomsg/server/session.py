@@ -10,6 +10,12 @@ unacknowledged publishes exceed ``max_inflight_bytes`` (so a writer that falls b
 slows producers down instead of filling memory); a subscription pushes at most
 ``prefetch`` undeleted messages, and nothing while the client is not reading.
 
+Each subscription is a flow (seed 002): the node's election decides whether it is active,
+and the session pushes the changes as FlowChanged frames, resending each every
+``resend`` seconds until the client acknowledges it. A flow is unbound when its
+subscription is cancelled, when the client disconnects or falls silent past the keep-alive,
+or by an administrator; what it held in flight goes to the next active flow.
+
 Any misbehaviour of the client — a malformed or oversize frame, a move the protocol
 forbids, a wrong token, silence during the handshake — ends this session with an Error
 frame; the node and every other session carry on. Messages the client held when it went
@@ -28,6 +34,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, PublishResult
 from eomsg.errors import (
     AuthenticationFailed,
@@ -55,7 +62,11 @@ class _Subscription:
     rid: int
     queue: str
     prefetch: int
+    priority: int
+    flow: int = 0  # 0 until the node has bound it
+    epoch: int = 0  # the flow's current epoch; 0 while it is not active
     held: dict[int, int] = field(default_factory=dict)  # seq -> attempt
+    unacked: list[ev.FlowChanged] = field(default_factory=list)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     closed: bool = False
@@ -111,17 +122,20 @@ class Session(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        """Disconnected, or cut off for silence: unbind every flow (the election moves
+        on and their messages go to the next active flows) and give back fetched ones."""
         self.closing = True
         self.conn.send_failed()  # nothing more can reach the client
         for timer in self._timers.values():
             timer.cancel()
-        for sub in self.subscriptions.values():
-            self._stop_subscription(sub)
-        held = [(s.queue, list(s.held.items())) for s in self.subscriptions.values()]
-        held += [(q, list(h.items())) for q, h in self.fetched.items()]
+        subscriptions = list(self.subscriptions.values())
+        held = [(q, list(h.items())) for q, h in self.fetched.items()]
         self.subscriptions.clear()
         self.fetched.clear()
         self.server.forget(self)
+        for sub in subscriptions:
+            self._stop_subscription(sub)
+            self.server.spawn(self._unbind(sub))
         for queue, items in held:
             if items:
                 self.server.spawn(self._release_held(queue, items))
@@ -172,6 +186,8 @@ class Session(asyncio.Protocol):
                 self._start(event.rid, self._release(event))
             case ev.Call():
                 self._start(event.rid, self._call(event))
+            case ev.FlowAck():
+                self._flow_acked(event)
             case ev.Ping():
                 self._send(ev.Pong(event.nonce))
             case ev.Pong():
@@ -212,6 +228,7 @@ class Session(asyncio.Protocol):
         self._send(welcome)
         self._timers["handshake"].cancel()
         self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
+        self._timers["resend"] = self.loop.call_later(s.resend, self._resend)
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -235,7 +252,7 @@ class Session(asyncio.Protocol):
 
     def _delete(self, event: ev.Delete) -> None:
         try:
-            committed = self.node.delete_async(event.queue, event.seqs)
+            committed = self.node.delete_async(event.queue, event.seqs, epoch=event.epoch)
         except EomsgError as e:
             self._send(ev.Error(event.rid, e.code, e.message))
             return
@@ -286,46 +303,113 @@ class Session(asyncio.Protocol):
         if event.rid in self.subscriptions:
             self._send(ev.Error(event.rid, InvalidConfig.code, "subscription id in use"))
             return
-        try:
-            self.node.queue_config(event.queue)
-        except EomsgError as e:
-            self._send(ev.Error(event.rid, e.code, e.message))
-            return
-        sub = _Subscription(event.rid, event.queue, event.prefetch)
+        sub = _Subscription(event.rid, event.queue, event.prefetch, event.priority)
         self.subscriptions[event.rid] = sub
-        self._send(ev.Result(event.rid, None))
-        sub.task = self.server.spawn(self._pump(sub))
+        self._start(event.rid, self._bind(sub))
+
+    async def _bind(self, sub: _Subscription) -> None:
+        """Bind the subscription's flow. The answer (a Result with the flow's state) is
+        sent by :meth:`_on_flow` when the node reports ``bound``, so that it goes out
+        before any FlowChanged of the same flow."""
+        notify = functools.partial(self._from_node, sub)
+        owner = f"{self.client_name or '?'}@{self.peer}"
+        try:
+            await self.server.blocking(
+                self.node.bind, sub.queue, priority=sub.priority, owner=owner, notify=notify
+            )
+        except BaseException:
+            self.subscriptions.pop(sub.rid, None)
+            raise
+        if self.closing or sub.closed:  # gone while binding: connection_lost missed it
+            await self._unbind(sub)
+
+    def _from_node(self, sub: _Subscription, event: FlowEvent) -> None:
+        """The node's notify callback: runs under its lock on any thread, so only hands
+        the event to the loop (in order: call_soon_threadsafe is FIFO)."""
+        with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
+            self.loop.call_soon_threadsafe(self._on_flow, sub, event)
+
+    def _on_flow(self, sub: _Subscription, event: FlowEvent) -> None:
+        sub.flow = event.flow
+        if event.kind == "unbound":
+            self.subscriptions.pop(sub.rid, None)
+            self._stop_subscription(sub)
+            sub.held.clear()  # the node gave them back when it unbound the flow
+            self._send(ev.Unbound(sub.rid, event.flow, "unbound by an administrator"))
+            return
+        sub.epoch = event.epoch if event.active else 0
+        if not event.active:
+            sub.held.clear()  # the node gave them back when the flow lost activity
+        if event.kind == "bound":
+            state = {"flow": event.flow, "active": event.active, "epoch": event.epoch}
+            self._send(ev.Result(sub.rid, state))
+            if not sub.closed and sub.task is None:
+                sub.task = self.server.spawn(self._pump(sub))
+        elif not sub.closed:
+            change = ev.FlowChanged(sub.rid, event.flow, event.active, event.epoch)
+            sub.unacked.append(change)
+            self._send(change)
+        sub.wake.set()
+
+    def _flow_acked(self, ack: ev.FlowAck) -> None:
+        sub = self.subscriptions.get(ack.rid)
+        if sub is not None:
+            sub.unacked = [c for c in sub.unacked if (c.active, c.epoch) != (ack.active, ack.epoch)]
+
+    def _resend(self) -> None:
+        """Send every unacknowledged FlowChanged again, in order (seed 002: indications
+        are acknowledged and retransmitted until they are)."""
+        if self.closing:
+            return
+        for sub in self.subscriptions.values():
+            for change in sub.unacked:
+                self._send(change)
+        self._timers["resend"] = self.loop.call_later(self.server.settings.resend, self._resend)
+
+    async def _unbind(self, sub: _Subscription) -> int:
+        """Unbind the flow; what it held goes to the next active flow. 0 if it is gone
+        already (unbound by an administrator, its queue deleted, the node closing)."""
+        if not sub.flow:
+            return 0
+        try:
+            released: int = await self.server.blocking(self.node.unbind, sub.queue, sub.flow)
+        except EomsgError as e:
+            log.info("could not unbind flow %d of %s: %s", sub.flow, sub.queue, e)
+            return 0
+        return released
 
     async def _pump(self, sub: _Subscription) -> None:
-        """Push the queue's messages while the subscription has room and the client
-        reads; when the queue runs dry, wait for new ones (or poll, for redeliveries
-        that come due by time)."""
+        """Push the queue's messages while the flow is active, the subscription has room
+        and the client reads; when the queue runs dry, wait for new ones (or poll, for
+        redeliveries that come due by time)."""
         poll = self.server.settings.poll
         while not sub.closed:
             room = sub.prefetch - len(sub.held)
-            if room <= 0 or not self.writable:
-                sub.wake.clear()  # set by a delete, a release, resume_writing or a stop
-                await sub.wake.wait()
+            if room <= 0 or not self.writable or not sub.epoch:
+                sub.wake.clear()  # set by a delete, a release, resume_writing, an
+                await sub.wake.wait()  # activation or a stop
                 continue
             ready = self.server.ready_waiter(sub.queue)
             try:
                 taken = await self.server.blocking(
-                    self.node.fetch, sub.queue, min(room, FETCH_CHUNK)
+                    self.node.fetch, sub.queue, min(room, FETCH_CHUNK), flow=sub.flow
                 )
             except EomsgError as e:  # the queue was deleted, or the node is closing
-                self._send(ev.Error(sub.rid, e.code, e.message))
+                if not sub.closed:
+                    self._send(ev.Error(sub.rid, e.code, e.message))
                 sub.closed = True
                 break
+            if taken and taken[0].epoch != sub.epoch:
+                continue  # the flow lost that epoch meanwhile; the node took them back
             if sub.closed:
-                await self._release_held(sub.queue, [(d.seq, d.attempt) for d in taken])
-                break
+                break  # unbinding gives them back
             if not taken:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready, poll)
                 continue
             for d in taken:
                 sub.held[d.seq] = d.attempt
-            self._send_deliveries(sub.rid, sub.queue, taken, final=False)
+            self._send_deliveries(sub.rid, sub.queue, taken, final=False, epoch=sub.epoch)
 
     async def _cancel(self, event: ev.Cancel) -> None:
         sub = self.subscriptions.pop(event.subscription, None)
@@ -333,11 +417,13 @@ class Session(asyncio.Protocol):
             self._send(ev.Result(event.rid, 0))
             return
         self._stop_subscription(sub)
-        released = await self._release_held(sub.queue, list(sub.held.items()))
+        released = await self._unbind(sub)
         self._send(ev.Result(event.rid, released))
 
     async def _release(self, event: ev.Release) -> None:
-        await self.server.blocking(self.node.release, event.queue, event.seqs, event.delay)
+        await self.server.blocking(
+            self.node.release, event.queue, event.seqs, event.delay, epoch=event.epoch
+        )
         self._settled(event.queue, event.seqs)
         self._send(ev.Result(event.rid, None))
 
@@ -433,7 +519,7 @@ class Session(asyncio.Protocol):
         sub.wake.set()
 
     def _send_deliveries(
-        self, rid: int, queue: str, taken: list[Delivered], *, final: bool
+        self, rid: int, queue: str, taken: list[Delivered], *, final: bool, epoch: int = 0
     ) -> None:
         """Deliver frames within the frame limit; a Fetch's last one has ``more`` False."""
         budget = self.server.settings.max_frame - FRAME_SLACK
@@ -442,12 +528,12 @@ class Session(asyncio.Protocol):
         for d in taken:
             n = len(d.message.payload) + 256
             if chunk and size + n > budget:
-                self._send(ev.Deliver(rid, queue, tuple(chunk), more=final))
+                self._send(ev.Deliver(rid, queue, tuple(chunk), more=final, epoch=epoch))
                 chunk, size = [], 0
             chunk.append(d)
             size += n
         if chunk or final:
-            self._send(ev.Deliver(rid, queue, tuple(chunk), more=False))
+            self._send(ev.Deliver(rid, queue, tuple(chunk), more=False, epoch=epoch))
 
     def _send(self, event: ev.Event) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -511,10 +597,12 @@ class Session(asyncio.Protocol):
         await self._idle.wait()
         # The client can no longer delete what it holds: make it deliverable again now
         # rather than after the ack timeout of the restarted node.
-        held = [(s.queue, list(s.held.items())) for s in self.subscriptions.values()]
-        held += [(q, list(h.items())) for q, h in self.fetched.items()]
+        subscriptions = list(self.subscriptions.values())
+        held = [(q, list(h.items())) for q, h in self.fetched.items()]
         self.subscriptions.clear()
         self.fetched.clear()
+        for sub in subscriptions:
+            await self._unbind(sub)
         for queue, items in held:
             await self._release_held(queue, items)
         with contextlib.suppress(ProtocolError):

@@ -4,10 +4,11 @@ Each frame body is a msgpack array ``[type, field, …]``. Decoding checks every
 type and every length, so an event that leaves this module is well formed: the server and
 the client never look at raw msgpack. Anything else raises :class:`ProtocolError`.
 
-Client → node: Hello, Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, Ping,
-Pong, Goodbye. Node → client: Welcome, Published, Deliver, Deleted, Result, Error, Ping,
-Pong, Goodbye. A request carries a request id (``rid``) chosen by the client, unique among
-its requests in flight; the reply carries the same id, so requests can be pipelined.
+Client → node: Hello, Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck,
+Ping, Pong, Goodbye. Node → client: Welcome, Published, Deliver, Deleted, Result, Error,
+FlowChanged, Unbound, Ping, Pong, Goodbye. A request carries a request id (``rid``)
+chosen by the client, unique among its requests in flight; the reply carries the same id,
+so requests can be pipelined.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, ClassVar
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.errors import ProtocolError
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 MAX_BATCH = 100_000  # items in one publish, deliver or delete frame
 MAX_NAME = 1024  # characters in a name, topic, id, op or error code
 MAX_ARGS_DEPTH = 8  # nesting of a Call's arguments or a Result's value
@@ -298,11 +299,15 @@ def message_from_wire(item: object) -> Message:
     )
 
 
-def _delivered(queue: str) -> Any:
+def _delivered(queue: str, epoch: int) -> Any:
     def decode(item: object) -> Delivered:
         *message, attempt, deadline = _list(item, "a delivery", 9)
         return Delivered(
-            queue, message_from_wire(message), _int(attempt, "attempt"), _num(deadline, "deadline")
+            queue,
+            message_from_wire(message),
+            _int(attempt, "attempt"),
+            _num(deadline, "deadline"),
+            epoch,
         )
 
     return decode
@@ -310,7 +315,8 @@ def _delivered(queue: str) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Deliver(Event):
-    """Messages of ``queue`` for the Fetch or Subscribe ``rid``. Each must be deleted or
+    """Messages of ``queue`` for the Fetch or Subscribe ``rid``, all delivered under
+    ``epoch`` (the subscription's flow's; 0 for a Fetch). Each must be deleted or
     released before its deadline, or the queue delivers it again. A Fetch's answer may
     take several frames (each within the frame limit): all but the last say ``more``."""
 
@@ -319,36 +325,46 @@ class Deliver(Event):
     queue: str
     deliveries: tuple[Delivered, ...]
     more: bool = False
+    epoch: int = 0
 
     def to_wire(self) -> list[Any]:
         rows = [[*message_to_wire(d.message), d.attempt, d.deadline] for d in self.deliveries]
-        return [self.TYPE, self.rid, self.queue, rows, self.more]
+        return [self.TYPE, self.rid, self.queue, rows, self.more, self.epoch]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Deliver:
-        _, rid, queue, rows, more = _fields(body, 4, "deliver")
+        _, rid, queue, rows, more, epoch = _fields(body, 5, "deliver")
         queue = _str(queue, "queue")
-        deliveries = tuple(map(_delivered(queue), _list(rows, "rows")))
-        return cls(_int(rid, "rid"), queue, deliveries, _bool(more, "more"))
+        epoch = _int(epoch, "epoch")
+        deliveries = tuple(map(_delivered(queue, epoch), _list(rows, "rows")))
+        return cls(_int(rid, "rid"), queue, deliveries, _bool(more, "more"), epoch)
 
 
 @dataclass(frozen=True, slots=True)
 class Subscribe(Event):
-    """Push messages of ``queue`` to this connection as Deliver frames tagged ``rid``,
-    keeping at most ``prefetch`` of them undeleted at a time. Answered by a Result."""
+    """Bind to ``queue`` as a flow with ``priority`` (seed 002) and have its messages
+    pushed as Deliver frames tagged ``rid`` while the flow is active, at most
+    ``prefetch`` undeleted at a time. Answered by a Result ``{flow, active, epoch}``;
+    later changes come as FlowChanged."""
 
     TYPE: ClassVar[int] = 7
     rid: int
     queue: str
     prefetch: int
+    priority: int = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.queue, self.prefetch]
+        return [self.TYPE, self.rid, self.queue, self.prefetch, self.priority]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Subscribe:
-        _, rid, queue, prefetch = _fields(body, 3, "subscribe")
-        return cls(_int(rid, "rid"), _str(queue, "queue"), _int(prefetch, "prefetch"))
+        _, rid, queue, prefetch, priority = _fields(body, 4, "subscribe")
+        return cls(
+            _int(rid, "rid"),
+            _str(queue, "queue"),
+            _int(prefetch, "prefetch"),
+            _int(priority, "priority"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,20 +393,22 @@ def _seqs(value: object) -> tuple[int, ...]:
 
 @dataclass(frozen=True, slots=True)
 class Delete(Event):
-    """Delete delivered messages of ``queue``; answered by Deleted once durable."""
+    """Delete messages of ``queue`` delivered under ``epoch``; answered by Deleted once
+    durable, or by a ``stale_epoch`` Error if that epoch is over."""
 
     TYPE: ClassVar[int] = 9
     rid: int
     queue: str
     seqs: tuple[int, ...]
+    epoch: int = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.queue, list(self.seqs)]
+        return [self.TYPE, self.rid, self.queue, list(self.seqs), self.epoch]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Delete:
-        _, rid, queue, seqs = _fields(body, 3, "delete")
-        return cls(_int(rid, "rid"), _str(queue, "queue"), _seqs(seqs))
+        _, rid, queue, seqs, epoch = _fields(body, 4, "delete")
+        return cls(_int(rid, "rid"), _str(queue, "queue"), _seqs(seqs), _int(epoch, "epoch"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,21 +434,29 @@ class Deleted(Event):
 
 @dataclass(frozen=True, slots=True)
 class Release(Event):
-    """Give delivered messages back for redelivery after ``delay`` seconds."""
+    """Give messages delivered under ``epoch`` back for redelivery after ``delay``
+    seconds."""
 
     TYPE: ClassVar[int] = 11
     rid: int
     queue: str
     seqs: tuple[int, ...]
     delay: float = 0.0
+    epoch: int = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.queue, list(self.seqs), self.delay]
+        return [self.TYPE, self.rid, self.queue, list(self.seqs), self.delay, self.epoch]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Release:
-        _, rid, queue, seqs, delay = _fields(body, 4, "release")
-        return cls(_int(rid, "rid"), _str(queue, "queue"), _seqs(seqs), _num(delay, "delay"))
+        _, rid, queue, seqs, delay, epoch = _fields(body, 5, "release")
+        return cls(
+            _int(rid, "rid"),
+            _str(queue, "queue"),
+            _seqs(seqs),
+            _num(delay, "delay"),
+            _int(epoch, "epoch"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -536,6 +562,65 @@ class Goodbye(Event):
         return cls(_str(_fields(body, 1, "goodbye")[1], "reason"))
 
 
+@dataclass(frozen=True, slots=True)
+class FlowChanged(Event):
+    """The subscription ``rid``'s flow became active (under a new ``epoch``) or inactive
+    (``epoch`` is the one that ended). Resent until the client answers with a FlowAck."""
+
+    TYPE: ClassVar[int] = 18
+    rid: int
+    flow: int
+    active: bool
+    epoch: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.flow, self.active, self.epoch]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> FlowChanged:
+        _, rid, flow, active, epoch = _fields(body, 4, "flowchanged")
+        return cls(
+            _int(rid, "rid"), _int(flow, "flow"), _bool(active, "active"), _int(epoch, "epoch")
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class FlowAck(Event):
+    """The client took note of the FlowChanged with these fields."""
+
+    TYPE: ClassVar[int] = 19
+    rid: int
+    active: bool
+    epoch: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.active, self.epoch]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> FlowAck:
+        _, rid, active, epoch = _fields(body, 3, "flowack")
+        return cls(_int(rid, "rid"), _bool(active, "active"), _int(epoch, "epoch"))
+
+
+@dataclass(frozen=True, slots=True)
+class Unbound(Event):
+    """The subscription ``rid``'s flow was unbound by the node (an administrator, or its
+    queue was deleted): it is inactive, and the subscription is over."""
+
+    TYPE: ClassVar[int] = 20
+    rid: int
+    flow: int
+    reason: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.rid, self.flow, self.reason]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Unbound:
+        _, rid, flow, reason = _fields(body, 3, "unbound")
+        return cls(_int(rid, "rid"), _int(flow, "flow"), _str(reason, "reason"))
+
+
 EVENT_TYPES: dict[int, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -556,6 +641,9 @@ EVENT_TYPES: dict[int, type[Event]] = {
         Ping,
         Pong,
         Goodbye,
+        FlowChanged,
+        FlowAck,
+        Unbound,
     )
 }
 

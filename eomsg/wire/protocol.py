@@ -35,6 +35,8 @@ from eomsg.wire.events import (
     Error,
     Event,
     Fetch,
+    FlowAck,
+    FlowChanged,
     Goodbye,
     Hello,
     Ping,
@@ -44,6 +46,7 @@ from eomsg.wire.events import (
     Release,
     Result,
     Subscribe,
+    Unbound,
     Welcome,
     decode_event,
 )
@@ -75,8 +78,8 @@ PEER_CLOSED: Final = _Sentinel.CLOSED
 """next_event(): the peer closed the connection cleanly, between frames."""
 
 _C, _S = Role.CLIENT, Role.SERVER
-_REQUESTS = (Publish, Fetch, Subscribe, Cancel, Delete, Release, Call)
-_ANSWERS = (Published, Deliver, Deleted, Result, Error)
+_REQUESTS = (Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck)
+_ANSWERS = (Published, Deliver, Deleted, Result, Error, FlowChanged, Unbound)
 
 TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
     (_C, State.START, Hello): State.HELLO_SENT,
