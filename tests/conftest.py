@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -141,3 +142,15 @@ def serve(
     yield start
     for node in started:
         node.kill()
+
+
+def messages(out: str | bytes) -> list[dict[str, Any]]:
+    """The message lines of ``eomsg consume --json`` output (without activity events)."""
+    lines = [json.loads(x) for x in (out.decode() if isinstance(out, bytes) else out).splitlines()]
+    return [x for x in lines if "event" not in x]
+
+
+def activity(out: str | bytes) -> list[dict[str, Any]]:
+    """The activity lines of ``eomsg consume --json`` output."""
+    lines = [json.loads(x) for x in (out.decode() if isinstance(out, bytes) else out).splitlines()]
+    return [x for x in lines if "event" in x]

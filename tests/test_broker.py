@@ -26,7 +26,7 @@ from eomsg.core.queues import QueueConfig
 from eomsg.errors import AuthenticationFailed, Overloaded, QueueNotFound, Unavailable
 from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
-from tests.conftest import NodeProcess
+from tests.conftest import NodeProcess, messages
 
 Serve = Callable[..., NodeProcess]
 
@@ -301,7 +301,7 @@ def test_cli_commands_go_through_the_running_node(
     (stats,) = json.loads(run("inspect", "queues", "--json"))
     assert stats["depth"] == 1
     tcp_env = {**cli_env, "EOMSG_BROKER": node.tcp, "EOMSG_TOKEN": node.token}
-    line = json.loads(run("consume", "q", "--json", env=tcp_env))
+    (line,) = messages(run("consume", "q", "--json", env=tcp_env))
     assert line["payload"] == "hello" and line["attempt"] == 1
     bad = subprocess.run(
         [eomsg_bin, "queue", "list"],
@@ -329,6 +329,8 @@ def test_consume_follow_waits_for_new_messages(
                 client.publish("t/f", f"m{i}".encode())
                 time.sleep(0.1)
         assert follower.stdout is not None
+        first = json.loads(follower.stdout.readline())
+        assert first == {"event": "active", "queue": "q", "flow": first["flow"], "epoch": 1}
         lines = [json.loads(follower.stdout.readline()) for _ in range(3)]
         assert [x["payload"] for x in lines] == ["m0", "m1", "m2"]
     finally:

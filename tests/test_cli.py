@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 from eomsg.cli.app import app
 from eomsg.errors import ExitCode
+from tests.conftest import messages
 
 
 @pytest.fixture
@@ -44,7 +45,7 @@ def test_the_issue_walkthrough(run) -> None:  # type: ignore[no-untyped-def]
     r = run("publish", "orders/us/new", "--stdin", input="".join(f"{i}\n" for i in range(1, 1001)))
     assert r.stdout == "published 1000 messages (seq 2..1001), 0 duplicates\n"
     r = run("consume", "orders", "--max", "10", "--json")
-    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    lines = messages(r.stdout)
     assert [m["seq"] for m in lines] == list(range(1, 11))
     assert lines[0] | {"published_at": 0, "expires_at": 0} == {
         "seq": 1,
@@ -91,7 +92,7 @@ def test_publish_json_contract(run) -> None:  # type: ignore[no-untyped-def]
 def test_binary_payload_is_base64(run) -> None:  # type: ignore[no-untyped-def]
     run("queue", "create", "q", "-s", "t")
     run("publish", "t", "-", input=b"\xff\x00binary")
-    out = json.loads(run("consume", "q", "--json").stdout)
+    (out,) = messages(run("consume", "q", "--json").stdout)
     assert out["payload_b64"] == "/wBiaW5hcnk=" and "payload" not in out
 
 
@@ -108,6 +109,7 @@ def test_consume_exec_deletes_only_on_success(run, tmp_path: Path) -> None:  # t
         code=ExitCode.HANDLER_FAILED,
     )
     assert r.stderr == (
+        "active: flow 1 on q (epoch 1)\n"
         "Error: handler exited 3 on message 1 (attempt 1); it was released for redelivery\n"
     )
     run("consume", "q", "--exec", f'cat >> {seen}; echo " $EOMSG_ATTEMPT" >> {seen}')

@@ -14,6 +14,7 @@ import pytest
 
 from eomsg.errors import ExitCode
 from eomsg.node.node import Node, NodeSettings
+from tests.conftest import messages
 
 
 def eomsg(
@@ -57,11 +58,9 @@ def test_cli_subprocess_walkthrough(eomsg_bin: str, cli_env: dict[str, str]) -> 
     acks = [json.loads(line) for line in r.stdout.splitlines()]
     assert [a["seq"] for a in acks] == list(range(1, 1001))
     r = eomsg(eomsg_bin, cli_env, "consume", "orders", "--json")
-    assert [json.loads(line)["payload"] for line in r.stdout.splitlines()] == [
-        str(i) for i in range(1, 1001)
-    ]
+    assert [m["payload"] for m in messages(r.stdout)] == [str(i) for i in range(1, 1001)]
     r = eomsg(eomsg_bin, cli_env, "consume", "orders", "--json")
-    assert (r.returncode, r.stdout) == (0, b"")
+    assert (r.returncode, messages(r.stdout)) == (0, [])
     r = eomsg(eomsg_bin, cli_env, "publish", "bad topic", "x")
     assert r.returncode == ExitCode.INVALID_INPUT and r.stderr.startswith(b"Error: topic")
     r = eomsg(eomsg_bin, cli_env, "--version")
@@ -161,7 +160,7 @@ def test_sigkill_while_publishing_loses_and_duplicates_nothing(
     again = [json.loads(x) for x in r.stdout.splitlines()]
     assert all(a["duplicate"] for a in again if a["id"] in acked)
     r = eomsg(eomsg_bin, cli_env, "consume", "orders", "--json")
-    got = [json.loads(x) for x in r.stdout.splitlines()]
+    got = messages(r.stdout)
     assert sorted(m["id"] for m in got) == sorted(f"m{i}" for i in range(1, n + 1))
     assert all(m["payload"] == f"payload-{m['id'][1:]}" for m in got)
 
@@ -208,12 +207,12 @@ def test_crash_before_delete_redelivers(
         "--json",
         extra_env={"EOMSG_FAILPOINTS": "delete.before_commit=crash"},
     )
-    assert r.returncode == -signal.SIGKILL and len(r.stdout.splitlines()) == 2
+    assert r.returncode == -signal.SIGKILL and len(messages(r.stdout)) == 2
     r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
-    assert r.stdout == b""  # still in flight until the ack timeout
+    assert messages(r.stdout) == []  # still in flight until the ack timeout
     time.sleep(1.1)
     r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
-    assert [(m["payload"], m["attempt"]) for m in map(json.loads, r.stdout.splitlines())] == [
+    assert [(m["payload"], m["attempt"]) for m in messages(r.stdout)] == [
         ("a", 2),
         ("b", 2),
     ]
@@ -241,7 +240,8 @@ def test_crash_during_garbage_collection_keeps_a_consistent_store(
     eomsg(eomsg_bin, cli_env, "config", "set", "retention", "0")
     eomsg(eomsg_bin, cli_env, "config", "set", "gc-interval", "0")  # collect at every close
     eomsg(eomsg_bin, cli_env, "publish", "t", "--stdin", "--id-prefix", "m", input=b"a\nb\nc\n")
-    # consume deletes, then closing runs garbage collection, killed before it commits.
+    # consume reserves epochs (job 1) and deletes; closing runs garbage collection (job 2),
+    # killed before it commits.
     r = eomsg(
         eomsg_bin,
         cli_env,
@@ -249,11 +249,11 @@ def test_crash_during_garbage_collection_keeps_a_consistent_store(
         "q",
         "--max",
         "2",
-        extra_env={"EOMSG_FAILPOINTS": "store.job.before_commit=crash"},
+        extra_env={"EOMSG_FAILPOINTS": "store.job.before_commit=crash@2"},
     )
     assert r.returncode == -signal.SIGKILL and r.stdout == b"1 t a\n2 t b\n"
     assert log_ids(data_dir) == ["m1", "m2", "m3"]  # the collection rolled back whole
     r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
-    assert [json.loads(x)["id"] for x in r.stdout.splitlines()] == ["m3"]  # 1, 2 deleted
+    assert [m["id"] for m in messages(r.stdout)] == ["m3"]  # 1, 2 deleted
     stats = json.loads(eomsg(eomsg_bin, cli_env, "inspect", "queues", "--json").stdout)[0]
     assert (stats["depth"], stats["deleted"]) == (0, 3)

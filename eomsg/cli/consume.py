@@ -1,14 +1,21 @@
 """``eomsg consume``: take messages from a queue, print them or run a command on each,
-and delete each only once it has been handled."""
+and delete each only once it has been handled.
+
+The command binds to the queue as a consumer (seed 002): on an exclusive or limited queue
+it may start on standby, and it reports each change of activity — on stderr as text, or
+with ``--json`` as its own ``{"event": "active" | "inactive", …}`` line between the
+message lines."""
 
 from __future__ import annotations
 
+import functools
 import json as jsonlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,11 +28,10 @@ from eomsg.cli.common import (
     require_client,
 )
 from eomsg.client.sync import Client
+from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered
 from eomsg.errors import HandlerFailed
 from eomsg.node.node import Node
-
-FOLLOW_WAIT = 30.0  # seconds one long poll waits for a message before asking again
 
 
 @handles_errors
@@ -42,60 +48,128 @@ def consume(
             "the message is deleted only if it exits 0.",
         ),
     ] = None,
-    batch: Annotated[int, typer.Option(min=1, max=10_000, help="Messages per fetch.")] = 1000,
+    batch: Annotated[
+        int, typer.Option(min=1, max=10_000, help="Messages per fetch (prefetch).")
+    ] = 1000,
     follow: Annotated[
         bool,
         typer.Option(
             "--follow", "-f", help="Keep waiting for new messages (needs a running node)."
         ),
     ] = False,
+    priority: Annotated[
+        int,
+        typer.Option(help="Priority of this consumer on a queue that limits active ones."),
+    ] = 0,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Consume messages until the queue has none ready (or --max is reached); with
-    --follow, until interrupted."""
-    remaining = max
-    deletions: list[Future[list[bool]]] = []
+    """Consume messages until the queue has none ready for this consumer (or --max is
+    reached); with --follow, until interrupted, waiting on standby while others are
+    active."""
     with open_node(data) as node:
-        client = require_client(node, "--follow") if follow else None
-        while remaining is None or remaining > 0:
-            size = 1 if exec_ is not None else batch
-            size = size if remaining is None else min(size, remaining)
-            if client is not None:
-                taken = client.fetch(queue, size, wait=FOLLOW_WAIT)
-                if not taken:
-                    continue
+        if follow:
+            require_client(node, "--follow")
+        size = 1 if exec_ is not None else batch
+        if isinstance(node, Client):
+            _through_node(node, queue, size, priority, follow, max, exec_, json)
+        else:
+            _embedded(node, queue, size, priority, max, exec_, json)
+
+
+def _through_node(
+    client: Client,
+    queue: str,
+    prefetch: int,
+    priority: int,
+    follow: bool,
+    remaining: int | None,
+    command: str | None,
+    as_json: bool,
+) -> None:
+    with client.consumer(queue, prefetch, priority=priority, until_empty=not follow) as consumer:
+        for item in consumer.events():
+            if isinstance(item, FlowEvent):
+                _announce(item, as_json)
+                continue
+            if command is not None:
+                _run_handler(command, item.delivered, item.delete, item.release)
             else:
-                taken = node.fetch(queue, size)
+                _write([item.delivered], as_json, item.release)
+                item.delete()
+            if remaining is not None:
+                remaining -= 1
+                if remaining == 0:
+                    break
+
+
+def _embedded(
+    node: Node,
+    queue: str,
+    size: int,
+    priority: int,
+    remaining: int | None,
+    command: str | None,
+    as_json: bool,
+) -> None:
+    flow = node.bind(queue, priority=priority, owner=f"eomsg consume (pid {os.getpid()})")
+    kind = "active" if flow.active else "inactive"
+    _announce(FlowEvent(queue, flow.flow, kind, flow.active, flow.epoch), as_json)
+    deletions: list[Future[list[bool]]] = []
+    try:
+        while remaining is None or remaining > 0:
+            taken = node.fetch(
+                queue, size if remaining is None else min(size, remaining), flow=flow.flow
+            )
             if not taken:
                 break
-            if exec_ is not None:
-                _run_handler(node, exec_, taken[0])
+            seqs = [d.seq for d in taken]
+            if command is not None:
+                _run_handler(
+                    command,
+                    taken[0],
+                    functools.partial(node.delete, queue, seqs, epoch=flow.epoch),
+                    functools.partial(node.release, queue, seqs, epoch=flow.epoch),
+                )
             else:
-                deletions.append(_print_then_delete(node, taken, json))
+                _write(
+                    taken, as_json, functools.partial(node.release, queue, seqs, epoch=flow.epoch)
+                )
+                # shares a group commit with the next fetch
+                deletions.append(node.delete_async(queue, seqs, epoch=flow.epoch))
             if remaining is not None:
                 remaining -= len(taken)
         for deleted in deletions:  # every deletion is durable before we exit 0
             deleted.result()
+    finally:
+        node.unbind(queue, flow.flow)
 
 
-def _print_then_delete(
-    node: Node | Client, taken: list[Delivered], as_json: bool
-) -> Future[list[bool]]:
-    """Write the batch to stdout, flush, and only then delete it; if stdout fails, give
-    the batch back so nothing is lost. Returns the deletion's commit, which shares a
-    group commit with the next fetch."""
+def _announce(event: FlowEvent, as_json: bool) -> None:
+    """A change of this consumer's activity: a JSON line among the messages, or a note
+    on stderr (so that stdout carries only messages)."""
+    if as_json:
+        sys.stdout.write(jsonlib.dumps(event.to_json()) + "\n")
+        sys.stdout.flush()
+    elif event.active:
+        print(f"active: flow {event.flow} on {event.queue} (epoch {event.epoch})", file=sys.stderr)
+    else:
+        print(f"standby: flow {event.flow} on {event.queue}", file=sys.stderr)
+
+
+def _write(taken: list[Delivered], as_json: bool, give_back: Callable[[], Any]) -> None:
+    """Write messages to stdout and flush, before they are deleted; if stdout fails,
+    give them back so nothing is lost."""
     try:
         out = sys.stdout
         for d in taken:
             out.write(_render(d, as_json))
         out.flush()
     except (BrokenPipeError, OSError):
-        node.release(taken[0].queue, [d.seq for d in taken])
+        give_back()
         # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
-    return node.delete_async(taken[0].queue, [d.seq for d in taken])
 
 
 def _render(d: Delivered, as_json: bool) -> str:
@@ -106,7 +180,9 @@ def _render(d: Delivered, as_json: bool) -> str:
     return f"{d.seq} {d.message.topic} {text}\n"
 
 
-def _run_handler(node: Node | Client, command: str, d: Delivered) -> None:
+def _run_handler(
+    command: str, d: Delivered, delete: Callable[[], Any], release: Callable[[], Any]
+) -> None:
     m = d.message
     env = {
         **os.environ,
@@ -115,13 +191,16 @@ def _run_handler(node: Node | Client, command: str, d: Delivered) -> None:
         "EOMSG_ID": m.id or "",
         "EOMSG_TOPIC": m.topic,
         "EOMSG_ATTEMPT": str(d.attempt),
+        "EOMSG_EPOCH": str(d.epoch),
         "EOMSG_HEADERS": jsonlib.dumps(m.headers),
     }
     code = subprocess.run(command, shell=True, input=m.payload, env=env, check=False).returncode
     if code == 0:
-        node.delete(d.queue, [m.seq])
+        result = delete()
+        if hasattr(result, "result"):
+            result.result()  # durable before the next message
         return
-    node.release(d.queue, [m.seq])
+    release()
     raise HandlerFailed(
         f"handler exited {code} on message {m.seq} (attempt {d.attempt}); it was released "
         "for redelivery"

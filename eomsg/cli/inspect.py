@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import time
 from typing import Annotated, Any
 
 import typer
@@ -52,6 +53,35 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             str(s.expired),
             str(s.dead_lettered),
             "-" if s.oldest_age is None else format_duration(s.oldest_age),
+        )
+    console.print(table)
+
+
+@app.command()
+@handles_errors
+def flows(
+    queue: Annotated[str | None, typer.Argument(help="Queue (default: every queue).")] = None,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Consumers bound to queues: priority, active or standby, epoch, messages held."""
+    with open_node(data, create=False) as node:
+        bound = node.flows(queue)
+        now = time.time()
+    if json:
+        print_json([f.to_json() for f in bound])
+        return
+    table = Table("queue", "flow", "consumer", "priority", "state", "epoch", "in flight", "bound")
+    for f in bound:
+        table.add_row(
+            f.queue,
+            str(f.flow),
+            f.owner or "-",
+            str(f.priority),
+            "[green]active[/]" if f.active else "standby",
+            str(f.epoch) if f.active else "-",
+            str(f.in_flight),
+            format_duration(max(0.0, now - f.bound_at)) + " ago",
         )
     console.print(table)
 

@@ -16,6 +16,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_node,
     print_json,
+    require_client,
 )
 from eomsg.core.durations import parse_duration
 from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
@@ -42,6 +43,21 @@ def create(
     ack_timeout: Annotated[
         str, typer.Option(help="How long a delivery may stay unacknowledged.")
     ] = f"{int(DEFAULT_ACK_TIMEOUT)}s",
+    max_active: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Consumers receiving at once: 1 exclusive, N limited, 0 no limit; the "
+            "others wait on standby.",
+        ),
+    ] = 0,
+    immediate: Annotated[
+        bool,
+        typer.Option(
+            help="A newly bound consumer of higher priority takes over at once "
+            "(--no-immediate: it waits for a free slot).",
+        ),
+    ] = True,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
@@ -52,6 +68,8 @@ def create(
         max_redeliveries=max_redeliveries,
         dead_letter=dead_letter,
         ack_timeout=parse_duration(ack_timeout),
+        max_active=max_active,
+        immediate=immediate,
     )
     with open_node(data) as node:
         created = node.create_queue(config)
@@ -70,7 +88,14 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([c.to_json() for c in configs])
         return
-    table = Table("queue", "subscriptions", "max redeliveries", "dead letter", "ack timeout")
+    table = Table(
+        "queue",
+        "subscriptions",
+        "max redeliveries",
+        "dead letter",
+        "ack timeout",
+        "active consumers",
+    )
     for c in configs:
         table.add_row(
             c.name,
@@ -78,6 +103,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             "-" if c.max_redeliveries is None else str(c.max_redeliveries),
             c.dead_letter or "-",
             f"{c.ack_timeout:g}s",
+            _active_limit(c),
         )
     console.print(table)
 
@@ -156,3 +182,31 @@ def delete(
         print_json({"queue": name, "deleted": True, "dropped": dropped})
         return
     console.print(f"deleted queue {name} ({dropped} messages dropped)", markup=False)
+
+
+def _active_limit(c: QueueConfig) -> str:
+    if not c.max_active:
+        return "any"
+    return f"{c.kind} ({c.max_active}{'' if c.immediate else ', not immediate'})"
+
+
+@app.command()
+@handles_errors
+def unbind(
+    name: Annotated[str, typer.Argument(help="Queue name.")],
+    flow: Annotated[int, typer.Argument(help="Flow id (see `eomsg inspect flows`).")],
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Unbind a consumer from the queue as an administrator: it is told so, and the next
+    consumer in line becomes active and receives what it held."""
+    with open_node(data, create=False) as node:
+        client = require_client(node, "unbind")  # flows live in a running node
+        released = client.unbind(name, flow)
+    if json:
+        print_json({"queue": name, "flow": flow, "unbound": True, "released": released})
+        return
+    console.print(
+        f"unbound flow {flow} from {name} ({released} messages go to the next consumer)",
+        markup=False,
+    )

@@ -407,12 +407,16 @@ class AsyncClient:
         priority: int = 0,
         on_active: Callable[[FlowEvent], Any] | None = None,
         on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
     ) -> AsyncConsumer:
         """Bind to ``queue`` with ``priority`` and receive its messages while active, at
         most ``prefetch`` undeleted at a time; iteration ends after ``idle_timeout``
-        seconds without one (never if None). ``on_active`` / ``on_inactive`` hear each
+        seconds without one (never if None), or with ``until_empty`` as soon as the node
+        has nothing ready for this consumer. ``on_active`` / ``on_inactive`` hear each
         change of activity (on the event loop: they must not block)."""
-        return AsyncConsumer(self, queue, prefetch, idle_timeout, priority, on_active, on_inactive)
+        return AsyncConsumer(
+            self, queue, prefetch, idle_timeout, priority, on_active, on_inactive, until_empty
+        )
 
     async def subscribe_raw(
         self, queue: str, prefetch: int, sink: Callable[[Item], None], priority: int = 0
@@ -708,12 +712,14 @@ class AsyncConsumer:
         priority: int = 0,
         on_active: Callable[[FlowEvent], Any] | None = None,
         on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
     ) -> None:
         self.client = client
         self.queue = queue
         self.prefetch = prefetch
         self.idle_timeout = idle_timeout
         self.priority = priority
+        self.until_empty = until_empty
         self.activity = Activity(on_active, on_inactive, lambda fn, e: fn(e))
         self._inbox: asyncio.Queue[Item] = asyncio.Queue()
         self._became_active = asyncio.Event()
@@ -792,6 +798,8 @@ class AsyncConsumer:
             if isinstance(item, FlowEvent):
                 yield item
                 continue
+            if not item and self.until_empty:  # the node has nothing ready for us
+                return
             self._batch = item
             self._batch.reverse()
 

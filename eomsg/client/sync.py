@@ -219,14 +219,18 @@ class Client:
         priority: int = 0,
         on_active: Callable[[FlowEvent], Any] | None = None,
         on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
     ) -> Consumer:
         """Bind to ``queue`` with ``priority`` (seed 002) and receive its messages while
         this consumer is active, at most ``prefetch`` undeleted at a time. Iterating
         waits for messages; it ends after ``idle_timeout`` seconds without one (never,
-        if None). ``on_active`` / ``on_inactive`` hear each change of activity, the
+        if None), or with ``until_empty`` as soon as the node has nothing ready for this
+        consumer. ``on_active`` / ``on_inactive`` hear each change of activity, the
         state at bind included, on a thread of the consumer's own; losing the
         connection counts as becoming inactive."""
-        return Consumer(self, queue, prefetch, idle_timeout, priority, on_active, on_inactive)
+        return Consumer(
+            self, queue, prefetch, idle_timeout, priority, on_active, on_inactive, until_empty
+        )
 
     def elect(
         self,
@@ -401,12 +405,14 @@ class Consumer:
         priority: int = 0,
         on_active: Callable[[FlowEvent], Any] | None = None,
         on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
     ) -> None:
         self.client = client
         self.queue = queue
         self.prefetch = prefetch
         self.idle_timeout = idle_timeout
         self.priority = priority
+        self.until_empty = until_empty
         self.activity = Activity(on_active, on_inactive, self._dispatch)
         self._inbox: queuelib.SimpleQueue[Item] = queuelib.SimpleQueue()
         self._changed = threading.Condition()
@@ -493,6 +499,8 @@ class Consumer:
             if isinstance(item, FlowEvent):
                 yield item
                 continue
+            if not item and self.until_empty:  # the node has nothing ready for us
+                return
             self._batch = item
             self._batch.reverse()
 

@@ -67,6 +67,7 @@ class _Subscription:
     epoch: int = 0  # the flow's current epoch; 0 while it is not active
     held: dict[int, int] = field(default_factory=dict)  # seq -> attempt
     unacked: list[ev.FlowChanged] = field(default_factory=list)
+    dry: bool = False  # told the client it has nothing more for now (an empty Deliver)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     closed: bool = False
@@ -386,6 +387,8 @@ class Session(asyncio.Protocol):
         while not sub.closed:
             room = sub.prefetch - len(sub.held)
             if room <= 0 or not self.writable or not sub.epoch:
+                if not sub.epoch:
+                    self._dry(sub)
                 sub.wake.clear()  # set by a delete, a release, resume_writing, an
                 await sub.wake.wait()  # activation or a stop
                 continue
@@ -404,12 +407,21 @@ class Session(asyncio.Protocol):
             if sub.closed:
                 break  # unbinding gives them back
             if not taken:
+                self._dry(sub)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready, poll)
                 continue
             for d in taken:
                 sub.held[d.seq] = d.attempt
+            sub.dry = False
             self._send_deliveries(sub.rid, sub.queue, taken, final=False, epoch=sub.epoch)
+
+    def _dry(self, sub: _Subscription) -> None:
+        """Tell the client, once per dry spell, that nothing is ready for it now (an
+        empty Deliver): a consumer that drains a queue and stops knows when to."""
+        if not sub.dry and not sub.closed:
+            sub.dry = True
+            self._send(ev.Deliver(sub.rid, sub.queue, (), epoch=sub.epoch))
 
     async def _cancel(self, event: ev.Cancel) -> None:
         sub = self.subscriptions.pop(event.subscription, None)
