@@ -5,6 +5,7 @@ embeds one in this process.
 """
 
 from eomsg.client import AsyncClient, Client, Received, connect, connect_async
+from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig
 from eomsg.node.node import Node, NodeSettings
@@ -13,6 +14,8 @@ __all__ = [
     "AsyncClient",
     "Client",
     "Delivered",
+    "FlowEvent",
+    "FlowInfo",
     "Message",
     "Node",
     "NodeSettings",

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -16,6 +17,8 @@ from typing import Any
 import pytest
 
 from eomsg.node.node import Node, NodeSettings
+from eomsg.wire import events as ev
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
 
 class FakeClock:
@@ -154,3 +157,34 @@ def activity(out: str | bytes) -> list[dict[str, Any]]:
     """The activity lines of ``eomsg consume --json`` output."""
     lines = [json.loads(x) for x in (out.decode() if isinstance(out, bytes) else out).splitlines()]
     return [x for x in lines if "event" in x]
+
+
+class RawClient:
+    """A hand-driven connection, to send what a well-behaved client never would."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(str(data_dir / "eomsg.sock"))
+        self.conn = Connection(Role.CLIENT)
+
+    def hello(self) -> ev.Event | None:
+        self.sock.sendall(self.conn.send(ev.Hello(ev.PROTOCOL_VERSION, "raw")))
+        return self.next()
+
+    def send(self, event: ev.Event) -> None:
+        self.sock.sendall(self.conn.send(event))
+
+    def next(self) -> ev.Event | None:
+        """The next event, or None when the node closed the connection."""
+        while True:
+            event = self.conn.next_event()
+            if event is PEER_CLOSED:
+                return None
+            if event is not NEED_DATA:
+                assert isinstance(event, ev.Event)
+                return event
+            self.conn.receive_data(self.sock.recv(65536))
+
+    def close(self) -> None:
+        self.sock.close()

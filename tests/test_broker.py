@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import struct
 import subprocess
 import threading
@@ -25,38 +24,9 @@ from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import AuthenticationFailed, Overloaded, QueueNotFound, Unavailable
 from eomsg.wire import events as ev
-from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
-from tests.conftest import NodeProcess, messages
+from tests.conftest import NodeProcess, RawClient, messages
 
 Serve = Callable[..., NodeProcess]
-
-
-class RawClient:
-    """A hand-driven connection, to send what a well-behaved client never would."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10)
-        self.sock.connect(str(data_dir / "eomsg.sock"))
-        self.conn = Connection(Role.CLIENT)
-
-    def hello(self) -> ev.Event | None:
-        self.sock.sendall(self.conn.send(ev.Hello(ev.PROTOCOL_VERSION, "raw")))
-        return self.next()
-
-    def next(self) -> ev.Event | None:
-        """The next event, or None when the node closed the connection."""
-        while True:
-            event = self.conn.next_event()
-            if event is PEER_CLOSED:
-                return None
-            if event is not NEED_DATA:
-                assert isinstance(event, ev.Event)
-                return event
-            self.conn.receive_data(self.sock.recv(65536))
-
-    def close(self) -> None:
-        self.sock.close()
 
 
 def frame(body: object) -> bytes:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json as jsonlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -67,6 +68,9 @@ def consume(
     """Consume messages until the queue has none ready for this consumer (or --max is
     reached); with --follow, until interrupted, waiting on standby while others are
     active."""
+    # SIGTERM ends the command as Ctrl-C does: what was printed is deleted, the rest is
+    # given back, and the flow is unbound — not left to the ack timeout.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with open_node(data) as node:
         if follow:
             require_client(node, "--follow")
@@ -75,6 +79,10 @@ def consume(
             _through_node(node, queue, size, priority, follow, max, exec_, json)
         else:
             _embedded(node, queue, size, priority, max, exec_, json)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _through_node(
