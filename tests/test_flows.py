@@ -418,6 +418,39 @@ def test_consume_without_follow_on_standby_stops_at_once(
     assert [a["event"] for a in activity(r.stdout)] == ["inactive"] and messages(r.stdout) == []
 
 
+def test_top_shows_queues_and_their_consumers(
+    node: NodeProcess, clients: Callable[[], Client], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    first, _ = bound(clients(), "ex")
+    bound(clients(), "ex")
+    producer = clients()
+    for _ in range(50):
+        producer.publish_async("ex/a", b"x")
+    producer.publish("ex/a", b"x")
+
+    def top(*args: str) -> str:
+        r = subprocess.run(
+            [eomsg_bin, "top", "-n", "1", "--interval", "0.5", *args],
+            env={**cli_env, "COLUMNS": "200"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    frame = json.loads(top("--json"))
+    ex = next(q for q in frame["queues"] if q["name"] == "ex")
+    assert (ex["max_active"], ex["flows"], ex["active"]) == (1, 2, 1)
+    assert [(f["queue"], f["state"]) for f in frame["flows"]] == [
+        ("ex", "active"),
+        ("ex", "standby"),
+    ]
+    assert frame["flows"][0]["flow"] == first.flow
+    text = top()
+    assert "exclusive" in text and "1 active, 1 standby" in text and "standby" in text
+
+
 CONSUMER = textwrap.dedent(
     """
     import os, sys, eomsg

@@ -12,6 +12,7 @@ from eomsg.cli.common import Target
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.serve import serve
+from eomsg.cli.top import top
 
 app = typer.Typer(
     help="Durable, exactly-once messaging for applications that keep their own databases.",
@@ -22,6 +23,7 @@ app = typer.Typer(
 app.command()(publish)
 app.command()(consume)
 app.command()(serve)
+app.command()(top)
 app.add_typer(queue.app, name="queue")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")

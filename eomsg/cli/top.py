@@ -1,0 +1,145 @@
+"""``eomsg top``: a live view of the queues (depth, rates) and the consumers bound to
+them (active or on standby), refreshed until Ctrl-C."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    handles_errors,
+    open_node,
+    print_json,
+)
+from eomsg.client.sync import Client
+from eomsg.core.election import FlowInfo
+from eomsg.core.queues import QueueStats
+from eomsg.node.node import Node
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One refresh: every queue with its rates over the last interval, every flow."""
+
+    at: float  # wall clock, for people
+    tick: float  # monotonic, for rates
+    queues: list[QueueStats]
+    flows: list[FlowInfo]
+    rates: dict[str, tuple[float, float]]  # queue -> (in/s, out/s)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "at": self.at,
+            "queues": [
+                {**q.to_json(), "in_rate": self.rates[q.name][0], "out_rate": self.rates[q.name][1]}
+                for q in self.queues
+            ],
+            "flows": [f.to_json() for f in self.flows],
+        }
+
+
+def _arrived(q: QueueStats) -> int:
+    return q.depth + q.deleted + q.expired + q.dead_lettered + q.purged
+
+
+def take_frame(node: Node | Client, previous: Frame | None) -> Frame:
+    """Look at the node once; rates are the change since ``previous`` (0 on the first)."""
+    now = time.monotonic()
+    queues, flows = node.stats(), node.flows()
+    before = {q.name: q for q in previous.queues} if previous is not None else {}
+    rates = {}
+    for q in queues:
+        old = before.get(q.name)
+        span = now - previous.tick if previous is not None else 0.0
+        if old is None or span <= 0:
+            rates[q.name] = (0.0, 0.0)
+        else:
+            rates[q.name] = (
+                max(0, _arrived(q) - _arrived(old)) / span,
+                max(0, q.deleted - old.deleted) / span,
+            )
+    return Frame(time.time(), now, queues, flows, rates)
+
+
+def render(frame: Frame) -> Group:
+    queues = Table(
+        "queue", "kind", "depth", "in flight", "in/s", "out/s", "consumers", title="queues"
+    )
+    bound: dict[str, list[FlowInfo]] = {}
+    for f in frame.flows:
+        bound.setdefault(f.queue, []).append(f)
+    for q in frame.queues:
+        flows = bound.get(q.name, [])
+        active = sum(f.active for f in flows)
+        kind = {0: "shared", 1: "exclusive"}.get(q.max_active, f"limited {q.max_active}")
+        in_rate, out_rate = frame.rates[q.name]
+        queues.add_row(
+            q.name,
+            kind,
+            str(q.depth),
+            str(q.in_flight),
+            f"{in_rate:,.0f}",
+            f"{out_rate:,.0f}",
+            f"{active} active, {len(flows) - active} standby" if flows else "-",
+        )
+    flows_table = Table(
+        "queue", "flow", "consumer", "priority", "state", "epoch", "in flight", title="flows"
+    )
+    for f in frame.flows:
+        flows_table.add_row(
+            f.queue,
+            str(f.flow),
+            f.owner or "-",
+            str(f.priority),
+            "[green]active[/]" if f.active else "[yellow]standby[/]",
+            str(f.epoch) if f.active else "-",
+            str(f.in_flight),
+        )
+    return Group(queues, flows_table)
+
+
+@handles_errors
+def top(
+    interval: Annotated[
+        float, typer.Option(min=0.1, max=3600, help="Seconds between refreshes.")
+    ] = 1.0,
+    count: Annotated[
+        int | None,
+        typer.Option("--count", "-n", min=1, help="Stop after this many refreshes."),
+    ] = None,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Watch queues (depth, in and out rates) and their consumers (active or standby)
+    live, until Ctrl-C or --count refreshes; --json prints one line per refresh."""
+    with open_node(data, create=False) as node:
+        frame = take_frame(node, None)
+        shown = 0
+        if json:
+            while True:
+                time.sleep(interval)
+                frame = take_frame(node, frame)
+                print_json(frame.to_json())
+                shown += 1
+                if count is not None and shown >= count:
+                    return
+        with Live(render(frame), console=console, auto_refresh=False) as live:
+            try:
+                while count is None or shown < count:
+                    time.sleep(interval)
+                    frame = take_frame(node, frame)
+                    live.update(render(frame), refresh=True)
+                    shown += 1
+            except KeyboardInterrupt:
+                pass
+        console.line()
