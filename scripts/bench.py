@@ -17,6 +17,11 @@ serve``), with the Python client on its Unix socket (see scripts/bench_broker.py
   e2e          publish and consume at once; timed until the last message is consumed
   latency      one message in flight at a time; adds p50_ms, p99_ms and max_ms
 
+Failover of an exclusive queue (scripts/bench_failover.py), ``--n`` failovers with
+``--held`` messages held by the consumer that goes away:
+  failover-unbind  the active consumer unbinds gracefully
+  failover-kill    the active consumer's process is killed with SIGKILL
+
 Messages carry ids (deduplicated) unless ``--no-ids``. ``--log-size L`` first fills
 the log with L messages that have already been consumed (retained for replay, not
 pending), so the measured messages land on a log of that size: compare L = 10^4 and
@@ -40,6 +45,7 @@ import time
 from pathlib import Path
 
 import bench_broker  # scripts/ is on the path when this file runs as a script
+import bench_failover
 import duckdb
 
 from eomsg.core.message import Outgoing
@@ -51,6 +57,7 @@ SCENARIOS = (
     "embedded-publish-batch",
     "embedded-consume",
     *bench_broker.SCENARIOS,
+    *bench_failover.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -173,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--inflight", type=int, default=100, help="publish-c32: unacknowledged per connection"
     )
+    parser.add_argument("--held", type=int, default=100, help="failover: messages held")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
@@ -183,6 +191,18 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
     global IDS
     IDS = not args.no_ids
+    if args.scenario in bench_failover.SCENARIOS:
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            failover = bench_failover.run(args.scenario, args.n, args.held, Path(tmp))
+        failover["machine"] = machine()
+        if args.json:
+            print(json.dumps(failover))
+        else:
+            print(
+                f"{args.scenario}: activate {failover['activate_ms']} ms, "
+                f"first message {failover['first_message_ms']} ms (n={args.n})"
+            )
+        return 0
     if args.scenario in bench_broker.SCENARIOS:
         if args.log_size:
             parser.error("--log-size applies to the embedded scenarios only")

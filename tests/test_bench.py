@@ -54,3 +54,11 @@ def test_broker_scenarios_print_one_json_object(scenario: str) -> None:
     assert result["scenario"] == scenario and result["msgs_per_s"] > 0  # type: ignore[operator]
     if scenario == "latency":
         assert 0 < result["p50_ms"] <= result["p99_ms"]  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("scenario", ["failover-unbind", "failover-kill"])
+def test_failover_scenarios_print_one_json_object(scenario: str) -> None:
+    result = bench("--scenario", scenario, "--n", "1", "--held", "5")
+    timings = result["activate_ms"]
+    assert result["scenario"] == scenario and result["held"] == 6
+    assert 0 < timings["p50"] <= timings["max"]  # type: ignore[index]
