@@ -13,13 +13,16 @@ from eomsg.core.queues import QueueConfig
 from eomsg.errors import (
     DataDirError,
     DataDirLocked,
+    FlowNotFound,
     InvalidTopic,
+    NotActive,
     NotInFlight,
     PayloadTooLarge,
     QueueExists,
     QueueNotEmpty,
     QueueNotFound,
     SchemaTooNew,
+    StaleEpoch,
     StorageError,
 )
 from eomsg.node.node import Node
@@ -298,3 +301,56 @@ def test_row_tables_list_columns_in_table_order(node: Node) -> None:
     for name, schema in ROW_TABLES.items():
         columns, _ = node.query(f"SELECT * FROM {name} LIMIT 0")
         assert columns == schema.names, name
+
+
+# -- flows (seed 002), in process: the node's side of the election ----------------------
+
+
+def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node: Node) -> None:
+    node.create_queue(QueueConfig("ex", ("ex/>",), max_active=1))
+    for i in range(3):
+        node.publish("ex/a", str(i).encode())
+    heard: list[tuple[int, str, int]] = []
+    low = node.bind("ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
+    held = node.fetch("ex", 10, flow=low.flow)
+    assert [d.epoch for d in held] == [low.epoch] * 3
+    high = node.bind("ex", priority=2, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
+    assert heard == [
+        (low.flow, "bound", low.epoch),
+        (low.flow, "inactive", low.epoch),
+        (high.flow, "bound", high.epoch),
+    ]
+    assert node.fetch("ex", 10, flow=low.flow) == []  # inactive: nothing
+    with pytest.raises(StaleEpoch):
+        node.delete("ex", [held[0].seq], epoch=low.epoch)
+    got = node.fetch("ex", 10, flow=high.flow)
+    assert [(d.seq, d.attempt) for d in got] == [(d.seq, 2) for d in held]
+    with pytest.raises(StaleEpoch):  # the message is another epoch's now
+        node.delete("ex", [got[0].seq])
+    assert node.delete("ex", [d.seq for d in got], epoch=high.epoch) == [True] * 3
+    with pytest.raises(NotActive):
+        node.fetch("ex", 10)
+    assert [(f.flow, f.active) for f in node.flows("ex")] == [(high.flow, True), (low.flow, False)]
+    assert node.unbind("ex", low.flow) == 0
+    with pytest.raises(FlowNotFound):
+        node.unbind("ex", low.flow)
+
+
+def test_epochs_never_repeat_across_restarts(open_node: NodeFactory) -> None:
+    seen = []
+    for _ in range(3):
+        with open_node() as node:
+            if "q" not in node.queue_names():
+                node.create_queue(QueueConfig("q", max_active=1))
+            flow = node.bind("q")
+            seen.append(flow.epoch)
+            node.unbind("q", flow.flow)
+    assert seen == sorted(set(seen))
+
+
+def test_deleting_a_queue_unbinds_its_flows(node: Node) -> None:
+    node.create_queue(QueueConfig("q", max_active=2))
+    heard: list[str] = []
+    node.bind("q", notify=lambda e: heard.append(e.kind))
+    node.delete_queue("q")
+    assert heard == ["bound", "unbound"]

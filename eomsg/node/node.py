@@ -710,7 +710,8 @@ class Node:
             with self._lock:
                 q = self._queue(queue)
                 f = self._flow(q, flow)
-                held = q.cursor.in_flight_by_epoch().get(q.election.epoch_of(flow), 0)
+                epoch = q.election.epoch_of(flow)
+                held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
                 changes = q.election.unbind(flow)
                 future = self._apply(q, changes, now)
                 del self._flows[flow]
