@@ -17,7 +17,7 @@ import functools
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -700,32 +700,28 @@ class Activity:
         return self.active and d.epoch == self.epoch
 
 
-class AsyncConsumer:
-    """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
+class BaseConsumer:
+    """What both flavours of consumer share: the binding's settings, the activity of its
+    flow, and how the items of its inbox are read. The flavours differ only in how they
+    wait for the next item and settle a message."""
 
     def __init__(
         self,
-        client: AsyncClient,
         queue: str,
         prefetch: int,
         idle_timeout: float | None,
-        priority: int = 0,
-        on_active: Callable[[FlowEvent], Any] | None = None,
-        on_inactive: Callable[[FlowEvent], Any] | None = None,
-        until_empty: bool = False,
+        priority: int,
+        until_empty: bool,
+        activity: Activity,
     ) -> None:
-        self.client = client
         self.queue = queue
         self.prefetch = prefetch
         self.idle_timeout = idle_timeout
         self.priority = priority
         self.until_empty = until_empty
-        self.activity = Activity(on_active, on_inactive, lambda fn, e: fn(e))
-        self._inbox: asyncio.Queue[Item] = asyncio.Queue()
-        self._became_active = asyncio.Event()
+        self.activity = activity
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
-        self._pending: set[asyncio.Future[Any]] = set()
 
     @property
     def active(self) -> bool:
@@ -739,6 +735,53 @@ class AsyncConsumer:
     @property
     def flow(self) -> int:
         return self.activity.flow
+
+    def _buffered(self) -> Iterator[Received]:
+        """The received messages not yet handed out, skipping those of an epoch that is
+        over (the node took them back for the active flow)."""
+        while self._batch:
+            d = self._batch.pop()
+            if self.activity.current(d):
+                yield Received(d, self._settle)
+
+    def _step(self, item: Item) -> FlowEvent | bool:
+        """Take one inbox item: raise the error that ended the subscription, return a
+        change of activity to hand out, True to read on, or False to stop (an
+        ``until_empty`` consumer told that nothing is ready for it)."""
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, FlowEvent):
+            return item
+        if not item:
+            return not self.until_empty
+        self._batch = item
+        self._batch.reverse()
+        return True
+
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
+        raise NotImplementedError
+
+
+class AsyncConsumer(BaseConsumer):
+    """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        queue: str,
+        prefetch: int,
+        idle_timeout: float | None,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
+    ) -> None:
+        activity = Activity(on_active, on_inactive, lambda fn, e: fn(e))
+        super().__init__(queue, prefetch, idle_timeout, priority, until_empty, activity)
+        self.client = client
+        self._inbox: asyncio.Queue[Item] = asyncio.Queue()
+        self._became_active = asyncio.Event()
+        self._pending: set[asyncio.Future[Any]] = set()
 
     async def wait_active(self, timeout: float | None = None) -> bool:
         """Wait until the flow is active; False if ``timeout`` passed first."""
@@ -785,23 +828,17 @@ class AsyncConsumer:
     async def events(self) -> AsyncIterator[Received | FlowEvent]:
         """Messages and changes of activity, in the order the node sent them."""
         while True:
-            while self._batch:
-                d = self._batch.pop()
-                if self.activity.current(d):
-                    yield Received(d, self._settle)
+            for received in self._buffered():
+                yield received
             try:
                 item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
             except TimeoutError:
                 return
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, FlowEvent):
-                yield item
-                continue
-            if not item and self.until_empty:  # the node has nothing ready for us
+            step = self._step(item)
+            if step is False:
                 return
-            self._batch = item
-            self._batch.reverse()
+            if isinstance(step, FlowEvent):
+                yield step
 
     def _settle(self, how: str, d: Delivered, delay: float | None) -> asyncio.Future[Any]:
         future: asyncio.Future[Any]

@@ -20,7 +20,15 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from eomsg.client.aio import DEFAULT_WINDOW, Activity, AsyncClient, Item, Received, connect_async
+from eomsg.client.aio import (
+    DEFAULT_WINDOW,
+    Activity,
+    AsyncClient,
+    BaseConsumer,
+    Item,
+    Received,
+    connect_async,
+)
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
@@ -393,7 +401,7 @@ class Ack(Generic[T]):
                 fn(self)
 
 
-class Consumer:
+class Consumer(BaseConsumer):
     """``with client.consumer(queue) as consumer: for msg in consumer: …; msg.delete()``."""
 
     def __init__(
@@ -407,34 +415,15 @@ class Consumer:
         on_inactive: Callable[[FlowEvent], Any] | None = None,
         until_empty: bool = False,
     ) -> None:
+        activity = Activity(on_active, on_inactive, self._dispatch)
+        super().__init__(queue, prefetch, idle_timeout, priority, until_empty, activity)
         self.client = client
-        self.queue = queue
-        self.prefetch = prefetch
-        self.idle_timeout = idle_timeout
-        self.priority = priority
-        self.until_empty = until_empty
-        self.activity = Activity(on_active, on_inactive, self._dispatch)
         self._inbox: queuelib.SimpleQueue[Item] = queuelib.SimpleQueue()
         self._changed = threading.Condition()
         self._callbacks: queuelib.SimpleQueue[tuple[Callable[[FlowEvent], Any], FlowEvent] | None]
         self._callbacks = queuelib.SimpleQueue()
         self._caller: threading.Thread | None = None
-        self._batch: list[Delivered] = []
-        self._subscription: int | None = None
         self._pending: list[Ack[Any] | Future[Any]] = []
-
-    @property
-    def active(self) -> bool:
-        """Whether this consumer's flow is active (False once the connection is lost)."""
-        return self.activity.active
-
-    @property
-    def epoch(self) -> int:
-        return self.activity.epoch
-
-    @property
-    def flow(self) -> int:
-        return self.activity.flow
 
     def wait_active(self, timeout: float | None = None) -> bool:
         """Block until the flow is active; False if ``timeout`` passed first."""
@@ -486,23 +475,16 @@ class Consumer:
     def events(self) -> Iterator[Received | FlowEvent]:
         """Messages and changes of activity, in the order the node sent them."""
         while True:
-            while self._batch:
-                d = self._batch.pop()
-                if self.activity.current(d):
-                    yield Received(d, self._settle)
+            yield from self._buffered()
             try:
                 item = self._inbox.get(timeout=self.idle_timeout)
             except queuelib.Empty:
                 return
-            if isinstance(item, BaseException):
-                raise item
-            if isinstance(item, FlowEvent):
-                yield item
-                continue
-            if not item and self.until_empty:  # the node has nothing ready for us
+            step = self._step(item)
+            if step is False:
                 return
-            self._batch = item
-            self._batch.reverse()
+            if isinstance(step, FlowEvent):
+                yield step
 
     def _sink(self, item: Item) -> None:
         """On the loop thread: note a change of activity at once (so ``active`` and
