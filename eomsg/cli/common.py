@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -73,13 +74,13 @@ def open_node(data: Path, *, create: bool = True) -> Iterator[Node | Client]:
     process for the command's duration. A named broker that does not answer is an
     error, never a reason to fall back."""
     if Target.broker is not None:
-        with connect(Target.broker, name="eomsg-cli") as named:
+        with connect(Target.broker, name=f"eomsg-cli:{os.getpid()}") as named:
             yield named
         return
     client: Client | None = None
     if socket_path(data).exists():
         with contextlib.suppress(Unavailable):  # a socket left by a node that died
-            client = connect(data, name="eomsg-cli")
+            client = connect(data, name=f"eomsg-cli:{os.getpid()}")
     if client is not None:
         with client:
             yield client
