@@ -130,11 +130,20 @@ def test_consume_exec_deletes_only_on_success(run, tmp_path: Path) -> None:  # t
             ExitCode.INVALID_INPUT,
             "needs --dead-letter",
         ),
+        (
+            ["queue", "create", "q", "--max-active", "20000"],
+            ExitCode.INVALID_INPUT,
+            "--max-active must be between 0 (no limit) and 10000",
+        ),
+        (["consume", "q", "--priority", str(2**40)], ExitCode.INVALID_INPUT, "32 bits"),
+        (["queue", "unbind", "q", "1"], ExitCode.USAGE, "unbind needs a running node"),
         (["publish", "t"], ExitCode.USAGE, "give a payload"),
         (["publish", "t", "x", "--stdin"], ExitCode.USAGE, "with --stdin"),
     ],
 )
 def test_bad_input_is_one_clear_line(run, args, code, message) -> None:  # type: ignore[no-untyped-def]
+    if args[:2] in (["consume", "q"], ["queue", "unbind"]):
+        run("queue", "create", "q")
     r = run(*args, code=code)
     assert r.stderr.startswith("Error: ") and message in r.stderr
     assert r.stderr.count("\n") == 1

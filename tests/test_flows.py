@@ -155,6 +155,28 @@ def test_a_consumer_that_disconnects_is_replaced(
     rec2.wait(["inactive", "active"])
 
 
+def test_bad_binds_are_refused_and_the_connection_carries_on(
+    node: NodeProcess, data_dir: Path, clients: Callable[[], Client]
+) -> None:
+    raw = RawClient(data_dir)
+    raw.hello()
+    raw.send(ev.Subscribe(1, "ex", 10, 2**40))
+    error = raw.next()
+    assert isinstance(error, ev.Error) and error.code == "invalid_config"
+    raw.send(ev.Subscribe(2, "nope", 10, 0))
+    error = raw.next()
+    assert isinstance(error, ev.Error) and error.code == "queue_not_found"
+    raw.send(ev.Delete(3, "ex", (1,), epoch=999))
+    error = raw.next()
+    assert isinstance(error, ev.Error) and error.code == "stale_epoch"
+    raw.send(ev.FlowAck(42, True, 1))  # acknowledging nothing: ignored
+    raw.send(ev.Subscribe(4, "ex", 10, 0))
+    result = raw.next()
+    assert isinstance(result, ev.Result) and result.value["active"] is True
+    assert [f.flow for f in clients().flows("ex")] == [result.value["flow"]]
+    raw.close()
+
+
 def test_keep_alive_loss_unbinds_a_silent_consumer(
     node: NodeProcess, data_dir: Path, clients: Callable[[], Client]
 ) -> None:
