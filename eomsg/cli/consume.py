@@ -8,13 +8,14 @@ message lines."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json as jsonlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Annotated, Any
 
@@ -70,7 +71,7 @@ def consume(
     active."""
     # SIGTERM ends the command as Ctrl-C does: what was printed is deleted, the rest is
     # given back, and the flow is unbound — not left to the ack timeout.
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    signal.signal(signal.SIGTERM, _Stop.on_sigterm)
     with open_node(data) as node:
         if follow:
             require_client(node, "--follow")
@@ -81,8 +82,30 @@ def consume(
             _embedded(node, queue, size, priority, max, exec_, json)
 
 
-def _exit_on_sigterm(signum: int, frame: object) -> None:
-    raise SystemExit(128 + signum)
+class _Stop:
+    """SIGTERM, deferred while a message is between being handled and being deleted, so
+    that stopping never leaves a handled message to be handled again."""
+
+    handling = False
+    requested: int | None = None
+
+    @classmethod
+    def on_sigterm(cls, signum: int, frame: object) -> None:
+        if cls.handling:
+            cls.requested = 128 + signum
+        else:
+            raise SystemExit(128 + signum)
+
+    @classmethod
+    @contextlib.contextmanager
+    def deferred(cls) -> Iterator[None]:
+        cls.handling = True
+        try:
+            yield
+        finally:
+            cls.handling = False
+        if cls.requested is not None:
+            raise SystemExit(cls.requested)
 
 
 def _through_node(
@@ -100,11 +123,12 @@ def _through_node(
             if isinstance(item, FlowEvent):
                 _announce(item, as_json)
                 continue
-            if command is not None:
-                _run_handler(command, item.delivered, item.delete, item.release)
-            else:
-                _write([item.delivered], as_json, item.release)
-                item.delete()
+            with _Stop.deferred():
+                if command is not None:
+                    _run_handler(command, item.delivered, item.delete, item.release)
+                else:
+                    _write([item.delivered], as_json, item.release)
+                    item.delete()
             if remaining is not None:
                 remaining -= 1
                 if remaining == 0:
@@ -132,19 +156,15 @@ def _embedded(
             if not taken:
                 break
             seqs = [d.seq for d in taken]
-            if command is not None:
-                _run_handler(
-                    command,
-                    taken[0],
-                    functools.partial(node.delete, queue, seqs, epoch=flow.epoch),
-                    functools.partial(node.release, queue, seqs, epoch=flow.epoch),
-                )
-            else:
-                _write(
-                    taken, as_json, functools.partial(node.release, queue, seqs, epoch=flow.epoch)
-                )
-                # shares a group commit with the next fetch
-                deletions.append(node.delete_async(queue, seqs, epoch=flow.epoch))
+            release = functools.partial(node.release, queue, seqs, epoch=flow.epoch)
+            with _Stop.deferred():
+                if command is not None:
+                    delete = functools.partial(node.delete, queue, seqs, epoch=flow.epoch)
+                    _run_handler(command, taken[0], delete, release)
+                else:
+                    _write(taken, as_json, release)
+                    # shares a group commit with the next fetch
+                    deletions.append(node.delete_async(queue, seqs, epoch=flow.epoch))
             if remaining is not None:
                 remaining -= len(taken)
         for deleted in deletions:  # every deletion is durable before we exit 0

@@ -457,6 +457,10 @@ class Consumer(BaseConsumer):
         finally:
             if self._subscription is not None:
                 subscription, self._subscription = self._subscription, None
+                # Deletes still queued on this side (say, one whose caller was interrupted
+                # before it could wait) must reach the node before the cancel, or the
+                # unbind would give their messages back and refuse them as stale.
+                self.client._wake()
                 with contextlib.suppress(EomsgError):
                     self.client._run(self.client._ac.cancel(subscription))
             self._stop_caller()

@@ -371,6 +371,13 @@ class Node:
         active, each fetch takes at most its fair share of the ready messages, so a
         burst is spread over them. Without ``flow``, only a queue with no limit on active
         consumers can be read (NotActive otherwise)."""
+        return self.take(queue, max_messages, flow=flow)[0]
+
+    def take(
+        self, queue: str, max_messages: int = 100, *, flow: int | None = None
+    ) -> tuple[list[Delivered], bool]:
+        """:meth:`fetch`, also saying whether the queue still holds messages that are not
+        in flight (looked at in the same step, so a consumer knows it has drained it)."""
         if max_messages < 1:
             raise InvalidConfig("max messages must be at least 1")
         now = self.clock()
@@ -389,12 +396,13 @@ class Node:
                 self._flow(q, flow)
                 epoch = q.election.epoch_of(flow)
                 if not epoch:
-                    return []
+                    return [], q.cursor.ready_count > 0
                 active = len(q.live_epochs)
                 if active > 1:
                     share = -(-q.cursor.ready_count // active)
                     max_messages = max(1, min(max_messages, share))
             taken = q.cursor.take(now, max_messages, epoch)
+            more = q.cursor.ready_count > 0
             batch = RowBatch()
             for d in taken.deliveries:
                 batch.add("deliveries", q.id, d.seq, d.attempt, _us(d.deadline), False)
@@ -403,12 +411,13 @@ class Node:
         if future is not None:
             future.result()
         if not taken.deliveries:
-            return []
+            return [], more
         messages = self.store.fetch([d.seq for d in taken.deliveries])
-        return [
+        delivered = [
             Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
             for d in taken.deliveries
         ]
+        return delivered, more
 
     def delete(self, queue: str, seqs: Iterable[int], *, epoch: int = 0) -> list[bool]:
         """Delete delivered messages from ``queue`` (seed 003: a deletion record per

@@ -68,6 +68,7 @@ class _Subscription:
     held: dict[int, int] = field(default_factory=dict)  # seq -> attempt
     unacked: list[ev.FlowChanged] = field(default_factory=list)
     dry: bool = False  # told the client it has nothing more for now (an empty Deliver)
+    more: bool = True  # the queue held more than the last fetch took
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     closed: bool = False
@@ -387,15 +388,17 @@ class Session(asyncio.Protocol):
         while not sub.closed:
             room = sub.prefetch - len(sub.held)
             if room <= 0 or not self.writable or not sub.epoch:
-                if not sub.epoch:
-                    self._dry(sub)
                 sub.wake.clear()  # set by a delete, a release, resume_writing, an
-                await sub.wake.wait()  # activation or a stop
+                if not sub.epoch:  # activation or a stop (from here on: not lost)
+                    self._dry(sub)  # on standby: nothing for it
+                elif room <= 0 and not sub.more:
+                    self._dry(sub)  # the window holds all there was
+                await sub.wake.wait()
                 continue
             ready = self.server.ready_waiter(sub.queue)
             try:
-                taken = await self.server.blocking(
-                    self.node.fetch, sub.queue, min(room, FETCH_CHUNK), flow=sub.flow
+                taken, sub.more = await self.server.blocking(
+                    self.node.take, sub.queue, min(room, FETCH_CHUNK), flow=sub.flow
                 )
             except EomsgError as e:  # the queue was deleted, or the node is closing
                 if not sub.closed:
