@@ -5,6 +5,7 @@ embeds one in this process.
 """
 
 from eomsg.client import AsyncClient, Client, Received, connect, connect_async
+from eomsg.client.inbox import Inbox
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig
@@ -16,6 +17,7 @@ __all__ = [
     "Delivered",
     "FlowEvent",
     "FlowInfo",
+    "Inbox",
     "Message",
     "Node",
     "NodeSettings",

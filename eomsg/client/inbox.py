@@ -1,0 +1,236 @@
+"""The express inbox (seed 001): exactly-once effects without a transaction coordinator.
+
+A message carries an identifier and an expiration time. The receiver applies it in its own
+database transaction, and in that same transaction records the identifier in an inbox
+table; only after that commit does it delete the message from the queue. So:
+
+- a crash before the commit leaves neither the effects nor the record — the message is
+  delivered again and applied then;
+- a crash after the commit but before the delete leaves both — the message is delivered
+  again, recognised by its identifier, and only deleted (re-acknowledged);
+- an expired message is dropped unapplied (the seed's receiver rule), and its inbox record
+  may be forgotten once it has expired, since the queue will never deliver it again.
+
+The identifier is the message's publish ``id``; a message published without one is known
+by ``QUEUE:SEQ``, which is stable across its redeliveries. SQL here speaks to the
+*application's* database (DuckDB or SQLite), never to the node's store.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import duckdb
+
+from eomsg.core.message import Delivered
+from eomsg.errors import InvalidConfig, UsageError
+
+DEFAULT_TABLE = "eomsg_inbox"
+_CHUNK = 500  # keys per IN (...) lookup: under SQLite's variable limit
+
+
+class Settleable(Protocol):
+    """A received message: what the inbox reads, and how it settles it with the node."""
+
+    @property
+    def delivered(self) -> Delivered: ...
+
+    def delete(self) -> Any: ...
+
+    def release(self, delay: float = 0.0) -> Any: ...
+
+
+def message_key(d: Delivered) -> str:
+    """The identity the inbox dedups by: the publish id, else ``QUEUE:SEQ``."""
+    return d.message.id if d.message.id is not None else f"{d.queue}:{d.message.seq}"
+
+
+class _Dialect:
+    """How to talk to one kind of application database."""
+
+    def __init__(self, conn: Any, table: str) -> None:
+        if not table.replace("_", "").isalnum() or not table[0].isalpha():
+            raise InvalidConfig(f"inbox table {table!r}: use letters, digits and '_'")
+        self.conn = conn
+        self.table = table
+
+    def create(self) -> None:
+        self.conn.execute(
+            f"""CREATE TABLE IF NOT EXISTS {self.table} (
+                    msg_key VARCHAR PRIMARY KEY,
+                    queue VARCHAR NOT NULL,
+                    seq BIGINT NOT NULL,
+                    expires_at DOUBLE,
+                    applied_at DOUBLE NOT NULL)"""
+        )
+
+    def begin(self) -> None:
+        self.conn.execute("BEGIN TRANSACTION")
+
+    def commit(self) -> None:
+        self.conn.execute("COMMIT")
+
+    def rollback(self) -> None:
+        self.conn.execute("ROLLBACK")
+
+    def known(self, keys: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(keys), _CHUNK):
+            part = keys[i : i + _CHUNK]
+            marks = ", ".join("?" * len(part))
+            rows = self.conn.execute(
+                f"SELECT msg_key FROM {self.table} WHERE msg_key IN ({marks})", list(part)
+            ).fetchall()
+            found.update(r[0] for r in rows)
+        return found
+
+    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+        raise NotImplementedError
+
+    def forget_expired(self, now: float) -> int:
+        rows = self.conn.execute(
+            f"DELETE FROM {self.table} WHERE expires_at < ? RETURNING 1", [now]
+        ).fetchall()
+        return len(rows)
+
+
+class _DuckDB(_Dialect):
+    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+        columns = [list(c) for c in zip(*rows, strict=True)]
+        self.conn.execute(  # one statement for the batch: executemany runs row by row
+            f"""INSERT INTO {self.table}
+                SELECT unnest(?), unnest(?), unnest(?), unnest(?::DOUBLE[]), unnest(?)""",
+            columns,
+        )
+
+
+class _SQLite(_Dialect):
+    def begin(self) -> None:
+        if self.conn.in_transaction:
+            raise UsageError("the SQLite connection has a transaction open; commit it first")
+        self.conn.execute("BEGIN IMMEDIATE")
+
+    def commit(self) -> None:
+        self.conn.commit()
+
+    def rollback(self) -> None:
+        self.conn.rollback()
+
+    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+        self.conn.executemany(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?)", rows)
+
+    def forget_expired(self, now: float) -> int:
+        cursor = self.conn.execute(f"DELETE FROM {self.table} WHERE expires_at < ?", [now])
+        self.conn.commit()
+        return int(cursor.rowcount)
+
+
+def _dialect(conn: Any, table: str) -> _Dialect:
+    if isinstance(conn, duckdb.DuckDBPyConnection):
+        return _DuckDB(conn, table)
+    if isinstance(conn, sqlite3.Connection):
+        return _SQLite(conn, table)
+    raise InvalidConfig(
+        f"the inbox works with a DuckDB or SQLite connection, not {type(conn).__name__}"
+    )
+
+
+@dataclass
+class Batch:
+    """Messages being applied in one transaction of the application's database: apply
+    those in :attr:`fresh`; the others were applied before (:attr:`duplicates`) or have
+    expired (:attr:`expired`) and are only deleted."""
+
+    fresh: list[Settleable] = field(default_factory=list)
+    duplicates: list[Settleable] = field(default_factory=list)
+    expired: list[Settleable] = field(default_factory=list)
+
+
+class Inbox:
+    """Exactly-once application of messages into ``conn`` (a DuckDB or SQLite
+    connection), through an inbox table it creates if missing. Not thread-safe: one
+    inbox per connection, used by one thread."""
+
+    def __init__(
+        self, conn: Any, *, table: str = DEFAULT_TABLE, clock: Callable[[], float] = time.time
+    ) -> None:
+        self._db = _dialect(conn, table)
+        self._clock = clock
+        self._db.create()
+        if isinstance(conn, sqlite3.Connection):
+            conn.commit()
+
+    def __enter__(self) -> Inbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing to release: the connection stays the application's."""
+
+    @contextmanager
+    def batch(self, messages: Sequence[Settleable]) -> Iterator[Batch]:
+        """Open a transaction, sort ``messages`` into fresh, duplicate and expired, and
+        let the caller apply the fresh ones. On a clean exit the inbox records commit
+        with the caller's changes, atomically, and then every message is deleted from
+        its queue. On an exception everything rolls back and the messages are released
+        for redelivery."""
+        now = self._clock()
+        sorted_ = Batch()
+        keys: list[str] = []
+        for m in messages:
+            d = m.delivered
+            if d.message.expires_at is not None and d.message.expires_at <= now:
+                sorted_.expired.append(m)
+            else:
+                keys.append(message_key(d))
+                sorted_.fresh.append(m)
+        self._db.begin()
+        try:
+            known = self._db.known(keys) if keys else set()
+            seen: set[str] = set()
+            fresh = []
+            for m, key in zip(sorted_.fresh, keys, strict=True):
+                if key in known or key in seen:
+                    sorted_.duplicates.append(m)
+                else:
+                    seen.add(key)
+                    fresh.append(m)
+            sorted_.fresh = fresh
+            yield sorted_
+            if fresh:
+                self._db.record(
+                    [
+                        (
+                            message_key(m.delivered),
+                            m.delivered.queue,
+                            m.delivered.message.seq,
+                            m.delivered.message.expires_at,
+                            now,
+                        )
+                        for m in fresh
+                    ]
+                )
+            self._db.commit()
+        except BaseException:
+            self._db.rollback()
+            for m in messages:
+                m.release()
+            raise
+        for m in messages:  # after the commit: a crash here means a redelivery, recognised
+            m.delete()
+
+    @contextmanager
+    def process(self, message: Settleable) -> Iterator[bool]:
+        """:meth:`batch` for one message: yields True if it is to be applied now, False
+        if it was applied before or has expired (then do nothing: it is only deleted)."""
+        with self.batch([message]) as b:
+            yield bool(b.fresh)
+
+    def forget_expired(self) -> int:
+        """Drop inbox records of messages past their expiration: the queue will never
+        deliver them again, so they can no longer be duplicates. Returns how many."""
+        return self._db.forget_expired(self._clock())
