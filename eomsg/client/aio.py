@@ -11,6 +11,7 @@ own, so both flavours share every rule here.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -700,7 +701,7 @@ class Activity:
         return self.active and d.epoch == self.epoch
 
 
-class BaseConsumer:
+class BaseConsumer(abc.ABC):
     """What both flavours of consumer share: the binding's settings, the activity of its
     flow, and how the items of its inbox are read. The flavours differ only in how they
     wait for the next item and settle a message."""
@@ -758,8 +759,9 @@ class BaseConsumer:
         self._batch.reverse()
         return True
 
+    @abc.abstractmethod
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
-        raise NotImplementedError
+        """Delete or release one received message, as this flavour's client does."""
 
 
 class AsyncConsumer(BaseConsumer):

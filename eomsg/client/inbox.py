@@ -18,6 +18,7 @@ by ``QUEUE:SEQ``, which is stable across its redeliveries. SQL here speaks to th
 
 from __future__ import annotations
 
+import abc
 import sqlite3
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -50,8 +51,9 @@ def message_key(d: Delivered) -> str:
     return d.message.id if d.message.id is not None else f"{d.queue}:{d.message.seq}"
 
 
-class _Dialect:
-    """How to talk to one kind of application database."""
+class _Dialect(abc.ABC):
+    """How to talk to one kind of application database; each kind writes its inbox
+    records its own fastest way."""
 
     def __init__(self, conn: Any, table: str) -> None:
         if not table.replace("_", "").isalnum() or not table[0].isalpha():
@@ -89,8 +91,9 @@ class _Dialect:
             found.update(r[0] for r in rows)
         return found
 
+    @abc.abstractmethod
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
-        raise NotImplementedError
+        """Insert inbox rows ``(key, queue, seq, expires_at, applied_at)``, in one go."""
 
     def forget_expired(self, now: float) -> int:
         rows = self.conn.execute(
