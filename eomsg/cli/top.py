@@ -81,7 +81,7 @@ def render(frame: Frame) -> Group:
     for q in frame.queues:
         flows = bound.get(q.name, [])
         active = sum(f.active for f in flows)
-        kind = {0: "shared", 1: "exclusive"}.get(q.max_active, f"limited {q.max_active}")
+        kind = f"{q.kind} {q.max_active}" if q.kind == "limited" else q.kind
         in_rate, out_rate = frame.rates[q.name]
         queues.add_row(
             q.name,

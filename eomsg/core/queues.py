@@ -15,6 +15,13 @@ DEFAULT_MAX_REDELIVERIES_WITH_DLQ = 5
 MAX_ACTIVE_LIMIT = 10_000
 
 
+def queue_kind(max_active: int) -> str:
+    """``exclusive`` (1 active consumer), ``limited`` (N) or ``shared`` (0: no limit)."""
+    if max_active == 1:
+        return "exclusive"
+    return "limited" if max_active > 1 else "shared"
+
+
 def validate_queue_name(name: str) -> str:
     """Return ``name`` if it is 1-128 of ``A-Z a-z 0-9 _ . -``, starting alphanumeric."""
     if not isinstance(name, str) or not _NAME.fullmatch(name):
@@ -48,10 +55,7 @@ class QueueConfig:
 
     @property
     def kind(self) -> str:
-        """``exclusive``, ``limited`` or ``shared`` (no limit on active consumers)."""
-        if self.max_active == 1:
-            return "exclusive"
-        return "limited" if self.max_active > 1 else "shared"
+        return queue_kind(self.max_active)
 
     def __post_init__(self) -> None:
         validate_queue_name(self.name)
@@ -145,6 +149,10 @@ class QueueStats:
     max_active: int = 0
     flows: int = 0  # consumers bound
     active: int = 0  # of them active
+
+    @property
+    def kind(self) -> str:
+        return queue_kind(self.max_active)
 
     def to_json(self) -> dict[str, Any]:
         return {
