@@ -26,6 +26,7 @@ class ExitCode(IntEnum):
     UNAVAILABLE = 9
     AUTH = 10
     UNBOUND = 11
+    IN_DOUBT = 12
 
 
 class EomsgError(Exception):
@@ -168,6 +169,51 @@ class Unbound(EomsgError):
 
     code = "unbound"
     exit_code = ExitCode.UNBOUND
+
+
+# -- transactions (seed 000) ---------------------------------------------------------------
+
+
+class TxnNotFound(EomsgError):
+    """The node knows no transaction with that id (never prepared, or long forgotten)."""
+
+    code = "txn_not_found"
+    exit_code = ExitCode.NOT_FOUND
+
+
+class TxnConflict(EomsgError):
+    """The transaction cannot do that in its state (say, commit what was aborted)."""
+
+    code = "txn_conflict"
+    exit_code = ExitCode.CONFLICT
+
+
+class HeldByTransaction(EomsgError):
+    """The message is held by a prepared transaction: only its outcome settles it."""
+
+    code = "held_by_txn"
+    exit_code = ExitCode.CONFLICT
+
+
+class TxnAborted(EomsgError):
+    """The transaction was rolled back: nothing it did took effect."""
+
+    code = "txn_aborted"
+    exit_code = ExitCode.CONFLICT
+
+
+class HeuristicOutcome(EomsgError):
+    """A participant decided on its own (a person forced it), against the coordinator."""
+
+    code = "heuristic_outcome"
+    exit_code = ExitCode.IN_DOUBT
+
+
+class InDoubt(EomsgError):
+    """Transactions are prepared and their outcome cannot be read: a person must decide."""
+
+    code = "in_doubt"
+    exit_code = ExitCode.IN_DOUBT
 
 
 # -- the data directory and storage ----------------------------------------------------

@@ -18,7 +18,7 @@ import functools
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import Limits, check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.txn import TxnInfo
 from eomsg.errors import (
     EomsgError,
     ProtocolError,
@@ -508,6 +509,46 @@ class AsyncClient:
     async def unbind(self, queue: str, flow: int) -> int:
         released: int = await self.call("unbind", queue=queue, flow=flow)
         return released
+
+    # -- transactions (seed 000; the coordinator is eomsg.client.transaction) -------------
+
+    async def prepare_txn(
+        self,
+        txid: str,
+        *,
+        coordinator: str,
+        messages: Iterable[Outgoing] = (),
+        deletes: Iterable[tuple[str, int, int]] = (),
+    ) -> None:
+        """:meth:`Node.prepare_txn <eomsg.node.node.Node.prepare_txn>` over the wire; the
+        transaction is in doubt if this connection is lost before its outcome."""
+        await self.call(
+            "txn_prepare",
+            txid=txid,
+            coordinator=coordinator,
+            messages=[ev.outgoing_to_wire(m) for m in messages],
+            deletes=[list(d) for d in deletes],
+        )
+
+    async def commit_txn(self, txid: str) -> list[PublishResult]:
+        return [PublishResult(*r) for r in await self.call("txn_commit", txid=txid)]
+
+    async def abort_txn(self, txid: str, *, force: bool = False) -> bool:
+        aborted: bool = await self.call("txn_abort", txid=txid, force=force)
+        return aborted
+
+    async def transact(
+        self, messages: Iterable[Outgoing] = (), deletes: Iterable[tuple[str, int, int]] = ()
+    ) -> list[PublishResult]:
+        results = await self.call(
+            "txn_transact",
+            messages=[ev.outgoing_to_wire(m) for m in messages],
+            deletes=[list(d) for d in deletes],
+        )
+        return [PublishResult(*r) for r in results]
+
+    async def txns(self) -> list[TxnInfo]:
+        return [TxnInfo.from_json(t) for t in await self.call("txns")]
 
     # -- the connection --------------------------------------------------------------------
 

@@ -26,10 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import duckdb
-
+from eomsg.client.appdb import AppDB, DuckDBApp, app_db, check_table
 from eomsg.core.message import Delivered
-from eomsg.errors import InvalidConfig, UsageError
 
 DEFAULT_TABLE = "eomsg_inbox"
 _CHUNK = 500  # keys per IN (...) lookup: under SQLite's variable limit
@@ -51,15 +49,14 @@ def message_key(d: Delivered) -> str:
     return d.message.id if d.message.id is not None else f"{d.queue}:{d.message.seq}"
 
 
-class _Dialect(abc.ABC):
-    """How to talk to one kind of application database; each kind writes its inbox
+class _Records(abc.ABC):
+    """The inbox table in one kind of application database; each kind writes its
     records its own fastest way."""
 
-    def __init__(self, conn: Any, table: str) -> None:
-        if not table.replace("_", "").isalnum() or not table[0].isalpha():
-            raise InvalidConfig(f"inbox table {table!r}: use letters, digits and '_'")
-        self.conn = conn
-        self.table = table
+    def __init__(self, db: AppDB, table: str) -> None:
+        self.db = db
+        self.conn = db.conn
+        self.table = check_table(table)
 
     def create(self) -> None:
         self.conn.execute(
@@ -70,15 +67,6 @@ class _Dialect(abc.ABC):
                     expires_at DOUBLE,
                     applied_at DOUBLE NOT NULL)"""
         )
-
-    def begin(self) -> None:
-        self.conn.execute("BEGIN TRANSACTION")
-
-    def commit(self) -> None:
-        self.conn.execute("COMMIT")
-
-    def rollback(self) -> None:
-        self.conn.execute("ROLLBACK")
 
     def known(self, keys: Sequence[str]) -> set[str]:
         found: set[str] = set()
@@ -102,7 +90,7 @@ class _Dialect(abc.ABC):
         return len(rows)
 
 
-class _DuckDB(_Dialect):
+class _DuckDB(_Records):
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
         columns = [list(c) for c in zip(*rows, strict=True)]
         self.conn.execute(  # one statement for the batch: executemany runs row by row
@@ -112,18 +100,7 @@ class _DuckDB(_Dialect):
         )
 
 
-class _SQLite(_Dialect):
-    def begin(self) -> None:
-        if self.conn.in_transaction:
-            raise UsageError("the SQLite connection has a transaction open; commit it first")
-        self.conn.execute("BEGIN IMMEDIATE")
-
-    def commit(self) -> None:
-        self.conn.commit()
-
-    def rollback(self) -> None:
-        self.conn.rollback()
-
+class _SQLite(_Records):
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
         self.conn.executemany(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?)", rows)
 
@@ -133,14 +110,9 @@ class _SQLite(_Dialect):
         return int(cursor.rowcount)
 
 
-def _dialect(conn: Any, table: str) -> _Dialect:
-    if isinstance(conn, duckdb.DuckDBPyConnection):
-        return _DuckDB(conn, table)
-    if isinstance(conn, sqlite3.Connection):
-        return _SQLite(conn, table)
-    raise InvalidConfig(
-        f"the inbox works with a DuckDB or SQLite connection, not {type(conn).__name__}"
-    )
+def _records(conn: Any, table: str) -> _Records:
+    db = app_db(conn)
+    return _DuckDB(db, table) if isinstance(db, DuckDBApp) else _SQLite(db, table)
 
 
 @dataclass
@@ -162,7 +134,7 @@ class Inbox:
     def __init__(
         self, conn: Any, *, table: str = DEFAULT_TABLE, clock: Callable[[], float] = time.time
     ) -> None:
-        self._db = _dialect(conn, table)
+        self._db = _records(conn, table)
         self._clock = clock
         self._db.create()
         if isinstance(conn, sqlite3.Connection):
@@ -191,7 +163,7 @@ class Inbox:
             else:
                 keys.append(message_key(d))
                 sorted_.fresh.append(m)
-        self._db.begin()
+        self._db.db.begin()
         try:
             known = self._db.known(keys) if keys else set()
             seen: set[str] = set()
@@ -217,9 +189,9 @@ class Inbox:
                         for m in fresh
                     ]
                 )
-            self._db.commit()
+            self._db.db.commit()
         except BaseException:
-            self._db.rollback()
+            self._db.db.rollback()
             for m in messages:
                 m.release()
             raise

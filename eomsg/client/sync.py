@@ -15,7 +15,7 @@ import logging
 import queue as queuelib
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -29,10 +29,13 @@ from eomsg.client.aio import (
     Received,
     connect_async,
 )
+from eomsg.client.resources import Resource
+from eomsg.client.transaction import Transaction
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.txn import TxnInfo
 from eomsg.errors import EomsgError, QueueExists, Unavailable
 
 log = logging.getLogger("eomsg.client")
@@ -312,6 +315,39 @@ class Client:
     def unbind(self, queue: str, flow: int) -> int:
         """Unbind a consumer's flow as an administrator (it is told so)."""
         return self._run(self._ac.unbind(queue, flow))
+
+    # -- transactions (seed 000) -------------------------------------------------------------
+
+    def transaction(self, resources: Sequence[Resource] = ()) -> Transaction:
+        """A transaction over this node and at most one application database: use it as
+        a context manager (see :mod:`eomsg.client.transaction`)."""
+        return Transaction(self, resources)
+
+    def prepare_txn(
+        self,
+        txid: str,
+        *,
+        coordinator: str,
+        messages: Iterable[Outgoing] = (),
+        deletes: Iterable[tuple[str, int, int]] = (),
+    ) -> None:
+        self._run(
+            self._ac.prepare_txn(txid, coordinator=coordinator, messages=messages, deletes=deletes)
+        )
+
+    def commit_txn(self, txid: str) -> list[PublishResult]:
+        return self._run(self._ac.commit_txn(txid))
+
+    def abort_txn(self, txid: str, *, force: bool = False) -> bool:
+        return self._run(self._ac.abort_txn(txid, force=force))
+
+    def transact(
+        self, messages: Iterable[Outgoing] = (), deletes: Iterable[tuple[str, int, int]] = ()
+    ) -> list[PublishResult]:
+        return self._run(self._ac.transact(messages, deletes))
+
+    def txns(self) -> list[TxnInfo]:
+        return self._run(self._ac.txns())
 
 
 class _Signal:

@@ -17,6 +17,10 @@ Life of a message in a cursor::
                       │
                       └─ past max_redeliveries ─► settled (DEAD_LETTERED)
 
+    in flight ──hold──► held (for a prepared transaction: no deadline, no delete or
+                        release but its outcome's) ──commit──► settled (DELETED)
+                          └──abort──► ready
+
 An unread or parked message whose time-to-live has passed is settled EXPIRED and never
 delivered; one in flight is left to its consumer and expires if it comes back.
 """
@@ -24,13 +28,18 @@ delivered; one in flight is left to its consumer and expires if it comes back.
 from __future__ import annotations
 
 import heapq
+import math
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import islice
 
-from eomsg.errors import NotInFlight, StaleEpoch
+from eomsg.errors import HeldByTransaction, NotInFlight, StaleEpoch
+
+HELD = -1
+"""The epoch of a message held by a prepared transaction (seed 000's delivery
+transaction): no flow has it, so no flow can delete or release it."""
 
 
 class Outcome(IntEnum):
@@ -177,7 +186,9 @@ class Cursor:
     def in_flight_attempt(self, seq: int) -> int | None:
         """The attempt under which ``seq`` is in flight now, or None if it is not."""
         entry = self._delivered.get(seq)
-        return entry.attempt if entry is not None and entry.in_flight else None
+        if entry is None or not entry.in_flight or entry.epoch == HELD:
+            return None
+        return entry.attempt
 
     def in_flight_by_epoch(self) -> dict[int, int]:
         """How many messages each epoch holds in flight (for inspection)."""
@@ -290,7 +301,7 @@ class Cursor:
                     f"message {seq} has not been delivered from this queue, so it cannot be deleted"
                 )
             if entry is not None and entry.epoch != epoch:
-                raise StaleEpoch(_stale(seq, epoch, entry.epoch))
+                raise _not_yours(seq, epoch, entry.epoch)
         done = []
         for seq in seqs:
             settle = seq in self._delivered
@@ -315,8 +326,50 @@ class Cursor:
                     f"message {seq} is not in flight on this queue; nothing to release"
                 )
             if entry.epoch != epoch:
-                raise StaleEpoch(_stale(seq, epoch, entry.epoch))
+                raise _not_yours(seq, epoch, entry.epoch)
         return [self._give_back(s, self._delivered[s], now, now + delay) for s in seqs]
+
+    def check_in_flight(self, seqs: list[int], epoch: int) -> None:
+        """Raise as :meth:`release_many` would unless every message is in flight to the
+        flow of ``epoch``, each listed once. Changes nothing."""
+        if len(set(seqs)) != len(seqs):
+            raise NotInFlight("a message is listed twice; delete each once")
+        for seq in seqs:
+            entry = self._delivered.get(seq)
+            if entry is None or not entry.in_flight:
+                raise NotInFlight(
+                    f"message {seq} is not in flight on this queue (it timed out or was "
+                    "settled): receive it again"
+                )
+            if entry.epoch != epoch:
+                raise _not_yours(seq, epoch, entry.epoch)
+
+    def has_delivered(self, seq: int) -> bool:
+        """True if ``seq`` was delivered at least once and is not settled."""
+        return seq in self._delivered
+
+    def hold_many(self, seqs: list[int]) -> None:
+        """Hold delivered messages for a prepared transaction (check them first with
+        :meth:`check_in_flight`; a restart re-holds what it restored as is): from now on
+        only :meth:`delete_many` with :data:`HELD` (the commit) or :meth:`unhold_many`
+        (the abort) settles them, and they never time out."""
+        for seq in seqs:
+            entry = self._delivered[seq]
+            if not entry.in_flight:
+                entry.in_flight = True
+                self._in_flight += 1
+            entry.epoch, entry.due, entry.ready = HELD, math.inf, False
+
+    def unhold_many(self, seqs: list[int], now: float) -> list[Release | Settlement]:
+        """Give back held messages (their transaction aborted), ready at once. Idempotent:
+        a message no longer held is left alone."""
+        out = []
+        for seq in seqs:
+            entry = self._delivered.get(seq)
+            if entry is not None and entry.epoch == HELD:
+                entry.epoch = 0
+                out.append(self._give_back(seq, entry, now, now))
+        return out
 
     def release_epoch(self, epoch: int, now: float) -> list[Release | Settlement]:
         """Give back, ready at once and in sequence order, every message in flight under
@@ -411,6 +464,15 @@ class Cursor:
         self._expires.pop(seq, None)
         self._count -= 1
         return Settlement(seq, outcome)
+
+
+def _not_yours(seq: int, epoch: int, holder: int) -> StaleEpoch | HeldByTransaction:
+    if holder == HELD:
+        return HeldByTransaction(
+            f"message {seq} is held by a prepared transaction; its outcome settles it "
+            "(see `eomsg inspect txns`)"
+        )
+    return StaleEpoch(_stale(seq, epoch, holder))
 
 
 def _stale(seq: int, epoch: int, holder: int) -> str:

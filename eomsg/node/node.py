@@ -26,13 +26,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
+from eomsg.core.cursor import HELD, Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Change, Election, Epochs, FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.topics import Matcher, pattern_regex
+from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import (
     FlowNotFound,
     InvalidConfig,
@@ -42,6 +43,7 @@ from eomsg.errors import (
     QueueNotEmpty,
     QueueNotFound,
     StaleEpoch,
+    TxnNotFound,
 )
 from eomsg.failpoints import failpoint
 from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
@@ -51,8 +53,10 @@ from eomsg.store.writer import RowBatch
 __all__ = ["SETTINGS", "Node", "NodeSettings"]
 
 Clock = Callable[[], float]
+_Fresh = tuple[int, str | None, float | None, tuple["_Queue", ...]]  # seq, id, expiry, route
 Notify = Callable[[FlowEvent], None]
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
+TXN_MEMORY = 7 * 86400.0  # how long a finished transaction's outcome is remembered
 
 
 def _us(seconds: float) -> int:
@@ -91,6 +95,30 @@ class _Flow:
         self.bound_at = 0.0
 
 
+class _Txn:
+    """A transaction prepared here (seed 000) and not yet decided: what it publishes and
+    the messages it holds, by queue; ``owner`` is the session of its coordinator while
+    that is connected (None after a restart or a disconnect: the outcome is in doubt)."""
+
+    __slots__ = ("coordinator", "deletes", "messages", "owner", "prepared_at", "txid")
+
+    def __init__(
+        self,
+        txid: str,
+        coordinator: str,
+        prepared_at: float,
+        messages: list[Outgoing],
+        deletes: dict[_Queue, list[int]],
+        owner: str | None,
+    ) -> None:
+        self.txid = txid
+        self.coordinator = coordinator
+        self.prepared_at = prepared_at
+        self.messages = messages
+        self.deletes = deletes
+        self.owner = owner
+
+
 class Node:
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
 
@@ -112,7 +140,11 @@ class Node:
         self._routes: dict[str, tuple[_Queue, ...]] = {}
         self._dedup = DedupWindow()
         self._uncommitted_ids: dict[str, int] = {}
+        self._txns: dict[str, _Txn] = {}  # prepared, undecided
+        self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
         self._listeners: list[Callable[[str], None]] = []
+        self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
+        self._ready_generation = 0
         self._recover()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -189,6 +221,18 @@ class Node:
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)
         self._settled_since_compaction = store.settled_rows()
+        self._finished = {txid: TxnState(s) for txid, s in store.finished_txns().items()}
+        for prep in store.load_prepared(set(self._finished)):
+            held: dict[_Queue, list[int]] = {}
+            for queue_id, seq in prep.deletes:
+                q = self._by_id.get(queue_id)
+                if q is not None and q.cursor.has_delivered(seq):
+                    held.setdefault(q, []).append(seq)
+            for q, seqs in held.items():
+                q.cursor.hold_many(seqs)
+            self._txns[prep.txid] = _Txn(
+                prep.txid, prep.coordinator, prep.prepared_us / US, prep.messages, held, None
+            )
         self._last_gc = float(store.meta("gc_at") or 0.0)
 
     def _install(self, queue_id: int, config: QueueConfig) -> _Queue:
@@ -238,55 +282,13 @@ class Node:
         for m in messages:
             check_outgoing(m, limits)
         now = self.clock()
-        now_us = _us(now)
-        results: list[PublishResult] = []
-        fresh: list[tuple[int, str | None, float | None, tuple[_Queue, ...]]] = []
         batch = RowBatch()
-        log_rows, id_rows, dest_rows = (
-            batch.rows_of("messages"),
-            batch.rows_of("publish_ids"),
-            batch.rows_of("destinations"),
-        )
         with self._lock:
             self._check_open()
-            uncommitted, lookup = self._uncommitted_ids, self._dedup.lookup
-            seq = self._next_seq
-            first_seq = seq
-            for m in messages:
-                msg_id = m.id
-                if msg_id is not None:
-                    original = uncommitted.get(msg_id) or lookup(msg_id, now)
-                    if original is not None:
-                        results.append(PublishResult(original, msg_id, True, None))
-                        continue
-                    uncommitted[msg_id] = seq
-                expires = None if m.ttl is None else now + m.ttl
-                expires_us = None if expires is None else _us(expires)
-                queues = self._route(m.topic)
-                headers = json.dumps(m.headers) if m.headers else None
-                log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
-                if msg_id is not None:
-                    id_rows.append((msg_id, seq, expires_us))
-                for q in queues:
-                    dest_rows.append((seq, q.id))
-                fresh.append((seq, msg_id, expires, queues))
-                results.append(PublishResult(seq, msg_id, False, len(queues)))
-                seq += 1
-            self._next_seq = seq
-            for name in ("messages", "publish_ids", "destinations"):
-                if not batch.tables[name]:
-                    del batch.tables[name]
-            if fresh:
-                batch.after_commit(lambda: self._published(fresh))
+            first_seq = self._next_seq
+            results, fresh = self._stage(batch, messages, now)
             if fresh or self._durable_seq < first_seq - 1:  # duplicates wait for originals
-                try:
-                    committed = self.store.writer.write(batch)
-                except BaseException:  # nothing was queued: forget this batch entirely
-                    self._next_seq = first_seq
-                    for _, msg_id, _, _ in fresh:
-                        if msg_id is not None:
-                            uncommitted.pop(msg_id, None)
-                    raise
+                committed = self._write_staged(batch, first_seq, fresh)
             else:
                 committed = Future()
                 committed.set_result(None)
@@ -308,6 +310,62 @@ class Node:
         committed.add_done_callback(on_commit)
         return acked
 
+    def _stage(
+        self, batch: RowBatch, messages: Sequence[Outgoing], now: float
+    ) -> tuple[list[PublishResult], list[_Fresh]]:
+        """Dedup ``messages`` by id, give the new ones the next sequence numbers and
+        route them, adding their rows to ``batch`` (with the after-commit step that
+        makes them deliverable). Call with ``_lock`` held, then :meth:`_write_staged`."""
+        now_us = _us(now)
+        results: list[PublishResult] = []
+        fresh: list[_Fresh] = []
+        log_rows, id_rows, dest_rows = [], [], []
+        uncommitted, lookup = self._uncommitted_ids, self._dedup.lookup
+        seq = self._next_seq
+        for m in messages:
+            msg_id = m.id
+            if msg_id is not None:
+                original = uncommitted.get(msg_id) or lookup(msg_id, now)
+                if original is not None:
+                    results.append(PublishResult(original, msg_id, True, None))
+                    continue
+                uncommitted[msg_id] = seq
+            expires = None if m.ttl is None else now + m.ttl
+            expires_us = None if expires is None else _us(expires)
+            queues = self._route(m.topic)
+            headers = json.dumps(m.headers) if m.headers else None
+            log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
+            if msg_id is not None:
+                id_rows.append((msg_id, seq, expires_us))
+            for q in queues:
+                dest_rows.append((seq, q.id))
+            fresh.append((seq, msg_id, expires, queues))
+            results.append(PublishResult(seq, msg_id, False, len(queues)))
+            seq += 1
+        self._next_seq = seq
+        for name, rows in (
+            ("messages", log_rows),
+            ("publish_ids", id_rows),
+            ("destinations", dest_rows),
+        ):
+            if rows:
+                batch.rows_of(name).extend(rows)
+        if fresh:
+            batch.after_commit(lambda: self._published(fresh))
+        return results, fresh
+
+    def _write_staged(self, batch: RowBatch, first_seq: int, fresh: list[_Fresh]) -> Future[None]:
+        """Queue a batch holding staged messages; if the writer refuses it, forget them
+        (nothing was queued), so their seqs and ids are free again."""
+        try:
+            return self.store.writer.write(batch)
+        except BaseException:
+            self._next_seq = first_seq
+            for _, msg_id, _, _ in fresh:
+                if msg_id is not None:
+                    self._uncommitted_ids.pop(msg_id, None)
+            raise
+
     def _route(self, topic: str) -> tuple[_Queue, ...]:
         route = self._routes.get(topic)
         if route is None:
@@ -317,9 +375,7 @@ class Node:
             self._routes[topic] = route
         return route
 
-    def _published(
-        self, fresh: list[tuple[int, str | None, float | None, tuple[_Queue, ...]]]
-    ) -> None:
+    def _published(self, fresh: list[_Fresh]) -> None:
         """After commit (writer thread, commit order): make the messages deliverable and
         their ids known. Consecutive messages with the same route go to the cursors as
         one run, since a batch usually shares one topic."""
@@ -347,8 +403,7 @@ class Node:
             for msg_id in ids:
                 self._uncommitted_ids.pop(msg_id, None)
             self._durable_seq = fresh[-1][0]
-        if self._listeners:
-            self._notify({q.config.name for route in routes for q in route})
+        self._notify({q.config.name for route in routes for q in route})
 
     @staticmethod
     def _append_run(
@@ -360,7 +415,7 @@ class Node:
     # -- consuming (seed 003 cursor) -----------------------------------------------------
 
     def fetch(
-        self, queue: str, max_messages: int = 100, *, flow: int | None = None
+        self, queue: str, max_messages: int = 100, wait: float = 0.0, *, flow: int | None = None
     ) -> list[Delivered]:
         """Deliver up to ``max_messages`` from ``queue``: redeliveries first, then new
         messages in sequence order. Each delivery attempt is durable before it is
@@ -370,8 +425,19 @@ class Node:
         and only while it is active: an inactive flow gets none. When several flows are
         active, each fetch takes at most its fair share of the ready messages, so a
         burst is spread over them. Without ``flow``, only a queue with no limit on active
-        consumers can be read (NotActive otherwise)."""
-        return self.take(queue, max_messages, flow=flow)[0]
+        consumers can be read (NotActive otherwise). With ``wait``, an empty queue is
+        waited on for up to that many seconds."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self._ready:
+                generation = self._ready_generation
+            taken = self.take(queue, max_messages, flow=flow)[0]
+            remaining = deadline - time.monotonic()
+            if taken or remaining <= 0:
+                return taken
+            with self._ready:
+                if self._ready_generation == generation:
+                    self._ready.wait(remaining)
 
     def take(
         self, queue: str, max_messages: int = 100, *, flow: int | None = None
@@ -551,6 +617,190 @@ class Node:
                 self._notify({target.config.name})
 
             batch.after_commit(to_dlq)
+
+    # -- transactions (seed 000: the node's log and cursors as 2PC participants) --------
+
+    def prepare_txn(
+        self,
+        txid: str,
+        *,
+        coordinator: str,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int]] = (),
+        owner: str | None = "",
+    ) -> None:
+        """Vote yes for transaction ``txid``: make its work durable without applying it,
+        and return once it is. ``messages`` will be published (invisible until the
+        commit); ``deletes`` — ``(queue, seq, epoch)`` of messages delivered to the
+        caller — are held for the transaction: no timeout, no redelivery, no delete or
+        release by anyone but its outcome. ``coordinator`` says where the outcome will
+        be recorded, for recovery. Atomic: on any error nothing is held or recorded.
+        Idempotent: preparing a prepared transaction again does nothing."""
+        check_txid(txid)
+        if len(coordinator) > 1024:
+            raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
+        for m in messages:
+            check_outgoing(m, self.settings.limits)
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            if txid in self._txns:
+                return
+            if txid in self._finished:
+                move("participant", self._finished[txid], TxnMove.PREPARE, txid)
+            by_queue: dict[_Queue, list[tuple[int, int]]] = {}
+            for queue, seq, epoch in deletes:
+                by_queue.setdefault(self._queue(queue), []).append((seq, epoch))
+            for q, items in by_queue.items():  # every check before any change
+                for epoch in {e for _, e in items}:
+                    self._check_epoch(q, epoch)
+                    q.cursor.check_in_flight([s for s, e in items if e == epoch], epoch)
+            held = {q: [s for s, _ in items] for q, items in by_queue.items()}
+            for q, seqs in held.items():
+                q.cursor.hold_many(seqs)
+            batch.add("txn_log", txid, TxnState.PREPARED.value, _us(now), coordinator)
+            for i, m in enumerate(messages):
+                headers = json.dumps(m.headers) if m.headers else None
+                batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, headers, m.payload)
+            for q, seqs in held.items():
+                for seq in seqs:
+                    batch.add("txn_deletes", txid, q.id, seq)
+            self._txns[txid] = _Txn(txid, coordinator, now, list(messages), held, owner)
+            failpoint("txn.prepare.before_commit")
+            committed = self.store.writer.write(batch)
+        committed.result()
+        failpoint("txn.prepare.after_commit")
+
+    def commit_txn(self, txid: str) -> list[PublishResult]:
+        """Apply prepared transaction ``txid`` atomically: its messages enter the log (in
+        order, with seqs from now) and its held messages are deleted. Returns once
+        durable, with the publish results. Idempotent: committing a committed
+        transaction returns ``[]``; TxnConflict if it was aborted, TxnNotFound if it was
+        never prepared here (or finished long ago)."""
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            t = self._txns.get(txid)
+            if t is None:
+                move("participant", self._decided(txid), TxnMove.COMMIT, txid)
+                return []
+            first_seq = self._next_seq
+            results, fresh = self._stage(batch, t.messages, now)
+            for q, seqs in t.deletes.items():
+                if self._by_id.get(q.id) is q:  # the queue may have been deleted since
+                    done = q.cursor.delete_many(seqs, HELD)
+                    settled = [
+                        Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
+                    ]
+                    self._record_settlements(batch, q, settled, now)
+            batch.add("txn_log", txid, TxnState.COMMITTED.value, _us(now), t.coordinator)
+            del self._txns[txid]
+            self._finished[txid] = TxnState.COMMITTED
+            failpoint("txn.commit.before_commit")
+            committed = self._write_staged(batch, first_seq, fresh)
+        committed.result()
+        failpoint("txn.commit.after_commit")
+        return results
+
+    def abort_txn(self, txid: str, *, force: bool = False) -> bool:
+        """Drop prepared transaction ``txid``: its messages are never published and the
+        messages it held are ready again at once. Idempotent; under presumed abort a
+        transaction never prepared here is aborted already (False). ``force`` marks a
+        person's heuristic decision, reported to a coordinator that later says commit.
+        TxnConflict if it committed. True if this call aborted it."""
+        now = self.clock()
+        how = TxnMove.FORCE_ABORT if force else TxnMove.ABORT
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            t = self._txns.get(txid)
+            if t is None:
+                if txid in self._finished:
+                    move("participant", self._finished[txid], how, txid)
+                return False
+            state = move("participant", TxnState.PREPARED, how, txid)
+            for q, seqs in t.deletes.items():
+                if self._by_id.get(q.id) is q:
+                    self._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
+            batch.add("txn_log", txid, state.value, _us(now), t.coordinator)
+            del self._txns[txid]
+            self._finished[txid] = state
+            failpoint("txn.abort.before_commit")
+            committed = self.store.writer.write(batch)
+        committed.result()
+        self._notify({q.config.name for q in t.deletes})
+        return True
+
+    def transact(
+        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
+    ) -> list[PublishResult]:
+        """Publish ``messages`` and delete ``deletes`` (``(queue, seq, epoch)``) in one
+        atomic step: the one-phase commit of a transaction whose only participant is this
+        node. Returns once durable; on any error nothing changed."""
+        for m in messages:
+            check_outgoing(m, self.settings.limits)
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            by_queue: dict[_Queue, list[tuple[int, int]]] = {}
+            for queue, seq, epoch in deletes:
+                by_queue.setdefault(self._queue(queue), []).append((seq, epoch))
+            for q, items in by_queue.items():
+                for epoch in {e for _, e in items}:
+                    self._check_epoch(q, epoch)
+                    q.cursor.check_in_flight([s for s, e in items if e == epoch], epoch)
+            first_seq = self._next_seq
+            results, fresh = self._stage(batch, messages, now)
+            for q, items in by_queue.items():
+                for epoch in {e for _, e in items}:
+                    seqs = [s for s, e in items if e == epoch]
+                    done = q.cursor.delete_many(seqs, epoch)
+                    settled = [
+                        Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
+                    ]
+                    self._record_settlements(batch, q, settled, now)
+            committed = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
+        if committed is not None:
+            committed.result()
+        return results
+
+    def txns(self) -> list[TxnInfo]:
+        """The prepared transactions, oldest first; ``connected`` False means their
+        coordinator is gone and `eomsg recover` may resolve them."""
+        with self._lock:
+            return [
+                TxnInfo(
+                    t.txid,
+                    TxnState.PREPARED,
+                    t.coordinator,
+                    t.prepared_at,
+                    t.owner is not None,
+                    len(t.messages),
+                    sum(len(s) for s in t.deletes.values()),
+                )
+                for t in sorted(self._txns.values(), key=lambda t: (t.prepared_at, t.txid))
+            ]
+
+    def disown_txns(self, owner: str) -> int:
+        """The coordinator session ``owner`` went away: its prepared transactions are in
+        doubt from now on (they wait for recovery). Returns how many."""
+        with self._lock:
+            mine = [t for t in self._txns.values() if t.owner == owner]
+            for t in mine:
+                t.owner = None
+            return len(mine)
+
+    def _decided(self, txid: str) -> TxnState:
+        state = self._finished.get(txid)
+        if state is None:
+            raise TxnNotFound(
+                f"transaction {txid} is not prepared on this node (never prepared, or "
+                "finished too long ago to remember)"
+            )
+        return state
 
     # -- queues -------------------------------------------------------------------------
 
@@ -828,6 +1078,9 @@ class Node:
         self._listeners.append(callback)
 
     def _notify(self, queues: set[str]) -> None:
+        with self._ready:
+            self._ready_generation += 1
+            self._ready.notify_all()
         for callback in self._listeners:
             for name in queues:
                 callback(name)
@@ -909,6 +1162,11 @@ class Node:
         if compact:
             self.store.writer.run(Store.compact_job()).result()
         if gc_due:
+            forgotten = self.store.writer.run(Store.forget_txns_job(_us(now - TXN_MEMORY))).result()
+            if forgotten:
+                remembered = self.store.finished_txns()
+                with self._lock:
+                    self._finished = {t: s for t, s in self._finished.items() if t in remembered}
             self._last_gc = now
             cutoff = _us(now - self.settings.retention)
             horizon = self.store.writer.run(

@@ -10,10 +10,11 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import InvalidInput
+from eomsg.errors import InvalidInput, ProtocolError
 from eomsg.node.node import Node
-from eomsg.wire.events import message_to_wire
+from eomsg.wire.events import message_to_wire, outgoing_from_wire
 
 Args = dict[str, Any]
 
@@ -58,6 +59,47 @@ def _query(node: Node, args: Args) -> Any:
     return {"columns": columns, "rows": [[_cell(v) for v in row] for row in rows]}
 
 
+def txn_messages(args: Args) -> list[Outgoing]:
+    """A transaction's messages: ``[[topic, payload, id, ttl, headers], …]``."""
+    try:
+        return [outgoing_from_wire(m) for m in _arg(args, "messages", list)]
+    except ProtocolError as e:
+        raise InvalidInput(f"malformed transaction message: {e}") from e
+
+
+def txn_deletes(args: Args) -> list[tuple[str, int, int]]:
+    """A transaction's deletes: ``[[queue, seq, epoch], …]``."""
+    out = []
+    for item in _arg(args, "deletes", list):
+        if (
+            type(item) is not list
+            or len(item) != 3
+            or type(item[0]) is not str
+            or type(item[1]) is not int
+            or type(item[2]) is not int
+        ):
+            raise InvalidInput("a transaction delete is [queue, seq, epoch]")
+        out.append((item[0], item[1], item[2]))
+    return out
+
+
+def _results(results: list[Any]) -> list[list[Any]]:
+    return [[r.seq, r.id, r.duplicate, r.queues] for r in results]
+
+
+OWNED_CALLS: dict[str, Callable[[Node, Args, str], Any]] = {
+    "txn_prepare": lambda n, a, owner: n.prepare_txn(
+        _arg(a, "txid", str),
+        coordinator=_arg(a, "coordinator", str),
+        messages=txn_messages(a),
+        deletes=txn_deletes(a),
+        owner=owner,
+    ),
+    "txn_transact": lambda n, a, owner: _results(n.transact(txn_messages(a), txn_deletes(a))),
+}
+"""Calls that hold messages for the session: the session takes them out of its
+prefetch windows, and a prepared transaction is in doubt once its session is gone."""
+
 CALLS: dict[str, Callable[[Node, Args], Any]] = {
     "create_queue": _create_queue,
     "delete_queue": lambda n, a: n.delete_queue(
@@ -82,4 +124,9 @@ CALLS: dict[str, Callable[[Node, Args], Any]] = {
     "query": _query,
     "flows": lambda n, a: [f.to_json() for f in n.flows(_arg(a, "queue", str, optional=True))],
     "unbind": lambda n, a: n.unbind(_arg(a, "queue", str), _arg(a, "flow", int), admin=True),
+    "txn_commit": lambda n, a: _results(n.commit_txn(_arg(a, "txid", str))),
+    "txn_abort": lambda n, a: n.abort_txn(
+        _arg(a, "txid", str), force=bool(_arg(a, "force", bool, optional=True))
+    ),
+    "txns": lambda n, a: [t.to_json() for t in n.txns()],
 }

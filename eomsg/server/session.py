@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import functools
 import hmac
+import itertools
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -43,7 +44,7 @@ from eomsg.errors import (
     Overloaded,
     ProtocolError,
 )
-from eomsg.server.calls import CALLS
+from eomsg.server.calls import CALLS, OWNED_CALLS, txn_deletes
 from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
 
@@ -55,6 +56,9 @@ log = logging.getLogger("eomsg.server")
 MAX_PREFETCH = 100_000
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
 FRAME_SLACK = 64 << 10  # room left in a frame for everything but payloads
+
+
+_session_ids = itertools.count(1)
 
 
 @dataclass(eq=False)
@@ -85,6 +89,8 @@ class Session(asyncio.Protocol):
         self.conn = Connection(Role.SERVER, server.settings.max_frame)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.owner = f"session-{next(_session_ids)}"  # names it as a coordinator
+        self.owns_txns = False  # prepared a transaction: disown them when it ends
         self.client_name = ""
         self.inflight_bytes = 0
         self.pending = 0  # requests received and not yet answered
@@ -141,6 +147,8 @@ class Session(asyncio.Protocol):
         for queue, items in held:
             if items:
                 self.server.spawn(self._release_held(queue, items))
+        if self.owns_txns:  # its prepared transactions now wait for recovery
+            self.server.spawn(self.server.blocking(self.node.disown_txns, self.owner))
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -443,9 +451,23 @@ class Session(asyncio.Protocol):
         self._send(ev.Result(event.rid, None))
 
     async def _call(self, event: ev.Call) -> None:
+        owned = OWNED_CALLS.get(event.op)
+        if owned is not None:
+            self.owns_txns = True
+            value = await self.server.blocking(owned, self.node, event.args, self.owner)
+            if self.closing:  # lost while preparing: in doubt, as if lost just after
+                await self.server.blocking(self.node.disown_txns, self.owner)
+            by_queue: dict[str, list[int]] = {}
+            for queue, seq, _ in txn_deletes(event.args):
+                by_queue.setdefault(queue, []).append(seq)
+            for queue, seqs in by_queue.items():
+                self._settled(queue, tuple(seqs))
+            self._send(ev.Result(event.rid, value))
+            return
         fn = CALLS.get(event.op)
         if fn is None:
-            raise InvalidConfig(f"unknown operation {event.op!r}; known: {', '.join(CALLS)}")
+            known = ", ".join([*CALLS, *OWNED_CALLS])
+            raise InvalidConfig(f"unknown operation {event.op!r}; known: {known}")
         value = await self.server.blocking(fn, self.node, event.args)
         self._send(ev.Result(event.rid, value))
 

@@ -80,6 +80,32 @@ MIGRATIONS: tuple[Migration, ...] = (
                    settled_at TIMESTAMP NOT NULL)""",
         ),
     ),
+    Migration(
+        2,
+        "prepared transactions (seed 000)",
+        (
+            # One row per state a transaction reaches: 'prepared', then one final state.
+            """CREATE TABLE txn_log (
+                   txid VARCHAR NOT NULL,
+                   state VARCHAR NOT NULL,
+                   logged_at TIMESTAMP NOT NULL,
+                   coordinator VARCHAR NOT NULL)""",
+            # What a prepared transaction publishes: into the log only when it commits.
+            """CREATE TABLE txn_messages (
+                   txid VARCHAR NOT NULL,
+                   idx INTEGER NOT NULL,
+                   topic VARCHAR NOT NULL,
+                   id VARCHAR,
+                   ttl DOUBLE,
+                   headers VARCHAR,
+                   payload BLOB NOT NULL)""",
+            # What it deletes: held meanwhile, settled only when it commits.
+            """CREATE TABLE txn_deletes (
+                   txid VARCHAR NOT NULL,
+                   queue_id INTEGER NOT NULL,
+                   seq BIGINT NOT NULL)""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -108,6 +134,28 @@ ROW_TABLES: dict[str, pa.Schema] = {
             ("due", TIMESTAMP),
             ("released", pa.bool_()),
         ]
+    ),
+    "txn_log": pa.schema(
+        [
+            ("txid", pa.string()),
+            ("state", pa.string()),
+            ("logged_at", TIMESTAMP),
+            ("coordinator", pa.string()),
+        ]
+    ),
+    "txn_messages": pa.schema(
+        [
+            ("txid", pa.string()),
+            ("idx", pa.int32()),
+            ("topic", pa.string()),
+            ("id", pa.string()),
+            ("ttl", pa.float64()),
+            ("headers", pa.string()),
+            ("payload", pa.binary()),
+        ]
+    ),
+    "txn_deletes": pa.schema(
+        [("txid", pa.string()), ("queue_id", pa.int32()), ("seq", pa.int64())]
     ),
     "settled": pa.schema(
         [

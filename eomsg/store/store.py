@@ -21,7 +21,7 @@ from typing import Any
 
 import duckdb
 
-from eomsg.core.message import Message
+from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import DataDirError, InvalidQuery, StorageError
 from eomsg.store.lock import DataDirLock
@@ -42,6 +42,17 @@ class PendingRow:
     attempt: int | None  # None: never delivered
     due_us: int | None
     released: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRow:
+    """A transaction found prepared on recovery (seed 000), with its work."""
+
+    txid: str
+    coordinator: str
+    prepared_us: int
+    messages: list[Outgoing]
+    deletes: list[tuple[int, int]]  # (queue_id, seq)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +212,42 @@ class Store:
             [now_us],
         )
 
+    def finished_txns(self) -> dict[str, str]:
+        """The final state of every finished transaction still recorded, by txid."""
+        return dict(self._query("SELECT txid, state FROM txn_log WHERE state <> 'prepared'"))
+
+    def load_prepared(self, finished: set[str]) -> list[PreparedRow]:
+        """Prepared transactions not among ``finished``, with what they publish and
+        delete, in preparation order."""
+        heads = self._query(
+            """SELECT txid, coordinator, epoch_us(logged_at) FROM txn_log
+               WHERE state = 'prepared' ORDER BY logged_at, txid"""
+        )
+        open_ = [h for h in heads if h[0] not in finished]
+        if not open_:
+            return []
+        ids = [h[0] for h in open_]
+        messages: dict[str, list[Outgoing]] = {}
+        for txid, topic, msg_id, ttl, headers, payload in self._query(
+            """SELECT txid, topic, id, ttl, headers, payload FROM txn_messages
+               WHERE txid IN (SELECT unnest(?::VARCHAR[])) ORDER BY txid, idx""",
+            [ids],
+        ):
+            messages.setdefault(txid, []).append(
+                Outgoing(topic, bytes(payload), msg_id, ttl, json.loads(headers) if headers else {})
+            )
+        deletes: dict[str, list[tuple[int, int]]] = {}
+        for txid, queue_id, seq in self._query(
+            """SELECT txid, queue_id, seq FROM txn_deletes
+               WHERE txid IN (SELECT unnest(?::VARCHAR[])) ORDER BY txid, queue_id, seq""",
+            [ids],
+        ):
+            deletes.setdefault(txid, []).append((queue_id, seq))
+        return [
+            PreparedRow(txid, coordinator, at_us, messages.get(txid, []), deletes.get(txid, []))
+            for txid, coordinator, at_us in open_
+        ]
+
     def load_counts(self) -> dict[int, SettledCounts]:
         """Settled totals per queue: compacted totals plus records not yet compacted."""
         rows = self._query(
@@ -357,6 +404,26 @@ class Store:
                 )
             conn.execute("DELETE FROM settled")
             return count
+
+        return job
+
+    @staticmethod
+    def forget_txns_job(cutoff_us: int) -> Any:
+        """Drop the work of every finished transaction (a commit copied it into the log
+        and the settlement records), and the records of those finished before
+        ``cutoff_us``: past that, a coordinator no longer asks. Returns how many were
+        forgotten."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> int:
+            done = "SELECT txid FROM txn_log WHERE state <> 'prepared'"
+            for table in ("txn_messages", "txn_deletes"):
+                conn.execute(f"DELETE FROM {table} WHERE txid IN ({done})")
+            row = conn.execute(
+                f"""DELETE FROM txn_log WHERE txid IN (
+                        {done} AND logged_at < make_timestamp(?)) RETURNING state""",
+                [cutoff_us],
+            ).fetchall()
+            return sum(1 for (state,) in row if state != "prepared")
 
         return job
 

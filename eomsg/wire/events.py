@@ -189,7 +189,13 @@ class Welcome(Event):
         )
 
 
-def _outgoing(item: object) -> Outgoing:
+def outgoing_to_wire(m: Outgoing) -> list[Any]:
+    """A message to publish in its wire form (see :func:`outgoing_from_wire`)."""
+    return [m.topic, m.payload, m.id, m.ttl, m.headers or None]
+
+
+def outgoing_from_wire(item: object) -> Outgoing:
+    """A message to publish from its wire form ``[topic, payload, id, ttl, headers]``."""
     topic, payload, msg_id, ttl, headers = _list(item, "a message", 5)
     # The common case (text topic and id, bytes payload, no ttl or headers) is checked
     # inline: this runs once per published message on the node's event loop.
@@ -220,13 +226,13 @@ class Publish(Event):
         return [
             self.TYPE,
             self.rid,
-            [[m.topic, m.payload, m.id, m.ttl, m.headers or None] for m in self.messages],
+            [outgoing_to_wire(m) for m in self.messages],
         ]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Publish:
         _, rid, messages = _fields(body, 2, "publish")
-        return cls(_int(rid, "rid"), tuple(map(_outgoing, _list(messages, "messages"))))
+        return cls(_int(rid, "rid"), tuple(map(outgoing_from_wire, _list(messages, "messages"))))
 
 
 def _result(item: object) -> PublishResult:

@@ -1,0 +1,223 @@
+"""The transaction coordinator (seed 000): publish, delete and change the application's
+database atomically.
+
+::
+
+    with client.transaction(resources=[eomsg.DuckDBResource(app)]) as tx:
+        tx.resource(app).execute("UPDATE stock …")
+        tx.publish("orders/eu/shipped", payload)
+        tx.delete(msg)
+
+How it commits, by what the transaction holds:
+
+- node work and an application resource — two-phase commit, presumed abort: the node
+  prepares (publishes invisible, deleted messages held), the COMMIT marker commits inside
+  the application's transaction (the commit point), then the node applies the outcome;
+- node work only — one atomic call to the node (one-phase);
+- application work only — the application's own commit.
+
+A crash anywhere leaves the node's part prepared at worst; recovery — the next
+transaction on the same database, or ``eomsg recover`` — commits it if the marker is
+there and aborts it otherwise. The coordinator's state moves follow
+:data:`eomsg.core.txn.COORDINATOR`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from eomsg.client.recovery import Participant, Step, execute, plan
+from eomsg.client.resources import MarkerTable, Resource
+from eomsg.core.message import Delivered, Outgoing, PublishResult
+from eomsg.core.txn import TxnMove, TxnState, move
+from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, TxnAborted, UsageError
+from eomsg.failpoints import failpoint
+
+log = logging.getLogger("eomsg.transaction")
+
+
+class Transaction:
+    """One transaction over a node (embedded or through a client) and at most one
+    application database. Use it as a context manager: a clean exit commits, an
+    exception rolls back. Not thread-safe; many may run at once on one client."""
+
+    def __init__(self, participant: Participant, resources: Sequence[Resource] = ()) -> None:
+        if len(resources) > 1:
+            raise InvalidConfig(
+                "a transaction takes one application database (a commit-markable resource)"
+            )
+        self.participant = participant
+        self.txid = uuid.uuid4().hex
+        self.state = TxnState.ACTIVE
+        self.results: list[PublishResult] = []
+        self.completed = False  # every participant applied the outcome (else: recovery)
+        self._resource = resources[0] if resources else None
+        self._messages: list[Outgoing] = []
+        self._deletes: list[tuple[str, int, int]] = []
+        self._began = False
+
+    # -- the work ---------------------------------------------------------------------------
+
+    def __enter__(self) -> Transaction:
+        r = self._resource
+        if r is not None:
+            if not r.recovered:
+                recover_resource(self.participant, r)
+            r.db.begin()
+            self._began = True
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
+        if self.state is not TxnState.ACTIVE:
+            return
+        if kind is None:
+            self.commit()
+        else:
+            self.rollback()
+
+    def resource(self, conn: Any) -> Any:
+        """``conn``, checked to be this transaction's database: run the application's
+        changes on it, inside the transaction."""
+        if self._resource is None or self._resource.conn is not conn:
+            raise UsageError("that connection is not a resource of this transaction")
+        return conn
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """Publish at commit (invisible until then; never, if the transaction aborts)."""
+        self._active()
+        self._messages.append(Outgoing(topic, payload, id, ttl, headers or {}))
+
+    def delete(self, message: Any) -> None:
+        """Delete a received message at commit (a :class:`Received` or a
+        :class:`Delivered`); if the transaction aborts, it is redelivered."""
+        self._active()
+        d: Delivered = getattr(message, "delivered", message)
+        self._deletes.append((d.queue, d.message.seq, d.epoch))
+
+    def receive(self, queue: str, timeout: float = 0.0) -> Delivered | None:
+        """Fetch the next message of ``queue`` (a queue with no limit on active
+        consumers), waiting up to ``timeout`` seconds; None if none came. It still has to
+        be passed to :meth:`delete` to be consumed by the transaction."""
+        self._active()
+        got = self.participant.fetch(queue, 1, timeout)
+        return got[0] if got else None
+
+    # -- the outcome ------------------------------------------------------------------------
+
+    def commit(self) -> list[PublishResult]:
+        """Commit everything atomically; returns the publish results. TxnAborted (with
+        the cause) if it could not, and then nothing took effect. Once the decision is
+        durable this does not raise: if the node cannot be told, :attr:`completed` stays
+        False and recovery applies the outcome later."""
+        self._active()
+        r, node_work = self._resource, bool(self._messages or self._deletes)
+        if r is None or not node_work:
+            return self._commit_alone(r)
+        failpoint("coordinator.before_prepare")
+        try:
+            self.participant.prepare_txn(
+                self.txid,
+                coordinator=r.descriptor,
+                messages=self._messages,
+                deletes=self._deletes,
+            )
+        except BaseException as e:
+            with contextlib.suppress(BaseException):
+                r.db.rollback()
+            self._abort(f"the node could not prepare: {e}", e)
+        self.state = move("coordinator", self.state, TxnMove.PREPARE)
+        failpoint("coordinator.after_prepare")
+        try:
+            r.markers.decide(self.txid, r.applied)
+        except BaseException as e:
+            with contextlib.suppress(BaseException):
+                r.db.rollback()
+            with contextlib.suppress(EomsgError):  # else recovery aborts it: no marker
+                self.participant.abort_txn(self.txid)
+            self._abort(f"the application database could not commit: {e}", e)
+        r.applied = []
+        self.state = move("coordinator", self.state, TxnMove.COMMIT)
+        failpoint("coordinator.after_decision")
+        try:
+            self.results = self.participant.commit_txn(self.txid)
+        except EomsgError as e:
+            log.warning(
+                "transaction %s committed; the node applies it at recovery: %s", self.txid, e
+            )
+            return []
+        failpoint("coordinator.before_forget")
+        r.applied.append(self.txid)  # its marker goes with the next transaction's commit
+        self.completed = True
+        return self.results
+
+    def rollback(self) -> None:
+        """Undo the application's changes and drop what was to be published; the
+        messages to delete are given back for redelivery at once."""
+        self._active()
+        if self._began and self._resource is not None:
+            self._resource.db.rollback()
+        self.state = move("coordinator", self.state, TxnMove.ABORT)
+        by_queue: dict[tuple[str, int], list[int]] = {}
+        for queue, seq, epoch in self._deletes:
+            by_queue.setdefault((queue, epoch), []).append(seq)
+        for (queue, epoch), seqs in by_queue.items():
+            with contextlib.suppress(EomsgError):  # else they come back by timeout
+                self.participant.release(queue, seqs, epoch=epoch)
+
+    def _commit_alone(self, r: Resource | None) -> list[PublishResult]:
+        try:
+            if r is not None:
+                r.db.commit()
+            elif self._messages or self._deletes:
+                self.results = self.participant.transact(self._messages, self._deletes)
+        except BaseException as e:
+            if r is not None:
+                with contextlib.suppress(BaseException):
+                    r.db.rollback()
+            self._abort(f"could not commit: {e}", e)
+        self.state = TxnState.COMMITTED
+        self.completed = True
+        return self.results
+
+    def _abort(self, why: str, cause: BaseException) -> NoReturn:
+        """Everything is rolled back: say so. Bad input keeps its own error."""
+        self.state = move("coordinator", self.state, TxnMove.ABORT)
+        if not isinstance(cause, Exception) or isinstance(cause, InvalidInput):
+            raise cause
+        raise TxnAborted(f"transaction {self.txid} rolled back: {why}") from cause
+
+    def _active(self) -> None:
+        if self.state is not TxnState.ACTIVE:
+            raise UsageError(f"transaction {self.txid} is {self.state.value}; start a new one")
+
+
+def recover_resource(participant: Participant, resource: Resource) -> list[Step]:
+    """Resolve the in-doubt transactions whose outcome ``resource`` records (left by an
+    earlier run of this application), on its own connection. Runs once per resource,
+    before its first transaction; call it again after a lost connection."""
+
+    @contextlib.contextmanager
+    def own(_: str) -> Any:
+        yield MarkerTable(resource.db, resource.markers.table)
+
+    steps = plan(participant, now=time.time(), coordinator=resource.descriptor, markers=own)
+    done = execute(participant, steps, markers=own)
+    for step in done:
+        log.info(
+            "recovered transaction %s: %s (%s)", step.txn.txid, step.verdict.value, step.reason
+        )
+    resource.recovered = True
+    return done
