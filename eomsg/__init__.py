@@ -1,20 +1,26 @@
 """eomsg: durable, exactly-once messaging for applications that keep their own databases.
 
 ``eomsg.connect(...)`` talks to a running node (``eomsg serve``); ``eomsg.Node.open(...)``
-embeds one in this process.
+embeds one in this process. ``client.transaction(resources=[eomsg.DuckDBResource(app)])``
+(or ``eomsg.Transaction(node, ...)`` on an embedded node) publishes, deletes and changes
+the application's database atomically.
 """
 
 from eomsg.client import AsyncClient, Client, Received, connect, connect_async
 from eomsg.client.inbox import Inbox
+from eomsg.client.resources import DuckDBResource, SQLiteResource
+from eomsg.client.transaction import Transaction
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig
+from eomsg.core.txn import TxnInfo
 from eomsg.node.node import Node, NodeSettings
 
 __all__ = [
     "AsyncClient",
     "Client",
     "Delivered",
+    "DuckDBResource",
     "FlowEvent",
     "FlowInfo",
     "Inbox",
@@ -25,6 +31,9 @@ __all__ = [
     "PublishResult",
     "QueueConfig",
     "Received",
+    "SQLiteResource",
+    "Transaction",
+    "TxnInfo",
     "connect",
     "connect_async",
 ]

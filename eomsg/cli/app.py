@@ -11,6 +11,7 @@ from eomsg.cli import config, inspect, queue
 from eomsg.cli.common import Target
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
+from eomsg.cli.recover import recover
 from eomsg.cli.serve import serve
 from eomsg.cli.top import top
 
@@ -24,6 +25,7 @@ app.command()(publish)
 app.command()(consume)
 app.command()(serve)
 app.command()(top)
+app.command()(recover)
 app.add_typer(queue.app, name="queue")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")

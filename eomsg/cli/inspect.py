@@ -1,4 +1,5 @@
-"""``eomsg inspect``: queues, the retained log, and read-only SQL over the store."""
+"""``eomsg inspect``: queues, flows, transactions, the retained log, and read-only SQL over
+the store."""
 
 from __future__ import annotations
 
@@ -82,6 +83,30 @@ def flows(
             str(f.epoch) if f.active else "-",
             str(f.in_flight),
             format_duration(max(0.0, now - f.bound_at)) + " ago",
+        )
+    console.print(table)
+
+
+@app.command()
+@handles_errors
+def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Prepared transactions: age, coordinator (where the outcome is recorded), whether it
+    is still connected or in doubt, and what each would publish and holds."""
+    with open_node(data, create=False) as node:
+        prepared = node.txns()
+        now = time.time()
+    if json:
+        print_json([t.to_json() for t in prepared])
+        return
+    table = Table("txid", "state", "age", "coordinator", "publishes", "holds")
+    for t in prepared:
+        table.add_row(
+            t.txid,
+            "prepared" if t.connected else "[yellow]in doubt[/]",
+            format_duration(max(0.0, now - t.prepared_at)),
+            t.coordinator,
+            str(t.publishes),
+            str(t.deletes),
         )
     console.print(table)
 

@@ -18,7 +18,7 @@ import functools
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -517,8 +517,8 @@ class AsyncClient:
         txid: str,
         *,
         coordinator: str,
-        messages: Iterable[Outgoing] = (),
-        deletes: Iterable[tuple[str, int, int]] = (),
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int]] = (),
     ) -> None:
         """:meth:`Node.prepare_txn <eomsg.node.node.Node.prepare_txn>` over the wire; the
         transaction is in doubt if this connection is lost before its outcome."""
@@ -538,7 +538,7 @@ class AsyncClient:
         return aborted
 
     async def transact(
-        self, messages: Iterable[Outgoing] = (), deletes: Iterable[tuple[str, int, int]] = ()
+        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
     ) -> list[PublishResult]:
         results = await self.call(
             "txn_transact",

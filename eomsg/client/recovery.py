@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -38,8 +38,8 @@ class Participant(Protocol):
         txid: str,
         *,
         coordinator: str,
-        messages: Iterable[Outgoing] = (),
-        deletes: Iterable[tuple[str, int, int]] = (),
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int]] = (),
     ) -> None: ...
 
     def commit_txn(self, txid: str) -> list[PublishResult]: ...
@@ -47,7 +47,7 @@ class Participant(Protocol):
     def abort_txn(self, txid: str, *, force: bool = False) -> bool: ...
 
     def transact(
-        self, messages: Iterable[Outgoing] = (), deletes: Iterable[tuple[str, int, int]] = ()
+        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
     ) -> list[PublishResult]: ...
 
     def txns(self) -> list[TxnInfo]: ...

@@ -15,7 +15,7 @@ import logging
 import queue as queuelib
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -328,8 +328,8 @@ class Client:
         txid: str,
         *,
         coordinator: str,
-        messages: Iterable[Outgoing] = (),
-        deletes: Iterable[tuple[str, int, int]] = (),
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int]] = (),
     ) -> None:
         self._run(
             self._ac.prepare_txn(txid, coordinator=coordinator, messages=messages, deletes=deletes)
@@ -342,7 +342,7 @@ class Client:
         return self._run(self._ac.abort_txn(txid, force=force))
 
     def transact(
-        self, messages: Iterable[Outgoing] = (), deletes: Iterable[tuple[str, int, int]] = ()
+        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
     ) -> list[PublishResult]:
         return self._run(self._ac.transact(messages, deletes))
 

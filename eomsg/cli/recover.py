@@ -1,0 +1,88 @@
+"""``eomsg recover``: resolve in-doubt transactions (seed 000, presumed abort)."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+import typer
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    err_console,
+    handles_errors,
+    open_node,
+    print_json,
+)
+from eomsg.client.recovery import Step, execute, plan
+from eomsg.core.durations import format_duration, parse_duration
+from eomsg.core.txn import Verdict
+from eomsg.errors import ExitCode
+
+_SAID = {
+    Verdict.COMMIT: "committed",
+    Verdict.ABORT: "aborted",
+    Verdict.FORCE_ABORT: "aborted by your decision",
+    Verdict.WAIT: "left in doubt",
+}
+
+
+@handles_errors
+def recover(
+    abort_older_than: Annotated[
+        str | None,
+        typer.Option(
+            help="Abort in-doubt transactions whose outcome cannot be read and that were "
+            "prepared longer ago than this (e.g. 10m): a heuristic decision, reported."
+        ),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
+    ] = False,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Commit the in-doubt transactions their coordinator decided, abort those it did not,
+    and list those whose outcome cannot be read (exit 12) — never silently."""
+    limit = None if abort_older_than is None else parse_duration(abort_older_than, allow_zero=True)
+    with open_node(data, create=False) as node:
+        steps = plan(node, now=time.time(), abort_older_than=limit)
+        if not dry_run:
+            steps = execute(node, steps)
+    if json:
+        print_json([s.to_json() for s in steps])
+    else:
+        _report(steps, dry_run)
+    if any(s.verdict is Verdict.WAIT for s in steps):
+        raise typer.Exit(int(ExitCode.IN_DOUBT))
+
+
+def _report(steps: list[Step], dry_run: bool) -> None:
+    if not steps:
+        console.print("nothing in doubt")
+        return
+    now = time.time()
+    for s in steps:
+        said = (
+            f"would be {_SAID[s.verdict]}"
+            if dry_run and s.verdict is not Verdict.WAIT
+            else _SAID[s.verdict]
+        )
+        age = format_duration(max(0.0, now - s.txn.prepared_at))
+        t = s.txn
+        line = (
+            f"{t.txid}: {said} ({s.reason}; prepared {age} ago, "
+            f"{t.publishes} to publish, {t.deletes} held)"
+        )
+        (err_console if s.verdict is Verdict.WAIT else console).print(line, markup=False)
+    waiting = sum(s.verdict is Verdict.WAIT for s in steps)
+    if waiting:
+        err_console.print(
+            f"Error: {waiting} transaction(s) in doubt: free their database (stop the "
+            "application that holds it) and run recover again, or decide with "
+            "--abort-older-than",
+            markup=False,
+        )

@@ -1,0 +1,71 @@
+"""Copy messages from one queue into an application table and onward to a topic, each
+copy one eomsg transaction (seed 000): the row, the publish and the delete commit
+together or not at all, however often this process or the node is killed.
+
+    python scripts/copier.py --broker DATA_DIR_OR_URL --app app.duckdb \\
+        --source a --target b [--batch 1] [--idle 2] [--max N]
+
+The test suite runs it under failpoints and SIGKILLs (tests/test_txn_crash.py); it is
+also the transactional figure of ``scripts/bench.py``. Prints one JSON line at the end:
+``{"copied": N, "transactions": T}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import duckdb
+
+import eomsg
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--broker", required=True)
+    p.add_argument("--app", required=True, help="the application's DuckDB file")
+    p.add_argument("--source", default="a", help="queue to copy from")
+    p.add_argument("--target", default="b", help="topic to publish the copies to")
+    p.add_argument("--batch", type=int, default=1, help="messages per transaction")
+    p.add_argument("--idle", type=float, default=2.0, help="stop after this long with none")
+    p.add_argument("--max", type=int, default=0, help="stop after this many (0: no limit)")
+    args = p.parse_args(argv)
+
+    app = duckdb.connect(args.app)
+    app.execute(
+        "CREATE TABLE IF NOT EXISTS copied (src_seq BIGINT PRIMARY KEY, payload BLOB NOT NULL)"
+    )
+    copied = transactions = 0
+    with eomsg.connect(args.broker, name="copier") as client:
+        resource = eomsg.DuckDBResource(app)
+        prefetch = max(64, args.batch * 4)
+        with client.consumer(args.source, prefetch, idle_timeout=args.idle) as consumer:
+            batch: list[eomsg.Received] = []
+
+            def copy() -> None:
+                nonlocal copied, transactions
+                with client.transaction(resources=[resource]) as tx:
+                    rows = [(m.seq, m.payload) for m in batch]
+                    tx.resource(app).executemany("INSERT INTO copied VALUES (?, ?)", rows)
+                    for m in batch:
+                        tx.publish(args.target, m.payload, headers={"src": str(m.seq)})
+                        tx.delete(m)
+                copied += len(batch)
+                transactions += 1
+                batch.clear()
+
+            for msg in consumer:
+                batch.append(msg)
+                if len(batch) >= args.batch:
+                    copy()
+                if args.max and copied >= args.max:
+                    break
+            if batch:
+                copy()
+    print(json.dumps({"copied": copied, "transactions": transactions}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
