@@ -1,0 +1,326 @@
+"""Transactions (seed 000): the state tables, the node as a participant, and the
+coordinator over DuckDB and SQLite resources, embedded and through a real node."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pytest
+
+import eomsg
+from eomsg.client.appdb import app_db
+from eomsg.client.recovery import plan
+from eomsg.client.resources import MarkerTable
+from eomsg.client.transaction import recover_resource
+from eomsg.core.message import Outgoing
+from eomsg.core.txn import COORDINATOR, PARTICIPANT, TxnMove, TxnState, Verdict, move, verdict
+from eomsg.errors import (
+    HeldByTransaction,
+    HeuristicOutcome,
+    InvalidInput,
+    NotInFlight,
+    QueueNotFound,
+    TxnAborted,
+    TxnConflict,
+    TxnNotFound,
+    UsageError,
+)
+from eomsg.node.node import Node
+from tests.conftest import NodeProcess
+
+# -- the state tables -------------------------------------------------------------------
+
+
+def test_every_missing_move_is_refused_with_role_and_state() -> None:
+    for role, table in (("participant", PARTICIPANT), ("coordinator", COORDINATOR)):
+        for state in TxnState:
+            for how in TxnMove:
+                if (state, how) in table:
+                    assert move(role, state, how) is table[(state, how)]
+                    continue
+                with pytest.raises((TxnConflict, HeuristicOutcome)) as e:
+                    move(role, state, how, "t1")
+                assert role in str(e.value) and "t1" in str(e.value)
+                if state is not TxnState.HEURISTIC:
+                    assert state.value in str(e.value)
+
+
+def test_verdict_is_presumed_abort() -> None:
+    assert verdict(True, readable=True, age=0, abort_older_than=None) is Verdict.COMMIT
+    assert verdict(False, readable=True, age=1e9, abort_older_than=None) is Verdict.ABORT
+    assert verdict(None, readable=False, age=10, abort_older_than=None) is Verdict.WAIT
+    assert verdict(None, readable=False, age=10, abort_older_than=60) is Verdict.WAIT
+    assert verdict(None, readable=False, age=60, abort_older_than=60) is Verdict.FORCE_ABORT
+
+
+# -- the node as a participant ----------------------------------------------------------
+
+
+def _queues(node: Any) -> None:
+    node.create_queue(eomsg.QueueConfig("a", subscriptions=("a",)))
+    node.create_queue(eomsg.QueueConfig("b", subscriptions=("b",)))
+
+
+def test_prepared_work_is_invisible_and_held_until_commit(node: Node) -> None:
+    _queues(node)
+    node.publish("a", b"1")
+    (d,) = node.fetch("a", 1)
+    node.prepare_txn(
+        "t1", coordinator="x", messages=[Outgoing("b", b"out")], deletes=[("a", d.message.seq, 0)]
+    )
+    node.prepare_txn("t1", coordinator="x")  # idempotent
+    assert node.fetch("b") == []
+    with pytest.raises(HeldByTransaction):
+        node.delete("a", [d.message.seq])
+    with pytest.raises(HeldByTransaction):
+        node.release("a", [d.message.seq])
+    (info,) = node.txns()
+    assert (info.txid, info.publishes, info.deletes, info.connected) == ("t1", 1, 1, True)
+    (result,) = node.commit_txn("t1")
+    assert node.commit_txn("t1") == []  # idempotent
+    assert [m.message.payload for m in node.fetch("b")] == [b"out"]
+    assert node.fetch("b")[0:0] == [] and result.queues == 1
+    stats = {s.name: s for s in node.stats()}
+    assert (stats["a"].depth, stats["a"].deleted) == (0, 1)
+    with pytest.raises(TxnConflict, match="cannot abort transaction t1: it is committed"):
+        node.abort_txn("t1")
+
+
+def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
+    open_node: Callable[..., Node], clock: Any
+) -> None:
+    node = open_node()
+    _queues(node)
+    node.publish("a", b"1")
+    (d,) = node.fetch("a", 1)
+    node.prepare_txn("t1", coordinator="x", deletes=[("a", d.message.seq, 0)])
+    clock.advance(3600)  # far past the ack timeout: a held message does not time out
+    assert node.fetch("a", 10) == []
+    node.close()
+    node = open_node()
+    (info,) = node.txns()
+    assert not info.connected  # its coordinator is gone with the restart: in doubt
+    clock.advance(3600)
+    assert node.fetch("a", 10) == []
+    assert node.abort_txn("t1") is True
+    assert node.abort_txn("t1") is False  # idempotent
+    (again,) = node.fetch("a", 10)
+    assert (again.message.seq, again.attempt) == (d.message.seq, 2)
+    with pytest.raises(TxnConflict, match="it is aborted"):
+        node.commit_txn("t1")
+    node.close()
+    node = open_node()
+    assert node.txns() == []
+    with pytest.raises(TxnConflict):
+        node.commit_txn("t1")  # the outcome is remembered across restarts
+
+
+def test_prepare_is_atomic_and_checks_everything_first(node: Node) -> None:
+    _queues(node)
+    node.publish_batch([Outgoing("a", b"1"), Outgoing("a", b"2")])
+    d1, d2 = node.fetch("a", 2)
+    good = ("a", d1.message.seq, 0)
+    for bad, error in [
+        ([good, ("a", 99, 0)], NotInFlight),
+        ([good, ("nope", 1, 0)], QueueNotFound),
+        ([good, good], NotInFlight),
+    ]:
+        with pytest.raises(error):
+            node.prepare_txn("t", coordinator="x", deletes=bad)
+        assert node.txns() == []
+    with pytest.raises(InvalidInput):
+        node.prepare_txn("t", coordinator="x", messages=[Outgoing("bad/>", b"")])
+    with pytest.raises(InvalidInput):
+        node.prepare_txn("", coordinator="x")
+    node.delete("a", [d1.message.seq, d2.message.seq])  # nothing was held
+
+
+def test_force_abort_is_reported_to_a_coordinator_that_commits(node: Node) -> None:
+    _queues(node)
+    node.prepare_txn("t1", coordinator="x", messages=[Outgoing("b", b"1")])
+    node.abort_txn("t1", force=True)
+    with pytest.raises(HeuristicOutcome, match="a person aborted it"):
+        node.commit_txn("t1")
+    with pytest.raises(TxnNotFound):
+        node.commit_txn("never")
+    assert node.abort_txn("never") is False  # presumed abort
+
+
+def test_transact_publishes_and_deletes_in_one_step(node: Node) -> None:
+    _queues(node)
+    node.publish("a", b"1")
+    (d,) = node.fetch("a", 1)
+    with pytest.raises(NotInFlight):
+        node.transact([Outgoing("b", b"x")], [("a", d.message.seq + 1, 0)])
+    assert node.fetch("b") == []
+    node.transact([Outgoing("b", b"x")], [("a", d.message.seq, 0)])
+    assert [m.message.payload for m in node.fetch("b")] == [b"x"]
+    assert {s.name: s.depth for s in node.stats()}["a"] == 0
+
+
+# -- the coordinator, against every kind of participant and resource ------------------
+
+
+@pytest.fixture(params=["embedded", "served"])
+def participant(
+    request: pytest.FixtureRequest,
+    open_node: Callable[..., Node],
+    serve: Callable[..., NodeProcess],
+) -> Iterator[Any]:
+    if request.param == "embedded":
+        node = open_node()
+        _queues(node)
+        yield node
+        return
+    node_process = serve()
+    with eomsg.connect(node_process.data_dir) as client:
+        _queues(client)
+        yield client
+
+
+@pytest.fixture(params=["duckdb", "sqlite"])
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
+    if request.param == "duckdb":
+        conn: Any = duckdb.connect(str(tmp_path / "app.duckdb"))
+    else:
+        conn = sqlite3.connect(str(tmp_path / "app.sqlite"), isolation_level=None)
+    conn.execute("CREATE TABLE stock (item VARCHAR PRIMARY KEY, n INTEGER)")
+    conn.execute("INSERT INTO stock VALUES ('apple', 10)")
+    yield conn
+    conn.close()
+
+
+def _resource(conn: Any) -> eomsg.DuckDBResource | eomsg.SQLiteResource:
+    if isinstance(conn, sqlite3.Connection):
+        return eomsg.SQLiteResource(conn)
+    return eomsg.DuckDBResource(conn)
+
+
+def _stock(conn: Any) -> int:
+    return int(conn.execute("SELECT n FROM stock WHERE item = 'apple'").fetchone()[0])
+
+
+def test_commit_applies_app_change_publish_and_delete_together(participant: Any, app: Any) -> None:
+    participant.publish("a", b"order")
+    resource = _resource(app)
+    with eomsg.Transaction(participant, [resource]) as tx:
+        msg = tx.receive("a", timeout=5)
+        assert msg is not None
+        tx.resource(app).execute("UPDATE stock SET n = n - 1 WHERE item = 'apple'")
+        tx.publish("b", b"shipped", headers={"src": str(msg.message.seq)})
+        tx.delete(msg)
+    assert tx.completed and tx.state is TxnState.COMMITTED
+    assert [r.queues for r in tx.results] == [1]
+    assert _stock(app) == 9
+    assert [d.message.payload for d in participant.fetch("b", 10)] == [b"shipped"]
+    assert participant.fetch("a", 10) == [] and participant.txns() == []
+    # The marker of a completed transaction goes with the next commit.
+    with eomsg.Transaction(participant, [resource]) as tx2:
+        tx2.publish("b", b"more")
+    rows = app.execute("SELECT txid FROM eomsg_txns").fetchall()
+    assert rows == [(tx2.txid,)]
+
+
+def test_an_exception_rolls_everything_back(participant: Any, app: Any) -> None:
+    participant.publish("a", b"order")
+    with pytest.raises(RuntimeError), eomsg.Transaction(participant, [_resource(app)]) as tx:
+        msg = tx.receive("a", timeout=5)
+        tx.resource(app).execute("UPDATE stock SET n = 0")
+        tx.publish("b", b"shipped")
+        tx.delete(msg)
+        raise RuntimeError("the application changed its mind")
+    assert tx.state is TxnState.ABORTED
+    assert _stock(app) == 10
+    assert participant.fetch("b", 10) == []
+    (again,) = participant.fetch("a", 10)  # released at once, not after its timeout
+    assert again.attempt == 2
+    with pytest.raises(UsageError, match="is aborted; start a new one"):
+        tx.publish("b", b"late")
+
+
+def test_a_failed_prepare_aborts_and_keeps_its_error(participant: Any, app: Any) -> None:
+    participant.publish("a", b"order")
+    (d,) = participant.fetch("a", 1)
+    participant.delete("a", [d.message.seq])
+    resource = _resource(app)
+    with (
+        pytest.raises(TxnAborted, match="could not prepare") as e,
+        eomsg.Transaction(participant, [resource]) as tx,
+    ):
+        tx.resource(app).execute("UPDATE stock SET n = 0")
+        tx.delete(d)  # deleted already: the node votes no
+    assert isinstance(e.value.__cause__, NotInFlight)
+    assert _stock(app) == 10 and participant.txns() == []
+    with pytest.raises(InvalidInput), eomsg.Transaction(participant, [resource]) as tx:
+        tx.publish("bad/>", b"")  # bad input keeps its own type
+
+
+def test_a_fenced_coordinator_cannot_commit(participant: Any, tmp_path: Path) -> None:
+    """A recovery that found no marker fences the transaction with ABORT: the late
+    coordinator's commit then fails on the marker, its app changes roll back with it,
+    and the node's part is aborted. (DuckDB: SQLite's write lock makes the recovery
+    wait for the coordinator instead.)"""
+    app = duckdb.connect(str(tmp_path / "app.duckdb"))
+    app.execute("CREATE TABLE stock (item VARCHAR PRIMARY KEY, n INTEGER)")
+    app.execute("INSERT INTO stock VALUES ('apple', 10)")
+    resource = eomsg.DuckDBResource(app)
+    tx = eomsg.Transaction(participant, [resource])
+    tx.__enter__()
+    tx.resource(app).execute("UPDATE stock SET n = 0")
+    tx.publish("b", b"x")
+    fenced = False
+
+    def recovery_runs_now(txid: str, forget: Any) -> None:
+        nonlocal fenced
+        other = MarkerTable(app_db(app.cursor()), resource.markers.table)
+        fenced = other.outcome_or_fence(txid) is False
+        real_decide(txid, forget)
+
+    real_decide = resource.markers.decide
+    resource.markers.decide = recovery_runs_now  # type: ignore[method-assign]
+    with pytest.raises(TxnAborted, match="application database could not commit"):
+        tx.commit()
+    assert fenced
+    assert _stock(app) == 10
+    assert participant.txns() == [] and participant.fetch("b", 10) == []
+
+
+def test_recovery_commits_what_the_marker_says(open_node: Callable[..., Node], app: Any) -> None:
+    node = open_node()
+    _queues(node)
+    resource = _resource(app)
+    app_db = resource.db
+    node.prepare_txn("decided", coordinator=resource.descriptor, messages=[Outgoing("b", b"1")])
+    node.prepare_txn("undecided", coordinator=resource.descriptor, messages=[Outgoing("b", b"2")])
+    app_db.begin()
+    resource.markers.decide("decided", [])
+    node.close()
+    node = open_node()
+    steps = plan(node, now=0, coordinator=resource.descriptor)
+    assert {s.txn.txid: s.verdict for s in steps} == {
+        "decided": Verdict.COMMIT,
+        "undecided": Verdict.ABORT,
+    }
+    done = recover_resource(node, resource)
+    assert all(s.done for s in done) and node.txns() == []
+    assert [d.message.payload for d in node.fetch("b")] == [b"1"]
+    assert resource.markers.peek("undecided") == "abort"  # fenced
+    assert resource.markers.peek("decided") is None  # forgotten
+
+
+def test_bad_resources_are_refused(participant: Any, tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="needs a DuckDB connection"):
+        eomsg.DuckDBResource(sqlite3.connect(":memory:"))
+    a = eomsg.DuckDBResource(duckdb.connect())
+    b = eomsg.DuckDBResource(duckdb.connect())
+    with pytest.raises(InvalidInput, match="one application database"):
+        eomsg.Transaction(participant, [a, b])
+    with (
+        pytest.raises(UsageError, match="not a resource of this transaction"),
+        eomsg.Transaction(participant, [a]) as tx,
+    ):
+        tx.resource(b.conn)
