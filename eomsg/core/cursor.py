@@ -317,29 +317,21 @@ class Cursor:
         is ready again after ``delay``, or — past its redelivery limit or expired —
         settled instead. Raises NotInFlight, changing nothing, if any is not in flight
         (or is listed twice), and StaleEpoch if any is in flight under another epoch."""
-        if len(set(seqs)) != len(seqs):
-            raise NotInFlight("a message is listed twice; release each once")
-        for seq in seqs:
-            entry = self._delivered.get(seq)
-            if entry is None or not entry.in_flight:
-                raise NotInFlight(
-                    f"message {seq} is not in flight on this queue; nothing to release"
-                )
-            if entry.epoch != epoch:
-                raise _not_yours(seq, epoch, entry.epoch)
+        self.check_in_flight(seqs, epoch)
         return [self._give_back(s, self._delivered[s], now, now + delay) for s in seqs]
 
     def check_in_flight(self, seqs: list[int], epoch: int) -> None:
-        """Raise as :meth:`release_many` would unless every message is in flight to the
-        flow of ``epoch``, each listed once. Changes nothing."""
+        """Raise NotInFlight unless every message is in flight, each listed once, and
+        StaleEpoch (HeldByTransaction) if one is in flight to another flow (held by a
+        prepared transaction). Changes nothing."""
         if len(set(seqs)) != len(seqs):
-            raise NotInFlight("a message is listed twice; delete each once")
+            raise NotInFlight("a message is listed twice; list each once")
         for seq in seqs:
             entry = self._delivered.get(seq)
             if entry is None or not entry.in_flight:
                 raise NotInFlight(
-                    f"message {seq} is not in flight on this queue (it timed out or was "
-                    "settled): receive it again"
+                    f"message {seq} is not in flight on this queue (never delivered, timed "
+                    "out or settled): receive it again"
                 )
             if entry.epoch != epoch:
                 raise _not_yours(seq, epoch, entry.epoch)

@@ -649,13 +649,7 @@ class Node:
                 return
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
-            by_queue: dict[_Queue, list[tuple[int, int]]] = {}
-            for queue, seq, epoch in deletes:
-                by_queue.setdefault(self._queue(queue), []).append((seq, epoch))
-            for q, items in by_queue.items():  # every check before any change
-                for epoch in {e for _, e in items}:
-                    self._check_epoch(q, epoch)
-                    q.cursor.check_in_flight([s for s, e in items if e == epoch], epoch)
+            by_queue = self._check_deletes(deletes)
             held = {q: [s for s, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
@@ -745,13 +739,7 @@ class Node:
         batch = RowBatch()
         with self._lock:
             self._check_open()
-            by_queue: dict[_Queue, list[tuple[int, int]]] = {}
-            for queue, seq, epoch in deletes:
-                by_queue.setdefault(self._queue(queue), []).append((seq, epoch))
-            for q, items in by_queue.items():
-                for epoch in {e for _, e in items}:
-                    self._check_epoch(q, epoch)
-                    q.cursor.check_in_flight([s for s, e in items if e == epoch], epoch)
+            by_queue = self._check_deletes(deletes)
             first_seq = self._next_seq
             results, fresh = self._stage(batch, messages, now)
             for q, items in by_queue.items():
@@ -792,6 +780,20 @@ class Node:
             for t in mine:
                 t.owner = None
             return len(mine)
+
+    def _check_deletes(
+        self, deletes: Sequence[tuple[str, int, int]]
+    ) -> dict[_Queue, list[tuple[int, int]]]:
+        """``(queue, seq, epoch)`` deletes grouped by queue, each checked in flight to
+        its epoch — all of them before the caller changes anything. Under ``_lock``."""
+        by_queue: dict[_Queue, list[tuple[int, int]]] = {}
+        for queue, seq, epoch in deletes:
+            by_queue.setdefault(self._queue(queue), []).append((seq, epoch))
+        for q, items in by_queue.items():
+            for epoch in {e for _, e in items}:
+                self._check_epoch(q, epoch)
+                q.cursor.check_in_flight([s for s, e in items if e == epoch], epoch)
+        return by_queue
 
     def _decided(self, txid: str) -> TxnState:
         state = self._finished.get(txid)
