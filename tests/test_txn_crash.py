@@ -7,7 +7,6 @@ and the queues must agree: every message copied exactly once, nothing left in do
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -185,7 +184,7 @@ def test_recover_waits_for_a_locked_database_unless_told(
         assert done.returncode == 12, done
         assert "left in doubt" in done.stderr and "cannot read duckdb:" in done.stderr
         assert "--abort-older-than" in done.stderr
-        code, steps = recover(eomsg_bin, {**cli_env, "EOMSG_FAILPOINTS": ""})
+        code, steps = recover(eomsg_bin, cli_env)
         assert code == 12 and [s["verdict"] for s in steps] == ["wait"]
         forced = subprocess.run(
             [eomsg_bin, "recover", "--abort-older-than", "0s"],
@@ -226,4 +225,19 @@ def test_inspect_txns_lists_in_doubt(
     )
     assert dry.returncode == 0
     assert f"{t['txid']}: would be aborted (no COMMIT recorded" in dry.stdout
-    assert os.path.exists(app)
+    assert [
+        x["txid"]
+        for x in json.loads(
+            subprocess.run(
+                [eomsg_bin, "inspect", "txns", "--json"],
+                env=cli_env,
+                capture_output=True,
+                text=True,
+            ).stdout
+        )
+    ] == [t["txid"]]  # the dry run changed nothing
+    bad = subprocess.run(
+        [eomsg_bin, "recover", "--abort-older-than", "soon"],
+        env=cli_env, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 3 and bad.stderr.startswith("Error: ")
