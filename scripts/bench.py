@@ -17,6 +17,12 @@ serve``), with the Python client on its Unix socket (see scripts/bench_broker.py
   e2e          publish and consume at once; timed until the last message is consumed
   latency      one message in flight at a time; adds p50_ms, p99_ms and max_ms
 
+Exactly once (scripts/bench_txn.py): ``txn`` and ``embedded-txn`` copy ``--n`` messages
+from queue a to b, one transaction each, over ``--clients`` workers with an ``--app``
+database (duckdb, sqlite, or none: the node's one-phase transaction); ``express``
+consumes ``--n`` messages into a DuckDB table, ``--batch`` per transaction (default
+1000), as ``eomsg consume --into`` does.
+
 Failover of an exclusive queue (scripts/bench_failover.py), ``--n`` failovers with
 ``--held`` messages held by the consumer that goes away:
   failover-unbind  the active consumer unbinds gracefully
@@ -46,6 +52,7 @@ from pathlib import Path
 
 import bench_broker  # scripts/ is on the path when this file runs as a script
 import bench_failover
+import bench_txn
 import duckdb
 
 from eomsg.core.message import Outgoing
@@ -58,6 +65,7 @@ SCENARIOS = (
     "embedded-consume",
     *bench_broker.SCENARIOS,
     *bench_failover.SCENARIOS,
+    *bench_txn.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -176,15 +184,20 @@ def main(argv: list[str] | None = None) -> int:
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
     )
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch window")
-    parser.add_argument("--clients", type=int, default=32, help="publish-c32: connections")
+    parser.add_argument(
+        "--clients", type=int, default=32, help="publish-c32, txn: connections (workers)"
+    )
     parser.add_argument(
         "--inflight", type=int, default=100, help="publish-c32: unacknowledged per connection"
     )
     parser.add_argument("--held", type=int, default=100, help="failover: messages held")
+    parser.add_argument(
+        "--app", choices=bench_txn.APPS, default="duckdb", help="txn: the application database"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
-        args.batch = 1000 if args.scenario == "embedded-consume" else 5000
+        args.batch = 1000 if args.scenario in ("embedded-consume", "express") else 5000
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
@@ -203,7 +216,19 @@ def main(argv: list[str] | None = None) -> int:
                 f"first message {failover['first_message_ms']} ms (n={args.n})"
             )
         return 0
-    if args.scenario in bench_broker.SCENARIOS:
+    if args.scenario in bench_txn.SCENARIOS:
+        payload = os.urandom(args.payload // 2 + 1).hex().encode()[: args.payload]
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            if args.scenario == "express":
+                result = bench_txn.run_express(
+                    args.n, payload, args.rounds, args.batch, args.prefetch, Path(tmp)
+                )
+            else:
+                result = bench_txn.run_txn(
+                    args.scenario, args.n, payload, args.rounds, args.clients, args.app, Path(tmp)
+                )
+        result["machine"] = machine()
+    elif args.scenario in bench_broker.SCENARIOS:
         if args.log_size:
             parser.error("--log-size applies to the embedded scenarios only")
         payload = os.urandom(args.payload // 2 + 1).hex().encode()[: args.payload]
@@ -224,6 +249,11 @@ def main(argv: list[str] | None = None) -> int:
         result = run(args.scenario, args.n, args.batch, args.payload, args.log_size, args.rounds)
     if args.json:
         print(json.dumps(result))
+    elif "tx_per_s" in result:
+        print(
+            f"{result['scenario']}: {result['tx_per_s']:,.0f} tx/s (n={args.n}, "
+            f"clients={args.clients}, app={args.app})"
+        )
     else:
         print(
             f"{result['scenario']}: {result['msgs_per_s']:,.0f} msgs/s "

@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -208,9 +207,7 @@ def test_crash_before_delete_redelivers(
         extra_env={"EOMSG_FAILPOINTS": "delete.before_commit=crash"},
     )
     assert r.returncode == -signal.SIGKILL and len(messages(r.stdout)) == 2
-    r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
-    assert messages(r.stdout) == []  # still in flight until the ack timeout
-    time.sleep(1.1)
+    # The node died with its consumer: the next one to open it gets them again at once.
     r = eomsg(eomsg_bin, cli_env, "consume", "q", "--json")
     assert [(m["payload"], m["attempt"]) for m in messages(r.stdout)] == [
         ("a", 2),

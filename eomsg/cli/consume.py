@@ -9,14 +9,16 @@ message lines."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json as jsonlib
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,10 +31,12 @@ from eomsg.cli.common import (
     open_node,
     require_client,
 )
+from eomsg.client.inbox import Settleable
+from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.client.sync import Client
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered
-from eomsg.errors import HandlerFailed
+from eomsg.errors import HandlerFailed, UsageError
 from eomsg.node.node import Node
 
 
@@ -63,6 +67,16 @@ def consume(
         int,
         typer.Option(help="Priority of this consumer on a queue that limits active ones."),
     ] = 0,
+    into: Annotated[
+        str | None,
+        typer.Option(
+            "--into",
+            metavar="KIND:PATH:TABLE",
+            help="Insert each message exactly once into a table of your database "
+            "(duckdb:PATH:TABLE or sqlite:PATH:TABLE; created if missing), up to --batch "
+            "per transaction, instead of printing it.",
+        ),
+    ] = None,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
@@ -72,6 +86,11 @@ def consume(
     # SIGTERM ends the command as Ctrl-C does: what was printed is deleted, the rest is
     # given back, and the flow is unbound — not left to the ack timeout.
     signal.signal(signal.SIGTERM, _Stop.on_sigterm)
+    if into is not None:
+        if exec_ is not None:
+            raise UsageError("--into and --exec do not combine (use one)")
+        _into(open_sink(into), data, queue, batch, priority, follow, max, json)
+        return
     with open_node(data) as node:
         if follow:
             require_client(node, "--follow")
@@ -168,6 +187,117 @@ def _embedded(
             if remaining is not None:
                 remaining -= len(taken)
         for deleted in deletions:  # every deletion is durable before we exit 0
+            deleted.result()
+    finally:
+        node.unbind(queue, flow.flow)
+
+
+def _into(
+    sink: TableSink,
+    data: Path,
+    queue: str,
+    size: int,
+    priority: int,
+    follow: bool,
+    remaining: int | None,
+    as_json: bool,
+) -> None:
+    total = Written(0, 0, 0)
+
+    def write(messages: Sequence[Settleable]) -> None:
+        nonlocal total
+        with _Stop.deferred():
+            w = sink.write(messages)
+        total = Written(
+            total.inserted + w.inserted,
+            total.duplicates + w.duplicates,
+            total.expired + w.expired,
+        )
+
+    try:
+        with open_node(data) as node:
+            if follow:
+                require_client(node, "--follow")
+            if isinstance(node, Client):
+                until_empty = not follow
+                with node.consumer(queue, size, priority=priority, until_empty=until_empty) as c:
+                    for item in c.batches(size):
+                        if isinstance(item, FlowEvent):
+                            _announce(item, as_json)
+                            continue
+                        if remaining is not None:
+                            for extra in item[remaining:]:
+                                extra.release()
+                            item = item[:remaining]
+                            remaining -= len(item)
+                        write(item)
+                        if remaining == 0:
+                            break
+            else:
+                _into_embedded(node, queue, size, priority, remaining, write, as_json)
+    finally:
+        sink.conn.close()
+    if as_json:
+        print(jsonlib.dumps({"table": sink.table, **dataclasses.asdict(total)}))
+    else:
+        print(
+            f"inserted {total.inserted} messages into {sink.table} "
+            f"({total.duplicates} already there, {total.expired} expired)"
+        )
+
+
+class _Taken:
+    """A message fetched from the embedded node; :func:`_into_embedded` settles it with
+    the rest of its batch, in one call."""
+
+    __slots__ = ("delivered", "settled")
+
+    def __init__(self, delivered: Delivered, settled: dict[str, list[int]]) -> None:
+        self.delivered = delivered
+        self.settled = settled
+
+    def delete(self) -> None:
+        self.settled["delete"].append(self.delivered.seq)
+
+    def release(self, delay: float = 0.0) -> None:
+        self.settled["release"].append(self.delivered.seq)
+
+
+def _into_embedded(
+    node: Node,
+    queue: str,
+    size: int,
+    priority: int,
+    remaining: int | None,
+    write: Callable[[Sequence[Settleable]], None],
+    as_json: bool,
+) -> None:
+    flow = node.bind(queue, priority=priority, owner=f"eomsg consume (pid {os.getpid()})")
+    _announce(
+        FlowEvent(
+            queue, flow.flow, "active" if flow.active else "inactive", flow.active, flow.epoch
+        ),
+        as_json,
+    )
+    deletions: list[Future[list[bool]]] = []
+    try:
+        while remaining is None or remaining > 0:
+            taken = node.fetch(
+                queue, size if remaining is None else min(size, remaining), flow=flow.flow
+            )
+            if not taken:
+                break
+            settled: dict[str, list[int]] = {"delete": [], "release": []}
+            try:
+                write([_Taken(d, settled) for d in taken])
+            except BaseException:
+                node.release(queue, settled["release"], epoch=flow.epoch)
+                raise
+            # shares a group commit with the next fetch
+            deletions.append(node.delete_async(queue, settled["delete"], epoch=flow.epoch))
+            if remaining is not None:
+                remaining -= len(taken)
+        for deleted in deletions:
             deleted.result()
     finally:
         node.unbind(queue, flow.flow)

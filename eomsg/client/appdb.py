@@ -99,8 +99,15 @@ def open_descriptor(descriptor: str) -> tuple[AppDB, str]:
     check_table(table)
     if not path or path == ":memory:":
         raise InvalidConfig(f"{descriptor}: an in-memory database cannot be reopened")
+    return app_db(open_app(kind, path)), table
+
+
+def open_app(kind: str, path: str) -> Any:
+    """A new connection to the ``kind`` ("duckdb" or "sqlite") database at ``path``;
+    SQLite in autocommit mode, so that :class:`SQLiteApp` controls its transactions.
+    InvalidConfig for another kind; the database's own error if it cannot open."""
     if kind == "duckdb":
-        return DuckDBApp(duckdb.connect(path)), table
+        return duckdb.connect(path)
     if kind == "sqlite":
-        return SQLiteApp(sqlite3.connect(path, isolation_level=None, timeout=10.0)), table
-    raise InvalidConfig(f"{descriptor}: unknown kind of database {kind!r}")
+        return sqlite3.connect(path, isolation_level=None, timeout=10.0)
+    raise InvalidConfig(f"unknown kind of database {kind!r} (use duckdb or sqlite)")

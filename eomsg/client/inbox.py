@@ -91,6 +91,14 @@ class _Records(abc.ABC):
 
 
 class _DuckDB(_Records):
+    def known(self, keys: Sequence[str]) -> set[str]:
+        # One list parameter: a semi-join plans in a fraction of the time of N literals.
+        rows = self.conn.execute(
+            f"SELECT msg_key FROM {self.table} WHERE msg_key IN (SELECT unnest(?::VARCHAR[]))",
+            [list(keys)],
+        ).fetchall()
+        return {r[0] for r in rows}
+
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
         columns = [list(c) for c in zip(*rows, strict=True)]
         self.conn.execute(  # one statement for the batch: executemany runs row by row

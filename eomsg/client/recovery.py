@@ -160,6 +160,6 @@ def execute(
 
 
 def _forget(markers: MarkerOpener, descriptor: str, txid: str) -> None:
-    """Drop a marker whose outcome is applied; harmless to skip (it ages out)."""
+    """Drop a marker whose outcome is applied; harmless to skip (never read again)."""
     with contextlib.suppress(Exception), markers(descriptor) as table:
         table.forget([txid])

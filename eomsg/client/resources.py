@@ -123,7 +123,7 @@ class Resource:
         if self.db.kind == "sqlite":
             conn.commit()
         self.descriptor = self.db.descriptor(table)
-        self.applied: list[str] = []  # committed everywhere: markers to drop next time
+        self.applied: list[str] = []  # committed everywhere: markers to drop (FORGET_BATCH)
         self.recovered = False  # in-doubt transactions of this database resolved
 
 

@@ -526,6 +526,25 @@ class Consumer(BaseConsumer):
             if isinstance(step, FlowEvent):
                 yield step
 
+    def batches(self, max_messages: int) -> Iterator[list[Received] | FlowEvent]:
+        """:meth:`events` with the messages in lists of at most ``max_messages``: each
+        list holds what had arrived when it was handed out — it waits for the first
+        message only, never to fill up — so a batch costs no latency."""
+        batch: list[Received] = []
+        for item in self.events():
+            if isinstance(item, FlowEvent):
+                if batch:
+                    yield batch
+                    batch = []
+                yield item
+                continue
+            batch.append(item)
+            if len(batch) >= max_messages or (not self._batch and self._inbox.empty()):
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
     def _sink(self, item: Item) -> None:
         """On the loop thread: note a change of activity at once (so ``active`` and
         :meth:`wait_active` need no iteration), then queue the item for iteration."""

@@ -209,8 +209,13 @@ class Node:
             if row.attempt is None:
                 unread.setdefault(row.queue_id, []).append((row.seq, expires))
             else:
+                # In flight when the node stopped: its consumer's session died with the
+                # node, so its deadline is now — it times out at the first poll (ready
+                # again in seq order, or dead-lettered if that was its last attempt), not
+                # after an ack timeout that nobody can honour any more.
                 assert row.due_us is not None
-                q.cursor.restore(row.seq, row.attempt, row.due_us / US, not row.released, expires)
+                due = row.due_us / US if row.released else min(now, row.due_us / US)
+                q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, items in unread.items():  # after restore: read_seq is known
             cursor = self._by_id[queue_id].cursor
             for seq, expires in items:
