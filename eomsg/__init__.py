@@ -9,7 +9,8 @@ the application's database atomically.
 from eomsg.client import AsyncClient, Client, Received, connect, connect_async
 from eomsg.client.inbox import Inbox
 from eomsg.client.resources import DuckDBResource, SQLiteResource
-from eomsg.client.transaction import Transaction
+from eomsg.client.sink import TableSink
+from eomsg.client.transaction import Transaction, recover_resource
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig
@@ -32,8 +33,10 @@ __all__ = [
     "QueueConfig",
     "Received",
     "SQLiteResource",
+    "TableSink",
     "Transaction",
     "TxnInfo",
     "connect",
     "connect_async",
+    "recover_resource",
 ]

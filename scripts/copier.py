@@ -39,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     copied = transactions = 0
     with eomsg.connect(args.broker, name="copier") as client:
         resource = eomsg.DuckDBResource(app)
+        # Settle what an earlier run left in doubt before taking anything new: the
+        # messages it held come back first, so the copies keep the queue's order.
+        eomsg.recover_resource(client, resource)
         prefetch = max(64, args.batch * 4)
         with client.consumer(args.source, prefetch, idle_timeout=args.idle) as consumer:
             batch: list[eomsg.Received] = []
@@ -46,8 +49,10 @@ def main(argv: list[str] | None = None) -> int:
             def copy() -> None:
                 nonlocal copied, transactions
                 with client.transaction(resources=[resource]) as tx:
-                    rows = [(m.seq, m.payload) for m in batch]
-                    tx.resource(app).executemany("INSERT INTO copied VALUES (?, ?)", rows)
+                    tx.resource(app).execute(  # one statement: executemany goes row by row
+                        "INSERT INTO copied SELECT unnest(?::BIGINT[]), unnest(?::BLOB[])",
+                        [[m.seq for m in batch], [m.payload for m in batch]],
+                    )
                     for m in batch:
                         tx.publish(args.target, m.payload, headers={"src": str(m.seq)})
                         tx.delete(m)

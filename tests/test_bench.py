@@ -62,3 +62,16 @@ def test_failover_scenarios_print_one_json_object(scenario: str) -> None:
     timings = result["activate_ms"]
     assert result["scenario"] == scenario and result["held"] == 6
     assert 0 < timings["p50"] <= timings["max"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "app"), [("embedded-txn", "duckdb"), ("txn", "sqlite"), ("express", "duckdb")]
+)
+def test_exactly_once_scenarios_check_their_outcome(scenario: str, app: str) -> None:
+    result = bench(
+        "--scenario", scenario, "--n", "200", "--clients", "4", "--app", app, "--rounds", "2",
+        "--batch", "50",
+    )  # fmt: skip
+    assert result["scenario"] == scenario and result["n"] == 200
+    rounds = result["rounds_msgs_per_s" if scenario == "express" else "rounds_tx_per_s"]
+    assert result["msgs_per_s"] > 0 and len(rounds) == 2  # type: ignore[operator, arg-type]
