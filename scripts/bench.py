@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch window")
     parser.add_argument(
-        "--clients", type=int, default=32, help="publish-c32, txn: connections (workers)"
+        "--clients", type=int, default=32, help="publish-c32: connections; txn: worker threads"
     )
     parser.add_argument(
         "--inflight", type=int, default=100, help="publish-c32: unacknowledged per connection"

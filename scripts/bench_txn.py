@@ -4,9 +4,9 @@
                 transaction takes one message of queue ``a`` (fetched 16 at a time),
                 inserts a row into the application's database, publishes it to ``b``
                 and deletes it — 2PC with the database as commit-markable resource.
-                ``--clients`` threads run transactions at once (one connection each),
-                sharing group commits. ``--app none``: the node's one-phase
-                transactions alone.
+                ``--clients`` threads run transactions at once over one connection
+                (as a thread pool would), sharing group commits. ``--app none``: the
+                node's one-phase transactions alone.
   embedded-txn  the same with the node embedded in this process.
   express       consume-into-DuckDB through a node process, as ``eomsg consume
                 --into``: ``--batch`` messages per application transaction, deduplicated
@@ -89,17 +89,14 @@ def run_txn(
         if node_proc is not None
         else Node.open(tmp / "data", NodeSettings(tick=None, gc_interval=10 * 86400))
     )
-    participants: list[Any] = []
+    participant: Any = None
     timings = []
     try:
         admin: Any = embedded if embedded is not None else eomsg.connect(tmp / "data")
         admin.create_queue(QueueConfig.create("a", ["a/>"]))
         admin.create_queue(QueueConfig.create("b", ["b/>"]))
-        participants = (
-            [embedded] * clients
-            if embedded is not None
-            else [eomsg.connect(tmp / "data", name=f"w{i}") for i in range(clients)]
-        )
+        # One connection for all workers, as an application's thread pool would share it.
+        participant = embedded if embedded is not None else eomsg.connect(tmp / "data")
         app = _app(app_kind, tmp / "app") if app_kind != "none" else None
         conns = (
             _connections(app_kind, app, tmp / "app", clients)
@@ -116,7 +113,7 @@ def run_txn(
             admin.publish_batch([Outgoing("a/x", payload, f"r{r}-{i}") for i in range(n)])
             done: list[int] = []
             workers = [
-                threading.Thread(target=_copy, args=(participants[i], conns[i], resources[i], done))
+                threading.Thread(target=_copy, args=(participant, conns[i], resources[i], done))
                 for i in range(clients)
             ]
             t0 = time.perf_counter()
@@ -133,9 +130,8 @@ def run_txn(
                 rows = app.execute("SELECT count(*) FROM copied").fetchone()[0]
                 assert rows == n * (r + 1), f"{rows} rows after {r + 1} rounds of {n}"
     finally:
-        for p in participants:
-            if p is not embedded:
-                p.close()
+        if participant is not None and participant is not embedded:
+            participant.close()
         if embedded is not None:
             embedded.close()
         else:

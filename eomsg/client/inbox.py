@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import pyarrow as pa
+
 from eomsg.client.appdb import AppDB, DuckDBApp, app_db, check_table
 from eomsg.core.message import Delivered
 
@@ -90,6 +92,10 @@ class _Records(abc.ABC):
         return len(rows)
 
 
+_ROW_NAMES = ["msg_key", "queue", "seq", "expires_at", "applied_at"]
+_ROW_TYPES = [pa.string(), pa.string(), pa.int64(), pa.float64(), pa.float64()]
+
+
 class _DuckDB(_Records):
     def known(self, keys: Sequence[str]) -> set[str]:
         # One list parameter: a semi-join plans in a fraction of the time of N literals.
@@ -100,11 +106,13 @@ class _DuckDB(_Records):
         return {r[0] for r in rows}
 
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
-        columns = [list(c) for c in zip(*rows, strict=True)]
-        self.conn.execute(  # one statement for the batch: executemany runs row by row
-            f"""INSERT INTO {self.table}
-                SELECT unnest(?), unnest(?), unnest(?), unnest(?::DOUBLE[]), unnest(?)""",
-            columns,
+        assert isinstance(self.db, DuckDBApp)
+        columns = list(zip(*rows, strict=True))
+        self.db.insert(
+            self.table,
+            pa.Table.from_arrays(
+                [pa.array(c, t) for c, t in zip(columns, _ROW_TYPES, strict=True)], names=_ROW_NAMES
+            ),
         )
 
 

@@ -22,8 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from eomsg.client.appdb import DuckDBApp, app_db, check_table, open_app
 from eomsg.client.inbox import Inbox, Settleable
+from eomsg.core.message import Delivered
 from eomsg.errors import InvalidConfig
 
 COLUMNS = ("seq", "id", "topic", "payload", "headers", "published_at", "queue")
@@ -34,11 +37,6 @@ _DUCKDB_TABLE = """CREATE TABLE IF NOT EXISTS {table} (
 _SQLITE_TABLE = """CREATE TABLE IF NOT EXISTS {table} (
     seq INTEGER NOT NULL, id TEXT, topic TEXT NOT NULL, payload BLOB NOT NULL,
     headers TEXT NOT NULL, published_at REAL NOT NULL, queue TEXT NOT NULL)"""
-# One statement per batch: DuckDB's executemany runs row by row.
-_DUCKDB_INSERT = """INSERT INTO {table} ({columns})
-    SELECT unnest(?::BIGINT[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]),
-           unnest(?::BLOB[]), unnest(?::VARCHAR[]), make_timestamp(unnest(?::BIGINT[])),
-           unnest(?::VARCHAR[])"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,16 +55,16 @@ class TableSink:
     def __init__(self, conn: Any, table: str) -> None:
         self.conn = conn
         self.table = check_table(table)
-        db = app_db(conn)
-        self._duckdb = isinstance(db, DuckDBApp)
-        template = _DUCKDB_TABLE if self._duckdb else _SQLITE_TABLE
+        self._db = app_db(conn)
+        duck = isinstance(self._db, DuckDBApp)
+        template = _DUCKDB_TABLE if duck else _SQLITE_TABLE
         conn.execute(template.format(table=self.table))
         missing = set(COLUMNS) - self._columns()
         if missing:
             raise InvalidConfig(
                 f"table {self.table} exists without the columns {', '.join(sorted(missing))}"
             )
-        if not self._duckdb:
+        if not duck:
             conn.commit()
         self.inbox = Inbox(conn)
 
@@ -82,22 +80,20 @@ class TableSink:
                 self._insert([m.delivered for m in batch.fresh])
         return Written(len(batch.fresh), len(batch.duplicates), len(batch.expired))
 
-    def _insert(self, delivered: list[Any]) -> None:
+    def _insert(self, delivered: list[Delivered]) -> None:
         columns = ", ".join(COLUMNS)
-        if self._duckdb:
+        if isinstance(self._db, DuckDBApp):
             ms = [d.message for d in delivered]
-            self.conn.execute(
-                _DUCKDB_INSERT.format(table=self.table, columns=columns),
-                [
-                    [m.seq for m in ms],
-                    [m.id for m in ms],
-                    [m.topic for m in ms],
-                    [m.payload for m in ms],
-                    [json.dumps(m.headers) for m in ms],
-                    [round(m.published_at * 1e6) for m in ms],
-                    [d.queue for d in delivered],
-                ],
-            )
+            arrays = [
+                pa.array([m.seq for m in ms], pa.int64()),
+                pa.array([m.id for m in ms], pa.string()),
+                pa.array([m.topic for m in ms], pa.string()),
+                pa.array([m.payload for m in ms], pa.binary()),
+                pa.array([json.dumps(m.headers) for m in ms], pa.string()),
+                pa.array([round(m.published_at * 1e6) for m in ms], pa.timestamp("us")),
+                pa.array([d.queue for d in delivered], pa.string()),
+            ]
+            self._db.insert(self.table, pa.Table.from_arrays(arrays, names=list(COLUMNS)))
             return
         self.conn.executemany(
             f"INSERT INTO {self.table} ({columns}) VALUES (?, ?, ?, ?, ?, ?, ?)",
