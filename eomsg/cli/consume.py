@@ -34,7 +34,7 @@ from eomsg.cli.common import (
 from eomsg.client.inbox import Settleable
 from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.client.sync import Client
-from eomsg.core.election import FlowEvent
+from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.message import Delivered
 from eomsg.errors import HandlerFailed, UsageError
 from eomsg.node.node import Node
@@ -163,17 +163,9 @@ def _embedded(
     command: str | None,
     as_json: bool,
 ) -> None:
-    flow = node.bind(queue, priority=priority, owner=f"eomsg consume (pid {os.getpid()})")
-    kind = "active" if flow.active else "inactive"
-    _announce(FlowEvent(queue, flow.flow, kind, flow.active, flow.epoch), as_json)
     deletions: list[Future[list[bool]]] = []
-    try:
-        while remaining is None or remaining > 0:
-            taken = node.fetch(
-                queue, size if remaining is None else min(size, remaining), flow=flow.flow
-            )
-            if not taken:
-                break
+    with _bound(node, queue, priority, as_json) as flow:
+        for taken in _fetches(node, queue, flow.flow, size, remaining):
             seqs = [d.seq for d in taken]
             release = functools.partial(node.release, queue, seqs, epoch=flow.epoch)
             with _Stop.deferred():
@@ -184,12 +176,33 @@ def _embedded(
                     _write(taken, as_json, release)
                     # shares a group commit with the next fetch
                     deletions.append(node.delete_async(queue, seqs, epoch=flow.epoch))
-            if remaining is not None:
-                remaining -= len(taken)
         for deleted in deletions:  # every deletion is durable before we exit 0
             deleted.result()
+
+
+@contextlib.contextmanager
+def _bound(node: Node, queue: str, priority: int, as_json: bool) -> Iterator[FlowInfo]:
+    """A flow of this command on the embedded node, announced, and unbound after."""
+    flow = node.bind(queue, priority=priority, owner=f"eomsg consume (pid {os.getpid()})")
+    kind = "active" if flow.active else "inactive"
+    _announce(FlowEvent(queue, flow.flow, kind, flow.active, flow.epoch), as_json)
+    try:
+        yield flow
     finally:
         node.unbind(queue, flow.flow)
+
+
+def _fetches(
+    node: Node, queue: str, flow: int, size: int, remaining: int | None
+) -> Iterator[list[Delivered]]:
+    """Batches of up to ``size`` messages until none is ready (or ``remaining`` ran out)."""
+    while remaining is None or remaining > 0:
+        taken = node.fetch(queue, size if remaining is None else min(size, remaining), flow=flow)
+        if not taken:
+            return
+        yield taken
+        if remaining is not None:
+            remaining -= len(taken)
 
 
 def _into(
@@ -272,21 +285,9 @@ def _into_embedded(
     write: Callable[[Sequence[Settleable]], None],
     as_json: bool,
 ) -> None:
-    flow = node.bind(queue, priority=priority, owner=f"eomsg consume (pid {os.getpid()})")
-    _announce(
-        FlowEvent(
-            queue, flow.flow, "active" if flow.active else "inactive", flow.active, flow.epoch
-        ),
-        as_json,
-    )
     deletions: list[Future[list[bool]]] = []
-    try:
-        while remaining is None or remaining > 0:
-            taken = node.fetch(
-                queue, size if remaining is None else min(size, remaining), flow=flow.flow
-            )
-            if not taken:
-                break
+    with _bound(node, queue, priority, as_json) as flow:
+        for taken in _fetches(node, queue, flow.flow, size, remaining):
             settled: dict[str, list[int]] = {"delete": [], "release": []}
             try:
                 write([_Taken(d, settled) for d in taken])
@@ -295,12 +296,8 @@ def _into_embedded(
                 raise
             # shares a group commit with the next fetch
             deletions.append(node.delete_async(queue, settled["delete"], epoch=flow.epoch))
-            if remaining is not None:
-                remaining -= len(taken)
         for deleted in deletions:
             deleted.result()
-    finally:
-        node.unbind(queue, flow.flow)
 
 
 def _announce(event: FlowEvent, as_json: bool) -> None:
