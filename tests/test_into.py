@@ -90,6 +90,16 @@ def test_into_refuses_what_it_cannot_do(
     assert r.stderr == (
         "Error: table orders exists without the columns headers, id, published_at, queue, topic\n"
     )
+    missing = tmp_path / "no" / "such" / "dir.duckdb"
+    r = run("consume", "orders", "--into", f"duckdb:{missing}:orders", code=3)
+    assert r.stderr.startswith(f"Error: --into 'duckdb:{missing}:orders': cannot open the database")
+    r = run("consume", "orders", "--into", f"sqlite:{missing}:orders", code=3)
+    assert r.stderr.startswith(f"Error: --into 'sqlite:{missing}:orders': cannot open the database")
+    r = run("consume", "orders", "--into", f"duckdb:{tmp_path / 'c.duckdb'}:bad-name", code=3)
+    assert (
+        r.stderr == "Error: table 'bad-name': use letters, digits and '_', starting with a letter\n"
+    )
+    assert not (tmp_path / "c.duckdb").exists()  # refused before any file was made
     r = run("consume", "orders", "--max", "1", "--json")  # nothing was taken meanwhile
     assert [json.loads(x).get("payload") for x in r.stdout.splitlines()][-1] == "x"
 

@@ -220,12 +220,7 @@ def _into(
     def write(messages: Sequence[Settleable]) -> None:
         nonlocal total
         with _Stop.deferred():
-            w = sink.write(messages)
-        total = Written(
-            total.inserted + w.inserted,
-            total.duplicates + w.duplicates,
-            total.expired + w.expired,
-        )
+            total += sink.write(messages)
 
     try:
         with open_node(data) as node:

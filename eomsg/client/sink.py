@@ -18,10 +18,12 @@ An existing table must have at least these columns (others keep their defaults).
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import duckdb
 import pyarrow as pa
 
 from eomsg.client.appdb import DuckDBApp, app_db, check_table, open_app
@@ -46,6 +48,13 @@ class Written:
     inserted: int
     duplicates: int
     expired: int
+
+    def __add__(self, other: Written) -> Written:
+        return Written(
+            self.inserted + other.inserted,
+            self.duplicates + other.duplicates,
+            self.expired + other.expired,
+        )
 
 
 class TableSink:
@@ -119,7 +128,12 @@ def open_sink(target: str) -> TableSink:
     path, _, table = rest.rpartition(":")
     if kind not in ("duckdb", "sqlite") or not path or not table:
         raise InvalidConfig(f"--into {target!r}: expected duckdb:PATH:TABLE or sqlite:PATH:TABLE")
-    conn = open_app(kind, path)
+    check_table(table)  # before the file is touched: bad input changes nothing
+    try:
+        conn = open_app(kind, path)
+    except (duckdb.Error, sqlite3.Error) as e:
+        why = str(e).splitlines()[0]
+        raise InvalidConfig(f"--into {target!r}: cannot open the database: {why}") from e
     try:
         return TableSink(conn, table)
     except BaseException:
