@@ -8,7 +8,7 @@ the application's database atomically.
 
 from eomsg.client import AsyncClient, Client, Received, connect, connect_async
 from eomsg.client.inbox import Inbox
-from eomsg.client.resources import DuckDBResource, SQLiteResource
+from eomsg.client.resources import DuckDBResource, PostgresResource, SQLiteResource
 from eomsg.client.sink import TableSink
 from eomsg.client.transaction import Transaction, recover_resource
 from eomsg.core.election import FlowEvent, FlowInfo
@@ -29,6 +29,7 @@ __all__ = [
     "Node",
     "NodeSettings",
     "Outgoing",
+    "PostgresResource",
     "PublishResult",
     "QueueConfig",
     "Received",

@@ -1,5 +1,5 @@
-"""Shared fixtures: a controllable clock, nodes on temporary data directories, and the
-``eomsg`` executable for subprocess tests."""
+"""Shared fixtures: a controllable clock, nodes on temporary data directories, the
+``eomsg`` executable for subprocess tests, and a real PostgreSQL server."""
 
 from __future__ import annotations
 
@@ -8,17 +8,22 @@ import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import duckdb
+import psycopg
 import pytest
+from psycopg import sql
 
 from eomsg.node.node import Node, NodeSettings
 from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
+from scripts.pgcluster import Cluster, server_bin
 
 
 class FakeClock:
@@ -188,3 +193,68 @@ class RawClient:
 
     def close(self) -> None:
         self.sock.close()
+
+
+# -- PostgreSQL -----------------------------------------------------------------------
+
+
+def missing_service(why: str) -> None:
+    """Skip the test for want of a service; under ``CI=true`` that fails the run instead,
+    since CI installs and starts every service the tests need."""
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{why} (CI must have it)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[str]:
+    """The DSN of a PostgreSQL server that can prepare transactions: ``EOMSG_TEST_PG``
+    if set, else a throwaway cluster for this test session (scripts/pgcluster.py)."""
+    dsn = os.environ.get("EOMSG_TEST_PG")
+    if dsn:
+        yield dsn
+        return
+    if server_bin() is None:
+        missing_service("no PostgreSQL server installed: run scripts/postgres.sh")
+    cluster = Cluster()
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_dsn(pg_server: str) -> Iterator[str]:
+    """A new, empty database on that server; dropped after the test, with whatever
+    transactions it still holds prepared."""
+    name = f"t_{os.urandom(6).hex()}"
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg.conninfo.make_conninfo(pg_server, dbname=name)
+    yield dsn
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        gids = conn.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE database = current_database()"
+        ).fetchall()
+        for (gid,) in gids:
+            conn.execute(sql.SQL("ROLLBACK PREPARED {}").format(gid))
+    with psycopg.connect(pg_server, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP DATABASE {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+APP_KINDS = ["duckdb", "sqlite", "postgresql"]
+
+
+def connect_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> Any:
+    """A new connection to an application database of ``kind`` (PostgreSQL: a fresh
+    database, in autocommit mode, as eomsg needs it)."""
+    if kind == "duckdb":
+        return duckdb.connect(str(tmp_path / "app.duckdb"))
+    if kind == "sqlite":
+        return sqlite3.connect(str(tmp_path / "app.sqlite"), isolation_level=None)
+    return psycopg.connect(request.getfixturevalue("pg_dsn"), autocommit=True)
+
+
+def q(conn: Any, text: str) -> str:
+    """``text`` with its ``?`` parameters in the connection's own style."""
+    return text.replace("?", "%s") if isinstance(conn, psycopg.Connection) else text

@@ -16,7 +16,7 @@ from eomsg.client.inbox import Inbox, message_key
 from eomsg.core.message import Delivered, Message
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import InvalidConfig, UsageError
-from tests.conftest import NodeProcess
+from tests.conftest import APP_KINDS, NodeProcess, connect_app, q
 
 NOW = 1_000_000.0
 
@@ -36,16 +36,11 @@ class Fake:
         self.settled.append("released")
 
 
-@pytest.fixture(params=["duckdb", "sqlite"])
+@pytest.fixture(params=APP_KINDS)
 def app(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Any]:
     """The application's own database, of each kind the inbox supports."""
-    if request.param == "duckdb":
-        conn: Any = duckdb.connect(str(tmp_path / "app.duckdb"))
-    else:
-        conn = sqlite3.connect(tmp_path / "app.sqlite")
+    conn = connect_app(request.param, tmp_path, request)
     conn.execute("CREATE TABLE orders (seq BIGINT, body VARCHAR)")
-    if isinstance(conn, sqlite3.Connection):
-        conn.commit()
     yield conn
     conn.close()
 
@@ -58,7 +53,9 @@ def apply(app: Any, inbox: Inbox, messages: list[Fake]) -> list[int]:
     with inbox.batch(messages) as batch:
         for m in batch.fresh:
             d = m.delivered
-            app.execute("INSERT INTO orders VALUES (?, ?)", [d.seq, d.message.payload.decode()])
+            app.execute(
+                q(app, "INSERT INTO orders VALUES (?, ?)"), [d.seq, d.message.payload.decode()]
+            )
         return [m.delivered.seq for m in batch.fresh]
 
 
@@ -103,7 +100,7 @@ def test_process_one_message(app: Any) -> None:
 
 
 def test_bad_inbox_settings_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(InvalidConfig, match="DuckDB or SQLite"):
+    with pytest.raises(InvalidConfig, match="DuckDB, SQLite or PostgreSQL"):
         Inbox(object())
     with pytest.raises(InvalidConfig, match="letters, digits"):
         Inbox(duckdb.connect(), table="inbox; DROP TABLE x")

@@ -1,7 +1,12 @@
-"""The application's own database, as eomsg's client side speaks to it: a DuckDB or
-SQLite connection that the application owns, and in whose transactions eomsg writes its
-records (inbox rows, transaction markers) so that they commit or vanish with the
-application's changes. The node's store is never reached from here."""
+"""The application's own database, as eomsg's client side speaks to it: a DuckDB, SQLite
+or PostgreSQL (psycopg 3) connection that the application owns, and in whose
+transactions eomsg writes its records (inbox rows, transaction markers) so that they
+commit or vanish with the application's changes. The node's store is never reached from
+here.
+
+DuckDB and SQLite can only commit; PostgreSQL can also *prepare* (``PREPARE
+TRANSACTION``): it votes in two-phase commit like the node does, and its prepared work
+outlives a crash of the application until the outcome settles it."""
 
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import psycopg
 import pyarrow as pa
+from psycopg import pq, sql
 
 from eomsg.errors import InvalidConfig, UsageError
 
@@ -23,10 +30,16 @@ def check_table(table: str) -> str:
     return table
 
 
+# A prepared PostgreSQL transaction of eomsg is named after its transaction id.
+GID_PREFIX = "eomsg:"
+
+
 class AppDB(abc.ABC):
     """One application connection: transaction control, and where its data lives."""
 
-    kind: str  # the scheme of its descriptor: "duckdb" or "sqlite"
+    kind: str  # the scheme of its descriptor: "duckdb", "sqlite" or "postgresql"
+    param = "?"  # how its SQL marks a parameter
+    prepares = False  # whether it votes in two-phase commit (else it is commit-markable)
 
     def __init__(self, conn: Any) -> None:
         self.conn = conn
@@ -42,12 +55,30 @@ class AppDB(abc.ABC):
 
     @abc.abstractmethod
     def path(self) -> Path | None:
-        """The database file, None for an in-memory database."""
+        """The database file, None for an in-memory database or a server's."""
 
     def descriptor(self, table: str) -> str:
         """``KIND:PATH#TABLE``: where a process that opens this database finds ``table``."""
         path = self.path()
         return f"{self.kind}:{path if path is not None else ':memory:'}#{table}"
+
+    def prepare(self, txid: str) -> None:
+        """Vote yes in two-phase commit for the open transaction, as ``txid``."""
+        raise UsageError(f"a {self.kind} database cannot prepare a transaction")
+
+    def prepared(self) -> list[tuple[str, float]]:
+        """The eomsg transactions this database holds prepared: ``(txid, prepared_at)``.
+        None in a database that cannot prepare."""
+        return []
+
+    def finish_prepared(self, txid: str, commit: bool) -> bool:
+        """Commit (or roll back) the work of ``txid`` this database holds prepared;
+        False if it holds none (never prepared, or settled already). Idempotent."""
+        return False
+
+    def broken(self) -> bool:
+        """Whether the connection was lost (so the last commit's outcome is unknown)."""
+        return False
 
 
 class DuckDBApp(AppDB):
@@ -91,34 +122,106 @@ class SQLiteApp(AppDB):
         return None
 
 
+class PostgresApp(AppDB):
+    """A psycopg 3 connection in autocommit mode, so that eomsg alone says where its
+    transactions begin and end (BEGIN, PREPARE TRANSACTION, COMMIT PREPARED)."""
+
+    kind = "postgresql"
+    param = "%s"
+    prepares = True
+
+    def __init__(self, conn: Any) -> None:
+        if not conn.autocommit:
+            raise InvalidConfig(
+                "eomsg needs the PostgreSQL connection in autocommit mode "
+                "(psycopg.connect(..., autocommit=True)): it runs its own transactions"
+            )
+        super().__init__(conn)
+
+    def begin(self) -> None:
+        """BEGIN, with the commit made durable before it returns whatever the session's
+        ``synchronous_commit``: eomsg deletes messages once their effects commit."""
+        if self.conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            raise UsageError("the PostgreSQL connection has a transaction open; commit it first")
+        self.conn.execute("BEGIN; SET LOCAL synchronous_commit TO on")
+
+    def rollback(self) -> None:
+        if self.conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            self.conn.execute("ROLLBACK")
+
+    def path(self) -> Path | None:
+        return None
+
+    def descriptor(self, table: str) -> str:
+        """``postgresql:CONNINFO#TABLE``, the connection string without its password
+        (recovery takes that from PGPASSWORD or ~/.pgpass, as libpq does)."""
+        return f"{self.kind}:{self.conn.info.dsn}#{table}"
+
+    def broken(self) -> bool:
+        return bool(self.conn.broken or self.conn.closed)
+
+    def max_prepared(self) -> int:
+        row = self.conn.execute("SHOW max_prepared_transactions").fetchone()
+        return int(row[0])
+
+    def prepare(self, txid: str) -> None:
+        """Vote yes: ``PREPARE TRANSACTION`` the open transaction, durably. The
+        connection is free for other transactions from then on."""
+        self.conn.execute(sql.SQL("PREPARE TRANSACTION {}").format(GID_PREFIX + txid))
+
+    def prepared(self) -> list[tuple[str, float]]:
+        rows = self.conn.execute(
+            "SELECT gid, extract(epoch FROM prepared)::float8 FROM pg_prepared_xacts "
+            "WHERE database = current_database() AND starts_with(gid, %s) ORDER BY prepared",
+            [GID_PREFIX],
+        ).fetchall()
+        return [(str(gid)[len(GID_PREFIX) :], float(at)) for gid, at in rows]
+
+    def finish_prepared(self, txid: str, commit: bool) -> bool:
+        how = "COMMIT PREPARED {}" if commit else "ROLLBACK PREPARED {}"
+        try:
+            self.conn.execute(sql.SQL(how).format(GID_PREFIX + txid))
+        except psycopg.errors.UndefinedObject:  # no such prepared transaction
+            return False
+        return True
+
+
 def app_db(conn: Any) -> AppDB:
-    """The AppDB for a DuckDB or SQLite connection (InvalidConfig for anything else)."""
+    """The AppDB for a DuckDB, SQLite or psycopg connection (InvalidConfig otherwise)."""
     if isinstance(conn, duckdb.DuckDBPyConnection):
         return DuckDBApp(conn)
     if isinstance(conn, sqlite3.Connection):
         return SQLiteApp(conn)
-    raise InvalidConfig(f"expected a DuckDB or SQLite connection, not {type(conn).__name__}")
+    if isinstance(conn, psycopg.Connection):
+        return PostgresApp(conn)
+    raise InvalidConfig(
+        f"expected a DuckDB, SQLite or PostgreSQL (psycopg) connection, not {type(conn).__name__}"
+    )
 
 
 def open_descriptor(descriptor: str) -> tuple[AppDB, str]:
-    """Open the database a ``KIND:PATH#TABLE`` descriptor names, for recovery: the new
+    """Open the database a ``KIND:WHERE#TABLE`` descriptor names, for recovery: the new
     connection (close ``.conn`` when done) and the table. Raises InvalidConfig for a
     descriptor it cannot open (an in-memory database; an unknown kind), and the
-    database's own error when the file is locked by its application."""
+    database's own error when the file is locked by its application or the server is
+    down."""
     kind, _, rest = descriptor.partition(":")
-    path, _, table = rest.rpartition("#")
+    where, _, table = rest.rpartition("#")
     check_table(table)
-    if not path or path == ":memory:":
+    if not where or where == ":memory:":
         raise InvalidConfig(f"{descriptor}: an in-memory database cannot be reopened")
-    return app_db(open_app(kind, path)), table
+    return app_db(open_app(kind, where)), table
 
 
-def open_app(kind: str, path: str) -> Any:
-    """A new connection to the ``kind`` ("duckdb" or "sqlite") database at ``path``;
-    SQLite in autocommit mode, so that :class:`SQLiteApp` controls its transactions.
-    InvalidConfig for another kind; the database's own error if it cannot open."""
+def open_app(kind: str, where: str) -> Any:
+    """A new connection to the ``kind`` database at ``where`` (a file for "duckdb" and
+    "sqlite", a connection string for "postgresql"), in autocommit mode where that is a
+    choice, so that its AppDB controls the transactions. InvalidConfig for another kind;
+    the database's own error if it cannot open."""
     if kind == "duckdb":
-        return duckdb.connect(path)
+        return duckdb.connect(where)
     if kind == "sqlite":
-        return sqlite3.connect(path, isolation_level=None, timeout=10.0)
-    raise InvalidConfig(f"unknown kind of database {kind!r} (use duckdb or sqlite)")
+        return sqlite3.connect(where, isolation_level=None, timeout=10.0)
+    if kind == "postgresql":
+        return psycopg.connect(where, autocommit=True, connect_timeout=10)
+    raise InvalidConfig(f"unknown kind of database {kind!r} (use duckdb, sqlite or postgresql)")

@@ -13,7 +13,7 @@ table; only after that commit does it delete the message from the queue. So:
 
 The identifier is the message's publish ``id``; a message published without one is known
 by ``QUEUE:SEQ``, which is stable across its redeliveries. SQL here speaks to the
-*application's* database (DuckDB or SQLite), never to the node's store.
+*application's* database (DuckDB, SQLite or PostgreSQL), never to the node's store.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from eomsg.client.appdb import AppDB, DuckDBApp, app_db, check_table
+from eomsg.client.appdb import AppDB, DuckDBApp, PostgresApp, SQLiteApp, app_db, check_table
 from eomsg.core.message import Delivered
 
 DEFAULT_TABLE = "eomsg_inbox"
@@ -66,29 +66,30 @@ class _Records(abc.ABC):
                     msg_key VARCHAR PRIMARY KEY,
                     queue VARCHAR NOT NULL,
                     seq BIGINT NOT NULL,
-                    expires_at DOUBLE,
-                    applied_at DOUBLE NOT NULL)"""
+                    expires_at DOUBLE PRECISION,
+                    applied_at DOUBLE PRECISION NOT NULL)"""
         )
 
+    @abc.abstractmethod
     def known(self, keys: Sequence[str]) -> set[str]:
-        found: set[str] = set()
-        for i in range(0, len(keys), _CHUNK):
-            part = keys[i : i + _CHUNK]
-            marks = ", ".join("?" * len(part))
-            rows = self.conn.execute(
-                f"SELECT msg_key FROM {self.table} WHERE msg_key IN ({marks})", list(part)
-            ).fetchall()
-            found.update(r[0] for r in rows)
-        return found
+        """Which of ``keys`` have a record."""
 
     @abc.abstractmethod
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
         """Insert inbox rows ``(key, queue, seq, expires_at, applied_at)``, in one go."""
 
     def forget_expired(self, now: float) -> int:
-        rows = self.conn.execute(
-            f"DELETE FROM {self.table} WHERE expires_at < ? RETURNING 1", [now]
-        ).fetchall()
+        """Drop the records expired before ``now``, in a transaction of their own."""
+        self.db.begin()
+        try:
+            rows = self.conn.execute(
+                f"DELETE FROM {self.table} WHERE expires_at < {self.db.param} RETURNING 1",
+                [now],
+            ).fetchall()
+            self.db.commit()
+        except BaseException:
+            self.db.rollback()
+            raise
         return len(rows)
 
 
@@ -117,18 +118,44 @@ class _DuckDB(_Records):
 
 
 class _SQLite(_Records):
+    def known(self, keys: Sequence[str]) -> set[str]:
+        found: set[str] = set()
+        for i in range(0, len(keys), _CHUNK):  # under SQLite's limit on parameters
+            part = keys[i : i + _CHUNK]
+            marks = ", ".join("?" * len(part))
+            rows = self.conn.execute(
+                f"SELECT msg_key FROM {self.table} WHERE msg_key IN ({marks})", list(part)
+            ).fetchall()
+            found.update(r[0] for r in rows)
+        return found
+
     def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
         self.conn.executemany(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?)", rows)
 
-    def forget_expired(self, now: float) -> int:
-        cursor = self.conn.execute(f"DELETE FROM {self.table} WHERE expires_at < ?", [now])
-        self.conn.commit()
-        return int(cursor.rowcount)
+
+class _Postgres(_Records):
+    def known(self, keys: Sequence[str]) -> set[str]:
+        rows = self.conn.execute(
+            f"SELECT msg_key FROM {self.table} WHERE msg_key = ANY(%s)", [list(keys)]
+        ).fetchall()
+        return {r[0] for r in rows}
+
+    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+        # COPY: one round trip for the batch, the server's fastest way in.
+        cursor = self.conn.cursor()
+        with cursor.copy(f"COPY {self.table} ({', '.join(_ROW_NAMES)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
 
 
 def _records(conn: Any, table: str) -> _Records:
     db = app_db(conn)
-    return _DuckDB(db, table) if isinstance(db, DuckDBApp) else _SQLite(db, table)
+    if isinstance(db, DuckDBApp):
+        return _DuckDB(db, table)
+    if isinstance(db, SQLiteApp):
+        return _SQLite(db, table)
+    assert isinstance(db, PostgresApp)
+    return _Postgres(db, table)
 
 
 @dataclass
@@ -143,8 +170,8 @@ class Batch:
 
 
 class Inbox:
-    """Exactly-once application of messages into ``conn`` (a DuckDB or SQLite
-    connection), through an inbox table it creates if missing. Not thread-safe: one
+    """Exactly-once application of messages into ``conn`` (a DuckDB, SQLite or
+    PostgreSQL connection), through an inbox table it creates if missing. Not thread-safe: one
     inbox per connection, used by one thread."""
 
     def __init__(

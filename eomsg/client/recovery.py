@@ -9,6 +9,11 @@ application holds its DuckDB file, the file is gone), the transaction waits for 
 ``--abort-older-than`` aborts those older than a limit, as a heuristic decision that is
 reported, never silent.
 
+A database that prepares (PostgreSQL) settles its part first, by the same outcome. Work
+it holds prepared *alone* — the node's part finished, or never prepared because the
+connection broke during PREPARE — is found by scanning it (``apps``): committed if
+COMMIT is recorded, else rolled back once it is older than :data:`APP_ONLY_GRACE`.
+
 The plan is computed apart from its execution, so ``eomsg recover --dry-run`` shows it.
 """
 
@@ -23,8 +28,13 @@ from typing import Any, Protocol
 from eomsg.client.appdb import open_descriptor
 from eomsg.client.resources import MarkerTable
 from eomsg.core.message import Delivered, Outgoing, PublishResult
-from eomsg.core.txn import TxnInfo, Verdict, verdict
-from eomsg.errors import EomsgError
+from eomsg.core.txn import TxnInfo, TxnState, Verdict, verdict
+from eomsg.errors import InDoubt
+
+# Work prepared in the application database alone is left this long before recovery
+# rolls it back: a coordinator of *another* node sharing the database may be between
+# its PREPARE and its decision. (This node's coordinators prepare the node first.)
+APP_ONLY_GRACE = 60.0
 
 log = logging.getLogger("eomsg.recovery")
 
@@ -61,12 +71,14 @@ class Participant(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Step:
-    """What recovery does (or did) with one in-doubt transaction, and why."""
+    """What recovery does (or did) with one in-doubt transaction, and why. ``node``
+    False: only the application database holds it prepared."""
 
     txn: TxnInfo
     verdict: Verdict
     reason: str
     done: bool = False
+    node: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +86,7 @@ class Step:
             "verdict": self.verdict.value,
             "reason": self.reason,
             "done": self.done,
+            "node": self.node,
         }
 
 
@@ -96,12 +109,16 @@ def plan(
     now: float,
     abort_older_than: float | None = None,
     coordinator: str | None = None,
+    apps: Sequence[str] = (),
     markers: MarkerOpener = open_markers,
 ) -> list[Step]:
     """Decide, without changing anything, what to do with each in-doubt transaction
-    (only those of ``coordinator``, if given). Reads each marker table once."""
+    (only those of ``coordinator``, if given), and with the work the application
+    databases ``apps`` (descriptors) hold prepared alone. InDoubt if one of ``apps``
+    cannot be read."""
     steps = []
-    for t in participant.txns():
+    held = participant.txns()
+    for t in held:
         if t.connected or (coordinator is not None and t.coordinator != coordinator):
             continue
         age = now - t.prepared_at
@@ -123,43 +140,69 @@ def plan(
             else f"no COMMIT recorded in {t.coordinator} (presumed abort)"
         )
         steps.append(Step(t, v, reason))
+    known = {t.txid for t in held}
+    for descriptor in apps:
+        steps.extend(_app_only(descriptor, known, now, markers))
     return steps
+
+
+def _app_only(
+    descriptor: str, known: set[str], now: float, markers: MarkerOpener
+) -> Iterator[Step]:
+    """The steps for the work ``descriptor`` holds prepared that the node does not."""
+    try:
+        with markers(descriptor) as table:
+            alone = [(t, at, table.peek(t)) for t, at in table.db.prepared() if t not in known]
+    except Exception as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InDoubt(f"cannot read {descriptor}: {why}") from e
+    for txid, at, outcome in alone:
+        info = TxnInfo(txid, TxnState.PREPARED, descriptor, at, False, 0, 0)
+        if outcome == "commit":
+            reason = f"COMMIT recorded in {descriptor}; prepared there only"
+            yield Step(info, Verdict.COMMIT, reason, node=False)
+        elif now - at >= APP_ONLY_GRACE:
+            reason = f"prepared only in {descriptor}, no COMMIT recorded (presumed abort)"
+            yield Step(info, Verdict.ABORT, reason, node=False)
 
 
 def execute(
     participant: Participant, steps: list[Step], *, markers: MarkerOpener = open_markers
 ) -> list[Step]:
-    """Carry out a plan; returns each step as done (or, for WAIT, as left)."""
+    """Carry out a plan; returns each step as done (or, for WAIT, as left). A step that
+    fails is left as WAIT, with why, and the others go on."""
     out = []
     for step in steps:
-        txid = step.txn.txid
-        try:
-            if step.verdict is Verdict.COMMIT:
-                participant.commit_txn(txid)
-                _forget(markers, step.txn.coordinator, txid)
-            elif step.verdict is Verdict.ABORT:
-                with markers(step.txn.coordinator) as table:
-                    committed = table.outcome_or_fence(txid)
-                if committed:  # its coordinator decided after the plan was made
-                    participant.commit_txn(txid)
-                    step = replace(step, verdict=Verdict.COMMIT, reason="COMMIT recorded meanwhile")
-                    _forget(markers, step.txn.coordinator, txid)
-                else:
-                    participant.abort_txn(txid)
-            elif step.verdict is Verdict.FORCE_ABORT:
-                participant.abort_txn(txid, force=True)
-                log.warning("transaction %s aborted by a person's decision: %s", txid, step.reason)
-            else:
-                out.append(step)
-                continue
-        except EomsgError as e:
-            out.append(replace(step, verdict=Verdict.WAIT, reason=f"{step.reason}; failed: {e}"))
+        if step.verdict is Verdict.WAIT:
+            out.append(step)
             continue
-        out.append(replace(step, done=True))
+        try:
+            out.append(_apply(participant, step, markers))
+        except Exception as e:
+            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            out.append(replace(step, verdict=Verdict.WAIT, reason=f"{step.reason}; failed: {why}"))
     return out
 
 
-def _forget(markers: MarkerOpener, descriptor: str, txid: str) -> None:
-    """Drop a marker whose outcome is applied; harmless to skip (never read again)."""
-    with contextlib.suppress(Exception), markers(descriptor) as table:
-        table.forget([txid])
+def _apply(participant: Participant, step: Step, markers: MarkerOpener) -> Step:
+    """One step: the application database's prepared part first (while it is prepared,
+    the node's part is too, so a crash here leaves the transaction findable), then the
+    node's, then the marker is dropped."""
+    txid = step.txn.txid
+    if step.verdict is Verdict.FORCE_ABORT:  # its database cannot be read
+        participant.abort_txn(txid, force=True)
+        log.warning("transaction %s aborted by a person's decision: %s", txid, step.reason)
+        return replace(step, done=True)
+    with markers(step.txn.coordinator) as table:
+        commit = step.verdict is Verdict.COMMIT or table.outcome_or_fence(txid)
+        if commit and step.verdict is Verdict.ABORT:  # its coordinator decided meanwhile
+            step = replace(step, verdict=Verdict.COMMIT, reason="COMMIT recorded meanwhile")
+        table.db.finish_prepared(txid, commit)
+        if step.node and commit:
+            participant.commit_txn(txid)
+        elif step.node:
+            participant.abort_txn(txid)
+        if commit:  # applied everywhere: the marker will never be read again
+            with contextlib.suppress(Exception):
+                table.forget([txid])
+    return replace(step, done=True)

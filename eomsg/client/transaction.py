@@ -10,15 +10,19 @@ database atomically.
 
 How it commits, by what the transaction holds:
 
-- node work and an application resource — two-phase commit, presumed abort: the node
-  prepares (publishes invisible, deleted messages held), the COMMIT marker commits inside
-  the application's transaction (the commit point), then the node applies the outcome;
+- node work and a commit-markable resource (DuckDB, SQLite) — two-phase commit, presumed
+  abort: the node prepares (publishes invisible, deleted messages held), the COMMIT
+  marker commits inside the application's transaction (the commit point), then the node
+  applies the outcome;
+- node work and PostgreSQL — the node prepares, then PostgreSQL (``PREPARE
+  TRANSACTION``); the COMMIT marker commits in a transaction of its own (the commit
+  point); then ``COMMIT PREPARED``, then the node;
 - node work only — one atomic call to the node (one-phase);
 - application work only — the application's own commit.
 
-A crash anywhere leaves the node's part prepared at worst; recovery — the next
-transaction on the same database, or ``eomsg recover`` — commits it if the marker is
-there and aborts it otherwise. The coordinator's state moves follow
+A crash anywhere leaves the node's part (and PostgreSQL's) prepared at worst; recovery —
+the next transaction on the same database, or ``eomsg recover`` — commits it if the
+marker is there and aborts it otherwise. The coordinator's state moves follow
 :data:`eomsg.core.txn.COORDINATOR`.
 """
 
@@ -35,7 +39,14 @@ from eomsg.client.recovery import Participant, Step, execute, plan
 from eomsg.client.resources import MarkerTable, Resource
 from eomsg.core.message import Delivered, Outgoing, PublishResult
 from eomsg.core.txn import TxnMove, TxnState, move
-from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, TxnAborted, UsageError
+from eomsg.errors import (
+    EomsgError,
+    InDoubt,
+    InvalidConfig,
+    InvalidInput,
+    TxnAborted,
+    UsageError,
+)
 from eomsg.failpoints import failpoint
 
 log = logging.getLogger("eomsg.transaction")
@@ -146,18 +157,42 @@ class Transaction:
         self.state = move("coordinator", self.state, TxnMove.PREPARE)
         failpoint("coordinator.after_prepare")
         forget = r.applied if len(r.applied) >= FORGET_BATCH else []
+        if r.db.prepares:
+            try:
+                failpoint("resource.before_prepare")
+                r.db.prepare(self.txid)
+                failpoint("resource.after_prepare")
+            except BaseException as e:
+                # Not prepared — or, if the connection broke, perhaps prepared with no
+                # COMMIT marker: recovery rolls that back (presumed abort).
+                self._undo(r, e, "the application database could not prepare")
         try:
             r.markers.decide(self.txid, forget)
         except BaseException as e:
-            with contextlib.suppress(BaseException):
-                r.db.rollback()
-            with contextlib.suppress(EomsgError):  # else recovery aborts it: no marker
-                self.participant.abort_txn(self.txid)
-            self._abort(f"the application database could not commit: {e}", e)
+            if r.db.prepares and (r.db.broken() or not isinstance(e, Exception)):
+                raise InDoubt(
+                    f"transaction {self.txid} is in doubt: the connection to the "
+                    "application database broke while it recorded the decision; recovery "
+                    "settles it (eomsg recover, once this client has disconnected)"
+                ) from e
+            self._undo(r, e, "the application database could not commit")
         if forget:
             r.applied = []
         self.state = move("coordinator", self.state, TxnMove.COMMIT)
         failpoint("coordinator.after_decision")
+        if r.db.prepares:
+            try:
+                failpoint("resource.before_finish")
+                r.db.finish_prepared(self.txid, commit=True)
+                failpoint("resource.after_finish")
+            except Exception as e:  # decided: the rest is recovery's, node part included
+                log.warning(
+                    "transaction %s committed; the application database and the node apply "
+                    "it at recovery: %s",
+                    self.txid,
+                    e,
+                )
+                return []
         try:
             self.results = self.participant.commit_txn(self.txid)
         except EomsgError as e:
@@ -199,6 +234,16 @@ class Transaction:
         self.completed = True
         return self.results
 
+    def _undo(self, r: Resource, cause: BaseException, why: str) -> NoReturn:
+        """Before the decision: roll back the application's part (prepared or not) and
+        the node's, then raise."""
+        with contextlib.suppress(BaseException):
+            r.db.rollback()
+            r.db.finish_prepared(self.txid, commit=False)
+        with contextlib.suppress(EomsgError):  # else recovery aborts it: no marker
+            self.participant.abort_txn(self.txid)
+        self._abort(f"{why}: {cause}", cause)
+
     def _abort(self, why: str, cause: BaseException) -> NoReturn:
         """Everything is rolled back: say so. Bad input keeps its own error."""
         self.state = move("coordinator", self.state, TxnMove.ABORT)
@@ -213,14 +258,18 @@ class Transaction:
 
 def recover_resource(participant: Participant, resource: Resource) -> list[Step]:
     """Resolve the in-doubt transactions whose outcome ``resource`` records (left by an
-    earlier run of this application), on its own connection. Runs once per resource,
+    earlier run of this application), and the work it holds prepared alone (PostgreSQL),
+    on its own connection. Runs once per resource,
     before its first transaction; call it again after a lost connection."""
 
     @contextlib.contextmanager
     def own(_: str) -> Any:
         yield MarkerTable(resource.db, resource.markers.table)
 
-    steps = plan(participant, now=time.time(), coordinator=resource.descriptor, markers=own)
+    apps = [resource.descriptor] if resource.db.prepares else []
+    steps = plan(
+        participant, now=time.time(), coordinator=resource.descriptor, apps=apps, markers=own
+    )
     done = execute(participant, steps, markers=own)
     for step in done:
         log.info(
