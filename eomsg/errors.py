@@ -320,3 +320,10 @@ def from_code(code: str, message: str) -> EomsgError:
         if cls.code == code:
             return cls(message)
     return EomsgError(message)
+
+
+def one_line(e: BaseException) -> str:
+    """The first line of an error's message (its type's name if it has none): what a
+    one-line report of a foreign error (a database's, say) shows."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -3,9 +3,12 @@
   txn           transactional copy through a node process (``eomsg serve``): each
                 transaction takes one message of queue ``a`` (fetched 16 at a time),
                 inserts a row into the application's database, publishes it to ``b``
-                and deletes it — 2PC with the database as commit-markable resource.
-                ``--clients`` threads run transactions at once over one connection
-                (as a thread pool would), sharing group commits. ``--app none``: the
+                and deletes it — 2PC with the database as commit-markable resource
+                (``--app duckdb|sqlite``) or as one that prepares (``--app
+                postgresql``: a throwaway server started for the run, or the one
+                ``EOMSG_BENCH_PG`` names). ``--clients`` threads run transactions at
+                once over one node connection (as a thread pool would), sharing group
+                commits, each with its own database connection. ``--app none``: the
                 node's one-phase transactions alone.
   embedded-txn  the same with the node embedded in this process.
   express       consume-into-DuckDB through a node process, as ``eomsg consume
@@ -17,6 +20,7 @@ Each round checks its outcome: every message copied (or inserted) exactly once.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import statistics
 import threading
@@ -26,6 +30,8 @@ from typing import Any
 
 import bench_broker
 import duckdb
+import pgcluster
+import psycopg
 
 import eomsg
 from eomsg.client.sink import TableSink
@@ -35,14 +41,20 @@ from eomsg.core.queues import QueueConfig
 from eomsg.node.node import Node, NodeSettings
 
 SCENARIOS = ("txn", "embedded-txn", "express")
-APPS = ("duckdb", "sqlite", "none")
+APPS = ("duckdb", "sqlite", "postgresql", "none")
 PREFETCH = 16
 
 
-def _app(kind: str, path: Path) -> Any:
+def _app(kind: str, path: Path, dsn: str) -> Any:
     conn: Any
     if kind == "duckdb":
         conn = duckdb.connect(str(path.with_suffix(".duckdb")))
+    elif kind == "postgresql":
+        conn = psycopg.connect(dsn, autocommit=True)
+        conn.execute("DROP TABLE IF EXISTS copied")
+        conn.execute("DROP TABLE IF EXISTS eomsg_txns")
+        conn.execute("CREATE TABLE copied (src_seq BIGINT PRIMARY KEY, payload BYTEA NOT NULL)")
+        return conn
     else:
         conn = sqlite3.connect(path.with_suffix(".sqlite"), isolation_level=None)
         conn.execute("PRAGMA journal_mode=WAL")
@@ -50,11 +62,13 @@ def _app(kind: str, path: Path) -> Any:
     return conn
 
 
-def _connections(kind: str, app: Any, path: Path, count: int) -> list[Any]:
+def _connections(kind: str, app: Any, path: Path, count: int, dsn: str) -> list[Any]:
     """One connection per worker: DuckDB cursors of the one database (a DuckDB file
-    belongs to one process), SQLite connections of their own."""
+    belongs to one process), SQLite and PostgreSQL connections of their own."""
     if kind == "duckdb":
         return [app.cursor() for _ in range(count)]
+    if kind == "postgresql":
+        return [psycopg.connect(dsn, autocommit=True) for _ in range(count)]
     return [
         sqlite3.connect(
             path.with_suffix(".sqlite"),
@@ -74,7 +88,10 @@ def _copy(participant: Any, conn: Any, resource: Any, done: list[int]) -> None:
         for d in taken:
             with Transaction(participant, resources) as tx:
                 if conn is not None:
-                    conn.execute("INSERT INTO copied VALUES (?, ?)", [d.seq, d.message.payload])
+                    mark = "%s" if isinstance(conn, psycopg.Connection) else "?"
+                    conn.execute(
+                        f"INSERT INTO copied VALUES ({mark}, {mark})", [d.seq, d.message.payload]
+                    )
                 tx.publish("b/copy", d.message.payload, headers={"src": str(d.seq)})
                 tx.delete(d)
             done.append(1)
@@ -91,24 +108,24 @@ def run_txn(
     )
     participant: Any = None
     timings = []
+    server = None
+    dsn = os.environ.get("EOMSG_BENCH_PG", "")
+    if app_kind == "postgresql" and not dsn:
+        server = pgcluster.Cluster()
+        dsn = server.start()
     try:
         admin: Any = embedded if embedded is not None else eomsg.connect(tmp / "data")
         admin.create_queue(QueueConfig.create("a", ["a/>"]))
         admin.create_queue(QueueConfig.create("b", ["b/>"]))
         # One connection for all workers, as an application's thread pool would share it.
         participant = embedded if embedded is not None else eomsg.connect(tmp / "data")
-        app = _app(app_kind, tmp / "app") if app_kind != "none" else None
+        app = _app(app_kind, tmp / "app", dsn) if app_kind != "none" else None
         conns = (
-            _connections(app_kind, app, tmp / "app", clients)
+            _connections(app_kind, app, tmp / "app", clients, dsn)
             if app is not None
             else [None] * clients
         )
-        resources = [
-            None
-            if c is None
-            else (eomsg.DuckDBResource(c) if app_kind == "duckdb" else eomsg.SQLiteResource(c))
-            for c in conns
-        ]
+        resources = [_resource(app_kind, c) for c in conns]
         for r in range(rounds):
             admin.publish_batch([Outgoing("a/x", payload, f"r{r}-{i}") for i in range(n)])
             done: list[int] = []
@@ -138,6 +155,8 @@ def run_txn(
             admin.close()
         if node_proc is not None:
             node_proc.stop()
+        if server is not None:
+            server.stop()
     seconds = statistics.median(timings)
     return {
         "scenario": scenario,
@@ -151,6 +170,16 @@ def run_txn(
         "payload_bytes": len(payload),
         "transport": "unix socket" if scenario == "txn" else "in process",
     }
+
+
+def _resource(kind: str, conn: Any) -> Any:
+    if conn is None:
+        return None
+    if kind == "duckdb":
+        return eomsg.DuckDBResource(conn)
+    if kind == "postgresql":
+        return eomsg.PostgresResource(conn)
+    return eomsg.SQLiteResource(conn)
 
 
 def run_express(

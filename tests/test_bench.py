@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
 
 
-def bench(*args: str) -> dict[str, object]:
+def bench(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
     """Run scripts/bench.py with ``args`` and ``--json``; its one JSON object."""
     out = subprocess.run(
         [sys.executable, str(BENCH), *args, "--json"],
@@ -20,6 +21,7 @@ def bench(*args: str) -> dict[str, object]:
         text=True,
         check=True,
         timeout=120,
+        env=env,
     ).stdout
     result: dict[str, object] = json.loads(out)
     return result
@@ -65,12 +67,18 @@ def test_failover_scenarios_print_one_json_object(scenario: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("scenario", "app"), [("embedded-txn", "duckdb"), ("txn", "sqlite"), ("express", "duckdb")]
+    ("scenario", "app"),
+    [("embedded-txn", "duckdb"), ("txn", "sqlite"), ("txn", "postgresql"), ("express", "duckdb")],
 )
-def test_exactly_once_scenarios_check_their_outcome(scenario: str, app: str) -> None:
+def test_exactly_once_scenarios_check_their_outcome(
+    scenario: str, app: str, request: pytest.FixtureRequest
+) -> None:
+    env = dict(os.environ)
+    if app == "postgresql":
+        env["EOMSG_BENCH_PG"] = request.getfixturevalue("pg_dsn")
     result = bench(
         "--scenario", scenario, "--n", "200", "--clients", "4", "--app", app, "--rounds", "2",
-        "--batch", "50",
+        "--batch", "50", env=env,
     )  # fmt: skip
     assert result["scenario"] == scenario and result["n"] == 200
     rounds = result["rounds_msgs_per_s" if scenario == "express" else "rounds_tx_per_s"]

@@ -15,8 +15,8 @@ import pytest
 
 import eomsg
 from eomsg.client import transaction
-from eomsg.client.appdb import app_db
-from eomsg.client.recovery import plan
+from eomsg.client.appdb import PostgresApp, app_db
+from eomsg.client.recovery import APP_ONLY_GRACE, execute, plan
 from eomsg.client.resources import MarkerTable, Resource
 from eomsg.client.transaction import recover_resource
 from eomsg.core.message import Outgoing
@@ -24,6 +24,7 @@ from eomsg.core.txn import COORDINATOR, PARTICIPANT, TxnMove, TxnState, Verdict,
 from eomsg.errors import (
     HeldByTransaction,
     HeuristicOutcome,
+    InDoubt,
     InvalidInput,
     NotInFlight,
     QueueNotFound,
@@ -333,3 +334,186 @@ def test_bad_resources_are_refused(participant: Any, tmp_path: Path) -> None:
         eomsg.Transaction(participant, [a]) as tx,
     ):
         tx.resource(b.conn)
+
+
+# -- PostgreSQL: a resource that prepares -----------------------------------------------
+
+
+@pytest.fixture
+def pg(pg_dsn: str) -> Iterator[psycopg.Connection[Any]]:
+    conn = psycopg.connect(pg_dsn, autocommit=True)
+    conn.execute("CREATE TABLE stock (item VARCHAR PRIMARY KEY, n INTEGER)")
+    conn.execute("INSERT INTO stock VALUES ('apple', 10), ('pear', 10)")
+    yield conn
+    conn.close()
+
+
+def _prepared(conn: Any) -> list[str]:
+    return [t for t, _ in app_db(conn).prepared()]
+
+
+def _prepare_in_pg(resource: Resource, txid: str, item: str) -> None:
+    """Work prepared in PostgreSQL, as a coordinator leaves it between its steps."""
+    resource.db.begin()
+    resource.conn.execute("UPDATE stock SET n = n - 1 WHERE item = %s", [item])
+    resource.db.prepare(txid)
+
+
+def _stocks(conn: Any) -> dict[str, int]:
+    return dict(conn.execute("SELECT item, n FROM stock").fetchall())
+
+
+def test_postgres_needs_autocommit_and_names_its_prepared_work(pg_dsn: str) -> None:
+    with (
+        psycopg.connect(pg_dsn) as conn,
+        pytest.raises(InvalidInput, match=r"autocommit mode \(psycopg.connect"),
+    ):
+        eomsg.PostgresResource(conn)
+    with psycopg.connect(pg_dsn, autocommit=True) as conn:
+        resource = eomsg.PostgresResource(conn)
+        assert resource.descriptor.startswith("postgresql:") and "dbname=" in resource.descriptor
+        assert resource.descriptor.endswith("#eomsg_txns")
+        conn.execute("BEGIN")
+        with pytest.raises(UsageError, match="transaction open; commit it first"):
+            resource.db.begin()
+
+
+def test_postgres_prepared_work_follows_the_marker_after_a_crash(
+    open_node: Callable[..., Node], pg: Any
+) -> None:
+    """The coordinator died with both parts prepared: the one with a COMMIT marker
+    commits in PostgreSQL and on the node, the other rolls back in both."""
+    node = open_node()
+    _queues(node)
+    resource = eomsg.PostgresResource(pg)
+    for txid, item in (("decided", "apple"), ("undecided", "pear")):
+        node.prepare_txn(txid, coordinator=resource.descriptor, messages=[Outgoing("b", b"x")])
+        _prepare_in_pg(resource, txid, item)
+    resource.markers.decide("decided", [])
+    assert sorted(_prepared(pg)) == ["decided", "undecided"]
+    assert _stocks(pg) == {"apple": 10, "pear": 10}  # prepared: not visible yet
+    node.close()
+    node = open_node()  # the coordinator's process is gone: both are in doubt
+    done = recover_resource(node, eomsg.PostgresResource(pg))
+    assert {s.txn.txid: (s.verdict, s.done) for s in done} == {
+        "decided": (Verdict.COMMIT, True),
+        "undecided": (Verdict.ABORT, True),
+    }
+    assert _stocks(pg) == {"apple": 9, "pear": 10}
+    assert _prepared(pg) == [] and node.txns() == []
+    assert [d.message.payload for d in node.fetch("b")] == [b"x"]
+
+
+def test_postgres_work_prepared_there_alone_is_settled(
+    open_node: Callable[..., Node], pg: Any
+) -> None:
+    """PostgreSQL holds prepared work the node does not (its part finished, or never
+    prepared): committed if COMMIT is recorded; else rolled back, but only once it is
+    older than the grace a live coordinator of another node might need."""
+    node = open_node()
+    resource = eomsg.PostgresResource(pg)
+    _prepare_in_pg(resource, "committed", "apple")
+    resource.markers.decide("committed", [])
+    _prepare_in_pg(resource, "lost", "pear")
+    (at,) = [at for t, at in app_db(pg).prepared() if t == "lost"]
+    young = plan(node, now=at + 1, apps=[resource.descriptor])
+    assert [(s.txn.txid, s.verdict, s.node) for s in young] == [
+        ("committed", Verdict.COMMIT, False)
+    ]
+    old = plan(node, now=at + APP_ONLY_GRACE, apps=[resource.descriptor])
+    assert {s.txn.txid: s.verdict for s in old} == {
+        "committed": Verdict.COMMIT,
+        "lost": Verdict.ABORT,
+    }
+    done = execute(node, old)
+    assert all(s.done for s in done)
+    assert _stocks(pg) == {"apple": 9, "pear": 10} and _prepared(pg) == []
+    assert resource.markers.peek("lost") == "abort"  # fenced: it can never commit now
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_postgres_connection_lost_while_deciding_is_settled_on_a_new_one(
+    when: str, open_node: Callable[..., Node], pg: Any, pg_dsn: str
+) -> None:
+    """The connection breaks while the COMMIT marker is being written (before the
+    commit reached the server, or after, the reply lost): the coordinator reads the
+    outcome again on a new connection and finishes both parts by it."""
+    node = open_node()
+    _queues(node)
+    node.publish("a", b"order")
+    resource = eomsg.PostgresResource(pg)
+    real_decide = resource.markers.decide
+
+    def connection_lost(txid: str, forget: Any) -> None:
+        if when == "after":
+            real_decide(txid, forget)
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pg.info.backend_pid])
+        pg.execute("SELECT 1")  # the client learns the connection is gone
+
+    resource.markers.decide = connection_lost  # type: ignore[method-assign]
+    tx = eomsg.Transaction(node, [resource])
+    with tx:
+        msg = tx.receive("a")
+        tx.resource(pg).execute("UPDATE stock SET n = 0 WHERE item = 'apple'")
+        tx.publish("b", b"shipped")
+        tx.delete(msg)
+        if when == "before":
+            with pytest.raises(TxnAborted, match="application database failed"):
+                tx.commit()
+    assert node.txns() == []
+    with psycopg.connect(pg_dsn, autocommit=True) as again:
+        assert _prepared(again) == []
+        if when == "before":
+            assert _stocks(again)["apple"] == 10
+            assert [d.message.payload for d in node.fetch("a")] == [b"order"]
+            assert node.fetch("b") == []
+        else:
+            assert tx.completed and [r.queues for r in tx.results] == [1]
+            assert _stocks(again)["apple"] == 0
+            assert node.fetch("a") == [] and [d.message.payload for d in node.fetch("b")] == [
+                b"shipped"
+            ]
+
+
+def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered(
+    open_node: Callable[..., Node], pg: Any, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The connection breaks while deciding and the server cannot be reached again:
+    nobody knows the outcome, so the coordinator says InDoubt and leaves both parts
+    prepared; once its session is gone, recovery reads the marker (none here) and rolls
+    both back."""
+    node = open_node()
+    _queues(node)
+    node.publish("a", b"order")
+    resource = eomsg.PostgresResource(pg)
+    real_decide = resource.markers.decide
+
+    def connection_lost(txid: str, forget: Any) -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", [pg.info.backend_pid])
+        real_decide(txid, forget)
+
+    def unreachable(self: Any) -> Any:
+        raise psycopg.OperationalError("connection refused")
+
+    monkeypatch.setattr(resource.markers, "decide", connection_lost)
+    monkeypatch.setattr(PostgresApp, "reopen", unreachable)
+    with (
+        pytest.raises(InDoubt, match=r"is in doubt: .*could not be read again"),
+        eomsg.Transaction(node, [resource]) as tx,
+    ):
+        msg = tx.receive("a")
+        tx.resource(pg).execute("UPDATE stock SET n = 0")
+        tx.publish("b", b"shipped")
+        tx.delete(msg)
+    (held,) = node.txns()
+    assert held.txid == tx.txid and held.connected  # this process may still decide
+    node.close()
+    node = open_node()
+    with psycopg.connect(pg_dsn, autocommit=True) as again:
+        assert _prepared(again) == [tx.txid]
+        done = recover_resource(node, eomsg.PostgresResource(again))
+        assert [(s.verdict, s.done) for s in done] == [(Verdict.ABORT, True)]
+        assert _stocks(again) == {"apple": 10, "pear": 10} and _prepared(again) == []
+    assert node.fetch("b") == [] and [d.message.payload for d in node.fetch("a")] == [b"order"]

@@ -1,22 +1,27 @@
 """Seed 000 under crashes: a real node (``eomsg serve``) and a real copier process
 (``scripts/copier.py``: queue ``a`` → table ``copied`` + topic ``b``, one transaction per
 message), killed with SIGKILL by a failpoint at each step of two-phase commit, in each
-role. After recovery (``eomsg recover``, then the copier again) the application table
-and the queues must agree: every message copied exactly once, nothing left in doubt."""
+role, with the application's table in DuckDB (commit-markable) and in PostgreSQL (which
+prepares) — and the PostgreSQL server itself crashed mid-copy. After recovery (``eomsg
+recover``, then the copier again) the application table and the queues must agree:
+every message copied exactly once, nothing left in doubt."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
+import psycopg
 import pytest
 
 import eomsg
-from tests.conftest import NodeProcess
+from scripts.pgcluster import Cluster, server_bin
+from tests.conftest import NodeProcess, missing_service
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +30,8 @@ N = 4
 PAYLOADS = {f"m{i}".encode() for i in range(1, N + 1)}
 
 # (role, failpoint): the process that dies, and where. "@2": in the second transaction,
-# so one transaction has completed cleanly before the crash.
+# so one transaction has completed cleanly before the crash. The "resource" points run in
+# the coordinator's process, where it speaks to the application's database.
 CASES = [
     ("coordinator", "coordinator.before_prepare"),
     ("coordinator", "coordinator.after_prepare"),
@@ -38,25 +44,55 @@ CASES = [
     ("node", "txn.commit.before_commit"),
     ("node", "txn.commit.after_commit"),
 ]
+# Only a database that prepares has these steps: PREPARE TRANSACTION, COMMIT PREPARED.
+PREPARE_CASES = [
+    ("resource", "resource.before_prepare"),
+    ("resource", "resource.after_prepare"),
+    ("resource", "resource.before_finish"),
+    ("resource", "resource.after_finish"),
+]
+MATRIX = [("duckdb", *c) for c in CASES] + [("postgresql", *c) for c in CASES + PREPARE_CASES]
+
+
+class App:
+    """The copier's application database: how the copier is told, and what it holds."""
+
+    def __init__(self, args: list[str], read: Callable[[], list[bytes]]) -> None:
+        self.args = args
+        self.read = read
+
+
+@pytest.fixture(params=["duckdb", "postgresql"])
+def app(request: pytest.FixtureRequest, tmp_path: Path) -> App:
+    return _app(request.param, tmp_path, request)
+
+
+def _app(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> App:
+    if kind == "duckdb":
+        path = tmp_path / "app.duckdb"
+
+        def read_duckdb() -> list[bytes]:
+            with duckdb.connect(str(path)) as db:
+                return [bytes(r[0]) for r in db.execute("SELECT payload FROM copied").fetchall()]
+
+        return App(["--app", str(path)], read_duckdb)
+    dsn: str = request.getfixturevalue("pg_dsn")
+
+    def read_pg() -> list[bytes]:
+        with psycopg.connect(dsn) as db:
+            return [bytes(r[0]) for r in db.execute("SELECT payload FROM copied").fetchall()]
+
+    return App(["--pg", dsn], read_pg)
 
 
 def copier(
-    data_dir: Path, app: Path, env: dict[str, str], failpoints: str = ""
+    data_dir: Path, app: App, env: dict[str, str], failpoints: str = ""
 ) -> subprocess.CompletedProcess[str]:
     run_env = dict(env)
     if failpoints:
         run_env["EOMSG_FAILPOINTS"] = failpoints
     return subprocess.run(
-        [
-            sys.executable,
-            str(COPIER),
-            "--broker",
-            str(data_dir),
-            "--app",
-            str(app),
-            "--idle",
-            "0.5",
-        ],
+        [sys.executable, str(COPIER), "--broker", str(data_dir), *app.args, "--idle", "0.5"],
         env=run_env,
         capture_output=True,
         text=True,
@@ -64,31 +100,34 @@ def copier(
     )
 
 
-def recover(eomsg_bin: str, env: dict[str, str]) -> tuple[int, list[dict[str, object]]]:
+def recover(eomsg_bin: str, env: dict[str, str], *args: str) -> tuple[int, list[dict[str, object]]]:
     done = subprocess.run(
-        [eomsg_bin, "recover", "--json"], env=env, capture_output=True, text=True, timeout=60
+        [eomsg_bin, "recover", "--json", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     return done.returncode, json.loads(done.stdout) if done.stdout.strip() else []
 
 
-def check_agreement(data_dir: Path, app: Path) -> None:
+def check_agreement(data_dir: Path, app: App, payloads: set[bytes] = PAYLOADS) -> None:
     """Every message of ``a`` is in the table once and in ``b`` once; nothing else."""
-    with duckdb.connect(str(app)) as db:
-        rows = [bytes(r[0]) for r in db.execute("SELECT payload FROM copied").fetchall()]
-    assert sorted(rows) == sorted(PAYLOADS), rows
+    rows = app.read()
+    assert sorted(rows) == sorted(payloads), rows
     with eomsg.connect(data_dir) as client:
-        copies = client.fetch("b", 100)
-        assert sorted(d.message.payload for d in copies) == sorted(PAYLOADS)
+        copies = client.fetch("b", len(payloads) + 1)
+        assert sorted(d.message.payload for d in copies) == sorted(payloads)
         stats = {s.name: s for s in client.stats()}
-        assert stats["a"].depth == 0 and stats["a"].deleted == N
+        assert stats["a"].depth == 0 and stats["a"].deleted == len(payloads)
         assert client.txns() == []
 
 
 @pytest.fixture
 def setup(
     serve: Callable[..., NodeProcess], data_dir: Path, cli_env: dict[str, str]
-) -> Callable[[str], NodeProcess]:
-    def start(node_failpoints: str = "") -> NodeProcess:
+) -> Callable[..., NodeProcess]:
+    def start(node_failpoints: str = "", payloads: set[bytes] = PAYLOADS) -> NodeProcess:
         if node_failpoints:
             cli_env["EOMSG_FAILPOINTS"] = node_failpoints
         node = serve()
@@ -98,24 +137,26 @@ def setup(
             # copier comes back once it runs out.
             client.create_queue(eomsg.QueueConfig("a", subscriptions=("a",), ack_timeout=1.0))
             client.create_queue(eomsg.QueueConfig("b", subscriptions=("b",)))
-            client.publish_batch([eomsg.Outgoing("a", p) for p in sorted(PAYLOADS)])
+            client.publish_batch([eomsg.Outgoing("a", p) for p in sorted(payloads)])
         return node
 
     return start
 
 
-@pytest.mark.parametrize(("role", "point"), CASES, ids=[p for _, p in CASES])
+@pytest.mark.parametrize(("kind", "role", "point"), MATRIX, ids=[f"{k}-{p}" for k, _, p in MATRIX])
 def test_crash_at_each_step_then_recover(
+    kind: str,
     role: str,
     point: str,
-    setup: Callable[[str], NodeProcess],
+    setup: Callable[..., NodeProcess],
     serve: Callable[..., NodeProcess],
     eomsg_bin: str,
     data_dir: Path,
     cli_env: dict[str, str],
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    app = tmp_path / "app.duckdb"
+    app = _app(kind, tmp_path, request)
     node = setup(f"{point}=crash@2" if role == "node" else "")
     crashed = copier(data_dir, app, cli_env, "" if role == "node" else f"{point}=crash@2")
     assert crashed.returncode != 0, crashed.stdout  # someone died mid-transaction
@@ -133,16 +174,15 @@ def test_crash_at_each_step_then_recover(
 
 
 def test_node_crash_while_recovery_aborts(
-    setup: Callable[[str], NodeProcess],
+    setup: Callable[..., NodeProcess],
     serve: Callable[..., NodeProcess],
     eomsg_bin: str,
     data_dir: Path,
     cli_env: dict[str, str],
-    tmp_path: Path,
+    app: App,
 ) -> None:
     """The coordinator dies before deciding; the node dies while recovery aborts; a
     second recovery finishes the abort."""
-    app = tmp_path / "app.duckdb"
     node = setup("txn.abort.before_commit=crash")
     crashed = copier(data_dir, app, cli_env, "coordinator.after_prepare=crash@2")
     assert crashed.returncode == -9
@@ -160,19 +200,21 @@ def test_node_crash_while_recovery_aborts(
 
 
 def test_recover_waits_for_a_locked_database_unless_told(
-    setup: Callable[[str], NodeProcess],
+    setup: Callable[..., NodeProcess],
     eomsg_bin: str,
     data_dir: Path,
     cli_env: dict[str, str],
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
     """An outcome that cannot be read is a person's decision: recover lists it (exit 12),
     and aborts it only with --abort-older-than."""
-    app = tmp_path / "app.duckdb"
+    path = tmp_path / "app.duckdb"
+    app = _app("duckdb", tmp_path, request)
     setup("")
     assert copier(data_dir, app, cli_env, "coordinator.after_prepare=crash@2").returncode == -9
     holder = subprocess.Popen(  # the application is back and holds its database
-        [sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(app)!r}); "
+        [sys.executable, "-c", f"import duckdb,time; c=duckdb.connect({str(path)!r}); "
          "print('ok', flush=True); time.sleep(60)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
@@ -200,13 +242,14 @@ def test_recover_waits_for_a_locked_database_unless_told(
 
 
 def test_inspect_txns_lists_in_doubt(
-    setup: Callable[[str], NodeProcess],
+    setup: Callable[..., NodeProcess],
     eomsg_bin: str,
     data_dir: Path,
     cli_env: dict[str, str],
     tmp_path: Path,
+    request: pytest.FixtureRequest,
 ) -> None:
-    app = tmp_path / "app.duckdb"
+    app = _app("duckdb", tmp_path, request)
     setup("")
     assert copier(data_dir, app, cli_env, "coordinator.after_prepare=crash@1").returncode == -9
     out = subprocess.run(
@@ -214,7 +257,7 @@ def test_inspect_txns_lists_in_doubt(
     )
     (t,) = json.loads(out.stdout)
     assert t["state"] == "prepared" and t["connected"] is False
-    assert t["coordinator"] == f"duckdb:{app.resolve()}#eomsg_txns"
+    assert t["coordinator"] == f"duckdb:{(tmp_path / 'app.duckdb').resolve()}#eomsg_txns"
     assert (t["publishes"], t["deletes"]) == (1, 1)
     table = subprocess.run(
         [eomsg_bin, "inspect", "txns"], env=cli_env, capture_output=True, text=True
@@ -241,3 +284,66 @@ def test_inspect_txns_lists_in_doubt(
         env=cli_env, capture_output=True, text=True,
     )  # fmt: skip
     assert bad.returncode == 3 and bad.stderr.startswith("Error: ")
+
+
+@pytest.fixture
+def own_server() -> Iterator[Cluster]:
+    """A PostgreSQL server of this test's own, to crash."""
+    if server_bin() is None:
+        missing_service("no PostgreSQL server installed: run scripts/postgres.sh")
+    cluster = Cluster()
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+def test_postgres_server_crashes_mid_copy(
+    own_server: Cluster,
+    setup: Callable[..., NodeProcess],
+    eomsg_bin: str,
+    data_dir: Path,
+    cli_env: dict[str, str],
+) -> None:
+    """The resource itself dies: the PostgreSQL server is crashed (no checkpoint, as a
+    power cut would) three times while the copier works, and the copier dies of it.
+    While the server is down, recovery cannot read the outcomes and says so; once it
+    is back (its prepared transactions restored from its WAL), recovery settles
+    everything and the copier finishes: every message copied exactly once."""
+    dsn = own_server.dsn
+    payloads = {f"m{i:04}".encode() for i in range(1, 401)}
+    setup("", payloads)
+
+    def read() -> list[bytes]:
+        with psycopg.connect(dsn) as db:
+            return [bytes(r[0]) for r in db.execute("SELECT payload FROM copied").fetchall()]
+
+    app = App(["--pg", dsn], read)
+    command = [sys.executable, str(COPIER), "--broker", str(data_dir), *app.args, "--idle", "1"]
+    waited_for_server = False
+    for crash in range(1, 4):
+        proc = subprocess.Popen(command, env=cli_env, stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # let it copy a while first
+            try:
+                if len(read()) >= crash * 60:
+                    break
+            except psycopg.Error:  # the table does not exist yet
+                pass
+            time.sleep(0.05)
+        own_server.crash()
+        assert proc.wait(60) != 0  # it died of its database, mid-copy
+        code, steps = recover(eomsg_bin, cli_env)
+        if steps:  # in doubt while the server is down: listed, never guessed
+            assert code == 12 and {s["verdict"] for s in steps} == {"wait"}
+            assert all("cannot read postgresql:" in str(s["reason"]) for s in steps)
+            waited_for_server = True
+        own_server.start()
+        code, steps = recover(eomsg_bin, cli_env, "--app", f"postgresql:{dsn}")
+        assert code == 0 and all(s["done"] for s in steps), steps
+        assert len(read()) < len(payloads)  # the crash came before the end
+    finished = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=120)
+    assert finished.returncode == 0, finished.stderr
+    check_agreement(data_dir, app, payloads)
+    with psycopg.connect(dsn) as db:
+        assert db.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
+    print(f"in doubt while the server was down, in some round: {waited_for_server}")

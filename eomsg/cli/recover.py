@@ -18,6 +18,7 @@ from eomsg.cli.common import (
     print_json,
 )
 from eomsg.client.recovery import Step, execute, plan
+from eomsg.client.resources import DEFAULT_MARKERS
 from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.txn import Verdict
 from eomsg.errors import ExitCode
@@ -39,6 +40,16 @@ def recover(
             "prepared longer ago than this (e.g. 10m): a heuristic decision, reported."
         ),
     ] = None,
+    app: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="DESCRIPTOR",
+            help="Also settle what this application database holds prepared on its own, "
+            "its node part finished or never prepared (PostgreSQL), e.g. "
+            "'postgresql:host=db dbname=shop' (append #TABLE for another marker table). "
+            "Repeatable.",
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
     ] = False,
@@ -48,8 +59,9 @@ def recover(
     """Commit the in-doubt transactions their coordinator decided, abort those it did not,
     and list those whose outcome cannot be read (exit 12) — never silently."""
     limit = None if abort_older_than is None else parse_duration(abort_older_than, allow_zero=True)
+    apps = [a if "#" in a else f"{a}#{DEFAULT_MARKERS}" for a in app or []]
     with open_node(data, create=False) as node:
-        steps = plan(node, now=time.time(), abort_older_than=limit)
+        steps = plan(node, now=time.time(), abort_older_than=limit, apps=apps)
         if not dry_run:
             steps = execute(node, steps)
     if json:
@@ -73,10 +85,8 @@ def _report(steps: list[Step], dry_run: bool) -> None:
         )
         age = format_duration(max(0.0, now - s.txn.prepared_at))
         t = s.txn
-        line = (
-            f"{t.txid}: {said} ({s.reason}; prepared {age} ago, "
-            f"{t.publishes} to publish, {t.deletes} held)"
-        )
+        held = f", {t.publishes} to publish, {t.deletes} held" if s.node else ""
+        line = f"{t.txid}: {said} ({s.reason}; prepared {age} ago{held})"
         (err_console if s.verdict is Verdict.WAIT else console).print(line, markup=False)
     waiting = sum(s.verdict is Verdict.WAIT for s in steps)
     if waiting:

@@ -80,6 +80,10 @@ class AppDB(abc.ABC):
         """Whether the connection was lost (so the last commit's outcome is unknown)."""
         return False
 
+    def reopen(self) -> AppDB:
+        """A new connection to the same database, as the same user."""
+        raise UsageError(f"eomsg does not reopen a {self.kind} connection")
+
 
 class DuckDBApp(AppDB):
     kind = "duckdb"
@@ -159,6 +163,13 @@ class PostgresApp(AppDB):
 
     def broken(self) -> bool:
         return bool(self.conn.broken or self.conn.closed)
+
+    def reopen(self) -> PostgresApp:
+        info = self.conn.info
+        params = info.get_parameters()
+        if info.password:
+            params["password"] = info.password
+        return PostgresApp(psycopg.connect(**params, autocommit=True, connect_timeout=10))
 
     def max_prepared(self) -> int:
         row = self.conn.execute("SHOW max_prepared_transactions").fetchone()

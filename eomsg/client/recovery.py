@@ -29,7 +29,7 @@ from eomsg.client.appdb import open_descriptor
 from eomsg.client.resources import MarkerTable
 from eomsg.core.message import Delivered, Outgoing, PublishResult
 from eomsg.core.txn import TxnInfo, TxnState, Verdict, verdict
-from eomsg.errors import InDoubt
+from eomsg.errors import InDoubt, one_line
 
 # Work prepared in the application database alone is left this long before recovery
 # rolls it back: a coordinator of *another* node sharing the database may be between
@@ -126,7 +126,7 @@ def plan(
             with markers(t.coordinator) as table:
                 outcome = table.peek(t.txid)
         except Exception as e:  # unreadable: locked by its application, gone, corrupt
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = one_line(e)
             v = verdict(None, readable=False, age=age, abort_older_than=abort_older_than)
             reason = f"cannot read {t.coordinator}: {why}"
             if v is Verdict.FORCE_ABORT:
@@ -154,7 +154,7 @@ def _app_only(
         with markers(descriptor) as table:
             alone = [(t, at, table.peek(t)) for t, at in table.db.prepared() if t not in known]
     except Exception as e:
-        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        why = one_line(e)
         raise InDoubt(f"cannot read {descriptor}: {why}") from e
     for txid, at, outcome in alone:
         info = TxnInfo(txid, TxnState.PREPARED, descriptor, at, False, 0, 0)
@@ -179,7 +179,7 @@ def execute(
         try:
             out.append(_apply(participant, step, markers))
         except Exception as e:
-            why = str(e).splitlines()[0] if str(e) else type(e).__name__
+            why = one_line(e)
             out.append(replace(step, verdict=Verdict.WAIT, reason=f"{step.reason}; failed: {why}"))
     return out
 
@@ -194,15 +194,34 @@ def _apply(participant: Participant, step: Step, markers: MarkerOpener) -> Step:
         log.warning("transaction %s aborted by a person's decision: %s", txid, step.reason)
         return replace(step, done=True)
     with markers(step.txn.coordinator) as table:
-        commit = step.verdict is Verdict.COMMIT or table.outcome_or_fence(txid)
-        if commit and step.verdict is Verdict.ABORT:  # its coordinator decided meanwhile
-            step = replace(step, verdict=Verdict.COMMIT, reason="COMMIT recorded meanwhile")
-        table.db.finish_prepared(txid, commit)
-        if step.node and commit:
-            participant.commit_txn(txid)
-        elif step.node:
-            participant.abort_txn(txid)
-        if commit:  # applied everywhere: the marker will never be read again
-            with contextlib.suppress(Exception):
-                table.forget([txid])
+        decided = step.verdict is Verdict.COMMIT
+        committed = settle(participant, table, txid, decided=decided, node=step.node) is not None
+    if committed and not decided:  # its coordinator decided after the plan was made
+        step = replace(step, verdict=Verdict.COMMIT, reason="COMMIT recorded meanwhile")
     return replace(step, done=True)
+
+
+def settle(
+    participant: Participant,
+    table: MarkerTable,
+    txid: str,
+    *,
+    decided: bool = False,
+    node: bool = True,
+) -> list[PublishResult] | None:
+    """Finish ``txid`` everywhere by the outcome ``table`` records: commit if
+    ``decided`` or COMMIT is recorded; else fence it with ABORT (so that its coordinator
+    can never record COMMIT) and abort. The application database's prepared part goes
+    first: while it is prepared, the node's part is too (``node`` False: the node holds
+    none), so a crash in between leaves the transaction findable. Returns the node's
+    publish results when it committed, None when it aborted."""
+    commit = decided or table.outcome_or_fence(txid)
+    table.db.finish_prepared(txid, commit)
+    if not commit:
+        if node:
+            participant.abort_txn(txid)
+        return None
+    results = participant.commit_txn(txid) if node else []
+    with contextlib.suppress(Exception):  # applied everywhere: never read again
+        table.forget([txid])
+    return results

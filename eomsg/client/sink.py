@@ -29,7 +29,7 @@ import pyarrow as pa
 from eomsg.client.appdb import DuckDBApp, app_db, check_table, open_app
 from eomsg.client.inbox import Inbox, Settleable
 from eomsg.core.message import Delivered
-from eomsg.errors import InvalidConfig
+from eomsg.errors import InvalidConfig, one_line
 
 COLUMNS = ("seq", "id", "topic", "payload", "headers", "published_at", "queue")
 
@@ -132,7 +132,7 @@ def open_sink(target: str) -> TableSink:
     try:
         conn = open_app(kind, path)
     except (duckdb.Error, sqlite3.Error) as e:
-        why = str(e).splitlines()[0]
+        why = one_line(e)
         raise InvalidConfig(f"--into {target!r}: cannot open the database: {why}") from e
     try:
         return TableSink(conn, table)

@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from eomsg.client.recovery import Participant, Step, execute, plan
+from eomsg.client.recovery import Participant, Step, execute, plan, settle
 from eomsg.client.resources import MarkerTable, Resource
 from eomsg.core.message import Delivered, Outgoing, PublishResult
 from eomsg.core.txn import TxnMove, TxnState, move
@@ -46,6 +46,7 @@ from eomsg.errors import (
     InvalidInput,
     TxnAborted,
     UsageError,
+    one_line,
 )
 from eomsg.failpoints import failpoint
 
@@ -163,18 +164,14 @@ class Transaction:
                 r.db.prepare(self.txid)
                 failpoint("resource.after_prepare")
             except BaseException as e:
-                # Not prepared — or, if the connection broke, perhaps prepared with no
-                # COMMIT marker: recovery rolls that back (presumed abort).
-                self._undo(r, e, "the application database could not prepare")
+                if isinstance(e, Exception) and not r.db.broken():  # refused: rolled back
+                    self._undo(r, e, "the application database could not prepare")
+                return self._settle_anew(r, e)  # perhaps prepared: ask again
         try:
             r.markers.decide(self.txid, forget)
         except BaseException as e:
-            if r.db.prepares and (r.db.broken() or not isinstance(e, Exception)):
-                raise InDoubt(
-                    f"transaction {self.txid} is in doubt: the connection to the "
-                    "application database broke while it recorded the decision; recovery "
-                    "settles it (eomsg recover, once this client has disconnected)"
-                ) from e
+            if r.db.prepares:  # the marker may have committed all the same: ask again
+                return self._settle_anew(r, e)
             self._undo(r, e, "the application database could not commit")
         if forget:
             r.applied = []
@@ -185,14 +182,8 @@ class Transaction:
                 failpoint("resource.before_finish")
                 r.db.finish_prepared(self.txid, commit=True)
                 failpoint("resource.after_finish")
-            except Exception as e:  # decided: the rest is recovery's, node part included
-                log.warning(
-                    "transaction %s committed; the application database and the node apply "
-                    "it at recovery: %s",
-                    self.txid,
-                    e,
-                )
-                return []
+            except BaseException as e:
+                return self._settle_anew(r, e)
         try:
             self.results = self.participant.commit_txn(self.txid)
         except EomsgError as e:
@@ -233,6 +224,34 @@ class Transaction:
         self.state = TxnState.COMMITTED
         self.completed = True
         return self.results
+
+    def _settle_anew(self, r: Resource, cause: BaseException) -> list[PublishResult]:
+        """A step with a database that prepares failed, and whether it took effect is
+        unknown (the connection broke, say, while the COMMIT marker committed): read the
+        outcome on a new connection — fencing the transaction with ABORT if no COMMIT is
+        recorded — and finish both parts by it. TxnAborted if that was abort; InDoubt if
+        the database cannot be reached (recovery settles it later)."""
+        try:
+            db = r.db.reopen()
+            try:
+                results = settle(self.participant, MarkerTable(db, r.markers.table), self.txid)
+            finally:
+                db.conn.close()
+        except Exception as e:
+            raise InDoubt(
+                f"transaction {self.txid} is in doubt: {one_line(cause)}, and its outcome "
+                f"could not be read again ({one_line(e)}); recovery settles it (eomsg "
+                "recover, once this client has disconnected)"
+            ) from cause
+        if results is None:
+            self._abort(f"the application database failed ({one_line(cause)})", cause)
+        if self.state is TxnState.PREPARED:
+            self.state = move("coordinator", self.state, TxnMove.COMMIT)
+        self.results, self.completed = results, True
+        if not isinstance(cause, Exception):
+            raise cause
+        log.warning("transaction %s committed after the database failed: %s", self.txid, cause)
+        return results
 
     def _undo(self, r: Resource, cause: BaseException, why: str) -> NoReturn:
         """Before the decision: roll back the application's part (prepared or not) and

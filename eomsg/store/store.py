@@ -23,7 +23,7 @@ import duckdb
 
 from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import DataDirError, InvalidQuery, StorageError
+from eomsg.errors import DataDirError, InvalidQuery, StorageError, one_line
 from eomsg.store.lock import DataDirLock
 from eomsg.store.schema import migrate
 from eomsg.store.writer import Writer
@@ -142,7 +142,7 @@ class Store:
         try:
             statements = duckdb.extract_statements(sql)
         except duckdb.Error as e:
-            raise InvalidQuery(f"query failed: {str(e).splitlines()[0]}") from e
+            raise InvalidQuery(f"query failed: {one_line(e)}") from e
         if len(statements) != 1:
             raise InvalidQuery("give exactly one SQL statement")
         kind = statements[0].type
@@ -155,9 +155,9 @@ class Store:
             columns = [d[0] for d in result.description or []]
             return columns, result.fetchall()
         except (duckdb.InvalidInputException, duckdb.PermissionException) as e:
-            raise InvalidQuery(f"inspect sql is read-only: {str(e).splitlines()[0]}") from e
+            raise InvalidQuery(f"inspect sql is read-only: {one_line(e)}") from e
         except duckdb.Error as e:
-            raise InvalidQuery(f"query failed: {str(e).splitlines()[0]}") from e
+            raise InvalidQuery(f"query failed: {one_line(e)}") from e
         finally:
             cursor.close()
 
