@@ -517,3 +517,34 @@ def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered
         assert [(s.verdict, s.done) for s in done] == [(Verdict.ABORT, True)]
         assert _stocks(again) == {"apple": 10, "pear": 10} and _prepared(again) == []
     assert node.fetch("b") == [] and [d.message.payload for d in node.fetch("a")] == [b"order"]
+
+
+def test_postgres_fenced_coordinator_cannot_commit(open_node: Callable[..., Node], pg: Any) -> None:
+    """A recovery fenced the transaction with ABORT while it was prepared: the
+    coordinator's COMMIT marker fails on the key, and both parts roll back; the
+    connection stays usable for the next transaction."""
+    node = open_node()
+    _queues(node)
+    resource = eomsg.PostgresResource(pg)
+    real_decide = resource.markers.decide
+
+    def recovery_runs_now(txid: str, forget: Any) -> None:
+        other = MarkerTable(resource.db.reopen(), resource.markers.table)
+        assert other.outcome_or_fence(txid) is False
+        other.db.conn.close()
+        real_decide(txid, forget)
+
+    resource.markers.decide = recovery_runs_now  # type: ignore[method-assign]
+    with (
+        pytest.raises(TxnAborted, match="application database failed"),
+        eomsg.Transaction(node, [resource]) as tx,
+    ):
+        tx.resource(pg).execute("UPDATE stock SET n = 0")
+        tx.publish("b", b"x")
+    assert _stocks(pg) == {"apple": 10, "pear": 10} and _prepared(pg) == []
+    assert node.txns() == [] and node.fetch("b") == []
+    resource.markers.decide = real_decide  # type: ignore[method-assign]
+    with eomsg.Transaction(node, [resource]) as tx:
+        tx.resource(pg).execute("UPDATE stock SET n = 1 WHERE item = 'pear'")
+        tx.publish("b", b"y")
+    assert _stocks(pg)["pear"] == 1 and [d.message.payload for d in node.fetch("b")] == [b"y"]

@@ -231,6 +231,8 @@ class Transaction:
         outcome on a new connection — fencing the transaction with ABORT if no COMMIT is
         recorded — and finish both parts by it. TxnAborted if that was abort; InDoubt if
         the database cannot be reached (recovery settles it later)."""
+        with contextlib.suppress(Exception):  # leave this connection usable, if it is
+            r.db.rollback()
         try:
             db = r.db.reopen()
             try:
