@@ -5,6 +5,7 @@ node."""
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -548,3 +549,39 @@ def test_postgres_fenced_coordinator_cannot_commit(open_node: Callable[..., Node
         tx.resource(pg).execute("UPDATE stock SET n = 1 WHERE item = 'pear'")
         tx.publish("b", b"y")
     assert _stocks(pg)["pear"] == 1 and [d.message.payload for d in node.fetch("b")] == [b"y"]
+
+
+def test_a_transaction_not_decided_within_its_timeout_rolls_back(
+    participant: Any, app: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Too slow before the prepare, or between the prepares and the decision: rolled
+    back everywhere, its messages given back; a timeout must be positive."""
+    with pytest.raises(InvalidInput, match="timeout must be above 0"):
+        eomsg.Transaction(participant, timeout=0)
+    participant.publish("a", b"order")
+    resource = _resource(app)
+    with (
+        pytest.raises(TxnAborted, match=r"not decided within its timeout \(0.05s\)"),
+        eomsg.Transaction(participant, [resource], timeout=0.05) as tx,
+    ):
+        msg = tx.receive("a", timeout=5)
+        tx.resource(app).execute("UPDATE stock SET n = 0")
+        tx.delete(msg)
+        time.sleep(0.1)
+    real_prepare = participant.prepare_txn
+
+    def slow_prepare(*args: Any, **kwargs: Any) -> None:
+        real_prepare(*args, **kwargs)
+        time.sleep(0.1)  # the node voted yes, too late
+
+    monkeypatch.setattr(participant, "prepare_txn", slow_prepare)
+    (again,) = participant.fetch("a", 1, 5)
+    with (
+        pytest.raises(TxnAborted, match=r"not decided within its timeout \(0.05s\)"),
+        eomsg.Transaction(participant, [resource], timeout=0.05) as tx,
+    ):
+        tx.resource(app).execute("UPDATE stock SET n = 0")
+        tx.publish("b", b"late")
+        tx.delete(again)
+    assert _stock(app) == 10 and participant.txns() == [] and participant.fetch("b", 10) == []
+    assert [d.attempt for d in participant.fetch("a", 10)] == [3]  # given back each time

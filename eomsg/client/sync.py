@@ -30,7 +30,7 @@ from eomsg.client.aio import (
     connect_async,
 )
 from eomsg.client.resources import Resource
-from eomsg.client.transaction import Transaction
+from eomsg.client.transaction import DEFAULT_TIMEOUT, Transaction
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
@@ -318,10 +318,12 @@ class Client:
 
     # -- transactions (seed 000) -------------------------------------------------------------
 
-    def transaction(self, resources: Sequence[Resource] = ()) -> Transaction:
+    def transaction(
+        self, resources: Sequence[Resource] = (), *, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> Transaction:
         """A transaction over this node and at most one application database: use it as
         a context manager (see :mod:`eomsg.client.transaction`)."""
-        return Transaction(self, resources)
+        return Transaction(self, resources, timeout=timeout)
 
     def prepare_txn(
         self,

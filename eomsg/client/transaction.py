@@ -56,19 +56,35 @@ log = logging.getLogger("eomsg.transaction")
 # transaction's commit: one DELETE per transaction would cost DuckDB a third of its
 # commit time. A crash leaves at most this many behind (harmless: never read again).
 FORGET_BATCH = 128
+# A transaction not decided this long after it began is rolled back: it must not hold
+# the messages it deletes, its locks and its prepared work for ever.
+DEFAULT_TIMEOUT = 60.0
 
 
 class Transaction:
     """One transaction over a node (embedded or through a client) and at most one
     application database. Use it as a context manager: a clean exit commits, an
-    exception rolls back. Not thread-safe; many may run at once on one client."""
+    exception rolls back. Not thread-safe; many may run at once on one client.
 
-    def __init__(self, participant: Participant, resources: Sequence[Resource] = ()) -> None:
+    ``timeout`` (seconds, None for none): a transaction that has not reached its
+    decision this long after it began is rolled back (TxnAborted). Once decided it
+    always completes; a participant that never hears the outcome waits for recovery
+    and is listed by ``eomsg inspect txns``."""
+
+    def __init__(
+        self,
+        participant: Participant,
+        resources: Sequence[Resource] = (),
+        *,
+        timeout: float | None = DEFAULT_TIMEOUT,
+    ) -> None:
         if len(resources) > 1:
-            raise InvalidConfig(
-                "a transaction takes one application database (a commit-markable resource)"
-            )
+            raise InvalidConfig("a transaction takes one application database (one resource)")
+        if timeout is not None and not timeout > 0:
+            raise InvalidConfig(f"a transaction timeout must be above 0 seconds, not {timeout}")
         self.participant = participant
+        self.timeout = timeout
+        self._deadline = None if timeout is None else time.monotonic() + timeout
         self.txid = uuid.uuid4().hex
         self.state = TxnState.ACTIVE
         self.results: list[PublishResult] = []
@@ -141,6 +157,9 @@ class Transaction:
         False and recovery applies the outcome later."""
         self._active()
         r, node_work = self._resource, bool(self._messages or self._deletes)
+        if self._late():
+            self.rollback()
+            raise TxnAborted(f"transaction {self.txid} rolled back: {self._late_reason()}")
         if r is None or not node_work:
             return self._commit_alone(r)
         failpoint("coordinator.before_prepare")
@@ -165,14 +184,16 @@ class Transaction:
                 failpoint("resource.after_prepare")
             except BaseException as e:
                 if isinstance(e, Exception) and not r.db.broken():  # refused: rolled back
-                    self._undo(r, e, "the application database could not prepare")
+                    self._undo(r, e, f"the application database could not prepare: {e}")
                 return self._settle_anew(r, e)  # perhaps prepared: ask again
+        if self._late():  # prepared everywhere, but too late to decide COMMIT
+            self._undo(r, TimeoutError(self._late_reason()), self._late_reason())
         try:
             r.markers.decide(self.txid, forget)
         except BaseException as e:
             if r.db.prepares:  # the marker may have committed all the same: ask again
                 return self._settle_anew(r, e)
-            self._undo(r, e, "the application database could not commit")
+            self._undo(r, e, f"the application database could not commit: {e}")
         if forget:
             r.applied = []
         self.state = move("coordinator", self.state, TxnMove.COMMIT)
@@ -263,7 +284,7 @@ class Transaction:
             r.db.finish_prepared(self.txid, commit=False)
         with contextlib.suppress(EomsgError):  # else recovery aborts it: no marker
             self.participant.abort_txn(self.txid)
-        self._abort(f"{why}: {cause}", cause)
+        self._abort(why, cause)
 
     def _abort(self, why: str, cause: BaseException) -> NoReturn:
         """Everything is rolled back: say so. Bad input keeps its own error."""
@@ -271,6 +292,12 @@ class Transaction:
         if not isinstance(cause, Exception) or isinstance(cause, InvalidInput):
             raise cause
         raise TxnAborted(f"transaction {self.txid} rolled back: {why}") from cause
+
+    def _late(self) -> bool:
+        return self._deadline is not None and time.monotonic() > self._deadline
+
+    def _late_reason(self) -> str:
+        return f"not decided within its timeout ({self.timeout:g}s)"
 
     def _active(self) -> None:
         if self.state is not TxnState.ACTIVE:
