@@ -360,6 +360,19 @@ def _prepare_in_pg(resource: Resource, txid: str, item: str) -> None:
     resource.db.prepare(txid)
 
 
+def _with_an_order(node: Node) -> Node:
+    """``node`` with queues ``a`` and ``b``, and one message waiting in ``a``."""
+    _queues(node)
+    node.publish("a", b"order")
+    return node
+
+
+def _break(conn: Any, dsn: str) -> None:
+    """End ``conn``'s session from the server's side, as a network failure would."""
+    with psycopg.connect(dsn, autocommit=True) as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+
+
 def _stocks(conn: Any) -> dict[str, int]:
     return dict(conn.execute("SELECT item, n FROM stock").fetchall())
 
@@ -439,17 +452,14 @@ def test_postgres_connection_lost_while_deciding_is_settled_on_a_new_one(
     """The connection breaks while the COMMIT marker is being written (before the
     commit reached the server, or after, the reply lost): the coordinator reads the
     outcome again on a new connection and finishes both parts by it."""
-    node = open_node()
-    _queues(node)
-    node.publish("a", b"order")
+    node = _with_an_order(open_node())
     resource = eomsg.PostgresResource(pg)
     real_decide = resource.markers.decide
 
     def connection_lost(txid: str, forget: Any) -> None:
         if when == "after":
             real_decide(txid, forget)
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", [pg.info.backend_pid])
+        _break(pg, pg_dsn)
         pg.execute("SELECT 1")  # the client learns the connection is gone
 
     resource.markers.decide = connection_lost  # type: ignore[method-assign]
@@ -484,15 +494,12 @@ def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered
     nobody knows the outcome, so the coordinator says InDoubt and leaves both parts
     prepared; once its session is gone, recovery reads the marker (none here) and rolls
     both back."""
-    node = open_node()
-    _queues(node)
-    node.publish("a", b"order")
+    node = _with_an_order(open_node())
     resource = eomsg.PostgresResource(pg)
     real_decide = resource.markers.decide
 
     def connection_lost(txid: str, forget: Any) -> None:
-        with psycopg.connect(pg_dsn, autocommit=True) as admin:
-            admin.execute("SELECT pg_terminate_backend(%s)", [pg.info.backend_pid])
+        _break(pg, pg_dsn)
         real_decide(txid, forget)
 
     def unreachable(self: Any) -> Any:
