@@ -154,7 +154,9 @@ class Transaction:
         """Commit everything atomically; returns the publish results. TxnAborted (with
         the cause) if it could not, and then nothing took effect. Once the decision is
         durable this does not raise: if the node cannot be told, :attr:`completed` stays
-        False and recovery applies the outcome later."""
+        False and recovery applies the outcome later. InDoubt only when a database that
+        prepares (PostgreSQL) was lost mid-step and cannot be reached again to learn the
+        outcome: both parts then stay prepared until recovery settles them."""
         self._active()
         r, node_work = self._resource, bool(self._messages or self._deletes)
         if self._late():
