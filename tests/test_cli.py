@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -199,3 +200,22 @@ def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untype
         "Error: unknown setting 'colour'; known: retention, gc-interval, max-payload\n"
     )
     run("config", "set", "max-payload", "1GiB", code=ExitCode.INVALID_INPUT)
+
+
+def test_recover_refuses_a_malformed_app_and_reports_an_unreachable_one(
+    run: Any, tmp_path: Path
+) -> None:
+    """A descriptor that cannot be right is bad input (exit 3); one whose database is
+    down is a person's to see to (exit 12). Neither changes anything."""
+    cli = run
+    cli("publish", "x/y", "hi")
+    bad = cli("recover", "--app", "foo:bar", code=3)
+    assert bad.stderr == (
+        "Error: foo:bar#eomsg_txns: unknown kind of database 'foo' "
+        "(use duckdb, sqlite or postgresql)\n"
+    )
+    bad = cli("recover", "--app", "postgresql:host=/x#bad;name", code=3)
+    assert bad.stderr.startswith("Error: postgresql:host=/x#bad;name: table 'bad;name': use ")
+    down = cli("recover", "--app", f"postgresql:host={tmp_path} dbname=shop", code=12)
+    assert down.stderr.startswith(f"Error: cannot read postgresql:host={tmp_path} dbname=shop")
+    assert cli("recover").stdout == "nothing in doubt\n"

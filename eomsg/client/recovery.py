@@ -29,7 +29,7 @@ from eomsg.client.appdb import open_descriptor
 from eomsg.client.resources import MarkerTable
 from eomsg.core.message import Delivered, Outgoing, PublishResult
 from eomsg.core.txn import TxnInfo, TxnState, Verdict, verdict
-from eomsg.errors import InDoubt, one_line
+from eomsg.errors import InDoubt, InvalidConfig, InvalidInput, one_line
 
 # Work prepared in the application database alone is left this long before recovery
 # rolls it back: a coordinator of *another* node sharing the database may be between
@@ -153,9 +153,10 @@ def _app_only(
     try:
         with markers(descriptor) as table:
             alone = [(t, at, table.peek(t)) for t, at in table.db.prepared() if t not in known]
-    except Exception as e:
-        why = one_line(e)
-        raise InDoubt(f"cannot read {descriptor}: {why}") from e
+    except InvalidInput as e:  # a malformed descriptor: the caller's to fix
+        raise InvalidConfig(f"{descriptor}: {e}") from e
+    except Exception as e:  # the database is down, locked, gone: a person's to see to
+        raise InDoubt(f"cannot read {descriptor}: {one_line(e)}") from e
     for txid, at, outcome in alone:
         info = TxnInfo(txid, TxnState.PREPARED, descriptor, at, False, 0, 0)
         if outcome == "commit":
