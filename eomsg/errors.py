@@ -306,6 +306,36 @@ class Overloaded(EomsgError):
     exit_code = ExitCode.UNAVAILABLE
 
 
+# -- replay through Spark -----------------------------------------------------------------
+
+
+class SparkUnavailable(EomsgError):
+    """Spark cannot run here: PySpark is not installed or no Java 17+ is found."""
+
+    code = "spark_unavailable"
+    exit_code = ExitCode.UNAVAILABLE
+
+
+class TransformError(InvalidInput):
+    """A replay's transform cannot be loaded, or its output lacks what a sink needs."""
+
+    code = "transform_error"
+
+
+class ReplayFailed(EomsgError):
+    """The Spark job of a replay failed; its sink holds nothing of this attempt."""
+
+    code = "replay_failed"
+    exit_code = ExitCode.FAILURE
+
+
+class SinkConflict(EomsgError):
+    """A replay's sink already holds output that is not this job's; nothing was written."""
+
+    code = "sink_conflict"
+    exit_code = ExitCode.CONFLICT
+
+
 def _subclasses(cls: type[EomsgError]) -> list[type[EomsgError]]:
     out = [cls]
     for sub in cls.__subclasses__():

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Set up (or reuse) .venv, then run eomsg end to end on the embedded default:
 # create a queue, publish (one, a duplicate, a batch), consume, inspect; then serve the
-# data directory and fail over an exclusive queue from a killed consumer to its standby.
+# data directory and fail over an exclusive queue from a killed consumer to its standby;
+# last, replay the orders through Spark into Parquet, twice (the second run does nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
+bash scripts/java.sh >/dev/null   # Spark (the replay at the end) needs Java 17+
 export EOMSG_DATA="${EOMSG_DATA:-$(mktemp -d)/eomsg-data}"
 run() { printf '\n$ %s\n' "$*"; "$@"; }
 run eomsg queue create orders --subscribe 'orders/>' --max-redeliveries 5 --dead-letter orders-dlq
@@ -53,4 +55,11 @@ printf '
 '; cat "$EOMSG_DATA/../second.out"
 kill $SECOND; wait $SECOND 2>/dev/null || true
 kill $SERVE; wait $SERVE 2>/dev/null || true
+
+# -- replay history through Spark, exactly once ----------------------------------------
+OUT="$EOMSG_DATA/../replayed"
+run eomsg spark-replay --topic 'orders/>' --sink "parquet:$OUT" --job-id demo-1 --dry-run
+run eomsg spark-replay --topic 'orders/>' --sink "parquet:$OUT" --job-id demo-1 --json
+run eomsg spark-replay --topic 'orders/>' --sink "parquet:$OUT" --job-id demo-1 --json
+run eomsg inspect sql "SELECT job_id, status, rows FROM replay_jobs ORDER BY recorded_at"
 printf '\ndata directory: %s\n' "$EOMSG_DATA"

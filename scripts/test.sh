@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up (or reuse) .venv with eomsg and its dev extras, make sure PostgreSQL's server is
-# installed (the tests start a throwaway one), then run the whole test suite.
+# Set up (or reuse) .venv with eomsg and its dev and spark extras, make sure PostgreSQL's
+# server (the tests start a throwaway one) and Java 17+ (for Spark) are installed, then
+# run the whole test suite.
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,13 @@ if ! bash scripts/postgres.sh >/dev/null; then
     exit 1
   fi
   echo "test.sh: no PostgreSQL server: its tests are skipped" >&2
+fi
+if ! bash scripts/java.sh >/dev/null; then
+  if [ "${CI:-}" = true ]; then
+    echo "test.sh: Java 17+ is needed for the Spark tests under CI=true" >&2
+    exit 1
+  fi
+  echo "test.sh: no Java 17+: the Spark tests are skipped" >&2
 fi
 python -m ruff check eomsg tests scripts
 python -m mypy eomsg

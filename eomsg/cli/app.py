@@ -12,6 +12,7 @@ from eomsg.cli.common import Target
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.recover import recover
+from eomsg.cli.replay import spark_replay
 from eomsg.cli.serve import serve
 from eomsg.cli.top import top
 
@@ -26,6 +27,7 @@ app.command()(consume)
 app.command()(serve)
 app.command()(top)
 app.command()(recover)
+app.command("spark-replay")(spark_replay)
 app.add_typer(queue.app, name="queue")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")

@@ -22,10 +22,13 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow as pa
+
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import Limits, check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
 from eomsg.errors import (
     EomsgError,
@@ -37,6 +40,7 @@ from eomsg.errors import (
 )
 from eomsg.wire import events as ev
 from eomsg.wire.address import Address, parse_address, socket_path, unix_address
+from eomsg.wire.arrowipc import from_ipc
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
 T = TypeVar("T")
@@ -509,6 +513,33 @@ class AsyncClient:
     async def unbind(self, queue: str, flow: int) -> int:
         released: int = await self.call("unbind", queue=queue, flow=flow)
         return released
+
+    # -- replay (eomsg.spark reads the log through these) ---------------------------------
+
+    async def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
+        found = await self.call("log_bounds", selection=sel.to_json())
+        return None if found is None else (int(found[0]), int(found[1]))
+
+    async def read_log(
+        self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
+    ) -> tuple[pa.Table, int]:
+        """As :meth:`Node.read_log`; the chunk is at most what one frame carries."""
+        budget = self.conn.peer_max_frame - FRAME_SLACK
+        answer = await self.call(
+            "read_log",
+            selection=sel.to_json(),
+            lo=lo,
+            hi=hi,
+            max_bytes=min(max_bytes or budget, budget),
+        )
+        return from_ipc(answer["arrow"]), int(answer["next"])
+
+    async def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
+        return [JobRecord.from_json(j) for j in await self.call("replay_jobs", job_id=job_id)]
+
+    async def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
+        answer = await self.call("record_replay", record=record.to_json(), event=event.value)
+        return JobRecord.from_json(answer)
 
     # -- transactions (seed 000; the coordinator is eomsg.client.transaction) -------------
 

@@ -35,6 +35,7 @@ from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
 from eomsg.errors import EomsgError, QueueExists, Unavailable
 
@@ -299,6 +300,20 @@ class Client:
 
     def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
         return self._run(self._ac.log(pattern, from_seq, limit))
+
+    def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
+        return self._run(self._ac.log_bounds(sel))
+
+    def read_log(
+        self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
+    ) -> tuple[Any, int]:
+        return self._run(self._ac.read_log(sel, lo, hi, max_bytes))
+
+    def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
+        return self._run(self._ac.replay_jobs(job_id))
+
+    def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
+        return self._run(self._ac.record_replay(record, event))
 
     def configure(self, name: str, value: str) -> str:
         return self._run(self._ac.configure(name, value))

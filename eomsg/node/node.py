@@ -32,6 +32,7 @@ from eomsg.core.election import Change, Election, Epochs, FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
 from eomsg.core.topics import Matcher, pattern_regex
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import (
@@ -1146,6 +1147,40 @@ class Node:
             raise InvalidConfig("limit must be at least 1")
         regex = None if pattern is None else pattern_regex(pattern)
         return self.store.log(regex, from_seq, limit)
+
+    # -- replay (read by eomsg.spark) -------------------------------------------------------
+
+    def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
+        """The first and last committed seq that ``sel`` selects, or None."""
+        self._check_open()
+        return self.store.log_bounds(sel)
+
+    def read_log(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
+        """Committed messages of ``sel`` in ``[lo, hi)``, oldest first, as an Arrow table
+        of at most about ``max_bytes`` (one row at least), and the seq to read on from
+        (``hi`` when the range is exhausted). Reading the same range again gives the same
+        rows: below the last committed seq the log never changes (until log GC)."""
+        self._check_open()
+        if max_bytes < 1:
+            raise InvalidConfig("max_bytes must be at least 1")
+        return self.store.log_chunk(sel, lo, hi, max_bytes)
+
+    def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
+        """The replay jobs recorded against this log (or the one named), newest first."""
+        self._check_open()
+        return self.store.replay_jobs(job_id)
+
+    def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
+        """Durably move job ``record.job_id`` by ``event`` (the table in core.replay) and
+        return its new record; an illegal move (finishing a job that is not running)
+        raises IllegalMove and changes nothing."""
+        with self._admin:
+            self._check_open()
+            known = self.store.replay_jobs(validate_job_id(record.job_id))
+            status = job_transition(known[0].status if known else None, event, record.job_id)
+            new = replace(record, status=status, recorded_at=self.clock())
+            self.store.writer.run(Store.record_replay_job(new)).result()
+            return new
 
     # -- maintenance -----------------------------------------------------------------------
 

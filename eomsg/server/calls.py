@@ -12,9 +12,13 @@ from typing import Any
 
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
+from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.errors import InvalidInput, ProtocolError
 from eomsg.node.node import Node
+from eomsg.wire.arrowipc import to_ipc
 from eomsg.wire.events import message_to_wire, outgoing_from_wire
+
+MAX_LOG_CHUNK = 64 << 20  # bytes of log one read_log answer carries at most
 
 Args = dict[str, Any]
 
@@ -57,6 +61,28 @@ def _create_queue(node: Node, args: Args) -> Any:
 def _query(node: Node, args: Args) -> Any:
     columns, rows = node.query(_arg(args, "sql", str))
     return {"columns": columns, "rows": [[_cell(v) for v in row] for row in rows]}
+
+
+def _selection(args: Args) -> Selection:
+    return Selection.from_json(_arg(args, "selection", dict))
+
+
+def _read_log(node: Node, args: Args) -> Any:
+    table, next_seq = node.read_log(
+        _selection(args),
+        _arg(args, "lo", int),
+        _arg(args, "hi", int),
+        min(_arg(args, "max_bytes", int), MAX_LOG_CHUNK),
+    )
+    return {"arrow": to_ipc(table), "next": next_seq}
+
+
+def _record_replay(node: Node, args: Args) -> Any:
+    try:
+        event = JobEvent(_arg(args, "event", str))
+    except ValueError as e:
+        raise InvalidInput(f"unknown replay job event: {e}") from e
+    return node.record_replay(JobRecord.from_json(_arg(args, "record", dict)), event).to_json()
 
 
 def txn_messages(args: Args) -> list[Outgoing]:
@@ -129,4 +155,10 @@ CALLS: dict[str, Callable[[Node, Args], Any]] = {
         _arg(a, "txid", str), force=bool(_arg(a, "force", bool, optional=True))
     ),
     "txns": lambda n, a: [t.to_json() for t in n.txns()],
+    "log_bounds": lambda n, a: n.log_bounds(_selection(a)),
+    "read_log": _read_log,
+    "replay_jobs": lambda n, a: [
+        j.to_json() for j in n.replay_jobs(_arg(a, "job_id", str, optional=True))
+    ],
+    "record_replay": _record_replay,
 }

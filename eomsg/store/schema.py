@@ -106,9 +106,26 @@ MIGRATIONS: tuple[Migration, ...] = (
                    seq BIGINT NOT NULL)""",
         ),
     ),
+    Migration(
+        3,
+        "replay jobs (spark-replay)",
+        (
+            # One row per status a job reaches; the latest row is its state.
+            """CREATE TABLE replay_jobs (
+                   job_id VARCHAR NOT NULL,
+                   status VARCHAR NOT NULL,
+                   spec VARCHAR NOT NULL,
+                   lo BIGINT NOT NULL,
+                   hi BIGINT NOT NULL,
+                   rows BIGINT,
+                   digest VARCHAR,
+                   recorded_at TIMESTAMP NOT NULL)""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
+DB_NAME = "eomsg.duckdb"  # the database file in a data directory
 
 # Column order and Arrow types of the insert-only tables the writer appends to.
 TIMESTAMP = pa.timestamp("us")

@@ -23,12 +23,13 @@ import duckdb
 
 from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
+from eomsg.core.replay import JobRecord, JobStatus, Selection
 from eomsg.errors import DataDirError, InvalidQuery, StorageError, one_line
+from eomsg.store import logread
 from eomsg.store.lock import DataDirLock
-from eomsg.store.schema import migrate
+from eomsg.store.schema import DB_NAME, migrate
 from eomsg.store.writer import Writer
 
-DB_NAME = "eomsg.duckdb"
 US = 1_000_000
 
 
@@ -294,6 +295,60 @@ class Store:
             [*params, limit],
         )
         return [_message(r) for r in rows]
+
+    def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
+        """The first and last seq ``sel`` selects (see :mod:`eomsg.store.logread`)."""
+        try:
+            return logread.bounds(self._reader(), sel)
+        except duckdb.Error as e:
+            raise _duckdb_error(e, "reading the log") from e
+
+    def log_chunk(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
+        """Up to about ``max_bytes`` of ``sel`` in ``[lo, hi)`` as an Arrow table, and
+        the seq to go on from."""
+        try:
+            return logread.read_chunk(self._reader(), sel, lo, hi, max_bytes)
+        except duckdb.Error as e:
+            raise _duckdb_error(e, "reading the log") from e
+
+    # -- replay jobs ---------------------------------------------------------------------
+
+    def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
+        """The latest record of every replay job (or of ``job_id``), newest first."""
+        where, params = ("WHERE job_id = ?", [job_id]) if job_id is not None else ("", [])
+        rows = self._query(
+            f"""SELECT job_id, arg_max(status, recorded_at), arg_max(spec, recorded_at),
+                       arg_max(lo, recorded_at), arg_max(hi, recorded_at),
+                       arg_max(rows, recorded_at), arg_max(digest, recorded_at),
+                       epoch_us(max(recorded_at))
+                FROM replay_jobs {where} GROUP BY job_id ORDER BY max(recorded_at) DESC""",
+            params,
+        )
+        return [
+            JobRecord(jid, JobStatus(st), json.loads(spec), lo, hi, n, dg, at / US)
+            for jid, st, spec, lo, hi, n, dg, at in rows
+        ]
+
+    @staticmethod
+    def record_replay_job(record: JobRecord) -> Any:
+        """Append one status row of a replay job (insert-only: the latest row wins)."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute(
+                "INSERT INTO replay_jobs VALUES (?, ?, ?, ?, ?, ?, ?, make_timestamp(?))",
+                [
+                    record.job_id,
+                    record.status.value,
+                    json.dumps(record.spec, sort_keys=True),
+                    record.lo,
+                    record.hi,
+                    record.rows,
+                    record.digest,
+                    int(record.recorded_at * US),
+                ],
+            )
+
+        return job
 
     def published_at(self, seqs: Sequence[int]) -> dict[int, float]:
         """Publish times of a few messages, by seq."""

@@ -1,0 +1,178 @@
+"""``eomsg spark-replay``: replay a slice of the log through Spark into a sink, exactly once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    err_console,
+    handles_errors,
+    open_node,
+    print_json,
+)
+from eomsg.core.replay import Action
+
+
+@handles_errors
+def spark_replay(
+    sink: Annotated[
+        str,
+        typer.Option(
+            help="Where the output goes: parquet:DIR, duckdb:PATH:TABLE or topic:NAME.",
+            show_default=False,
+        ),
+    ],
+    topic: Annotated[
+        str | None, typer.Option(help="Topic pattern(s) to replay, comma-separated.")
+    ] = None,
+    queue: Annotated[str | None, typer.Option(help="Replay what this queue subscribes to.")] = None,
+    from_seq: Annotated[int | None, typer.Option(help="First sequence number.")] = None,
+    to_seq: Annotated[int | None, typer.Option(help="Last sequence number (inclusive).")] = None,
+    since: Annotated[
+        str | None,
+        typer.Option(help="Published at or after: ISO date/time (UTC unless given) or 2d ago."),
+    ] = None,
+    until: Annotated[str | None, typer.Option(help="Published before (as --since).")] = None,
+    transform: Annotated[
+        str | None,
+        typer.Option(
+            metavar="MODULE:FUNCTION",
+            help="Python function over each row (dict) or, if its argument is annotated "
+            "DataFrame, over the DataFrame.",
+        ),
+    ] = None,
+    sql: Annotated[
+        str | None, typer.Option(help="A SQL query over the view 'messages' instead.")
+    ] = None,
+    decode: Annotated[
+        str, typer.Option(help="Payload as text, json (parsed, for row functions) or binary.")
+    ] = "text",
+    job_id: Annotated[
+        str | None,
+        typer.Option(help="Names the job (default: derived from the options)."),
+    ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Run a job again even if it is done.")
+    ] = False,
+    partitions: Annotated[
+        int | None, typer.Option(help="Spark partitions (default: one per 100,000 seqs).")
+    ] = None,
+    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[*]",
+    conf: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY=VALUE", help="Spark configuration; repeatable."),
+    ] = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; change nothing.")
+    ] = False,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Replay messages from the log through Spark into a sink; a re-run never duplicates
+    output (a finished job does nothing unless --force)."""
+    from eomsg.spark.job import ReplaySpec, execute, plan
+    from eomsg.spark.session import parse_conf, start
+
+    spec = ReplaySpec(
+        sink,
+        topic,
+        queue,
+        from_seq,
+        to_seq,
+        since,
+        until,
+        transform,
+        sql,
+        decode,
+        job_id,
+        partitions,
+    )
+    settings = parse_conf(conf or [])
+    with open_node(data, create=False) as node:
+        p = plan(spec, node, data=data, force=force)
+    if dry_run:
+        if json:
+            print_json(p.to_json())
+        else:
+            for line in p.lines():
+                console.print(line, markup=False)
+        return
+    if p.action is Action.SKIP:
+        assert p.previous is not None
+        if json:
+            print_json({"job_id": p.job_id, "status": "skipped", "rows": p.previous.rows})
+        else:
+            console.print(
+                f"job {p.job_id} is already done ({p.previous.rows} rows): nothing to do "
+                "(use --force to run it again)",
+                markup=False,
+            )
+        return
+    with _progress(quiet=json) as (report, spark_started):
+
+        def spark() -> Any:
+            report(f"starting Spark on {master}")
+            session = start(master, settings)
+            spark_started(session)
+            return session
+
+        result = execute(p, lambda: open_node(data, create=False), spark, report, force=force)
+    if json:
+        print_json(result.to_json())
+    else:
+        console.print(
+            f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})",
+            markup=False,
+        )
+
+
+@contextmanager
+def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
+    """A report function for stages and a Spark task bar, on stderr (none with --json)."""
+    if quiet:
+        yield (lambda _msg: None), (lambda _session: None)
+        return
+    progress = Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )
+    start = time.monotonic()
+    stop = threading.Event()
+    bar = progress.add_task("Spark tasks", total=None, visible=False)
+
+    def report(message: str) -> None:
+        progress.console.print(f"[{time.monotonic() - start:6.1f}s] {message}", markup=False)
+
+    def watch(session: Any) -> None:
+        tracker = session.sparkContext.statusTracker()
+        while not stop.wait(0.5):
+            stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+            stages = [s for s in stages if s is not None]
+            if stages:
+                done = sum(s.numCompletedTasks for s in stages)
+                total = sum(s.numTasks for s in stages)
+                progress.update(bar, completed=done, total=total, visible=True)
+
+    def spark_started(session: Any) -> None:
+        threading.Thread(target=watch, args=(session,), daemon=True).start()
+
+    with progress:
+        try:
+            yield report, spark_started
+        finally:
+            stop.set()

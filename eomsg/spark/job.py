@@ -1,0 +1,297 @@
+"""The replay job behind ``eomsg spark-replay``: a plan computed first (printed by
+``--dry-run``), then carried out.
+
+Carrying it out: record the job as running in the log's store; Spark reads the planned
+range through the ``eomsg`` source, decodes, transforms and stages the output; the sink
+commits it atomically; the job is recorded done with its rows and digest. A run that dies
+anywhere is safe to start again: the range was fixed when the job was first recorded,
+staging starts afresh, and each sink's commit notices output already in place.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eomsg.client.sync import Client
+from eomsg.core.replay import (
+    Action,
+    JobEvent,
+    JobRecord,
+    JobStatus,
+    Selection,
+    SeqRange,
+    default_job_id,
+    parse_time,
+    plan_action,
+    split,
+    validate_job_id,
+)
+from eomsg.errors import EomsgError, InvalidInput, ReplayFailed, TransformError, one_line
+from eomsg.failpoints import failpoint
+from eomsg.node.node import Node
+from eomsg.spark.sinks import Sink, Staged, empty, parse_sink, stage
+from eomsg.spark.source import NAME, ROWS_PER_PARTITION, Route
+from eomsg.spark.transform import Transform
+
+OpenNode = Callable[[], contextlib.AbstractContextManager[Node | Client]]
+Report = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ReplaySpec:
+    """A replay as the user asked for it (times as given, not yet resolved)."""
+
+    sink: str
+    topic: str | None = None
+    queue: str | None = None
+    from_seq: int | None = None
+    to_seq: int | None = None
+    since: str | None = None
+    until: str | None = None
+    transform: str | None = None
+    sql: str | None = None
+    decode: str = "text"
+    job_id: str | None = None
+    partitions: int | None = None
+
+    def identity(self) -> dict[str, Any]:
+        """What names the job: everything but its id and how it is split."""
+        return {k: v for k, v in asdict(self).items() if k not in ("job_id", "partitions")}
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """What a run will do, decided before anything is written."""
+
+    job_id: str
+    action: Action
+    spec: ReplaySpec
+    selection: Selection
+    lo: int
+    hi: int
+    parts: list[SeqRange]
+    route: Route
+    sink: Sink
+    transform: Transform
+    staging: Path
+    previous: JobRecord | None = None
+    committed: tuple[int, str] | None = field(default=None)
+
+    def lines(self) -> list[str]:
+        """The plan for people (``--dry-run``)."""
+        sel = self.selection
+        what = ", ".join(sel.patterns) if sel.patterns else "every topic"
+        times = ""
+        if sel.since_us is not None or sel.until_us is not None:
+            times = f", published {_iso(sel.since_us)} .. {_iso(sel.until_us)}"
+        state = self.previous.status.value if self.previous else "new"
+        return [
+            f"job        {self.job_id} ({state}): {_ACTIONS[self.action]}",
+            f"select     {what}{times}",
+            f"range      seq {self.lo} .. {self.hi - 1} ({len(self.parts)} partitions)"
+            if self.hi > self.lo
+            else "range      empty (no message matches)",
+            f"read from  {self.route.describe()}",
+            f"transform  {self.transform.describe()}",
+            f"stage in   {self.staging}",
+            f"sink       {self.sink.text}",
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "action": self.action.value,
+            "status": self.previous.status.value if self.previous else None,
+            "selection": self.selection.to_json(),
+            "lo": self.lo,
+            "hi": self.hi,
+            "partitions": len(self.parts),
+            "read_from": self.route.describe(),
+            "transform": self.transform.describe(),
+            "sink": self.sink.text,
+        }
+
+
+_ACTIONS = {
+    Action.RUN: "will run",
+    Action.RESUME: "an earlier run did not finish; will run again",
+    Action.RECORD: "output already committed; will record the job done",
+    Action.SKIP: "already done; nothing to do (use --force to run again)",
+}
+
+
+def _iso(us: int | None) -> str:
+    if us is None:
+        return "…"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(us / 1_000_000))
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    job_id: str
+    status: str  # "done" (ran now) or "skipped" (was done already)
+    rows: int
+    digest: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"job_id": self.job_id, "status": self.status, "rows": self.rows}
+
+
+def _route(node: Node | Client, data: Path, token: str | None) -> Route:
+    if isinstance(node, Client):
+        return Route(broker=node.address, token=token)
+    return Route(data=str(data.resolve()))
+
+
+def plan(
+    spec: ReplaySpec,
+    node: Node | Client,
+    *,
+    data: Path,
+    force: bool = False,
+    token: str | None = None,
+    now: float | None = None,
+) -> ReplayPlan:
+    """Decide what running ``spec`` does, reading the log's store through ``node`` and
+    writing nothing. A job seen before keeps the range it was first planned with."""
+    now = time.time() if now is None else now
+    if spec.topic and spec.queue:
+        raise InvalidInput("give --topic or --queue, not both")
+    if spec.partitions is not None and spec.partitions < 1:
+        raise InvalidInput("--partitions must be 1 or more")
+    sink = parse_sink(spec.sink)
+    transform = Transform.load(spec.transform, spec.sql, spec.decode)
+    job_id = validate_job_id(spec.job_id) if spec.job_id else default_job_id(spec.identity())
+    if spec.queue:
+        patterns = node.queue_config(spec.queue).subscriptions
+    else:
+        patterns = tuple(p.strip() for p in (spec.topic or "").split(",") if p.strip())
+    sel = Selection(
+        patterns,
+        spec.from_seq or 1,
+        spec.to_seq,
+        None if spec.since is None else int(parse_time(spec.since, now) * 1_000_000),
+        None if spec.until is None else int(parse_time(spec.until, now) * 1_000_000),
+    )
+    known = node.replay_jobs(job_id)
+    previous = known[0] if known else None
+    if previous is not None and not force and previous.spec != spec.identity():
+        raise InvalidInput(
+            f"job {job_id} was run with other options; give another --job-id "
+            "(or --force to run it anew with these)"
+        )
+    if previous is not None and not force:
+        lo, hi = previous.lo, previous.hi
+    else:
+        found = node.log_bounds(sel)
+        lo, hi = (found[0], found[1] + 1) if found else (0, 0)
+    count = spec.partitions or max(1, -(-(hi - lo) // ROWS_PER_PARTITION))
+    committed = sink.committed(job_id)
+    action = plan_action(
+        previous.status if previous else None, sink_committed=committed is not None, force=force
+    )
+    return ReplayPlan(
+        job_id,
+        action,
+        spec,
+        sel,
+        lo,
+        hi,
+        split(lo, hi, count),
+        _route(node, data, token),
+        sink,
+        transform,
+        sink.staging(job_id, data.resolve() if not isinstance(node, Client) else Path.cwd()),
+        previous,
+        committed,
+    )
+
+
+def _spark_error(e: Exception) -> EomsgError:
+    """A Spark failure as one line; a transform's own error keeps its type."""
+    text = str(e)
+    marker = "TransformError: "
+    if marker in text:
+        return TransformError(text[text.rindex(marker) + len(marker) :].splitlines()[0])
+    for line in reversed(text.strip().splitlines()):
+        if line.strip() and not line.startswith(" "):
+            return ReplayFailed(f"the Spark job failed: {line.strip()}")
+    return ReplayFailed(f"the Spark job failed: {one_line(e)}")
+
+
+def execute(
+    p: ReplayPlan,
+    open_node: OpenNode,
+    spark: Callable[[], Any],
+    report: Report = lambda _: None,
+    *,
+    force: bool = False,
+) -> ReplayResult:
+    """Carry out ``p``. ``open_node`` opens the log's node for a moment (an embedded
+    node must not be open while Spark reads its file); ``spark`` gives the session."""
+    if p.action is Action.SKIP:
+        assert p.previous is not None
+        return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
+    record = JobRecord(p.job_id, JobStatus.RUNNING, p.spec.identity(), p.lo, p.hi)
+    with open_node() as node:
+        node.record_replay(record, JobEvent.START)
+    if p.action is Action.RECORD:
+        assert p.committed is not None
+        rows, digest = p.committed
+        report(f"output already committed ({rows} rows)")
+    else:
+        try:
+            staged = _run_spark(p, spark(), report) if p.hi > p.lo else empty(p.staging)
+        except Exception as e:
+            error = e if isinstance(e, EomsgError) else _spark_error(e)
+            with open_node() as node:
+                node.record_replay(record, JobEvent.FAIL)
+            raise error from e
+        failpoint("replay.staged")
+        report(f"staged {staged.rows} rows; committing to {p.sink.text}")
+        with open_node() as node:
+            p.sink.commit(p.job_id, staged, force=force, node=node)
+        failpoint("replay.committed")
+        rows, digest = staged.rows, staged.digest
+    with open_node() as node:
+        node.record_replay(
+            JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi, rows, digest),
+            JobEvent.FINISH,
+        )
+    return ReplayResult(p.job_id, "done", rows, digest)
+
+
+def _run_spark(p: ReplayPlan, spark: Any, report: Report) -> Staged:
+    from eomsg.spark.source import register
+
+    register(spark)
+    sel = p.selection
+    reader = spark.read.format(NAME)
+    options = {
+        "data": p.route.data,
+        "broker": p.route.broker,
+        "token": p.route.token,
+        "topic": ",".join(sel.patterns),
+        "fromSeq": max(p.lo, 1),
+        "toSeq": p.hi - 1,
+        "partitions": len(p.parts),
+        "since": None if sel.since_us is None else _iso_us(sel.since_us),
+        "until": None if sel.until_us is None else _iso_us(sel.until_us),
+    }
+    for key, value in options.items():
+        if value is not None and value != "":
+            reader = reader.option(key, str(value))
+    report(f"reading seq {p.lo} .. {p.hi - 1} in {len(p.parts)} partitions")
+    df = p.transform.apply(spark, reader.load())
+    return stage(df, p.staging)
+
+
+def _iso_us(us: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(us // 1_000_000)) + (
+        f".{us % 1_000_000:06d}+00:00"
+    )

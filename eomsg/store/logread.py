@@ -1,0 +1,184 @@
+"""Reading slices of the retained log as Arrow: the SQL behind replays, shared by the
+node's store and by :class:`FileLog`, which opens a data directory no node holds.
+
+A slice is a :class:`~eomsg.core.replay.Selection` cut to a half-open sequence range.
+Everything below the highest committed seq is immutable (the writer commits in sequence
+order), so the same slice read twice gives the same rows in the same order — the
+property that lets Spark retry a task or a whole job without changing its output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from eomsg.core.queues import QueueConfig
+from eomsg.core.replay import Selection
+from eomsg.errors import DataDirError, DataDirLocked, QueueNotFound, StorageError, one_line
+from eomsg.store.lock import LOCK_NAME
+from eomsg.store.schema import DB_NAME, ROW_TABLES
+
+LOG_SCHEMA: pa.Schema = ROW_TABLES["messages"]
+_COLUMNS = ", ".join(LOG_SCHEMA.names)
+
+
+def _where(sel: Selection, lo: int | None = None, hi: int | None = None) -> tuple[str, list[Any]]:
+    """The WHERE clause of ``sel`` within ``[lo, hi)`` and its parameters."""
+    clauses = ["seq >= ?"]
+    params: list[Any] = [max(sel.from_seq, lo or 1)]
+    if sel.to_seq is not None:
+        clauses.append("seq <= ?")
+        params.append(sel.to_seq)
+    if hi is not None:
+        clauses.append("seq < ?")
+        params.append(hi)
+    regex = sel.regex()
+    if regex is not None:
+        clauses.append("regexp_full_match(topic, ?)")
+        params.append(regex)
+    if sel.since_us is not None:
+        clauses.append("published_at >= make_timestamp(?)")
+        params.append(sel.since_us)
+    if sel.until_us is not None:
+        clauses.append("published_at < make_timestamp(?)")
+        params.append(sel.until_us)
+    return " AND ".join(clauses), params
+
+
+def bounds(conn: duckdb.DuckDBPyConnection, sel: Selection) -> tuple[int, int] | None:
+    """The first and last seq ``sel`` selects, or None when it selects nothing."""
+    where, params = _where(sel)
+    row = conn.execute(f"SELECT min(seq), max(seq) FROM messages WHERE {where}", params).fetchone()
+    if row is None or row[0] is None:
+        return None
+    return int(row[0]), int(row[1])
+
+
+def last_seq(conn: duckdb.DuckDBPyConnection) -> int:
+    """The highest committed seq (0 for an empty log): everything below it is final."""
+    row = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()
+    return int(row[0]) if row else 0
+
+
+def read(
+    conn: duckdb.DuckDBPyConnection, sel: Selection, lo: int, hi: int, batch_rows: int = 65536
+) -> pa.RecordBatchReader:
+    """The rows of ``sel`` in ``[lo, hi)``, in seq order, as Arrow batches."""
+    where, params = _where(sel, lo, hi)
+    rel = conn.sql(f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY seq", params=params)
+    return rel.to_arrow_reader(batch_rows)
+
+
+def read_chunk(
+    conn: duckdb.DuckDBPyConnection, sel: Selection, lo: int, hi: int, max_bytes: int
+) -> tuple[pa.Table, int]:
+    """A prefix of the rows of ``sel`` in ``[lo, hi)`` of at most about ``max_bytes``
+    (at least one row), and the seq to continue from (``hi`` once the range is done)."""
+    rows = 4096
+    while True:
+        where, params = _where(sel, lo, hi)
+        table = conn.sql(
+            f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY seq LIMIT {rows}",
+            params=params,
+        ).to_arrow_table()
+        size = pc.add(
+            pc.binary_length(table["payload"]),
+            pc.add(
+                pc.fill_null(pc.binary_length(table["headers"]), 0),
+                pc.add(pc.binary_length(table["topic"]), 48),
+            ),
+        )
+        cumulative = pc.cumulative_sum(size).to_pylist()
+        fit = sum(1 for c in cumulative if c <= max_bytes) or min(1, table.num_rows)
+        if fit < table.num_rows or table.num_rows < rows:
+            table = table.slice(0, fit)
+            done = table.num_rows == 0 or (fit == table.num_rows and fit < rows)
+            next_seq = hi if done else int(table["seq"][-1].as_py()) + 1
+            return table.cast(LOG_SCHEMA), next_seq
+        rows *= 4
+
+
+def queue_patterns(conn: duckdb.DuckDBPyConnection, queue: str) -> tuple[str, ...]:
+    """The topic patterns queue ``queue`` subscribes to."""
+    row = conn.execute("SELECT config FROM queues WHERE name = ?", [queue]).fetchone()
+    if row is None:
+        raise QueueNotFound(f"no queue named {queue!r}")
+    return QueueConfig.from_json(json.loads(row[0])).subscriptions
+
+
+class FileLog:
+    """The log of a data directory that no node holds, opened read-only.
+
+    Any number of processes (Spark tasks) may hold one at once: each takes a *shared*
+    lock on the directory's lock file, so a node cannot start meanwhile (it needs the
+    exclusive lock) and a running node makes opening fail at once with DataDirLocked.
+    DuckDB replays a leftover WAL in memory; nothing on disk changes.
+    """
+
+    def __init__(self, data_dir: Path | str) -> None:
+        self.data_dir = Path(data_dir)
+        path = self.data_dir / DB_NAME
+        if not path.exists():
+            raise DataDirError(f"no eomsg data in {self.data_dir} (check --data)")
+        self._fd = os.open(self.data_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            os.close(self._fd)
+            raise DataDirLocked(
+                f"a node holds {self.data_dir}: read through it (its socket or --broker)"
+            ) from e
+        try:
+            self.conn = duckdb.connect(
+                str(path), read_only=True, config={"enable_external_access": False}
+            )
+        except duckdb.Error as e:
+            os.close(self._fd)
+            raise DataDirError(f"cannot read {path}: {one_line(e)}") from e
+
+    def close(self) -> None:
+        """Close the database and drop the shared lock. Idempotent."""
+        if self._fd >= 0:
+            self.conn.close()
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> FileLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def bounds(self, sel: Selection) -> tuple[int, int] | None:
+        with _guard("reading the log"):
+            return bounds(self.conn, sel)
+
+    def last_seq(self) -> int:
+        with _guard("reading the log"):
+            return last_seq(self.conn)
+
+    def queue_patterns(self, queue: str) -> tuple[str, ...]:
+        with _guard("reading the queues"):
+            return queue_patterns(self.conn, queue)
+
+    def batches(self, sel: Selection, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
+        with _guard("reading the log"):
+            yield from read(self.conn, sel, lo, hi)
+
+
+@contextlib.contextmanager
+def _guard(doing: str) -> Iterator[None]:
+    """Turn a DuckDB error into the StorageError that says what was being done."""
+    try:
+        yield
+    except duckdb.Error as e:
+        raise StorageError(f"{doing} failed: {one_line(e)}") from e
