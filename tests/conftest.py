@@ -258,3 +258,29 @@ def connect_app(kind: str, tmp_path: Path, request: pytest.FixtureRequest) -> An
 def q(conn: Any, text: str) -> str:
     """``text`` with its ``?`` parameters in the connection's own style."""
     return text.replace("?", "%s") if isinstance(conn, psycopg.Connection) else text
+
+
+# -- Spark ----------------------------------------------------------------------------
+
+
+def spark_or_skip() -> None:
+    """Skip (fail under CI) when PySpark or Java 17+ is missing."""
+    try:
+        import pyspark  # noqa: F401
+
+        from eomsg.spark.session import java_version
+
+        java_version()
+    except Exception as e:  # ImportError or SparkUnavailable
+        missing_service(f"Spark cannot run here: {e}")
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One Spark session on local[2] for the whole test module (start-up costs ~5 s)."""
+    spark_or_skip()
+    from eomsg.spark.session import start
+
+    session = start("local[2]", {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()

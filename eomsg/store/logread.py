@@ -57,25 +57,31 @@ def _where(sel: Selection, lo: int | None = None, hi: int | None = None) -> tupl
 def bounds(conn: duckdb.DuckDBPyConnection, sel: Selection) -> tuple[int, int] | None:
     """The first and last seq ``sel`` selects, or None when it selects nothing."""
     where, params = _where(sel)
-    row = conn.execute(f"SELECT min(seq), max(seq) FROM messages WHERE {where}", params).fetchone()
-    if row is None or row[0] is None:
+    [row] = conn.execute(
+        f"SELECT min(seq), max(seq) FROM messages WHERE {where}", params
+    ).fetchall()
+    if row[0] is None:
         return None
     return int(row[0]), int(row[1])
 
 
 def last_seq(conn: duckdb.DuckDBPyConnection) -> int:
     """The highest committed seq (0 for an empty log): everything below it is final."""
-    row = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone()
-    return int(row[0]) if row else 0
+    [(top,)] = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchall()
+    return int(top)
 
 
 def read(
     conn: duckdb.DuckDBPyConnection, sel: Selection, lo: int, hi: int, batch_rows: int = 65536
-) -> pa.RecordBatchReader:
-    """The rows of ``sel`` in ``[lo, hi)``, in seq order, as Arrow batches."""
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``sel`` in ``[lo, hi)``, in seq order, as Arrow batches (streamed on
+    a cursor of its own, so other reads of ``conn`` may go on meanwhile)."""
     where, params = _where(sel, lo, hi)
-    rel = conn.sql(f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY seq", params=params)
-    return rel.to_arrow_reader(batch_rows)
+    with conn.cursor() as cursor:
+        rel = cursor.sql(
+            f"SELECT {_COLUMNS} FROM messages WHERE {where} ORDER BY seq", params=params
+        )
+        yield from rel.to_arrow_reader(batch_rows)
 
 
 def read_chunk(
@@ -99,9 +105,10 @@ def read_chunk(
         )
         cumulative = pc.cumulative_sum(size).to_pylist()
         fit = sum(1 for c in cumulative if c <= max_bytes) or min(1, table.num_rows)
-        if fit < table.num_rows or table.num_rows < rows:
+        exhausted = table.num_rows < rows  # the query found every row left in the range
+        if fit < table.num_rows or exhausted:
+            done = exhausted and fit == table.num_rows
             table = table.slice(0, fit)
-            done = table.num_rows == 0 or (fit == table.num_rows and fit < rows)
             next_seq = hi if done else int(table["seq"][-1].as_py()) + 1
             return table.cast(LOG_SCHEMA), next_seq
         rows *= 4
@@ -109,10 +116,10 @@ def read_chunk(
 
 def queue_patterns(conn: duckdb.DuckDBPyConnection, queue: str) -> tuple[str, ...]:
     """The topic patterns queue ``queue`` subscribes to."""
-    row = conn.execute("SELECT config FROM queues WHERE name = ?", [queue]).fetchone()
-    if row is None:
+    rows = conn.execute("SELECT config FROM queues WHERE name = ?", [queue]).fetchall()
+    if not rows:
         raise QueueNotFound(f"no queue named {queue!r}")
-    return QueueConfig.from_json(json.loads(row[0])).subscriptions
+    return QueueConfig.from_json(json.loads(rows[0][0])).subscriptions
 
 
 class FileLog:

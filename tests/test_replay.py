@@ -1,0 +1,205 @@
+"""The replay rules (core.replay), reading the log as Arrow from a file or through a node,
+and the job records — everything of spark-replay that needs no Spark."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eomsg.client.sync import connect
+from eomsg.core.replay import (
+    Action,
+    JobEvent,
+    JobRecord,
+    JobStatus,
+    Selection,
+    default_job_id,
+    digest,
+    job_transition,
+    parse_time,
+    plan_action,
+    replay_id,
+    split,
+    validate_job_id,
+)
+from eomsg.errors import DataDirLocked, IllegalMove, InvalidInput, InvalidPattern
+from eomsg.node.node import Node, NodeSettings
+from eomsg.server.calls import CALLS
+from eomsg.store.logread import LOG_SCHEMA, FileLog
+from tests.conftest import FakeClock, NodeFactory
+
+
+@given(st.integers(0, 10_000), st.integers(0, 10_000), st.integers(1, 50))
+def test_split_covers_the_range_exactly_once_in_order(lo: int, width: int, parts: int) -> None:
+    ranges = split(lo, lo + width, parts)
+    seqs = [s for r in ranges for s in range(r.lo, r.hi)]
+    assert seqs == list(range(lo, lo + width))
+    assert all(len(r) > 0 for r in ranges) and len(ranges) <= parts
+    if ranges:
+        widths = [len(r) for r in ranges]
+        assert max(widths) - min(widths) <= 1
+
+
+def test_replay_ids_are_deterministic_and_distinct() -> None:
+    assert replay_id("j", 7) == replay_id("j", 7) == "replay:j:7"
+    assert len({replay_id("j", 7), replay_id("j", 7, 1), replay_id("k", 7), replay_id("j", 8)}) == 4
+
+
+def test_digest_ignores_the_order_parts_finish_in() -> None:
+    parts = [(0, 10, "aa"), (1, 5, "bb"), (2, 0, "")]
+    assert digest(parts) == digest(list(reversed(parts)))
+    assert digest(parts) != digest([(0, 10, "aa"), (1, 5, "bc"), (2, 0, "")])
+
+
+def test_default_job_id_names_the_request_not_the_log() -> None:
+    a = default_job_id({"sink": "parquet:x", "topic": "a/>"})
+    assert a == default_job_id({"topic": "a/>", "sink": "parquet:x"})
+    assert a != default_job_id({"sink": "parquet:y", "topic": "a/>"})
+    assert validate_job_id(a) == a
+
+
+@pytest.mark.parametrize("bad", ["", "-x", "a b", "a/b", "x" * 129, "ü"])
+def test_job_ids_must_be_file_safe(bad: str) -> None:
+    with pytest.raises(InvalidInput, match="job id"):
+        validate_job_id(bad)
+
+
+@pytest.mark.parametrize(
+    ("status", "committed", "force", "action"),
+    [
+        (None, False, False, Action.RUN),
+        (JobStatus.RUNNING, False, False, Action.RESUME),
+        (JobStatus.FAILED, False, False, Action.RESUME),
+        (JobStatus.RUNNING, True, False, Action.RECORD),
+        (JobStatus.DONE, True, False, Action.SKIP),
+        (JobStatus.DONE, False, False, Action.SKIP),
+        (JobStatus.DONE, True, True, Action.RUN),
+        (JobStatus.RUNNING, True, True, Action.RESUME),
+    ],
+)
+def test_plan_action(
+    status: JobStatus | None, committed: bool, force: bool, action: Action
+) -> None:
+    assert plan_action(status, sink_committed=committed, force=force) is action
+
+
+def test_illegal_job_moves_name_job_event_and_status() -> None:
+    assert job_transition(None, JobEvent.START, "j") is JobStatus.RUNNING
+    with pytest.raises(IllegalMove, match="replay job j: cannot finish in status new"):
+        job_transition(None, JobEvent.FINISH, "j")
+    with pytest.raises(IllegalMove, match="cannot fail in status done"):
+        job_transition(JobStatus.DONE, JobEvent.FAIL, "j")
+
+
+def test_selection_checks_its_input() -> None:
+    with pytest.raises(InvalidInput, match="--to-seq"):
+        Selection(from_seq=5, to_seq=4)
+    with pytest.raises(InvalidInput, match="--until"):
+        Selection(since_us=10, until_us=10)
+    with pytest.raises(InvalidPattern):
+        Selection(("a/>/b",))
+    with pytest.raises(InvalidInput, match="malformed log selection"):
+        Selection.from_json({"patterns": "a/>"})
+    sel = Selection(("a/>", "b/*"), 3, 9, 1, 2)
+    assert Selection.from_json(sel.to_json()) == sel
+
+
+def test_parse_time() -> None:
+    assert parse_time("2026-11-01", 0) == 1793491200.0
+    assert parse_time("2026-11-01T01:00:00+01:00", 0) == 1793491200.0
+    assert parse_time("2h", 10_000.0) == 10_000.0 - 7200
+    with pytest.raises(InvalidInput, match="time 'soon' is not understood"):
+        parse_time("soon", 0)
+
+
+# -- reading the log ----------------------------------------------------------------------
+
+
+def _fill(node: Node, clock: FakeClock) -> None:
+    for i in range(1, 301):
+        topic = "orders/eu/new" if i % 3 else "billing/x"
+        node.publish(topic, f"m{i}".encode() * (1 + i % 7), id=f"id-{i}")
+        clock.advance(1)
+
+
+def _rows(batches: object) -> list[dict[str, object]]:
+    return pa.Table.from_batches(list(batches), schema=LOG_SCHEMA).to_pylist()  # type: ignore[arg-type]
+
+
+def test_file_log_reads_a_slice_in_order_and_refuses_a_held_directory(
+    open_node: NodeFactory, clock: FakeClock, data_dir: object
+) -> None:
+    node = open_node()
+    _fill(node, clock)
+    start = clock.now - 300
+    with pytest.raises(DataDirLocked, match="a node holds"):
+        FileLog(node.store.data_dir)
+    expected = [m for m in node.log("orders/>", 1, 1000) if 10 <= m.seq <= 200]
+    node.close()
+    sel = Selection(("orders/>",), 10, 200)
+    with FileLog(node.store.data_dir) as log, FileLog(node.store.data_dir) as other:
+        assert log.bounds(sel) == (10, 200) == other.bounds(sel)
+        rows = _rows(log.batches(sel, 1, 1000))
+        assert [r["seq"] for r in rows] == [m.seq for m in expected]
+        assert [r["payload"] for r in rows] == [m.payload for m in expected]
+        assert _rows(log.batches(sel, 50, 60)) == [r for r in rows if 50 <= r["seq"] < 60]  # type: ignore[operator]
+        timed = Selection((), since_us=int((start + 100) * 1e6), until_us=int((start + 110) * 1e6))
+        assert [r["seq"] for r in _rows(log.batches(timed, 1, 1000))] == list(range(101, 111))
+        assert log.bounds(Selection(("nothing/>",))) is None
+        with pytest.raises(DataDirLocked):
+            Node.open(node.store.data_dir, NodeSettings(tick=None))
+
+
+def test_reading_through_a_served_node_equals_reading_the_file(
+    open_node: NodeFactory, clock: FakeClock, serve: object, data_dir: object
+) -> None:
+    node = open_node()
+    _fill(node, clock)
+    node.close()
+    sel = Selection(("orders/>",), 5)
+    with FileLog(node.store.data_dir) as log:
+        from_file = _rows(log.batches(sel, 1, 301))
+    proc = serve()  # type: ignore[operator]
+    with connect(node.store.data_dir) as client:
+        assert client.log_bounds(sel) == (5, 299)
+        chunks, lo = [], 1
+        while lo < 301:
+            table, lo = client.read_log(sel, lo, 301, max_bytes=2000)  # many small answers
+            assert table.num_rows >= 1 or lo == 301
+            chunks.append(table)
+        assert len(chunks) > 5
+        assert pa.concat_tables(chunks).to_pylist() == from_file
+    proc.kill()
+
+
+def test_bad_read_log_calls_are_typed_errors(node: Node) -> None:
+    read_log = CALLS["read_log"]
+    with pytest.raises(InvalidInput, match="malformed log selection"):
+        read_log(node, {"selection": {"patterns": 3}, "lo": 1, "hi": 2, "max_bytes": 10})
+    with pytest.raises(InvalidInput, match="argument 'lo' must be int"):
+        read_log(node, {"selection": {}, "lo": "1", "hi": 2, "max_bytes": 10})
+    with pytest.raises(InvalidInput, match="max_bytes"):
+        read_log(node, {"selection": {}, "lo": 1, "hi": 2, "max_bytes": 0})
+
+
+def test_job_records_follow_the_job_table(open_node: NodeFactory, clock: FakeClock) -> None:
+    node = open_node()
+    rec = JobRecord("j1", JobStatus.RUNNING, {"sink": "parquet:x"}, 1, 101)
+    node.record_replay(rec, JobEvent.START)
+    clock.advance(1)
+    with pytest.raises(IllegalMove, match="replay job j2: cannot finish in status new"):
+        node.record_replay(JobRecord("j2", JobStatus.DONE, {}, 1, 2), JobEvent.FINISH)
+    done = JobRecord("j1", JobStatus.DONE, {"sink": "parquet:x"}, 1, 101, 100, "d")
+    node.record_replay(done, JobEvent.FINISH)
+    node.close()
+    node = open_node()
+    [found] = node.replay_jobs("j1")
+    assert (found.status, found.rows, found.digest, found.lo, found.hi) == (
+        JobStatus.DONE, 100, "d", 1, 101,
+    )  # fmt: skip
+    assert node.replay_jobs("j2") == []
+    node.publish("a/b", b"x")
+    assert node.replay_jobs()[0].job_id == "j1"
+    assert JobRecord.from_json(found.to_json()) == found
