@@ -1,5 +1,5 @@
-"""``eomsg inspect``: queues, flows, transactions, the retained log, and read-only SQL over
-the store."""
+"""``eomsg inspect``: queues, flows, transactions, replay jobs, the retained log, and
+read-only SQL over the store."""
 
 from __future__ import annotations
 
@@ -107,6 +107,28 @@ def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             t.coordinator,
             str(t.publishes),
             str(t.deletes),
+        )
+    console.print(table)
+
+
+@app.command()
+@handles_errors
+def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Replay jobs (eomsg spark-replay): status, sequence range, rows, output digest."""
+    with open_node(data, create=False) as node:
+        found = node.replay_jobs()
+    if json:
+        print_json([j.to_json() for j in found])
+        return
+    table = Table("job", "status", "range", "rows", "digest", "recorded")
+    for j in found:
+        table.add_row(
+            j.job_id,
+            j.status.value,
+            f"{j.lo}..{j.hi - 1}" if j.hi > j.lo else "empty",
+            "" if j.rows is None else str(j.rows),
+            (j.digest or "")[:12],
+            _time(j.recorded_at),
         )
     console.print(table)
 

@@ -82,7 +82,7 @@ def spark_replay(
     """Replay messages from the log through Spark into a sink; a re-run never duplicates
     output (a finished job does nothing unless --force)."""
     from eomsg.spark.job import ReplaySpec, execute, plan
-    from eomsg.spark.session import parse_conf, start
+    from eomsg.spark.session import java_version, parse_conf, start
 
     spec = ReplaySpec(
         sink,
@@ -99,6 +99,8 @@ def spark_replay(
         partitions,
     )
     settings = parse_conf(conf or [])
+    if not dry_run:
+        java_version()  # before anything is recorded: a missing Java changes nothing
     with open_node(data, create=False) as node:
         p = plan(spec, node, data=data, force=force)
     if dry_run:

@@ -1,0 +1,186 @@
+"""``eomsg spark-replay`` as users run it, in real processes: exact output and exit
+codes, a missing Java, and runs killed (SIGKILL) mid-way then run again, whose output must
+equal a clean run's."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+from eomsg.core.message import Outgoing
+from eomsg.node.node import Node, NodeSettings
+from tests.conftest import spark_or_skip
+
+N = 2000
+SLOW_TRANSFORM = (
+    "import time\ndef slow(row):\n    time.sleep(0.002)\n    return {'n': row['seq'] * 2}\n"
+)
+
+
+@pytest.fixture
+def filled(data_dir: Path) -> Path:
+    spark_or_skip()
+    with Node.open(data_dir, NodeSettings(tick=None)) as node:
+        node.publish_batch(
+            [Outgoing(f"orders/{i % 2}", f'{{"n": {i}}}'.encode(), f"m{i}") for i in range(N)]
+        )
+    return data_dir
+
+
+def replay(
+    eomsg_bin: str, env: dict[str, str], *args: str, failpoints: str = ""
+) -> subprocess.CompletedProcess[str]:
+    env = {**env, "EOMSG_FAILPOINTS": failpoints} if failpoints else env
+    return subprocess.run(
+        [eomsg_bin, "spark-replay", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+         *args],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_dry_run_json_and_a_bad_transform(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    args = ["--topic", "orders/1", "--to-seq", "100", "--sink", f"parquet:{out}", "--job-id", "j"]
+    r = replay(eomsg_bin, cli_env, *args, "--dry-run")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "job        j (new): will run",
+        "select     orders/1",
+        "range      seq 2 .. 100 (1 partitions)",
+        f"read from  file {filled.resolve()}",
+        "transform  none (payload decoded as text)",
+        f"stage in   {tmp_path / '.out.eomsg-staging-j'}",
+        f"sink       parquet:{out}",
+    ]
+    r = replay(eomsg_bin, cli_env, *args, "--json")
+    assert (r.returncode, json.loads(r.stdout)) == (
+        0,
+        {"job_id": "j", "status": "done", "rows": 50},
+    )
+    r = replay(eomsg_bin, cli_env, *args, "--json")
+    assert json.loads(r.stdout) == {"job_id": "j", "status": "skipped", "rows": 50}
+    r = replay(eomsg_bin, cli_env, *args)
+    assert (
+        r.stdout == "job j is already done (50 rows): nothing to do (use --force to run it again)\n"
+    )
+
+    r = replay(eomsg_bin, cli_env, "--sink", f"parquet:{tmp_path / 'x'}", "--transform", "nope:f")
+    assert (r.returncode, r.stderr) == (
+        3, "Error: cannot import 'nope' for the transform: No module named 'nope'\n",
+    )  # fmt: skip
+    r = replay(eomsg_bin, cli_env, "--sink", "kafka:x")
+    assert (r.returncode, r.stderr) == (
+        3, "Error: sink 'kafka:x': use parquet:DIR, duckdb:PATH:TABLE or topic:NAME\n",
+    )  # fmt: skip
+    r = replay(eomsg_bin, cli_env, "--sink", f"parquet:{tmp_path / 'x'}", "--conf", "novalue")
+    assert (r.returncode, r.stderr) == (3, "Error: --conf 'novalue' must be key=value\n")
+    assert not (tmp_path / "x").exists()
+
+
+def test_missing_java_is_a_clear_error(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    env = {**cli_env, "JAVA_HOME": str(tmp_path / "no-java")}
+    r = replay(eomsg_bin, env, "--sink", f"parquet:{tmp_path / 'out'}")
+    assert (r.returncode, r.stderr) == (
+        9,
+        f"Error: Java not found (JAVA_HOME={tmp_path / 'no-java'}): Spark needs Java 17+ "
+        "(Debian: apt install openjdk-17-jre-headless)\n",
+    )
+    assert not (tmp_path / "out").exists()
+    assert jobs(eomsg_bin, env) == {}  # nothing recorded
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, eomsg_bin: str) -> dict[str, object]:
+    """One log for the kill tests, with the slow transform beside it; clean runs cached."""
+    spark_or_skip()
+    root = tmp_path_factory.mktemp("replay-kills")
+    with Node.open(root / "data", NodeSettings(tick=None)) as node:
+        node.publish_batch(
+            [Outgoing(f"orders/{i % 2}", f'{{"n": {i}}}'.encode(), f"m{i}") for i in range(N)]
+        )
+    (root / "slowfix.py").write_text(SLOW_TRANSFORM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EOMSG_")}
+    env |= {"EOMSG_DATA": str(root / "data"), "PYTHONPATH": str(root)}
+    return {"root": root, "env": env, "clean": {}}
+
+
+COMMON = ["--topic", "orders/>", "--transform", "slowfix:slow", "--partitions", "4", "--json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill", ["mid-spark", "replay.staged", "replay.committed"])
+@pytest.mark.parametrize("sink", ["parquet", "duckdb"])
+def test_a_killed_replay_run_again_equals_a_clean_run(
+    eomsg_bin: str, world: dict[str, Any], kill: str, sink: str
+) -> None:
+    root: Path = world["root"]
+    env: dict[str, str] = world["env"]
+
+    def target(name: str) -> str:
+        return f"parquet:{root / name}" if sink == "parquet" else f"duckdb:{root / name}.duckdb:t"
+
+    clean_id = f"clean-{sink}"
+    if sink not in world["clean"]:
+        clean = replay(eomsg_bin, env, *COMMON, "--sink", target(clean_id), "--job-id", clean_id)
+        assert clean.returncode == 0, clean.stderr
+        assert json.loads(clean.stdout)["rows"] == N
+        world["clean"][sink] = True
+
+    job = f"{sink}-{kill.replace('.', '-')}"
+    args = [*COMMON, "--sink", target(job), "--job-id", job]
+    if kill == "mid-spark":
+        proc = subprocess.Popen(
+            [eomsg_bin, "spark-replay", "--master", "local[2]", *args],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+        name = job if sink == "parquet" else f"{job}.duckdb"
+        staging = root / f".{name}.eomsg-staging-{job}"
+        deadline = time.monotonic() + 120
+        while not list(staging.glob("part-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert list(staging.glob("part-*.parquet")), "no task finished before the deadline"
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
+        proc.wait()
+        assert len(list(staging.glob("part-*.parquet"))) < 4  # killed mid-way
+    else:
+        r = replay(eomsg_bin, env, *args, failpoints=f"{kill}=crash")
+        assert r.returncode == -signal.SIGKILL, r.stderr
+    assert jobs(eomsg_bin, env)[job]["status"] == "running"
+
+    again = replay(eomsg_bin, env, *args)
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout) == {"job_id": job, "status": "done", "rows": N}
+    if sink == "parquet":
+        got, want = pq.read_table(root / job), pq.read_table(root / clean_id)
+        assert got.to_pylist() == want.to_pylist()
+    else:
+
+        def rows(name: str) -> list[tuple[int, int]]:
+            with duckdb.connect(str(root / f"{name}.duckdb")) as conn:
+                return conn.execute("SELECT seq, n FROM t ORDER BY seq").fetchall()
+
+        assert rows(job) == rows(clean_id) and len(rows(job)) == N
+    found = jobs(eomsg_bin, env)
+    assert found[job]["status"] == found[clean_id]["status"] == "done"
+    assert found[job]["digest"] == found[clean_id]["digest"]  # the same files, byte for byte
+
+
+def jobs(eomsg_bin: str, env: dict[str, str]) -> dict[str, dict[str, object]]:
+    out = subprocess.run(
+        [eomsg_bin, "inspect", "jobs", "--json"], env=env, capture_output=True, text=True,
+        check=True,
+    ).stdout  # fmt: skip
+    return {j["job_id"]: j for j in json.loads(out)}
