@@ -28,6 +28,10 @@ Failover of an exclusive queue (scripts/bench_failover.py), ``--n`` failovers wi
   failover-unbind  the active consumer unbinds gracefully
   failover-kill    the active consumer's process is killed with SIGKILL
 
+Replay through Spark (scripts/bench_replay.py): ``replay`` replays a log of ``--n``
+messages into Parquet on ``--master`` (local[2]) with ``--transform`` none, rows or sql;
+reports rows/s, the SparkSession start-up and the fixed cost of a job.
+
 Messages carry ids (deduplicated) unless ``--no-ids``. ``--log-size L`` first fills
 the log with L messages that have already been consumed (retained for replay, not
 pending), so the measured messages land on a log of that size: compare L = 10^4 and
@@ -52,6 +56,7 @@ from pathlib import Path
 
 import bench_broker  # scripts/ is on the path when this file runs as a script
 import bench_failover
+import bench_replay
 import bench_txn
 import duckdb
 
@@ -66,6 +71,7 @@ SCENARIOS = (
     *bench_broker.SCENARIOS,
     *bench_failover.SCENARIOS,
     *bench_txn.SCENARIOS,
+    *bench_replay.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -194,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--app", choices=bench_txn.APPS, default="duckdb", help="txn: the application database"
     )
+    parser.add_argument("--master", default="local[2]", help="replay: the Spark master")
+    parser.add_argument(
+        "--transform", choices=bench_replay.TRANSFORMS, default="none", help="replay: transform"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
@@ -204,6 +214,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
     global IDS
     IDS = not args.no_ids
+    if args.scenario in bench_replay.SCENARIOS:
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            replay = bench_replay.run(
+                args.n, args.payload, args.rounds, args.master, args.transform, Path(tmp)
+            )
+        replay["machine"] = machine()
+        if args.json:
+            print(json.dumps(replay))
+        else:
+            print(
+                f"replay: {replay['rows_per_s']} rows/s (n={args.n}, {args.transform}); "
+                f"Spark start-up {replay['spark_startup_s']} s, "
+                f"a 1-row job {replay['job_fixed_s']} s"
+            )
+        return 0
     if args.scenario in bench_failover.SCENARIOS:
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
             failover = bench_failover.run(args.scenario, args.n, args.held, Path(tmp))

@@ -83,3 +83,12 @@ def test_exactly_once_scenarios_check_their_outcome(
     assert result["scenario"] == scenario and result["n"] == 200
     rounds = result["rounds_msgs_per_s" if scenario == "express" else "rounds_tx_per_s"]
     assert result["msgs_per_s"] > 0 and len(rounds) == 2  # type: ignore[operator, arg-type]
+
+
+def test_replay_scenario_prints_rows_per_second_and_startup() -> None:
+    from tests.conftest import spark_or_skip
+
+    spark_or_skip()
+    result = bench("--scenario", "replay", "--n", "500", "--rounds", "1", "--transform", "rows")
+    assert result["scenario"] == "replay" and result["rows_per_s"] > 0  # type: ignore[operator]
+    assert result["spark_startup_s"] > 0 and result["job_fixed_s"] > 0  # type: ignore[operator]
