@@ -27,6 +27,7 @@ class ExitCode(IntEnum):
     AUTH = 10
     UNBOUND = 11
     IN_DOUBT = 12
+    DAMAGED = 13
 
 
 class EomsgError(Exception):
@@ -133,12 +134,19 @@ class NotInFlight(EomsgError):
     exit_code = ExitCode.CONFLICT
 
 
-class StaleEpoch(EomsgError):
+class StaleDelivery(EomsgError):
+    """A settlement names a delivery that is over (timed out and delivered again, taken
+    back, or held by another consumer): its message must not be applied."""
+
+    code = "stale_delivery"
+    exit_code = ExitCode.CONFLICT
+
+
+class StaleEpoch(StaleDelivery):
     """A delete or release comes from an epoch that is over: the consumer was deposed and
     its messages belong to the active flow now, so it must not apply them."""
 
     code = "stale_epoch"
-    exit_code = ExitCode.CONFLICT
 
 
 # -- flows: consumers bound to a queue (seed 002) ------------------------------------------
@@ -232,6 +240,13 @@ class DataDirLocked(DataDirError):
     code = "data_dir_locked"
 
 
+class DataDirDamaged(DataDirError):
+    """The data directory lost acknowledged writes or cannot be read: `eomsg salvage`."""
+
+    code = "data_dir_damaged"
+    exit_code = ExitCode.DAMAGED
+
+
 class SchemaTooNew(DataDirError):
     """The data directory was written by a newer eomsg than this one."""
 
@@ -243,6 +258,24 @@ class StorageError(EomsgError):
 
     code = "storage"
     exit_code = ExitCode.STORAGE
+
+
+class WriteFailed(StorageError):
+    """A write failed and nothing of it was stored: it may be retried as it was."""
+
+    code = "write_failed"
+
+
+class WriteUnknown(StorageError):
+    """The node cannot tell whether a write was stored: retry it idempotently."""
+
+    code = "write_unknown"
+
+
+class DiskFull(StorageError):
+    """The node's disk has less free space than its reserve: publishes wait for room."""
+
+    code = "disk_full"
 
 
 class InvalidQuery(InvalidInput):
@@ -327,6 +360,14 @@ class ReplayFailed(EomsgError):
 
     code = "replay_failed"
     exit_code = ExitCode.FAILURE
+
+
+class LogCollected(EomsgError):
+    """A replay's range reaches below what log garbage collection kept: those messages
+    are gone, and its output is left as it was."""
+
+    code = "log_collected"
+    exit_code = ExitCode.NOT_FOUND
 
 
 class SinkConflict(EomsgError):

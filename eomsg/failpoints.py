@@ -2,8 +2,9 @@
 
 ``EOMSG_FAILPOINTS="publish.after_commit=crash@3,store.commit.before=error"`` makes the
 third pass through ``publish.after_commit`` kill the process with SIGKILL (no cleanup, no
-flush — as a power cut would) and every pass through ``store.commit.before`` raise.
-Unset, a failpoint costs one dictionary lookup.
+flush — as a power cut would) and every pass through ``store.commit.before`` raise;
+``stop`` pauses the process there with SIGSTOP, for a test to act (crash a server, say)
+at a known step and then continue it. Unset, a failpoint costs one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ def _parse(spec: str) -> dict[str, tuple[str, int]]:
     for item in filter(None, (p.strip() for p in spec.split(","))):
         name, _, action = item.partition("=")
         action, _, nth = action.partition("@")
-        if action not in ("crash", "error") or not name:
-            raise ValueError(f"{ENV}: {item!r} is not name=crash|error[@N]")
+        if action not in ("crash", "error", "stop") or not name:
+            raise ValueError(f"{ENV}: {item!r} is not name=crash|error|stop[@N]")
         points[name] = (action, int(nth) if nth else 1)
     return points
 
@@ -57,4 +58,8 @@ def failpoint(name: str) -> None:
         return
     if action == "crash":
         os.kill(os.getpid(), signal.SIGKILL)
+    if action == "stop":
+        if hits == nth:
+            os.kill(os.getpid(), signal.SIGSTOP)
+        return
     raise FailpointError(f"failpoint {name} triggered")

@@ -104,7 +104,7 @@ def _drain(node: Node, batch: int) -> int:
     count = 0
     pending = []
     while taken := node.fetch("bench", batch):
-        pending.append(node.delete_async("bench", [d.seq for d in taken]))
+        pending.append(node.delete_async("bench", [d.key for d in taken]))
         count += len(taken)
     for deleted in pending:
         deleted.result()

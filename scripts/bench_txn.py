@@ -142,7 +142,7 @@ def run_txn(
             assert len(done) == n, f"copied {len(done)} of {n}"
             copies = admin.fetch("b", n + 1)
             assert len(copies) == n, f"{len(copies)} copies of {n}"
-            admin.delete("b", [d.seq for d in copies])
+            admin.delete("b", [d.key for d in copies])
             if app is not None:
                 rows = app.execute("SELECT count(*) FROM copied").fetchone()[0]
                 assert rows == n * (r + 1), f"{rows} rows after {r + 1} rounds of {n}"

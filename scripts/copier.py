@@ -8,9 +8,13 @@ together or not at all, however often this process or the node is killed.
 With ``--pg`` the application's table lives in PostgreSQL, which prepares: two-phase
 commit with PREPARE TRANSACTION rather than a commit marker.
 
+A transaction built on a delivery that is over by its commit (it timed out while the
+copier was slow and was handed out again) is refused by the node and rolls back whole;
+the copier counts it and goes on: the message comes again, and is copied then.
+
 The test suite runs it under failpoints and SIGKILLs (tests/test_txn_crash.py); it is
 also the transactional figure of ``scripts/bench.py``. Prints one JSON line at the end:
-``{"copied": N, "transactions": T}``.
+``{"copied": N, "transactions": T, "stale": S}``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import duckdb
 import psycopg
 
 import eomsg
+from eomsg.errors import StaleDelivery, TxnAborted
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         resource = eomsg.DuckDBResource(app)
         insert = "INSERT INTO copied SELECT unnest(?::BIGINT[]), unnest(?::BLOB[])"
-    copied = transactions = 0
+    copied = transactions = stale = 0
     with eomsg.connect(args.broker, name="copier") as client:
         # Settle what an earlier run left in doubt before taking anything new: the
         # messages it held come back first, so the copies keep the queue's order.
@@ -65,16 +70,22 @@ def main(argv: list[str] | None = None) -> int:
             batch: list[eomsg.Received] = []
 
             def copy() -> None:
-                nonlocal copied, transactions
-                with client.transaction(resources=[resource]) as tx:
-                    tx.resource(app).execute(
-                        insert, [[m.seq for m in batch], [m.payload for m in batch]]
-                    )
-                    for m in batch:
-                        tx.publish(args.target, m.payload, headers={"src": str(m.seq)})
-                        tx.delete(m)
-                copied += len(batch)
-                transactions += 1
+                nonlocal copied, transactions, stale
+                try:
+                    with client.transaction(resources=[resource]) as tx:
+                        tx.resource(app).execute(
+                            insert, [[m.seq for m in batch], [m.payload for m in batch]]
+                        )
+                        for m in batch:
+                            tx.publish(args.target, m.payload, headers={"src": str(m.seq)})
+                            tx.delete(m)
+                except TxnAborted as e:
+                    if not isinstance(e.__cause__, StaleDelivery):
+                        raise
+                    stale += 1  # nothing took effect; the messages come again
+                else:
+                    copied += len(batch)
+                    transactions += 1
                 batch.clear()
 
             for msg in consumer:
@@ -85,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                     break
             if batch:
                 copy()
-    print(json.dumps({"copied": copied, "transactions": transactions}))
+    print(json.dumps({"copied": copied, "transactions": transactions, "stale": stale}))
     return 0
 
 

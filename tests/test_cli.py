@@ -192,12 +192,14 @@ def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untype
         "retention": "604800",
         "gc-interval": "60",
         "max-payload": "65536",
+        "disk-reserve": str(128 << 20),
     }
     r = run("publish", "t", "x" * 65537, code=ExitCode.INVALID_INPUT)
     assert "exceeds the limit of 65536 bytes" in r.stderr
     r = run("config", "set", "colour", "blue", code=ExitCode.INVALID_INPUT)
     assert r.stderr == (
-        "Error: unknown setting 'colour'; known: retention, gc-interval, max-payload\n"
+        "Error: unknown setting 'colour'; known: retention, gc-interval, max-payload, "
+        "disk-reserve\n"
     )
     run("config", "set", "max-payload", "1GiB", code=ExitCode.INVALID_INPUT)
 

@@ -1,4 +1,6 @@
-"""The cursor against a reference model that states the rules directly."""
+"""The cursor against a reference model that states the rules directly: deliveries
+named by ``(seq, attempt)``, settled only by their holder, un-counted when given back
+unseen."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
-from eomsg.errors import NotInFlight
+from eomsg.errors import NotInFlight, StaleDelivery
 
 ACK = 10.0
 
@@ -21,6 +23,7 @@ class M:
     attempt: int = 0
     due: float = 0.0
     expires: float | None = None
+    holder: int = 0
 
 
 class Model:
@@ -46,7 +49,7 @@ class Model:
                 out.add(self._settle(seq, Outcome.EXPIRED))
         return out
 
-    def take(self, now: float, limit: int) -> tuple[list[tuple[int, int]], set]:
+    def take(self, now: float, limit: int, holder: int) -> tuple[list[tuple[int, int]], set]:
         out = self.advance(now)
         ready = sorted(s for s, m in self.msgs.items() if m.state == "parked" and m.due <= now)
         unread = sorted(s for s, m in self.msgs.items() if m.state == "unread")
@@ -57,7 +60,7 @@ class Model:
             m = self.msgs[seq]
             if m.state == "unread":
                 self.read_seq = seq
-            m.state, m.attempt, m.due = "flight", m.attempt + 1, now + ACK
+            m.state, m.attempt, m.due, m.holder = "flight", m.attempt + 1, now + ACK, holder
             got.append((seq, m.attempt))
         return got, out
 
@@ -85,10 +88,10 @@ class CursorMachine(RuleBasedStateMachine):
         self.cursor.append(seq, expires)
         self.model.msgs[seq] = M("unread", expires=expires)
 
-    @rule(limit=st.integers(1, 5))
-    def take(self, limit: int) -> None:
-        taken = self.cursor.take(self.now, limit)
-        expected, settled = self.model.take(self.now, limit)
+    @rule(limit=st.integers(1, 5), holder=st.sampled_from([1, 2]))
+    def take(self, limit: int, holder: int) -> None:
+        taken = self.cursor.take(self.now, limit, holder=holder)
+        expected, settled = self.model.take(self.now, limit, holder)
         assert [(d.seq, d.attempt) for d in taken.deliveries] == expected
         assert {(s.seq, s.outcome) for s in taken.settlements} == settled
 
@@ -101,21 +104,30 @@ class CursorMachine(RuleBasedStateMachine):
         got = {(s.seq, s.outcome) for s in self.cursor.poll(self.now)}
         assert got == self.model.advance(self.now)
 
-    @precondition(lambda self: any(m.state == "flight" for m in self.model.msgs.values()))
+    @precondition(lambda self: any(m.attempt > 0 for m in self.model.msgs.values()))
     @rule(data=st.data())
     def delete(self, data: st.DataObject) -> None:
         delivered = [s for s, m in self.model.msgs.items() if m.attempt > 0]
         seq = data.draw(st.sampled_from(delivered))
-        assert self.cursor.delete_many([seq]) == [True]
+        m = self.model.msgs[seq]
+        key = (seq, m.attempt)
+        with pytest.raises(StaleDelivery):  # an attempt that is over
+            self.cursor.delete_many([(seq, m.attempt - 1)], holder=m.holder)
+        with pytest.raises(StaleDelivery):  # someone else's
+            self.cursor.delete_many([key], holder=3 - m.holder)
+        assert self.cursor.delete_many([key], holder=m.holder) == [True]
         self.model._settle(seq, Outcome.DELETED)
-        assert self.cursor.delete_many([seq]) == [False]  # idempotent
+        assert self.cursor.delete_many([key], holder=m.holder) == [False]  # idempotent
 
     @precondition(lambda self: any(m.state == "flight" for m in self.model.msgs.values()))
     @rule(data=st.data(), delay=st.sampled_from([0.0, 5.0]))
     def release(self, data: st.DataObject, delay: float) -> None:
         flying = sorted(s for s, m in self.model.msgs.items() if m.state == "flight")
         seq = data.draw(st.sampled_from(flying))
-        (result,) = self.cursor.release_many([seq], self.now, delay)
+        m = self.model.msgs[seq]
+        with pytest.raises(StaleDelivery):
+            self.cursor.release_many([(seq, m.attempt)], self.now, delay, holder=3 - m.holder)
+        (result,) = self.cursor.release_many([(seq, m.attempt)], self.now, delay, holder=m.holder)
         m = self.model.msgs[seq]
         if m.expires is not None and m.expires <= self.now:
             assert result == Settlement(seq, Outcome.EXPIRED)
@@ -127,12 +139,44 @@ class CursorMachine(RuleBasedStateMachine):
             assert result == Release(seq, m.attempt, self.now + delay)
             m.state, m.due = "parked", self.now + delay
 
+    @precondition(lambda self: any(m.attempt > 0 for m in self.model.msgs.values()))
+    @rule(data=st.data())
+    def return_unseen(self, data: st.DataObject) -> None:
+        """A consumer gives back a delivery it never handed out: in flight, or timed
+        out and not handed out again, it is un-counted; anything else is ignored."""
+        seq = data.draw(st.sampled_from(sorted(self.model.msgs)))
+        m = self.model.msgs[seq]
+        attempt, holder = data.draw(
+            st.sampled_from(
+                [(m.attempt, m.holder), (m.attempt, 3 - m.holder), (m.attempt + 1, m.holder)]
+            )
+        )
+        got = self.cursor.return_unseen([(seq, attempt)], self.now, holder=holder)
+        mine = (attempt, holder) == (m.attempt, m.holder) and m.attempt > 0
+        if mine and m.state == "flight":
+            m.attempt -= 1
+            if m.expires is not None and m.expires <= self.now:
+                assert got == [Settlement(seq, Outcome.EXPIRED)]
+                self.model._settle(seq, Outcome.EXPIRED)
+            else:
+                assert got == [Release(seq, m.attempt, self.now)]
+                m.state, m.due = "parked", self.now
+        else:
+            assert got == []
+            if mine and m.state == "parked" and m.due <= self.now and self._ready(seq):
+                m.attempt -= 1
+
+    def _ready(self, seq: int) -> bool:
+        """Whether the cursor made a parked message ready (its timer fired)."""
+        entry = self.cursor._delivered.get(seq)
+        return entry is not None and entry.ready
+
     @rule()
     def delete_unread_is_refused(self) -> None:
         unread = [s for s, m in self.model.msgs.items() if m.attempt == 0]
         if unread:
             with pytest.raises(NotInFlight):
-                self.cursor.delete_many([unread[0]])
+                self.cursor.delete_many([(unread[0], 1)])
 
     @invariant()
     def counts_agree(self) -> None:
@@ -163,7 +207,7 @@ def test_dead_letter_after_max_redeliveries() -> None:
     for attempt in (1, 2):
         (d,) = c.take(0.0, 1).deliveries
         assert d.attempt == attempt
-        result = c.release_many([1], 0.0)
+        result = c.release_many([(1, attempt)], 0.0)
     assert result == [Settlement(1, Outcome.DEAD_LETTERED)]
     assert c.depth == 0
 
@@ -191,10 +235,10 @@ def test_delete_and_release_are_atomic() -> None:
     c.append(2)
     c.take(0.0, 1)
     with pytest.raises(NotInFlight):
-        c.delete_many([1, 2])  # 2 was never delivered: 1 must stay in flight
+        c.delete_many([(1, 1), (2, 1)])  # 2 was never delivered: 1 must stay in flight
     assert c.in_flight == 1
     with pytest.raises(NotInFlight):
-        c.release_many([1, 1], 0.0)
+        c.release_many([(1, 1), (1, 1)], 0.0)
     assert c.in_flight == 1
 
 
@@ -205,5 +249,7 @@ def test_restore_then_append_rebuilds_the_same_queue() -> None:
     c.append(9)
     assert c.read_seq == 5
     assert [d.seq for d in c.take(10.0, 5).deliveries] == [3, 9]
-    c.delete_many([3, 9])
+    c.delete_many([(3, 1), (9, 1)])
+    with pytest.raises(StaleDelivery, match="node restarted"):  # its holder is gone
+        c.delete_many([(5, 2)])
     assert [(d.seq, d.attempt) for d in c.take(21.0, 5).deliveries] == [(5, 3)]

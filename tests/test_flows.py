@@ -166,7 +166,7 @@ def test_bad_binds_are_refused_and_the_connection_carries_on(
     raw.send(ev.Subscribe(2, "nope", 10, 0))
     error = raw.next()
     assert isinstance(error, ev.Error) and error.code == "queue_not_found"
-    raw.send(ev.Delete(3, "ex", (1,), epoch=999))
+    raw.send(ev.Delete(3, "ex", ((1, 1),), epoch=999))
     error = raw.next()
     assert isinstance(error, ev.Error) and error.code == "stale_epoch"
     raw.send(ev.FlowAck(42, True, 1))  # acknowledging nothing: ignored
@@ -346,7 +346,7 @@ def test_a_deposed_consumer_cannot_delete(
     assert [m.seq for m in got] == [m.seq for m in held]
     assert all(m.delete().result(10) for m in got)
     with pytest.raises(StaleEpoch):  # settled since, and the epoch is over all the same
-        clients().delete("ex", [held[1].seq], epoch=held[1].epoch)
+        clients().delete("ex", [held[1].delivered.key], epoch=held[1].epoch)
 
 
 def test_the_application_hears_of_a_lost_connection_at_once(

@@ -107,12 +107,12 @@ def test_release_with_delay(node: Node, clock: FakeClock) -> None:
     orders(node)
     node.publish("orders/a", b"x")
     (d,) = node.fetch("orders")
-    node.release("orders", [d.seq], delay=30)
+    node.release("orders", [d.key], delay=30)
     assert node.fetch("orders") == []
     clock.advance(30)
     assert [x.attempt for x in node.fetch("orders")] == [2]
     with pytest.raises(NotInFlight):
-        node.release("orders", [999])
+        node.release("orders", [(999, 1)])
 
 
 def test_delete_is_idempotent_and_refuses_undelivered(node: Node) -> None:
@@ -121,9 +121,9 @@ def test_delete_is_idempotent_and_refuses_undelivered(node: Node) -> None:
     node.publish("orders/a", b"2")
     (d,) = node.fetch("orders", 1)
     with pytest.raises(NotInFlight):
-        node.delete("orders", [d.seq, 2])
-    assert node.delete("orders", [d.seq]) == [True]
-    assert node.delete("orders", [d.seq]) == [False]
+        node.delete("orders", [d.key, (2, 1)])
+    assert node.delete("orders", [d.key]) == [True]
+    assert node.delete("orders", [d.key]) == [False]
     assert node.stats()[0].deleted == 1
 
 
@@ -133,7 +133,7 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     for i in range(5):
         node.publish("orders/a", str(i).encode(), id=f"m{i}")
     d1, _ = node.fetch("orders", 2)
-    node.delete("orders", [d1.seq])
+    node.delete("orders", [d1.key])
     node.close()
 
     node = open_node()
@@ -189,7 +189,7 @@ def test_compaction_and_gc_keep_the_store_bounded(
             [Outgoing("orders/a", b"x" * 256, id=f"{_round}-{i}") for i in range(5000)]
         )
         while taken := node.fetch("orders", 1000):
-            node.delete("orders", [d.seq for d in taken])
+            node.delete("orders", [d.key for d in taken])
         clock.advance(1)
         node.maintain()
         node.store._db.execute("CHECKPOINT")
@@ -246,7 +246,7 @@ def test_concurrent_publishers_and_consumers(node: Node) -> None:
     while any(t.is_alive() for t in threads) or node.stats()[0].depth:
         taken = node.fetch("orders", 50)
         seen.extend(d.message.payload for d in taken)
-        node.delete("orders", [d.seq for d in taken])
+        node.delete("orders", [d.key for d in taken])
     for t in threads:
         t.join()
     assert not errors
@@ -282,7 +282,7 @@ def test_saved_retention_drives_garbage_collection(
     assert node.settings.retention == 3600
     node.publish("orders/a", b"x", id="a")
     (d,) = node.fetch("orders")
-    node.delete("orders", [d.seq])
+    node.delete("orders", [d.key])
     clock.advance(1800)
     node.maintain()
     assert len(node.log()) == 1  # consumed, but within retention
@@ -320,12 +320,12 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
     ]
     assert node.fetch("ex", 10, flow=low.flow) == []  # inactive: nothing
     with pytest.raises(StaleEpoch):
-        node.delete("ex", [held[0].seq], epoch=low.epoch)
+        node.delete("ex", [held[0].key], epoch=low.epoch)
     got = node.fetch("ex", 10, flow=high.flow)
     assert [(d.seq, d.attempt) for d in got] == [(d.seq, 2) for d in held]
     with pytest.raises(StaleEpoch):  # the message is another epoch's now
-        node.delete("ex", [got[0].seq])
-    assert node.delete("ex", [d.seq for d in got], epoch=high.epoch) == [True] * 3
+        node.delete("ex", [got[0].key])
+    assert node.delete("ex", [d.key for d in got], epoch=high.epoch) == [True] * 3
     with pytest.raises(NotActive):
         node.fetch("ex", 10)
     assert [(f.flow, f.active) for f in node.flows("ex")] == [(high.flow, True), (low.flow, False)]

@@ -53,11 +53,13 @@ def _orders(upto: int = N) -> list[int]:
     return [i + 1 for i in range(upto) if i % 3 != 2]
 
 
-def run(spark: Any, data: Path, force: bool = False, **spec: Any) -> ReplayResult:
+def run(
+    spark: Any, data: Path, force: bool = False, allow_fewer: bool = False, **spec: Any
+) -> ReplayResult:
     s = ReplaySpec(**spec)
     with open_node(data) as node:
         p = plan(s, node, data=data, force=force)
-    return execute(p, lambda: open_node(data), lambda: spark, force=force)
+    return execute(p, lambda: open_node(data), lambda: spark, force=force, allow_fewer=allow_fewer)
 
 
 def test_source_reads_the_file_and_through_a_node(
@@ -173,6 +175,22 @@ def test_dataframe_and_sql_transforms(
     with open_node(filled) as node:
         failed = {j.job_id: j.status.value for j in node.replay_jobs()}
     assert sorted(failed.values()) == ["done", "done", "failed", "failed"]
+
+
+def test_output_is_replaced_by_fewer_rows_only_when_asked(spark: Any, filled: Path) -> None:
+    out = filled.parent / "few"
+    every = "SELECT seq, id, topic FROM messages"
+    first = run(spark, filled, sink=f"parquet:{out}", sql=every, job_id="f1")
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+    fewer = "SELECT seq, id, topic FROM messages WHERE seq <= 10"
+    with pytest.raises(SinkConflict, match=f"holds {first.rows} rows of job f1; this run made 10"):
+        run(spark, filled, True, sink=f"parquet:{out}", sql=fewer, job_id="f1")
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == files
+    assert not list(filled.parent.glob(".few.eomsg-staging-*"))
+    with open_node(filled) as node:
+        assert node.replay_jobs("f1")[0].status.value == "failed"
+    assert run(spark, filled, True, True, sink=f"parquet:{out}", sql=fewer, job_id="f1").rows == 10
+    assert pq.read_table(out).num_rows == 10
 
 
 def test_replay_into_a_topic_twice_publishes_each_message_once(spark: Any, filled: Path) -> None:

@@ -88,6 +88,40 @@ def test_dry_run_json_and_a_bad_transform(
     assert not (tmp_path / "x").exists()
 
 
+def test_force_after_garbage_collection_never_destroys_the_output(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    """The issue's repro: a finished job, then the log collected (retention 0), then
+    --force. The job's range is fixed at its first record; no longer in the log, it is
+    refused (exit 4, one line) and the output, its manifest and the job's record stay."""
+    out = tmp_path / "out"
+    args = ["--topic", "orders/>", "--sink", f"parquet:{out}", "--job-id", "big1"]
+    r = replay(eomsg_bin, cli_env, *args, "--json")
+    assert json.loads(r.stdout) == {"job_id": "big1", "status": "done", "rows": N}, r.stderr
+    files = {p.name: p.read_bytes() for p in sorted(out.iterdir())}
+
+    def cli(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([eomsg_bin, *argv], env=cli_env, capture_output=True, text=True)
+
+    assert cli("config", "set", "retention", "0").returncode == 0
+    assert cli("config", "set", "gc-interval", "0").returncode == 0  # collects as it closes
+    assert cli("inspect", "log", "--json").stdout == ""  # nothing left
+    r = replay(eomsg_bin, cli_env, *args, "--force")
+    assert (r.returncode, r.stderr) == (
+        4,
+        f"Error: job big1 reads seq 1 .. {N}, but the log keeps seq {N + 1} and later "
+        "(older messages were collected)\n",
+    )
+    assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == files
+    job = jobs(eomsg_bin, cli_env)["big1"]
+    assert (job["status"], job["lo"], job["hi"], job["rows"]) == ("done", 1, N + 1, N)
+    r = replay(eomsg_bin, cli_env, "--from-seq", "5", "--sink", f"parquet:{tmp_path / 'new'}")
+    assert r.returncode == 4 and "starts at seq 5" in r.stderr
+    r = replay(eomsg_bin, cli_env, "--since", "1d", "--sink", f"parquet:{tmp_path / 'new'}")
+    assert r.returncode == 4 and "published since" in r.stderr
+    assert not (tmp_path / "new").exists()
+
+
 def test_missing_java_is_a_clear_error(
     eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
 ) -> None:

@@ -29,6 +29,7 @@ from eomsg.errors import (
     InvalidInput,
     NotInFlight,
     QueueNotFound,
+    StaleDelivery,
     TxnAborted,
     TxnConflict,
     TxnNotFound,
@@ -75,14 +76,17 @@ def test_prepared_work_is_invisible_and_held_until_commit(node: Node) -> None:
     node.publish("a", b"1")
     (d,) = node.fetch("a", 1)
     node.prepare_txn(
-        "t1", coordinator="x", messages=[Outgoing("b", b"out")], deletes=[("a", d.message.seq, 0)]
+        "t1",
+        coordinator="x",
+        messages=[Outgoing("b", b"out")],
+        deletes=[("a", d.message.seq, 0, d.attempt)],
     )
     node.prepare_txn("t1", coordinator="x")  # idempotent
     assert node.fetch("b") == []
     with pytest.raises(HeldByTransaction):
-        node.delete("a", [d.message.seq])
+        node.delete("a", [d.key])
     with pytest.raises(HeldByTransaction):
-        node.release("a", [d.message.seq])
+        node.release("a", [d.key])
     (info,) = node.txns()
     assert (info.txid, info.publishes, info.deletes, info.connected) == ("t1", 1, 1, True)
     (result,) = node.commit_txn("t1")
@@ -102,7 +106,7 @@ def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
     _queues(node)
     node.publish("a", b"1")
     (d,) = node.fetch("a", 1)
-    node.prepare_txn("t1", coordinator="x", deletes=[("a", d.message.seq, 0)])
+    node.prepare_txn("t1", coordinator="x", deletes=[("a", d.message.seq, 0, d.attempt)])
     clock.advance(3600)  # far past the ack timeout: a held message does not time out
     assert node.fetch("a", 10) == []
     node.close()
@@ -128,10 +132,11 @@ def test_prepare_is_atomic_and_checks_everything_first(node: Node) -> None:
     _queues(node)
     node.publish_batch([Outgoing("a", b"1"), Outgoing("a", b"2")])
     d1, d2 = node.fetch("a", 2)
-    good = ("a", d1.message.seq, 0)
+    good = ("a", d1.message.seq, 0, d1.attempt)
     for bad, error in [
-        ([good, ("a", 99, 0)], NotInFlight),
-        ([good, ("nope", 1, 0)], QueueNotFound),
+        ([good, ("a", 99, 0, 1)], NotInFlight),
+        ([good, ("nope", 1, 0, 1)], QueueNotFound),
+        ([good, ("a", d2.message.seq, 0, 2)], StaleDelivery),
         ([good, good], NotInFlight),
     ]:
         with pytest.raises(error):
@@ -141,7 +146,7 @@ def test_prepare_is_atomic_and_checks_everything_first(node: Node) -> None:
         node.prepare_txn("t", coordinator="x", messages=[Outgoing("bad/>", b"")])
     with pytest.raises(InvalidInput):
         node.prepare_txn("", coordinator="x")
-    node.delete("a", [d1.message.seq, d2.message.seq])  # nothing was held
+    node.delete("a", [d1.key, d2.key])  # nothing was held
 
 
 def test_force_abort_is_reported_to_a_coordinator_that_commits(node: Node) -> None:
@@ -160,9 +165,9 @@ def test_transact_publishes_and_deletes_in_one_step(node: Node) -> None:
     node.publish("a", b"1")
     (d,) = node.fetch("a", 1)
     with pytest.raises(NotInFlight):
-        node.transact([Outgoing("b", b"x")], [("a", d.message.seq + 1, 0)])
+        node.transact([Outgoing("b", b"x")], [("a", d.message.seq + 1, 0, 1)])
     assert node.fetch("b") == []
-    node.transact([Outgoing("b", b"x")], [("a", d.message.seq, 0)])
+    node.transact([Outgoing("b", b"x")], [("a", d.message.seq, 0, d.attempt)])
     assert [m.message.payload for m in node.fetch("b")] == [b"x"]
     assert {s.name: s.depth for s in node.stats()}["a"] == 0
 
@@ -255,7 +260,7 @@ def test_an_exception_rolls_everything_back(participant: Any, app: Any) -> None:
 def test_a_failed_prepare_aborts_and_keeps_its_error(participant: Any, app: Any) -> None:
     participant.publish("a", b"order")
     (d,) = participant.fetch("a", 1)
-    participant.delete("a", [d.message.seq])
+    participant.delete("a", [d.key])
     resource = _resource(app)
     with (
         pytest.raises(TxnAborted, match="could not prepare") as e,

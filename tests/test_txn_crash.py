@@ -9,6 +9,7 @@ every message copied exactly once, nothing left in doubt."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -305,10 +306,12 @@ def test_postgres_server_crashes_mid_copy(
     cli_env: dict[str, str],
 ) -> None:
     """The resource itself dies: the PostgreSQL server is crashed (no checkpoint, as a
-    power cut would) three times while the copier works, and the copier dies of it.
-    While the server is down, recovery cannot read the outcomes and says so; once it
-    is back (its prepared transactions restored from its WAL), recovery settles
-    everything and the copier finishes: every message copied exactly once."""
+    power cut would) three times while the copier works, each time with a transaction
+    prepared in PostgreSQL and on the node and not yet decided (the copier paused right
+    there), and the copier dies of it. While the server is down, recovery cannot read
+    the outcome and says so; once it is back (its prepared transactions restored from its
+    WAL), recovery settles everything and the copier finishes: every message copied
+    exactly once."""
     dsn = own_server.dsn
     payloads = {f"m{i:04}".encode() for i in range(1, 401)}
     setup("", payloads)
@@ -319,31 +322,32 @@ def test_postgres_server_crashes_mid_copy(
 
     app = App(["--pg", dsn], read)
     command = [sys.executable, str(COPIER), "--broker", str(data_dir), *app.args, "--idle", "1"]
-    waited_for_server = False
-    for crash in range(1, 4):
-        proc = subprocess.Popen(command, env=cli_env, stdout=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # let it copy a while first
-            try:
-                if len(read()) >= crash * 60:
-                    break
-            except psycopg.Error:  # the table does not exist yet
-                pass
-            time.sleep(0.05)
+    env = {**cli_env, "EOMSG_FAILPOINTS": "resource.after_prepare=stop@60"}
+    for _ in range(3):
+        before = len(read()) if _ else 0
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+        wait_stopped(proc)  # prepared in both, undecided: the 60th transaction of this run
         own_server.crash()
-        assert proc.wait(60) != 0  # it died of its database, mid-copy
+        proc.send_signal(signal.SIGCONT)
+        assert proc.wait(60) != 0  # it died of its database, mid-transaction
         code, steps = recover(eomsg_bin, cli_env)
-        if steps:  # in doubt while the server is down: listed, never guessed
-            assert code == 12 and {s["verdict"] for s in steps} == {"wait"}
-            assert all("cannot read postgresql:" in str(s["reason"]) for s in steps)
-            waited_for_server = True
+        assert code == 12 and [s["verdict"] for s in steps] == ["wait"], steps
+        assert "cannot read postgresql:" in str(steps[0]["reason"])
         own_server.start()
         code, steps = recover(eomsg_bin, cli_env, "--app", f"postgresql:{dsn}")
-        assert code == 0 and all(s["done"] for s in steps), steps
-        assert len(read()) < len(payloads)  # the crash came before the end
+        assert code == 0 and steps and all(s["done"] for s in steps), steps
+        assert len(read()) == before + 59  # the undecided one rolled back everywhere
     finished = subprocess.run(command, env=cli_env, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr
     check_agreement(data_dir, app, payloads)
     with psycopg.connect(dsn) as db:
         assert db.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
-    print(f"in doubt while the server was down, in some round: {waited_for_server}")
+
+
+def wait_stopped(proc: subprocess.Popen[str], timeout: float = 120) -> None:
+    """Wait until ``proc`` has stopped itself at its failpoint (or fail if it ended)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "T":
+        assert proc.poll() is None, "the copier ended before its failpoint"
+        assert time.monotonic() < deadline, "the copier never reached its failpoint"
+        time.sleep(0.02)

@@ -24,8 +24,10 @@ CLIENT_EVENTS: list[ev.Event] = [
     ev.Fetch(2, "q", 10, 0.5),
     ev.Subscribe(3, "q", 256, priority=-5),
     ev.Cancel(4, 3),
-    ev.Delete(5, "q", (1, 2, 3), epoch=9),
-    ev.Release(6, "q", (4,), 1.0, epoch=9),
+    ev.Cancel(4, 3, seen=((5, 1), (9, 2))),
+    ev.Delete(5, "q", ((1, 1), (2, 1), (3, 4)), epoch=9),
+    ev.Release(6, "q", ((4, 2),), 1.0, epoch=9),
+    ev.Release(6, "q", ((4, 2), (5, 1)), epoch=9, unseen=True),
     ev.FlowAck(3, True, 9),
     ev.Call(7, "stats", {"a": [1, "x", None, {"b": b"\x01"}]}),
     ev.Ping(1),
@@ -33,7 +35,7 @@ CLIENT_EVENTS: list[ev.Event] = [
 ]
 SERVER_EVENTS: list[ev.Event] = [
     ev.Published(1, (PublishResult(1, "id", False, 2), PublishResult(1, None, True, None))),
-    ev.Deliver(2, "q", (Delivered("q", MSG, 2, 99.0, 9),), more=True, epoch=9),
+    ev.Deliver(2, "q", (Delivered("q", MSG, 2, 99.0, 9),), more=True, epoch=9, now=69.0),
     ev.FlowChanged(3, 12, True, 9),
     ev.Unbound(3, 12, "unbound by an administrator"),
     ev.Deleted(5, (True, False)),
@@ -235,7 +237,7 @@ def test_random_bytes_parse_or_raise_protocol_error(data: bytes, role: Role) -> 
 @given(
     st.lists(
         st.tuples(
-            st.integers(min_value=0, max_value=17),
+            st.integers(min_value=0, max_value=max(ev.EVENT_TYPES) + 1),
             st.lists(
                 st.one_of(
                     st.none(),
@@ -245,6 +247,10 @@ def test_random_bytes_parse_or_raise_protocol_error(data: bytes, role: Role) -> 
                     st.text(max_size=8),
                     st.binary(max_size=8),
                     st.lists(st.integers(min_value=0, max_value=99), max_size=3),
+                    st.lists(  # the shape of delivery keys: [seqs, attempts]
+                        st.lists(st.integers(min_value=-1, max_value=99), max_size=3),
+                        max_size=3,
+                    ),
                 ),
                 max_size=6,
             ),

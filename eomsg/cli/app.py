@@ -14,6 +14,7 @@ from eomsg.cli.publish import publish
 from eomsg.cli.recover import recover
 from eomsg.cli.replay import spark_replay
 from eomsg.cli.serve import serve
+from eomsg.cli.storage import compact, salvage
 from eomsg.cli.top import top
 
 app = typer.Typer(
@@ -28,6 +29,8 @@ app.command()(serve)
 app.command()(top)
 app.command()(recover)
 app.command("spark-replay")(spark_replay)
+app.command()(compact)
+app.command()(salvage)
 app.add_typer(queue.app, name="queue")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")

@@ -23,7 +23,8 @@ app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
 @app.command()
 @handles_errors
 def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
-    """Show every setting: retention and gc-interval (seconds), max-payload (bytes)."""
+    """Show every setting: retention and gc-interval (seconds), max-payload and
+    disk-reserve (bytes)."""
     with open_node(data, create=False) as node:
         settings = node.saved_settings()
     if json:
@@ -38,14 +39,19 @@ def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 @app.command("set")
 @handles_errors
 def set_(
-    name: Annotated[str, typer.Argument(help="retention, gc-interval or max-payload.")],
-    value: Annotated[str, typer.Argument(help="A duration, or a size for max-payload.")],
+    name: Annotated[
+        str, typer.Argument(help="retention, gc-interval, max-payload or disk-reserve.")
+    ],
+    value: Annotated[
+        str, typer.Argument(help="A duration, or a size for max-payload and disk-reserve.")
+    ],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
     """Save a setting: `retention 7d` keeps consumed messages in the log for replay;
     `gc-interval 5m` sets how often the log is collected; `max-payload 4MiB` is the
-    largest payload a publish may carry."""
+    largest payload a publish may carry; `disk-reserve 1GiB` is the free disk space
+    below which publishes are refused (0: never refuse)."""
     with open_node(data) as node:
         canonical = node.configure(name, value)
     if json:

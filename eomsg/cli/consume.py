@@ -35,7 +35,7 @@ from eomsg.client.inbox import Settleable
 from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.client.sync import Client
 from eomsg.core.election import FlowEvent, FlowInfo
-from eomsg.core.message import Delivered
+from eomsg.core.message import Delivered, Key
 from eomsg.errors import HandlerFailed, UsageError
 from eomsg.node.node import Node
 
@@ -166,16 +166,16 @@ def _embedded(
     deletions: list[Future[list[bool]]] = []
     with _bound(node, queue, priority, as_json) as flow:
         for taken in _fetches(node, queue, flow.flow, size, remaining):
-            seqs = [d.seq for d in taken]
-            release = functools.partial(node.release, queue, seqs, epoch=flow.epoch)
+            keys = [d.key for d in taken]
+            release = functools.partial(node.release, queue, keys, epoch=flow.epoch)
             with _Stop.deferred():
                 if command is not None:
-                    delete = functools.partial(node.delete, queue, seqs, epoch=flow.epoch)
+                    delete = functools.partial(node.delete, queue, keys, epoch=flow.epoch)
                     _run_handler(command, taken[0], delete, release)
                 else:
                     _write(taken, as_json, release)
                     # shares a group commit with the next fetch
-                    deletions.append(node.delete_async(queue, seqs, epoch=flow.epoch))
+                    deletions.append(node.delete_async(queue, keys, epoch=flow.epoch))
         for deleted in deletions:  # every deletion is durable before we exit 0
             deleted.result()
 
@@ -229,18 +229,11 @@ def _into(
             if isinstance(node, Client):
                 until_empty = not follow
                 with node.consumer(queue, size, priority=priority, until_empty=until_empty) as c:
-                    for item in c.batches(size):
+                    for item in c.batches(size, remaining):
                         if isinstance(item, FlowEvent):
                             _announce(item, as_json)
                             continue
-                        if remaining is not None:
-                            for extra in item[remaining:]:
-                                extra.release()
-                            item = item[:remaining]
-                            remaining -= len(item)
                         write(item)
-                        if remaining == 0:
-                            break
             else:
                 _into_embedded(node, queue, size, priority, remaining, write, as_json)
     finally:
@@ -260,15 +253,15 @@ class _Taken:
 
     __slots__ = ("delivered", "settled")
 
-    def __init__(self, delivered: Delivered, settled: dict[str, list[int]]) -> None:
+    def __init__(self, delivered: Delivered, settled: dict[str, list[Key]]) -> None:
         self.delivered = delivered
         self.settled = settled
 
     def delete(self) -> None:
-        self.settled["delete"].append(self.delivered.seq)
+        self.settled["delete"].append(self.delivered.key)
 
     def release(self, delay: float = 0.0) -> None:
-        self.settled["release"].append(self.delivered.seq)
+        self.settled["release"].append(self.delivered.key)
 
 
 def _into_embedded(
@@ -283,7 +276,7 @@ def _into_embedded(
     deletions: list[Future[list[bool]]] = []
     with _bound(node, queue, priority, as_json) as flow:
         for taken in _fetches(node, queue, flow.flow, size, remaining):
-            settled: dict[str, list[int]] = {"delete": [], "release": []}
+            settled: dict[str, list[Key]] = {"delete": [], "release": []}
             try:
                 write([_Taken(d, settled) for d in taken])
             except BaseException:

@@ -65,6 +65,13 @@ def spark_replay(
     force: Annotated[
         bool, typer.Option("--force", help="Run a job again even if it is done.")
     ] = False,
+    allow_fewer: Annotated[
+        bool,
+        typer.Option(
+            "--allow-fewer",
+            help="With --force: replace the job's output even by fewer rows than it holds.",
+        ),
+    ] = False,
     partitions: Annotated[
         int | None, typer.Option(help="Spark partitions (default: one per 100,000 seqs).")
     ] = None,
@@ -129,7 +136,14 @@ def spark_replay(
             spark_started(session)
             return session
 
-        result = execute(p, lambda: open_node(data, create=False), spark, report, force=force)
+        result = execute(
+            p,
+            lambda: open_node(data, create=False),
+            spark,
+            report,
+            force=force,
+            allow_fewer=allow_fewer,
+        )
     if json:
         print_json(result.to_json())
     else:

@@ -82,12 +82,16 @@ def serve(
         if json:
             print_json({"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where})
         else:
-            console.print(f"eomsg node (pid {os.getpid()}) serving {data} on {', '.join(where)}")
+            console.print(
+                f"eomsg node (pid {os.getpid()}) serving {data} on {', '.join(where)}",
+                markup=False,
+            )
             if len(addresses) > 1:
-                console.print(f"TCP clients need the token in {token_path(data)}")
+                console.print(f"TCP clients need the token in {token_path(data)}", markup=False)
 
+    os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
     with Node.open(data, NodeSettings()) as node:
-        run_server(data, node, settings, ready)
+        run_server(data, node, settings, ready, reopen=lambda: Node.open(data, NodeSettings()))
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})
     else:

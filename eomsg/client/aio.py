@@ -14,28 +14,33 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import enum
 import functools
 import itertools
 import os
 import socket
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
 
+from eomsg.client.prefetch import Prefetch
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import Limits, check_outgoing
-from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult, check_keys
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
 from eomsg.errors import (
     EomsgError,
     ProtocolError,
-    StaleEpoch,
+    StaleDelivery,
     Unavailable,
     Unbound,
+    UsageError,
     from_code,
 )
 from eomsg.wire import events as ev
@@ -46,10 +51,28 @@ from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 T = TypeVar("T")
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
 FRAME_SLACK = 64 << 10
+LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
 
-Item = list[Delivered] | FlowEvent | BaseException
-"""What a subscription's sink receives, in wire order: a batch of deliveries, a change of
-its flow's activity, or the error that ended it."""
+
+@dataclass(frozen=True, slots=True)
+class Pushed:
+    """Deliveries a node pushed to a subscription (none: nothing is ready for it now),
+    and the node's clock when it sent them."""
+
+    deliveries: list[Delivered]
+    node_now: float
+
+
+Item = Pushed | FlowEvent | BaseException
+"""What a subscription's sink receives, in wire order: deliveries, a change of its
+flow's activity, or the error that ended it."""
+
+
+class Renew(enum.Enum):
+    """What a consumer's buffer says when it may hand nothing out before the node has
+    been heard from again."""
+
+    LEASE = "lease"
 
 
 def resolve(target: str | Path) -> Address:
@@ -109,8 +132,9 @@ class Received:
 
     def delete(self) -> Any:
         """Delete the message from its queue. Returns a future (of the flavour of the
-        client) that resolves once the deletion is durable — or fails with StaleEpoch if
-        this consumer lost activity since, and the message went to another; the
+        client) that resolves once the deletion is durable — or fails with StaleDelivery
+        (StaleEpoch) if this delivery is over: it timed out and was handed out again, or
+        this consumer lost activity since and the message went to another. The
         consumer's exit waits for all of them."""
         return self._settle("delete", self.delivered, None)
 
@@ -170,10 +194,14 @@ class AsyncClient:
         self._subscriptions: dict[int, _Subscription] = {}
         self._window = asyncio.Semaphore(window)
         self._outbox: list[tuple[Outgoing, asyncio.Future[PublishResult]]] = []
-        self._deletes: dict[tuple[str, int], list[tuple[int, asyncio.Future[bool]]]] = {}
+        self._deletes: dict[tuple[str, int], list[tuple[Key, asyncio.Future[bool]]]] = {}
         self._flush_scheduled = False
         self._failed: EomsgError | None = None
         self._welcome: asyncio.Future[ev.Welcome] = self.loop.create_future()
+        self._pings: dict[int, asyncio.Future[None]] = {}
+        self._nonces = itertools.count(1)
+        self.heartbeat = 10.0  # the node's, from its Welcome
+        self.last_heard = time.monotonic()  # when a frame last came from the node
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -204,6 +232,7 @@ class AsyncClient:
             raise Unavailable(f"the node at {address} did not answer the handshake") from e
         self.limits = Limits(welcome.max_payload)
         self.node = welcome.node
+        self.heartbeat = welcome.heartbeat
 
     async def close(self) -> None:
         """Wait for what is in flight, say goodbye and close. Idempotent."""
@@ -319,16 +348,16 @@ class AsyncClient:
         self._fan_out(functools.partial(ev.Publish, messages=chunk), futures)
 
     def _send_delete(
-        self, queue: str, epoch: int, items: list[tuple[int, asyncio.Future[bool]]]
+        self, queue: str, epoch: int, items: list[tuple[Key, asyncio.Future[bool]]]
     ) -> None:
-        seqs = tuple(s for s, _ in items)
+        keys = tuple(k for k, _ in items)
 
         def one_by_one() -> None:  # so each message gets its own verdict
             for item in items:
                 self._send_delete(queue, epoch, [item])
 
         self._fan_out(
-            lambda rid: ev.Delete(rid, queue, seqs, epoch),
+            lambda rid: ev.Delete(rid, queue, keys, epoch),
             [f for _, f in items],
             on_stale=one_by_one if len(items) > 1 else None,
         )
@@ -340,7 +369,8 @@ class AsyncClient:
         on_stale: Callable[[], None] | None = None,
     ) -> None:
         """Send one batch request; its i-th result (or its error) goes to ``futures[i]``.
-        A batch refused as a whole for a stale epoch is handed to ``on_stale`` instead."""
+        A batch refused as a whole for a stale delivery is handed to ``on_stale``
+        instead."""
         try:
             reply = self._request(make)
         except EomsgError as e:
@@ -351,7 +381,7 @@ class AsyncClient:
 
         def done(r: asyncio.Future[list[Any]]) -> None:
             error = None if r.cancelled() else r.exception()
-            if isinstance(error, StaleEpoch) and on_stale is not None and self._failed is None:
+            if isinstance(error, StaleDelivery) and on_stale is not None and self._failed is None:
                 on_stale()
                 return
             results = r.result() if error is None else None
@@ -378,31 +408,59 @@ class AsyncClient:
         )
         return result
 
-    async def delete(self, queue: str, seqs: Sequence[int], *, epoch: int = 0) -> list[bool]:
-        """Delete messages delivered under ``epoch`` (0: fetched without a flow); True
-        for each deleted now. Durable on return."""
-        return await self.delete_async(queue, seqs, epoch=epoch)
+    async def delete(self, queue: str, keys: Sequence[Key], *, epoch: int = 0) -> list[bool]:
+        """Delete the deliveries ``keys`` (``(seq, attempt)``, :attr:`Delivered.key`)
+        made to this client under ``epoch`` (0: fetched without a flow); True for each
+        deleted now. Durable on return."""
+        return await self.delete_async(queue, keys, epoch=epoch)
 
     def delete_async(
-        self, queue: str, seqs: Sequence[int], *, epoch: int = 0
+        self, queue: str, keys: Sequence[Key], *, epoch: int = 0
     ) -> asyncio.Future[list[bool]]:
         self._check()
-        return self._request(lambda rid: ev.Delete(rid, queue, tuple(seqs), epoch))
+        return self._request(lambda rid: ev.Delete(rid, queue, check_keys(keys), epoch))
 
-    def delete_later(self, queue: str, seq: int, epoch: int = 0) -> asyncio.Future[bool]:
-        """Queue the deletion of one message for the next batch frame."""
+    def delete_later(self, queue: str, key: Key, epoch: int = 0) -> asyncio.Future[bool]:
+        """Queue the deletion of one delivery for the next batch frame."""
         self._check()
         future: asyncio.Future[bool] = self.loop.create_future()
-        self._deletes.setdefault((queue, epoch), []).append((seq, future))
+        self._deletes.setdefault((queue, epoch), []).append((key, future))
         self._schedule_flush()
         return future
 
     async def release(
-        self, queue: str, seqs: Sequence[int], delay: float = 0.0, *, epoch: int = 0
+        self, queue: str, keys: Sequence[Key], delay: float = 0.0, *, epoch: int = 0
     ) -> None:
-        """Give delivered messages back for redelivery after ``delay`` seconds."""
+        """Give deliveries back for redelivery after ``delay`` seconds."""
         self._check()
-        await self._request(lambda rid: ev.Release(rid, queue, tuple(seqs), delay, epoch))
+        await self._request(lambda rid: ev.Release(rid, queue, check_keys(keys), delay, epoch))
+
+    async def return_unseen(self, queue: str, keys: Sequence[Key], *, epoch: int = 0) -> None:
+        """Give back deliveries never handed to the application: the node un-counts
+        them (and ignores those no longer this client's)."""
+        self._check()
+        await self._request(
+            lambda rid: ev.Release(rid, queue, check_keys(keys), 0.0, epoch, unseen=True)
+        )
+
+    def lease_valid(self) -> bool:
+        """Whether the node surely still counts this client as alive: it heard from the
+        node within :data:`LEASE` heartbeats (it pings every heartbeat and the client
+        answers at once; it cuts off a client silent for three)."""
+        return time.monotonic() - self.last_heard < LEASE * self.heartbeat
+
+    async def ping(self) -> None:
+        """A round trip to the node: once it returns, the node has just heard from this
+        client. Unavailable if the connection is lost first."""
+        self._check()
+        nonce = next(self._nonces)
+        future: asyncio.Future[None] = self.loop.create_future()
+        self._pings[nonce] = future
+        try:
+            self._send(ev.Ping(nonce))
+            await future
+        finally:
+            self._pings.pop(nonce, None)
 
     def consumer(
         self,
@@ -444,12 +502,16 @@ class AsyncClient:
             raise
         return rid
 
-    async def cancel(self, subscription: int) -> int:
-        """Stop a subscription; the node releases what it delivered and was not deleted."""
+    async def cancel(self, subscription: int, seen: Sequence[Key] = ()) -> int:
+        """Stop a subscription; the node takes back what it delivered and was not
+        deleted — counted if listed in ``seen`` (handed to the application), else
+        un-counted."""
         self._subscriptions.pop(subscription, None)
         if self._failed is not None:
             return 0
-        released: int = await self._request(lambda rid: ev.Cancel(rid, subscription))
+        released: int = await self._request(
+            lambda rid: ev.Cancel(rid, subscription, check_keys(seen))
+        )
         return released
 
     # -- administration ------------------------------------------------------------------
@@ -520,6 +582,10 @@ class AsyncClient:
         found = await self.call("log_bounds", selection=sel.to_json())
         return None if found is None else (int(found[0]), int(found[1]))
 
+    async def log_horizon(self) -> tuple[int, int | None]:
+        first, published = await self.call("log_horizon")
+        return int(first), None if published is None else int(published)
+
     async def read_log(
         self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
     ) -> tuple[pa.Table, int]:
@@ -549,7 +615,7 @@ class AsyncClient:
         *,
         coordinator: str,
         messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int]] = (),
+        deletes: Sequence[tuple[str, int, int, int]] = (),
     ) -> None:
         """:meth:`Node.prepare_txn <eomsg.node.node.Node.prepare_txn>` over the wire; the
         transaction is in doubt if this connection is lost before its outcome."""
@@ -569,7 +635,9 @@ class AsyncClient:
         return aborted
 
     async def transact(
-        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
+        self,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int, int]] = (),
     ) -> list[PublishResult]:
         results = await self.call(
             "txn_transact",
@@ -602,6 +670,7 @@ class AsyncClient:
         self._transport.write(self.conn.send(event))
 
     def _receive(self, data: bytes) -> None:
+        self.last_heard = time.monotonic()
         self.conn.receive_data(data)
         while True:
             try:
@@ -644,10 +713,10 @@ class AsyncClient:
                 if sub is not None:
                     sub.change(False, sub.epoch)
                     sub.sink(Unbound(f"flow {flow} of queue {sub.queue!r}: {reason}"))
-            case ev.Deliver(rid, _, deliveries, more):
+            case ev.Deliver(rid, _, deliveries, more, _, node_now):
                 sub = self._subscriptions.get(rid)
                 if sub is not None:
-                    sub.sink(list(deliveries))
+                    sub.sink(Pushed(list(deliveries), node_now))
                     return
                 entry = self._requests.get(rid)
                 if entry is not None and entry[1] is not None:
@@ -669,6 +738,10 @@ class AsyncClient:
             case ev.Ping(nonce):
                 with contextlib.suppress(EomsgError):
                     self._send(ev.Pong(nonce))
+            case ev.Pong(nonce):
+                pong = self._pings.pop(nonce, None)
+                if pong is not None and not pong.done():
+                    pong.set_result(None)
             case ev.Welcome():
                 if not self._welcome.done():
                     self._welcome.set_result(event)
@@ -693,6 +766,10 @@ class AsyncClient:
         for future, _ in requests.values():
             if not future.done():
                 future.set_exception(error)
+        pings, self._pings = self._pings, {}
+        for pong in pings.values():
+            if not pong.done():
+                pong.set_exception(error)
         outbox, self._outbox = self._outbox, []
         for _, f in outbox:
             if not f.done():
@@ -775,8 +852,9 @@ class Activity:
 
 class BaseConsumer(abc.ABC):
     """What both flavours of consumer share: the binding's settings, the activity of its
-    flow, and how the items of its inbox are read. The flavours differ only in how they
-    wait for the next item and settle a message."""
+    flow, its prefetch buffer (see :mod:`eomsg.client.prefetch`), and how the items of
+    its inbox are read. The flavours differ only in how they wait for the next item,
+    renew their lease and settle a message."""
 
     def __init__(
         self,
@@ -795,6 +873,9 @@ class BaseConsumer(abc.ABC):
         self.activity = activity
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
+        self._buffer = Prefetch()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_due = float("inf")  # monotonic time the timer fires at
 
     @property
     def active(self) -> bool:
@@ -809,13 +890,36 @@ class BaseConsumer(abc.ABC):
     def flow(self) -> int:
         return self.activity.flow
 
-    def _buffered(self) -> Iterator[Received]:
-        """The received messages not yet handed out, skipping those of an epoch that is
-        over (the node took them back for the active flow)."""
+    @property
+    @abc.abstractmethod
+    def _connection(self) -> AsyncClient:
+        """The asyncio client this consumer's subscription lives on."""
+
+    def _check_bound(self) -> None:
+        if self._subscription is None:
+            raise UsageError(
+                f"the consumer of {self.queue!r} is not open: use it in a `with` block "
+                "(or call open()) before iterating"
+            )
+
+    def _next_buffered(self) -> Delivered | Renew | None:
+        """The next buffered delivery the application may have now (it counts as seen),
+        None when the buffer is empty, or :attr:`Renew.LEASE` when the lease must be
+        renewed first (the node may have cut this consumer off: ask it before handing
+        anything out).
+        Skips deliveries of an epoch that is over (the node took them back for the
+        active flow), superseded ones and those too close to their deadline."""
         while self._batch:
-            d = self._batch.pop()
-            if self.activity.current(d):
-                yield Received(d, self._settle)
+            d = self._batch[-1]
+            if not self.activity.current(d):
+                self._batch.pop()
+                continue
+            if not self._connection.lease_valid():
+                return Renew.LEASE
+            self._batch.pop()
+            if self._buffer.claim(d, time.monotonic()):
+                return d
+        return None
 
     def _step(self, item: Item) -> FlowEvent | bool:
         """Take one inbox item: raise the error that ended the subscription, return a
@@ -825,15 +929,62 @@ class BaseConsumer(abc.ABC):
             raise item
         if isinstance(item, FlowEvent):
             return item
-        if not item:
+        if not item.deliveries:
             return not self.until_empty
-        self._batch = item
+        self._batch = item.deliveries
         self._batch.reverse()
         return True
+
+    def _on_loop(self, item: Item) -> None:
+        """On the connection's loop, as each item arrives: note pushed deliveries in the
+        buffer and arm the timer that gives back those not handed out in time; forget
+        the buffer when the node took it back."""
+        if isinstance(item, Pushed):
+            if item.deliveries:
+                self._buffer.arrived(item.deliveries, item.node_now, time.monotonic())
+                self._arm()
+        elif isinstance(item, BaseException) or not item.active:
+            self._buffer.drop()
+
+    def _arm(self) -> None:
+        due = self._buffer.next_expiry()
+        if due >= self._expiry_due:
+            return  # none pending, or an earlier timer re-arms itself
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_due = due
+        self._expiry = self._connection.loop.call_later(
+            max(0.0, due - time.monotonic()), self._expire
+        )
+
+    def _expire(self) -> None:
+        """Give back, unseen, the deliveries not handed out before their hand-out-by
+        time (the node un-counts them and hands them out again)."""
+        self._expiry, self._expiry_due = None, float("inf")
+        late = self._buffer.expire(time.monotonic())
+        client = self._connection
+        if late and client._failed is None and self._subscription is not None:
+            epoch = self.activity.epoch
+            task = client.loop.create_task(client.return_unseen(self.queue, late, epoch=epoch))
+            task.add_done_callback(_ignore_error)
+        self._arm()
+
+    def _unseen_on_close(self) -> list[Key]:
+        """Stop the expiry timer; the deliveries handed out and not settled (the node
+        takes back the rest un-counted)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry, self._expiry_due = None, float("inf")
+        return self._buffer.seen()
 
     @abc.abstractmethod
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
         """Delete or release one received message, as this flavour's client does."""
+
+
+def _ignore_error(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a give-back that failed is redelivered by timeout
 
 
 class AsyncConsumer(BaseConsumer):
@@ -857,6 +1008,10 @@ class AsyncConsumer(BaseConsumer):
         self._became_active = asyncio.Event()
         self._pending: set[asyncio.Future[Any]] = set()
 
+    @property
+    def _connection(self) -> AsyncClient:
+        return self.client
+
     async def wait_active(self, timeout: float | None = None) -> bool:
         """Wait until the flow is active; False if ``timeout`` passed first."""
         try:
@@ -866,6 +1021,7 @@ class AsyncConsumer(BaseConsumer):
         return True
 
     def _sink(self, item: Item) -> None:
+        self._on_loop(item)
         if isinstance(item, FlowEvent):
             self.activity.apply(item)
             if item.active:
@@ -882,16 +1038,19 @@ class AsyncConsumer(BaseConsumer):
 
     async def __aexit__(self, *exc: object) -> None:
         """Wait until every deletion made through this consumer is durable, then unbind
-        (undeleted messages go back to the queue, for the next active flow)."""
+        (undeleted messages go back to the queue, for the next active flow; those never
+        handed out un-counted)."""
         self.client._flush()
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
+        seen = self._unseen_on_close()
         if self._subscription is not None:
             with contextlib.suppress(EomsgError):
-                await self.client.cancel(self._subscription)
+                await self.client.cancel(self._subscription, seen)
             self._subscription = None
 
     def __aiter__(self) -> AsyncIterator[Received]:
+        self._check_bound()
         return self._messages()
 
     async def _messages(self) -> AsyncIterator[Received]:
@@ -901,9 +1060,14 @@ class AsyncConsumer(BaseConsumer):
 
     async def events(self) -> AsyncIterator[Received | FlowEvent]:
         """Messages and changes of activity, in the order the node sent them."""
+        self._check_bound()
         while True:
-            for received in self._buffered():
-                yield received
+            while (d := self._next_buffered()) is not None:
+                if d is Renew.LEASE:
+                    with contextlib.suppress(EomsgError):  # lost: the activity says so
+                        await self.client.ping()
+                    continue
+                yield Received(d, self._settle)
             try:
                 item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
             except TimeoutError:
@@ -915,12 +1079,13 @@ class AsyncConsumer(BaseConsumer):
                 yield step
 
     def _settle(self, how: str, d: Delivered, delay: float | None) -> asyncio.Future[Any]:
+        self._buffer.settled(d.key)
         future: asyncio.Future[Any]
         if how == "delete":
-            future = self.client.delete_later(self.queue, d.seq, d.epoch)
+            future = self.client.delete_later(self.queue, d.key, d.epoch)
         else:
             future = asyncio.ensure_future(
-                self.client.release(self.queue, [d.seq], delay or 0.0, epoch=d.epoch)
+                self.client.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
             )
         self._pending.add(future)
         future.add_done_callback(self._pending.discard)

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from eomsg.client.appdb import open_descriptor
 from eomsg.client.resources import MarkerTable
-from eomsg.core.message import Delivered, Outgoing, PublishResult
+from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.txn import TxnInfo, TxnState, Verdict, verdict
 from eomsg.errors import InDoubt, InvalidConfig, InvalidInput, one_line
 
@@ -49,7 +49,7 @@ class Participant(Protocol):
         *,
         coordinator: str,
         messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int]] = (),
+        deletes: Sequence[tuple[str, int, int, int]] = (),
     ) -> None: ...
 
     def commit_txn(self, txid: str) -> list[PublishResult]: ...
@@ -57,7 +57,9 @@ class Participant(Protocol):
     def abort_txn(self, txid: str, *, force: bool = False) -> bool: ...
 
     def transact(
-        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
+        self,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int, int]] = (),
     ) -> list[PublishResult]: ...
 
     def txns(self) -> list[TxnInfo]: ...
@@ -65,7 +67,7 @@ class Participant(Protocol):
     def fetch(self, queue: str, max_messages: int = ..., wait: float = ...) -> list[Delivered]: ...
 
     def release(
-        self, queue: str, seqs: Sequence[int], delay: float = ..., *, epoch: int = ...
+        self, queue: str, keys: Sequence[Key], delay: float = ..., *, epoch: int = ...
     ) -> None: ...
 
 

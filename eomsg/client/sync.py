@@ -27,17 +27,18 @@ from eomsg.client.aio import (
     BaseConsumer,
     Item,
     Received,
+    Renew,
     connect_async,
 )
 from eomsg.client.resources import Resource
 from eomsg.client.transaction import DEFAULT_TIMEOUT, Transaction
 from eomsg.core.election import FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
-from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
-from eomsg.errors import EomsgError, QueueExists, Unavailable
+from eomsg.errors import EomsgError, QueueExists, StaleDelivery, Unavailable
 
 log = logging.getLogger("eomsg.client")
 
@@ -74,7 +75,7 @@ class Client:
         self._signal = _Signal()
         self._sent = itertools.count(1)
         self._outbox: deque[tuple[Outgoing, Ack[PublishResult]]] = deque()
-        self._deletes: deque[tuple[str, int, int, Ack[bool]]] = deque()
+        self._deletes: deque[tuple[str, Key, int, Ack[bool]]] = deque()
         self._scheduled = False
         self._closed = False
         try:
@@ -192,8 +193,8 @@ class Client:
         while outbox:
             ac._outbox.append(outbox.popleft())  # type: ignore[arg-type]
         while deletes:
-            queue, seq, epoch, done = deletes.popleft()
-            ac._deletes.setdefault((queue, epoch), []).append((seq, done))  # type: ignore[arg-type]
+            queue, key, epoch, done = deletes.popleft()
+            ac._deletes.setdefault((queue, epoch), []).append((key, done))  # type: ignore[arg-type]
         if ac._failed is not None:
             ac._lost(ac._failed)  # fails what was just moved
         else:
@@ -206,21 +207,22 @@ class Client:
         the first. Delete (or release) each before its deadline."""
         return self._run(self._ac.fetch(queue, max_messages, wait))
 
-    def delete(self, queue: str, seqs: Sequence[int], *, epoch: int = 0) -> list[bool]:
-        """Delete messages delivered under ``epoch`` (0: fetched without a flow); True
-        for each deleted now. Durable on return."""
-        return self.delete_async(queue, seqs, epoch=epoch).result()
+    def delete(self, queue: str, keys: Sequence[Key], *, epoch: int = 0) -> list[bool]:
+        """Delete the deliveries ``keys`` (``(seq, attempt)``, :attr:`Delivered.key`)
+        made to this client under ``epoch`` (0: fetched without a flow); True for each
+        deleted now. Durable on return."""
+        return self.delete_async(queue, keys, epoch=epoch).result()
 
     def delete_async(
-        self, queue: str, seqs: Sequence[int], *, epoch: int = 0
+        self, queue: str, keys: Sequence[Key], *, epoch: int = 0
     ) -> Future[list[bool]]:
-        return self._submit(self._ac.delete(queue, list(seqs), epoch=epoch))
+        return self._submit(self._ac.delete(queue, list(keys), epoch=epoch))
 
     def release(
-        self, queue: str, seqs: Sequence[int], delay: float = 0.0, *, epoch: int = 0
+        self, queue: str, keys: Sequence[Key], delay: float = 0.0, *, epoch: int = 0
     ) -> None:
-        """Give delivered messages back for redelivery after ``delay`` seconds."""
-        self._run(self._ac.release(queue, list(seqs), delay, epoch=epoch))
+        """Give deliveries back for redelivery after ``delay`` seconds."""
+        self._run(self._ac.release(queue, list(keys), delay, epoch=epoch))
 
     def consumer(
         self,
@@ -265,10 +267,10 @@ class Client:
             name, prefetch=1, priority=priority, on_active=on_active, on_inactive=on_inactive
         )
 
-    def _delete_later(self, queue: str, seq: int, epoch: int = 0) -> Ack[bool]:
+    def _delete_later(self, queue: str, key: Key, epoch: int = 0) -> Ack[bool]:
         self._check()
         ack: Ack[bool] = Ack(self._signal, counts=False)
-        self._deletes.append((queue, seq, epoch, ack))
+        self._deletes.append((queue, key, epoch, ack))
         self._wake()
         return ack
 
@@ -303,6 +305,9 @@ class Client:
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
         return self._run(self._ac.log_bounds(sel))
+
+    def log_horizon(self) -> tuple[int, int | None]:
+        return self._run(self._ac.log_horizon())
 
     def read_log(
         self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
@@ -346,7 +351,7 @@ class Client:
         *,
         coordinator: str,
         messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int]] = (),
+        deletes: Sequence[tuple[str, int, int, int]] = (),
     ) -> None:
         self._run(
             self._ac.prepare_txn(txid, coordinator=coordinator, messages=messages, deletes=deletes)
@@ -359,7 +364,9 @@ class Client:
         return self._run(self._ac.abort_txn(txid, force=force))
 
     def transact(
-        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
+        self,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[tuple[str, int, int, int]] = (),
     ) -> list[PublishResult]:
         return self._run(self._ac.transact(messages, deletes))
 
@@ -478,6 +485,10 @@ class Consumer(BaseConsumer):
         self._caller: threading.Thread | None = None
         self._pending: list[Ack[Any] | Future[Any]] = []
 
+    @property
+    def _connection(self) -> AsyncClient:
+        return self.client._ac
+
     def wait_active(self, timeout: float | None = None) -> bool:
         """Block until the flow is active; False if ``timeout`` passed first."""
         with self._changed:
@@ -515,14 +526,23 @@ class Consumer(BaseConsumer):
                 # unbind would give their messages back and refuse them as stale.
                 self.client._wake()
                 with contextlib.suppress(EomsgError):
-                    self.client._run(self.client._ac.cancel(subscription))
+                    self.client._run(self._cancel(subscription))
             self._stop_caller()
 
+    async def _cancel(self, subscription: int) -> None:
+        """On the loop, where the buffer's timer lives: unbind, saying which deliveries
+        the application saw (the rest go back un-counted)."""
+        await self.client._ac.cancel(subscription, self._unseen_on_close())
+
     def flush(self) -> None:
-        """Block until every deletion so far is durable; raise the first that failed."""
+        """Block until every deletion so far is durable; raise the first that failed.
+        A delete or release refused as stale is not raised again here: it changed
+        nothing, and its own future said so."""
         pending, self._pending = self._pending, []
         for f in pending:
-            f.result()
+            error = f.exception()
+            if error is not None and not isinstance(error, StaleDelivery):
+                raise error
 
     def __iter__(self) -> Iterator[Received]:
         for item in self.events():
@@ -531,8 +551,14 @@ class Consumer(BaseConsumer):
 
     def events(self) -> Iterator[Received | FlowEvent]:
         """Messages and changes of activity, in the order the node sent them."""
+        self._check_bound()
         while True:
-            yield from self._buffered()
+            while (d := self._next_buffered()) is not None:
+                if d is Renew.LEASE:
+                    with contextlib.suppress(EomsgError):  # lost: the activity says so
+                        self.client._run(self.client._ac.ping())
+                    continue
+                yield Received(d, self._settle)
             try:
                 item = self._inbox.get(timeout=self.idle_timeout)
             except queuelib.Empty:
@@ -543,11 +569,15 @@ class Consumer(BaseConsumer):
             if isinstance(step, FlowEvent):
                 yield step
 
-    def batches(self, max_messages: int) -> Iterator[list[Received] | FlowEvent]:
+    def batches(
+        self, max_messages: int, limit: int | None = None
+    ) -> Iterator[list[Received] | FlowEvent]:
         """:meth:`events` with the messages in lists of at most ``max_messages``: each
         list holds what had arrived when it was handed out — it waits for the first
-        message only, never to fill up — so a batch costs no latency."""
+        message only, never to fill up — so a batch costs no latency. Ends after
+        ``limit`` messages, if given (the rest stay unseen in the buffer)."""
         batch: list[Received] = []
+        left = limit
         for item in self.events():
             if isinstance(item, FlowEvent):
                 if batch:
@@ -556,15 +586,24 @@ class Consumer(BaseConsumer):
                 yield item
                 continue
             batch.append(item)
-            if len(batch) >= max_messages or (not self._batch and self._inbox.empty()):
+            if left is not None:
+                left -= 1
+            if (
+                left == 0
+                or len(batch) >= max_messages
+                or (not self._batch and self._inbox.empty())
+            ):
                 yield batch
                 batch = []
+            if left == 0:
+                return
         if batch:
             yield batch
 
     def _sink(self, item: Item) -> None:
         """On the loop thread: note a change of activity at once (so ``active`` and
         :meth:`wait_active` need no iteration), then queue the item for iteration."""
+        self._on_loop(item)
         if isinstance(item, FlowEvent):
             with self._changed:
                 self.activity.apply(item)
@@ -590,12 +629,13 @@ class Consumer(BaseConsumer):
             self._caller = None
 
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Ack[Any] | Future[Any]:
+        self._buffer.settled(d.key)
         future: Ack[Any] | Future[Any]
         if how == "delete":
-            future = self.client._delete_later(self.queue, d.seq, d.epoch)
+            future = self.client._delete_later(self.queue, d.key, d.epoch)
         else:
             future = self.client._submit(
-                self.client._ac.release(self.queue, [d.seq], delay or 0.0, epoch=d.epoch)
+                self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
             )
         self._pending.append(future)
         if len(self._pending) > 4096:

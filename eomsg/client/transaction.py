@@ -91,7 +91,7 @@ class Transaction:
         self.completed = False  # every participant applied the outcome (else: recovery)
         self._resource = resources[0] if resources else None
         self._messages: list[Outgoing] = []
-        self._deletes: list[tuple[str, int, int]] = []
+        self._deletes: list[tuple[str, int, int, int]] = []  # queue, seq, epoch, attempt
         self._began = False
 
     # -- the work ---------------------------------------------------------------------------
@@ -135,10 +135,12 @@ class Transaction:
 
     def delete(self, message: Any) -> None:
         """Delete a received message at commit (a :class:`Received` or a
-        :class:`Delivered`); if the transaction aborts, it is redelivered."""
+        :class:`Delivered`); if the transaction aborts, it is redelivered. A delivery
+        that is over by the commit (timed out and handed out again, or its consumer
+        deposed) makes the node vote no: the transaction aborts, nothing applied."""
         self._active()
         d: Delivered = getattr(message, "delivered", message)
-        self._deletes.append((d.queue, d.message.seq, d.epoch))
+        self._deletes.append((d.queue, d.message.seq, d.epoch, d.attempt))
 
     def receive(self, queue: str, timeout: float = 0.0) -> Delivered | None:
         """Fetch the next message of ``queue`` (a queue with no limit on active
@@ -226,12 +228,12 @@ class Transaction:
         if self._began and self._resource is not None:
             self._resource.db.rollback()
         self.state = move("coordinator", self.state, TxnMove.ABORT)
-        by_queue: dict[tuple[str, int], list[int]] = {}
-        for queue, seq, epoch in self._deletes:
-            by_queue.setdefault((queue, epoch), []).append(seq)
-        for (queue, epoch), seqs in by_queue.items():
+        by_queue: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for queue, seq, epoch, attempt in self._deletes:
+            by_queue.setdefault((queue, epoch), []).append((seq, attempt))
+        for (queue, epoch), keys in by_queue.items():
             with contextlib.suppress(EomsgError):  # else they come back by timeout
-                self.participant.release(queue, seqs, epoch=epoch)
+                self.participant.release(queue, keys, epoch=epoch)
 
     def _commit_alone(self, r: Resource | None) -> list[PublishResult]:
         try:

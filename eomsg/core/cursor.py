@@ -23,6 +23,15 @@ Life of a message in a cursor::
 
 An unread or parked message whose time-to-live has passed is settled EXPIRED and never
 delivered; one in flight is left to its consumer and expires if it comes back.
+
+A delivery is named by its key ``(seq, attempt)``: ``attempt`` counts the times the
+message was handed out. A delete or release names the delivery it settles, and is
+refused (StaleDelivery, nothing changed) when that delivery is over — timed out and
+handed out again, taken back, or held by someone else: each delivery records its
+``holder`` (an opaque caller token: the node gives each connection its own) and the
+``epoch`` of the flow it went to. A consumer that gives back deliveries it never handed
+to its application (:meth:`Cursor.return_unseen`) has them un-counted, so ``attempt``
+stays the number of times the application saw the message.
 """
 
 from __future__ import annotations
@@ -30,16 +39,21 @@ from __future__ import annotations
 import heapq
 import math
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from itertools import islice
 
-from eomsg.errors import HeldByTransaction, NotInFlight, StaleEpoch
+from eomsg.core.message import Key
+from eomsg.errors import HeldByTransaction, NotInFlight, StaleDelivery, StaleEpoch
 
 HELD = -1
 """The epoch of a message held by a prepared transaction (seed 000's delivery
 transaction): no flow has it, so no flow can delete or release it."""
+
+ORPHAN = -1
+"""The holder of a delivery restored after a restart: whoever held it is gone with the
+old process, so nobody may settle it; it is handed out again (counted) at once."""
 
 
 class Outcome(IntEnum):
@@ -123,14 +137,17 @@ class _SeqQueue:
 class _Delivered:
     """A message delivered at least once and not yet settled."""
 
-    __slots__ = ("attempt", "due", "epoch", "in_flight", "ready")
+    __slots__ = ("attempt", "due", "epoch", "holder", "in_flight", "ready")
 
-    def __init__(self, attempt: int, due: float, in_flight: bool, epoch: int = 0) -> None:
+    def __init__(
+        self, attempt: int, due: float, in_flight: bool, epoch: int = 0, holder: int = 0
+    ) -> None:
         self.attempt = attempt
         self.due = due  # deadline while in flight, not-before time while parked
         self.in_flight = in_flight
         self.ready = False
         self.epoch = epoch  # of the flow it was last delivered to; 0: no flow
+        self.holder = holder  # who it was last delivered to (an opaque token)
 
 
 class Cursor:
@@ -183,13 +200,6 @@ class Cursor:
                 return seq if low is None else min(low, seq)
         return low
 
-    def in_flight_attempt(self, seq: int) -> int | None:
-        """The attempt under which ``seq`` is in flight now, or None if it is not."""
-        entry = self._delivered.get(seq)
-        if entry is None or not entry.in_flight or entry.epoch == HELD:
-            return None
-        return entry.attempt
-
     def in_flight_by_epoch(self) -> dict[int, int]:
         """How many messages each epoch holds in flight (for inspection)."""
         counts: dict[int, int] = {}
@@ -238,9 +248,10 @@ class Cursor:
     def restore(
         self, seq: int, attempt: int, due: float, in_flight: bool, expires_at: float | None
     ) -> None:
-        """Rebuild a delivered-before message on recovery (``attempt`` >= 1)."""
+        """Rebuild a delivered-before message on recovery (``attempt`` >= 1); nobody
+        holds it (:data:`ORPHAN`) until it is handed out again."""
         self._count += 1
-        entry = _Delivered(attempt, due, in_flight)
+        entry = _Delivered(attempt, due, in_flight, holder=ORPHAN)
         self._delivered[seq] = entry
         self._in_flight += in_flight
         self._add_timer(due, [seq])
@@ -251,10 +262,10 @@ class Cursor:
 
     # -- the consumer's side ------------------------------------------------------------
 
-    def take(self, now: float, limit: int, epoch: int = 0) -> Taken:
-        """Hand out up to ``limit`` messages to the flow holding ``epoch`` (0: no flow):
-        redeliveries first (lowest seq first), then unread messages in order. Also
-        returns settlements that came due on the way."""
+    def take(self, now: float, limit: int, epoch: int = 0, holder: int = 0) -> Taken:
+        """Hand out up to ``limit`` messages to ``holder``, on the flow holding ``epoch``
+        (0: no flow): redeliveries first (lowest seq first), then unread messages in
+        order. Also returns settlements that came due on the way."""
         settlements = self.poll(now)
         deliveries: list[Delivery] = []
         deadline = now + self.ack_timeout
@@ -277,6 +288,7 @@ class Cursor:
                     continue
             entry.attempt += 1
             entry.due, entry.in_flight, entry.ready, entry.epoch = deadline, True, False, epoch
+            entry.holder = holder
             timed.append(seq)
             deliveries.append(Delivery(seq, entry.attempt, deadline, epoch))
         if timed:
@@ -284,26 +296,26 @@ class Cursor:
             self._in_flight += len(timed)
         return Taken(deliveries, settlements)
 
-    def delete_many(self, seqs: list[int], epoch: int = 0) -> list[bool]:
-        """Record the deletion of delivered messages (seed 003) by the flow holding
-        ``epoch`` (0: no flow), atomically.
+    def delete_many(self, keys: Sequence[Key], epoch: int = 0, holder: int = 0) -> list[bool]:
+        """Record the deletion of delivered messages (seed 003) by ``holder``, on the
+        flow holding ``epoch`` (0: no flow), atomically.
 
         Idempotent: True for each message settled now, False for one settled already (or
         listed twice). Changing nothing, raises NotInFlight if any was never delivered,
-        and StaleEpoch if any was last delivered under another epoch (it was handed to
-        another consumer since, who may be processing it).
+        StaleDelivery if any names an attempt that is over or a delivery held by someone
+        else, and StaleEpoch if any was last delivered under another epoch (it was
+        handed to another consumer since, who may be processing it). A delivery that
+        timed out but was not handed out again may still be deleted by its holder.
         """
-        for seq in seqs:
+        for seq, attempt in keys:
             entry = self._delivered.get(seq)
-            delivered = entry.attempt > 0 if entry is not None else seq <= self.read_seq
-            if not delivered:  # unread seqs are all above read_seq
-                raise NotInFlight(
-                    f"message {seq} has not been delivered from this queue, so it cannot be deleted"
-                )
-            if entry is not None and entry.epoch != epoch:
-                raise _not_yours(seq, epoch, entry.epoch)
+            if entry is None:
+                if seq > self.read_seq:  # unread seqs are all above read_seq
+                    raise _never_delivered(seq)
+                continue  # settled already
+            self._check(seq, attempt, entry, epoch, holder)
         done = []
-        for seq in seqs:
+        for seq, _ in keys:
             settle = seq in self._delivered
             if settle:
                 self._settle(seq, Outcome.DELETED)
@@ -311,34 +323,111 @@ class Cursor:
         return done
 
     def release_many(
-        self, seqs: list[int], now: float, delay: float = 0.0, epoch: int = 0
+        self, keys: Sequence[Key], now: float, delay: float = 0.0, epoch: int = 0, holder: int = 0
     ) -> list[Release | Settlement]:
-        """Give back messages in flight to the flow holding ``epoch``, atomically: each
-        is ready again after ``delay``, or — past its redelivery limit or expired —
-        settled instead. Raises NotInFlight, changing nothing, if any is not in flight
-        (or is listed twice), and StaleEpoch if any is in flight under another epoch."""
-        self.check_in_flight(seqs, epoch)
-        return [self._give_back(s, self._delivered[s], now, now + delay) for s in seqs]
+        """Give back deliveries in flight to ``holder`` on the flow holding ``epoch``,
+        atomically: each is ready again after ``delay``, or — past its redelivery limit
+        or expired — settled instead. Raises as :meth:`check_in_flight`, changing
+        nothing."""
+        self.check_in_flight(keys, epoch, holder)
+        return [self._give_back(s, self._delivered[s], now, now + delay) for s, _ in keys]
 
-    def check_in_flight(self, seqs: list[int], epoch: int) -> None:
-        """Raise NotInFlight unless every message is in flight, each listed once, and
-        StaleEpoch (HeldByTransaction) if one is in flight to another flow (held by a
-        prepared transaction). Changes nothing."""
-        if len(set(seqs)) != len(seqs):
+    def return_unseen(
+        self, keys: Sequence[Key], now: float, epoch: int = 0, holder: int = 0
+    ) -> list[Release | Settlement]:
+        """Take back deliveries their consumer never handed to its application (they
+        sat in its prefetch buffer): ready again at once, and un-counted — the attempt
+        is the number of times the message was handed out. A delivery that is no
+        longer the caller's (settled, or handed out again since) is left alone;
+        idempotent."""
+        out: list[Release | Settlement] = []
+        for seq, attempt in sorted(set(keys)):
+            entry = self._delivered.get(seq)
+            if (
+                entry is None
+                or attempt < 1
+                or (entry.attempt, entry.epoch, entry.holder) != (attempt, epoch, holder)
+            ):
+                continue
+            if entry.in_flight:
+                entry.attempt -= 1
+                out.append(self._give_back(seq, entry, now, now))
+            elif entry.ready:  # timed out meanwhile, not handed out again yet
+                entry.attempt -= 1
+        return out
+
+    def release_holder(
+        self, keys: Sequence[Key], now: float, holder: int
+    ) -> list[Release | Settlement]:
+        """Give back, ready at once and counted, those of ``keys`` still in flight to
+        ``holder`` (not superseded, not held by a transaction): what a consumer that
+        went away held. The others are left alone."""
+        out = []
+        for seq, attempt in sorted(set(keys)):
+            entry = self._delivered.get(seq)
+            if (
+                entry is not None
+                and entry.in_flight
+                and entry.epoch != HELD
+                and (entry.attempt, entry.holder) == (attempt, holder)
+            ):
+                out.append(self._give_back(seq, entry, now, now))
+        return out
+
+    def check_in_flight(self, keys: Sequence[Key], epoch: int, holder: int = 0) -> None:
+        """Raise NotInFlight unless every delivery is in flight, each listed once;
+        StaleDelivery if one names an attempt that is over or is held by someone other
+        than ``holder``; StaleEpoch (HeldByTransaction) if one is in flight to another
+        flow (held by a prepared transaction). Changes nothing."""
+        if len({seq for seq, _ in keys}) != len(keys):
             raise NotInFlight("a message is listed twice; list each once")
-        for seq in seqs:
+        for seq, attempt in keys:
             entry = self._delivered.get(seq)
             if entry is None or not entry.in_flight:
                 raise NotInFlight(
                     f"message {seq} is not in flight on this queue (never delivered, timed "
                     "out or settled): receive it again"
                 )
-            if entry.epoch != epoch:
-                raise _not_yours(seq, epoch, entry.epoch)
+            self._check(seq, attempt, entry, epoch, holder)
+
+    def _check(self, seq: int, attempt: int, entry: _Delivered, epoch: int, holder: int) -> None:
+        """Raise unless the caller (``epoch``, ``holder``) may settle delivery
+        ``(seq, attempt)`` of this unsettled ``entry``."""
+        if entry.attempt == 0:  # dead-lettered here, never handed out
+            raise _never_delivered(seq)
+        if entry.epoch != epoch:
+            raise _not_yours(seq, epoch, entry.epoch)
+        if entry.attempt != attempt:
+            raise StaleDelivery(
+                f"message {seq} was handed out again since attempt {attempt} (it is at "
+                f"attempt {entry.attempt}): that delivery is over; do not apply it"
+            )
+        if entry.holder != holder:
+            raise StaleDelivery(
+                f"message {seq} (attempt {attempt}) is not held by this consumer"
+                + (
+                    " (it was in flight when the node restarted and is delivered again)"
+                    if entry.holder == ORPHAN
+                    else ""
+                )
+                + "; do not apply it"
+            )
 
     def has_delivered(self, seq: int) -> bool:
         """True if ``seq`` was delivered at least once and is not settled."""
         return seq in self._delivered
+
+    def delete_held(self, seqs: list[int]) -> list[bool]:
+        """Settle as DELETED the messages held for a transaction that committed.
+        Idempotent: True for each settled now, False for one no longer held."""
+        done = []
+        for seq in seqs:
+            entry = self._delivered.get(seq)
+            held = entry is not None and entry.epoch == HELD
+            if held:
+                self._settle(seq, Outcome.DELETED)
+            done.append(held)
+        return done
 
     def hold_many(self, seqs: list[int]) -> None:
         """Hold delivered messages for a prepared transaction (check them first with
@@ -363,11 +452,21 @@ class Cursor:
                 out.append(self._give_back(seq, entry, now, now))
         return out
 
-    def release_epoch(self, epoch: int, now: float) -> list[Release | Settlement]:
+    def release_epoch(
+        self, epoch: int, now: float, seen: set[Key] | None = None
+    ) -> list[Release | Settlement]:
         """Give back, ready at once and in sequence order, every message in flight under
-        ``epoch``: its flow lost activity, and the next active flow takes them over."""
+        ``epoch``: its flow lost activity, and the next active flow takes them over.
+        With ``seen`` (its consumer said which of them it handed to its application),
+        the others are un-counted as by :meth:`return_unseen`."""
         held = sorted(s for s, e in self._delivered.items() if e.in_flight and e.epoch == epoch)
-        return [self._give_back(s, self._delivered[s], now, now) for s in held]
+        out = []
+        for s in held:
+            entry = self._delivered[s]
+            if seen is not None and (s, entry.attempt) not in seen:
+                entry.attempt -= 1
+            out.append(self._give_back(s, entry, now, now))
+        return out
 
     def poll(self, now: float) -> list[Settlement]:
         """Advance time: time out deliveries past their deadline, ready parked messages
@@ -458,19 +557,23 @@ class Cursor:
         return Settlement(seq, outcome)
 
 
-def _not_yours(seq: int, epoch: int, holder: int) -> StaleEpoch | HeldByTransaction:
-    if holder == HELD:
+def _never_delivered(seq: int) -> NotInFlight:
+    return NotInFlight(
+        f"message {seq} has not been delivered from this queue, so it cannot be settled"
+    )
+
+
+def _not_yours(seq: int, epoch: int, current: int) -> StaleEpoch | HeldByTransaction:
+    if current == HELD:
         return HeldByTransaction(
             f"message {seq} is held by a prepared transaction; its outcome settles it "
             "(see `eomsg inspect txns`)"
         )
-    return StaleEpoch(_stale(seq, epoch, holder))
-
-
-def _stale(seq: int, epoch: int, holder: int) -> str:
-    if holder == 0:
-        return f"message {seq} was not delivered to the flow of epoch {epoch}; do not apply it"
-    return (
-        f"message {seq} was last delivered under epoch {holder}, not {epoch}: it belongs "
+    if current == 0:
+        return StaleEpoch(
+            f"message {seq} was not delivered to the flow of epoch {epoch}; do not apply it"
+        )
+    return StaleEpoch(
+        f"message {seq} was last delivered under epoch {current}, not {epoch}: it belongs "
         "to another consumer now; do not apply it"
     )

@@ -21,7 +21,7 @@ MAX_ID_LENGTH = 256
 MAX_HEADERS_BYTES = 64 * 1024
 MAX_MAX_PAYLOAD = 64 * 1024 * 1024
 _HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
-_SIZE = re.compile(r"(\d+)\s*(b|kib|kb|k|mib|mb|m)?", re.IGNORECASE)
+_SIZE = re.compile(r"(\d+)\s*(b|kib|kb|k|mib|mb|m|gib|gb|g)?", re.IGNORECASE)
 _SIZE_UNITS = {
     "b": 1,
     "k": 1024,
@@ -30,18 +30,31 @@ _SIZE_UNITS = {
     "m": 1 << 20,
     "mb": 1 << 20,
     "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "gib": 1 << 30,
 }
 
 
-def parse_size(text: str) -> int:
-    """Bytes in ``text`` (``65536``, ``64KiB``, ``1MiB``); at most 64 MiB, at least 1."""
+def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
+    """Bytes in ``text`` (``65536``, ``64KiB``, ``1MiB``, ``2GiB``), between ``low`` and
+    ``high`` (by default 1 byte and 64 MiB)."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
-        raise InvalidConfig(f"size {text!r} is not understood: use bytes or KiB/MiB, e.g. 1MiB")
+        raise InvalidConfig(
+            f"size {text!r} is not understood: use bytes or KiB/MiB/GiB, e.g. 1MiB"
+        )
     size = int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
-    if not 1 <= size <= MAX_MAX_PAYLOAD:
-        raise InvalidConfig(f"size {text!r} must be between 1 byte and 64 MiB")
+    if not low <= size <= high:
+        raise InvalidConfig(f"size {text!r} must be between {_show(low)} and {_show(high)}")
     return size
+
+
+def _show(size: int) -> str:
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size >= unit and size % unit == 0:
+            return f"{size // unit} {name}"
+    return "1 byte" if size == 1 else f"{size} bytes"
 
 
 @dataclass(frozen=True)

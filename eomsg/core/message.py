@@ -3,8 +3,26 @@
 from __future__ import annotations
 
 import base64
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from eomsg.errors import InvalidInput
+
+Key = tuple[int, int]
+"""A delivery: ``(seq, attempt)`` (:attr:`Delivered.key`)."""
+
+
+def check_keys(keys: Iterable[Key]) -> tuple[Key, ...]:
+    """Deliveries as ``(seq, attempt)`` pairs of ints; InvalidInput for anything else,
+    before anything is sent or changed."""
+    out = tuple(keys)
+    for key in out:
+        if type(key) is not tuple or len(key) != 2 or not all(type(x) is int for x in key):
+            raise InvalidInput(
+                f"a delivery is named by (seq, attempt), as Delivered.key gives it, not {key!r}"
+            )
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +59,10 @@ class Message:
 @dataclass(frozen=True, slots=True)
 class Delivered:
     """A message handed to a consumer of ``queue``: delete it (or release it) before
-    ``deadline``, or it is delivered again. ``attempt`` counts deliveries, from 1;
-    ``epoch`` is that of the consumer's flow (0 when fetched without one): a delete must
-    carry it, and is refused once the epoch is over."""
+    ``deadline``, or it is delivered again. ``attempt`` counts the times it was handed
+    out, from 1; ``epoch`` is that of the consumer's flow (0 when fetched without one).
+    A delete names the delivery (:attr:`key` and ``epoch``) and is refused once it is
+    over: timed out and handed out again, or its epoch ended."""
 
     queue: str
     message: Message
@@ -54,6 +73,11 @@ class Delivered:
     @property
     def seq(self) -> int:
         return self.message.seq
+
+    @property
+    def key(self) -> Key:
+        """``(seq, attempt)``: this delivery, as a delete or release names it."""
+        return (self.message.seq, self.attempt)
 
     def to_json(self) -> dict[str, Any]:
         return {**self.message.to_json(), "queue": self.queue, "attempt": self.attempt}

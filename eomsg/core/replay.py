@@ -20,7 +20,7 @@ from typing import Any
 
 from eomsg.core.durations import parse_duration
 from eomsg.core.topics import pattern_regex, validate_pattern
-from eomsg.errors import IllegalMove, InvalidInput
+from eomsg.errors import IllegalMove, InvalidInput, LogCollected
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -136,6 +136,32 @@ def split(lo: int, hi: int, parts: int) -> list[SeqRange]:
         out.append(SeqRange(start, end))
         start = end
     return out
+
+
+def check_retained(
+    what: str, sel: Selection, lo: int, hi: int, horizon: tuple[int, int | None]
+) -> None:
+    """Raise LogCollected unless everything ``what`` (a job, a stream's batch) reads is
+    still in the log: its range ``[lo, hi)``, the seqs it names from ``sel.from_seq``
+    on, and the messages published since ``sel.since_us``. ``horizon`` is the log's
+    first kept seq (1 when nothing was ever collected) and the publish time of the
+    first message kept (None when the log is empty)."""
+    first, first_published = horizon
+    if first <= 1:
+        return
+    gone = f"the log keeps seq {first} and later (older messages were collected)"
+    if hi > lo and lo < first:
+        raise LogCollected(f"{what} reads seq {lo} .. {hi - 1}, but {gone}")
+    if sel.from_seq < first and sel.from_seq > 1:
+        raise LogCollected(f"{what} starts at seq {sel.from_seq}, but {gone}")
+    if sel.since_us is not None and (first_published is None or sel.since_us < first_published):
+        raise LogCollected(
+            f"{what} reads messages published since {_iso_us(sel.since_us)}, but {gone}"
+        )
+
+
+def _iso_us(us: int) -> str:
+    return dt.datetime.fromtimestamp(us / 1_000_000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def replay_id(job_id: str, seq: int, ordinal: int = 0) -> str:

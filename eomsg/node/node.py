@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -26,16 +27,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eomsg.core.cursor import HELD, Cursor, Outcome, Release, Settlement
+from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Change, Election, Epochs, FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
-from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult, check_keys
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
 from eomsg.core.topics import Matcher, pattern_regex
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import (
+    DiskFull,
+    EomsgError,
     FlowNotFound,
     InvalidConfig,
     NodeClosed,
@@ -53,9 +56,12 @@ from eomsg.store.writer import RowBatch
 
 __all__ = ["SETTINGS", "Node", "NodeSettings"]
 
+log = logging.getLogger("eomsg.node")
+
 Clock = Callable[[], float]
 _Fresh = tuple[int, str | None, float | None, tuple["_Queue", ...]]  # seq, id, expiry, route
 Notify = Callable[[FlowEvent], None]
+TxnDelete = tuple[str, int, int, int]  # queue, seq, epoch, attempt
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
 TXN_MEMORY = 7 * 86400.0  # how long a finished transaction's outcome is remembered
 
@@ -164,9 +170,10 @@ class Node:
     ) -> Node:
         """Open the data directory (creating it unless ``create`` is False) and rebuild
         the in-memory state from it."""
-        store = Store(Path(data_dir), create=create)
+        settings = settings or NodeSettings()
+        store = Store(Path(data_dir), create=create, wal_limit=settings.wal_limit)
         try:
-            return cls(store, settings or NodeSettings(), clock)
+            return cls(store, settings, clock)
         except BaseException:
             store.close()
             raise
@@ -287,6 +294,7 @@ class Node:
         limits = self.settings.limits
         for m in messages:
             check_outgoing(m, limits)
+        self._check_room()
         now = self.clock()
         batch = RowBatch()
         with self._lock:
@@ -421,7 +429,13 @@ class Node:
     # -- consuming (seed 003 cursor) -----------------------------------------------------
 
     def fetch(
-        self, queue: str, max_messages: int = 100, wait: float = 0.0, *, flow: int | None = None
+        self,
+        queue: str,
+        max_messages: int = 100,
+        wait: float = 0.0,
+        *,
+        flow: int | None = None,
+        holder: int = 0,
     ) -> list[Delivered]:
         """Deliver up to ``max_messages`` from ``queue``: redeliveries first, then new
         messages in sequence order. Each delivery attempt is durable before it is
@@ -432,12 +446,14 @@ class Node:
         active, each fetch takes at most its fair share of the ready messages, so a
         burst is spread over them. Without ``flow``, only a queue with no limit on active
         consumers can be read (NotActive otherwise). With ``wait``, an empty queue is
-        waited on for up to that many seconds."""
+        waited on for up to that many seconds. ``holder`` names the caller (the server
+        gives each connection its own; in-process callers share 0): only the holder of a
+        delivery settles it."""
         deadline = time.monotonic() + wait
         while True:
             with self._ready:
                 generation = self._ready_generation
-            taken = self.take(queue, max_messages, flow=flow)[0]
+            taken = self.take(queue, max_messages, flow=flow, holder=holder)[0]
             remaining = deadline - time.monotonic()
             if taken or remaining <= 0:
                 return taken
@@ -446,7 +462,7 @@ class Node:
                     self._ready.wait(remaining)
 
     def take(
-        self, queue: str, max_messages: int = 100, *, flow: int | None = None
+        self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
     ) -> tuple[list[Delivered], bool]:
         """:meth:`fetch`, also saying whether the queue still holds messages that are not
         in flight (looked at in the same step, so a consumer knows it has drained it)."""
@@ -473,7 +489,7 @@ class Node:
                 if active > 1:
                     share = -(-q.cursor.ready_count // active)
                     max_messages = max(1, min(max_messages, share))
-            taken = q.cursor.take(now, max_messages, epoch)
+            taken = q.cursor.take(now, max_messages, epoch, holder)
             more = q.cursor.ready_count > 0
             batch = RowBatch()
             for d in taken.deliveries:
@@ -491,30 +507,36 @@ class Node:
         ]
         return delivered, more
 
-    def delete(self, queue: str, seqs: Iterable[int], *, epoch: int = 0) -> list[bool]:
+    def delete(
+        self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0
+    ) -> list[bool]:
         """Delete delivered messages from ``queue`` (seed 003: a deletion record per
-        message). Atomic and idempotent: True for each message deleted now, False for one
-        already settled. Nothing is deleted if any was never delivered (NotInFlight), or
-        if ``epoch`` — that of the flow the messages were delivered to, 0 for a fetch
-        without one — is over or does not match (StaleEpoch). Returns once durable."""
-        return self.delete_async(queue, seqs, epoch=epoch).result()
+        message), each named by its delivery ``(seq, attempt)`` (:attr:`Delivered.key`).
+        Atomic and idempotent: True for each message deleted now, False for one already
+        settled. Nothing is deleted if any was never delivered (NotInFlight), if any
+        delivery is over or is not ``holder``'s (StaleDelivery), or if ``epoch`` — that
+        of the flow the messages were delivered to, 0 for a fetch without one — is over
+        or does not match (StaleEpoch). Returns once durable."""
+        return self.delete_async(queue, keys, epoch=epoch, holder=holder).result()
 
     def delete_async(
-        self, queue: str, seqs: Iterable[int], *, epoch: int = 0
+        self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0
     ) -> Future[list[bool]]:
         """Like :meth:`delete`, but returns at once with a future that resolves after the
         commit, so a consumer can fetch its next batch meanwhile (both then share one
         commit). Invalid input raises here, before anything is queued."""
-        seqs = list(seqs)
+        keys = check_keys(keys)
         now_us = _us(self.clock())
         deleted: Future[list[bool]] = Future()
         with self._lock:
             self._check_open()
             q = self._queue(queue)
             self._check_epoch(q, epoch)
-            done = q.cursor.delete_many(seqs, epoch)
+            done = q.cursor.delete_many(keys, epoch, holder)
             rows = [
-                (q.id, s, Outcome.DELETED, now_us) for s, d in zip(seqs, done, strict=True) if d
+                (q.id, s, Outcome.DELETED, now_us)
+                for (s, _), d in zip(keys, done, strict=True)
+                if d
             ]
             q.counts[Outcome.DELETED] += len(rows)
             self._settled_since_compaction += len(rows)
@@ -537,44 +559,69 @@ class Node:
         return deleted
 
     def release(
-        self, queue: str, seqs: Iterable[int], delay: float = 0.0, *, epoch: int = 0
-    ) -> None:
-        """Give delivered messages back for redelivery after ``delay`` seconds (nack).
-        Atomic. A message past its redelivery limit goes to the dead-letter queue.
-        ``epoch`` is checked as for :meth:`delete`."""
-        self._release(queue, list(seqs), delay, epoch=epoch)
-
-    def release_held(self, queue: str, held: Iterable[tuple[int, int]]) -> int:
-        """Give back those of the ``(seq, attempt)`` deliveries that are still in flight
-        under that very attempt — what a consumer that went away was holding — and
-        leave alone any message settled or redelivered since. Returns how many."""
-        return self._release(queue, [], 0.0, held=dict(held))
-
-    def _release(
         self,
         queue: str,
-        seqs: list[int],
-        delay: float,
+        keys: Iterable[Key],
+        delay: float = 0.0,
         *,
         epoch: int = 0,
-        held: dict[int, int] | None = None,
-    ) -> int:
+        holder: int = 0,
+    ) -> None:
+        """Give deliveries back for redelivery after ``delay`` seconds (nack). Atomic. A
+        message past its redelivery limit goes to the dead-letter queue. Each delivery
+        is checked as for :meth:`delete`, and must still be in flight."""
+        keys = check_keys(keys)
         now = self.clock()
         with self._lock:
             self._check_open()
             q = self._queue(queue)
-            if held is not None:  # checked under the same lock as the release itself
-                seqs = [s for s, a in held.items() if q.cursor.in_flight_attempt(s) == a]
-            else:
-                self._check_epoch(q, epoch)
-            batch = RowBatch()
-            self._record_releases(batch, q, q.cursor.release_many(seqs, now, delay, epoch), now)
-            future = self.store.writer.write(batch) if not batch.empty else None
+            self._check_epoch(q, epoch)
+            outcomes = q.cursor.release_many(keys, now, delay, epoch, holder)
+            future = self._write_releases(q, outcomes, now)
+        self._released(queue, future, bool(keys) and delay <= 0)
+
+    def return_unseen(
+        self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0
+    ) -> None:
+        """Take back deliveries that ``holder`` never handed to its application (they sat
+        in its prefetch buffer): ready again at once and un-counted, so a message's
+        attempt stays the number of times it was handed out. Deliveries no longer
+        ``holder``'s are left alone. Idempotent."""
+        keys = check_keys(keys)
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            outcomes = q.cursor.return_unseen(keys, now, epoch, holder)
+            future = self._write_releases(q, outcomes, now)
+        self._released(queue, future, bool(keys))
+
+    def release_held(self, queue: str, held: Iterable[Key], holder: int) -> int:
+        """Give back those of ``holder``'s deliveries that are still in flight to it —
+        what a consumer that went away was holding — and leave alone any message
+        settled or handed out since. They count as handed out. Returns how many."""
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            outcomes = q.cursor.release_holder(list(held), now, holder)
+            future = self._write_releases(q, outcomes, now)
+        self._released(queue, future, bool(outcomes))
+        return len(outcomes)
+
+    def _write_releases(
+        self, q: _Queue, outcomes: list[Release | Settlement], now: float
+    ) -> Future[None] | None:
+        """Record releases and settlements in one batch; under ``_lock``."""
+        batch = RowBatch()
+        self._record_releases(batch, q, outcomes, now)
+        return self.store.writer.write(batch) if not batch.empty else None
+
+    def _released(self, queue: str, future: Future[None] | None, ready: bool) -> None:
         if future is not None:
             future.result()
-        if seqs and delay <= 0:
+        if ready:
             self._notify({queue})
-        return len(seqs)
 
     def _record_releases(
         self, batch: RowBatch, q: _Queue, outcomes: list[Release | Settlement], now: float
@@ -632,21 +679,26 @@ class Node:
         *,
         coordinator: str,
         messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int]] = (),
+        deletes: Sequence[TxnDelete] = (),
         owner: str | None = "",
+        holder: int = 0,
     ) -> None:
         """Vote yes for transaction ``txid``: make its work durable without applying it,
         and return once it is. ``messages`` will be published (invisible until the
-        commit); ``deletes`` — ``(queue, seq, epoch)`` of messages delivered to the
-        caller — are held for the transaction: no timeout, no redelivery, no delete or
-        release by anyone but its outcome. ``coordinator`` says where the outcome will
-        be recorded, for recovery. Atomic: on any error nothing is held or recorded.
+        commit); ``deletes`` — ``(queue, seq, epoch, attempt)`` of deliveries in flight
+        to ``holder`` — are held for the transaction: no timeout, no redelivery, no
+        delete or release by anyone but its outcome. A delivery that is over
+        (StaleDelivery) makes the node vote no, so the transaction aborts cleanly.
+        ``coordinator`` says where the outcome will be recorded, for recovery. Atomic:
+        on any error nothing is held or recorded.
         Idempotent: preparing a prepared transaction again does nothing."""
         check_txid(txid)
         if len(coordinator) > 1024:
             raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
         for m in messages:
             check_outgoing(m, self.settings.limits)
+        if messages:
+            self._check_room()
         now = self.clock()
         batch = RowBatch()
         with self._lock:
@@ -655,8 +707,8 @@ class Node:
                 return
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
-            by_queue = self._check_deletes(deletes)
-            held = {q: [s for s, _ in items] for q, items in by_queue.items()}
+            by_queue = self._check_deletes(deletes, holder)
+            held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
             batch.add("txn_log", txid, TxnState.PREPARED.value, _us(now), coordinator)
@@ -690,7 +742,7 @@ class Node:
             results, fresh = self._stage(batch, t.messages, now)
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:  # the queue may have been deleted since
-                    done = q.cursor.delete_many(seqs, HELD)
+                    done = q.cursor.delete_held(seqs)
                     settled = [
                         Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
                     ]
@@ -734,26 +786,35 @@ class Node:
         return True
 
     def transact(
-        self, messages: Sequence[Outgoing] = (), deletes: Sequence[tuple[str, int, int]] = ()
+        self,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[TxnDelete] = (),
+        *,
+        holder: int = 0,
     ) -> list[PublishResult]:
-        """Publish ``messages`` and delete ``deletes`` (``(queue, seq, epoch)``) in one
-        atomic step: the one-phase commit of a transaction whose only participant is this
-        node. Returns once durable; on any error nothing changed."""
+        """Publish ``messages`` and delete ``deletes`` (``(queue, seq, epoch, attempt)``
+        of deliveries in flight to ``holder``) in one atomic step: the one-phase commit
+        of a transaction whose only participant is this node. Returns once durable; on
+        any error nothing changed."""
         for m in messages:
             check_outgoing(m, self.settings.limits)
+        if messages:
+            self._check_room()
         now = self.clock()
         batch = RowBatch()
         with self._lock:
             self._check_open()
-            by_queue = self._check_deletes(deletes)
+            by_queue = self._check_deletes(deletes, holder)
             first_seq = self._next_seq
             results, fresh = self._stage(batch, messages, now)
             for q, items in by_queue.items():
-                for epoch in {e for _, e in items}:
-                    seqs = [s for s, e in items if e == epoch]
-                    done = q.cursor.delete_many(seqs, epoch)
+                for epoch in {e for _, _, e in items}:
+                    keys = [(s, a) for s, a, e in items if e == epoch]
+                    done = q.cursor.delete_many(keys, epoch, holder)
                     settled = [
-                        Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
+                        Settlement(s, Outcome.DELETED)
+                        for (s, _), d in zip(keys, done, strict=True)
+                        if d
                     ]
                     self._record_settlements(batch, q, settled, now)
             committed = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
@@ -788,17 +849,19 @@ class Node:
             return len(mine)
 
     def _check_deletes(
-        self, deletes: Sequence[tuple[str, int, int]]
-    ) -> dict[_Queue, list[tuple[int, int]]]:
-        """``(queue, seq, epoch)`` deletes grouped by queue, each checked in flight to
-        its epoch — all of them before the caller changes anything. Under ``_lock``."""
-        by_queue: dict[_Queue, list[tuple[int, int]]] = {}
-        for queue, seq, epoch in deletes:
-            by_queue.setdefault(self._queue(queue), []).append((seq, epoch))
+        self, deletes: Sequence[TxnDelete], holder: int
+    ) -> dict[_Queue, list[tuple[int, int, int]]]:
+        """``(queue, seq, epoch, attempt)`` deletes as ``(seq, attempt, epoch)`` grouped
+        by queue, each checked in flight to ``holder`` under its epoch and attempt — all
+        of them before the caller changes anything. Under ``_lock``."""
+        by_queue: dict[_Queue, list[tuple[int, int, int]]] = {}
+        for queue, seq, epoch, attempt in deletes:
+            by_queue.setdefault(self._queue(queue), []).append((seq, attempt, epoch))
         for q, items in by_queue.items():
-            for epoch in {e for _, e in items}:
+            for epoch in {e for _, _, e in items}:
                 self._check_epoch(q, epoch)
-                q.cursor.check_in_flight([s for s, e in items if e == epoch], epoch)
+                keys = [(s, a) for s, a, e in items if e == epoch]
+                q.cursor.check_in_flight(keys, epoch, holder)
         return by_queue
 
     def _decided(self, txid: str) -> TxnState:
@@ -965,11 +1028,16 @@ class Node:
         self._settle_apply(q, future)
         return info
 
-    def unbind(self, queue: str, flow: int, *, admin: bool = False) -> int:
+    def unbind(
+        self, queue: str, flow: int, *, admin: bool = False, seen: Iterable[Key] | None = None
+    ) -> int:
         """Unbind a flow — its consumer asked, went away, or fell silent; or, with
         ``admin``, an administrator did (its consumer is told ``unbound``) — and run the
         election. Whatever it held in flight is redelivered, in order, to the active
-        flows. Returns how many messages that was."""
+        flows. With ``seen`` — a consumer that unbinds says which of its deliveries it
+        handed to its application — the others are un-counted (they sat in its prefetch
+        buffer). Returns how many messages were redelivered."""
+        seen_keys = None if seen is None else set(check_keys(seen))
         with self._elect:
             self._check_open()
             self._reserve_epochs(queue)
@@ -980,7 +1048,9 @@ class Node:
                 epoch = q.election.epoch_of(flow)
                 held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
                 changes = q.election.unbind(flow)
-                future = self._apply(q, changes, now)
+                future = self._apply(
+                    q, changes, now, None if seen_keys is None else {epoch: seen_keys}
+                )
                 del self._flows[flow]
                 if admin and f.notify is not None:
                     f.notify(FlowEvent(queue, flow, "unbound", False, 0))
@@ -1030,17 +1100,26 @@ class Node:
             self.store.writer.run(Store.save_meta_job("epochs_reserved", str(reserved))).result()
             self._epochs_reserved = reserved
 
-    def _apply(self, q: _Queue, changes: list[Change], now: float) -> Future[None] | None:
+    def _apply(
+        self,
+        q: _Queue,
+        changes: list[Change],
+        now: float,
+        seen: dict[int, set[Key]] | None = None,
+    ) -> Future[None] | None:
         """Carry out an election's changes, in order, under ``_lock``: a deactivated
         flow's epoch stops being accepted and what it held in flight is made ready again
-        (lowest seq first, for the next active flow); every flow hears of its change."""
+        (lowest seq first, for the next active flow) — un-counted where ``seen`` lists
+        what that epoch's consumer handed to its application, and the rest is not in
+        it; every flow hears of its change."""
         batch = RowBatch()
         for c in changes:
             if c.active:
                 q.live_epochs.add(c.epoch)
             else:
                 q.live_epochs.discard(c.epoch)
-                self._record_releases(batch, q, q.cursor.release_epoch(c.epoch, now), now)
+                given_back = q.cursor.release_epoch(c.epoch, now, (seen or {}).get(c.epoch))
+                self._record_releases(batch, q, given_back, now)
             f = self._flows.get(c.flow)
             if f is not None and f.notify is not None:
                 kind = "active" if c.active else "inactive"
@@ -1074,6 +1153,7 @@ class Node:
             "retention": f"{s.retention:g}",
             "gc-interval": f"{s.gc_interval:g}",
             "max-payload": str(s.limits.max_payload),
+            "disk-reserve": str(s.disk_reserve),
         }
 
     # -- watching -----------------------------------------------------------------------
@@ -1155,6 +1235,13 @@ class Node:
         self._check_open()
         return self.store.log_bounds(sel)
 
+    def log_horizon(self) -> tuple[int, int | None]:
+        """The first seq the log still holds (log GC drops what is below it; 1 if it
+        never dropped any) and the publish time of the first message held, in
+        microseconds (None if the log is empty)."""
+        self._check_open()
+        return self.store.log_horizon()
+
     def read_log(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
         """Committed messages of ``sel`` in ``[lo, hi)``, oldest first, as an Arrow table
         of at most about ``max_bytes`` (one row at least), and the seq to read on from
@@ -1189,6 +1276,7 @@ class Node:
         collect the log past retention. Runs every ``tick`` seconds and at close."""
         if self._closed:
             return
+        self.store.refresh_disk_free()
         now = self.clock()
         self._poll(now)
         with self._lock:
@@ -1237,7 +1325,39 @@ class Node:
                 self.maintain()
             except NodeClosed:
                 return
+            except EomsgError as e:
+                if self.failed is not None:
+                    return  # the store must be reopened: its listeners were told
+                log.warning("maintenance failed, tried again in %g s: %s", tick, e)
 
     def _check_open(self) -> None:
         if self._closed:
             raise NodeClosed("the node is closed")
+
+    def _check_room(self) -> None:
+        """DiskFull unless the data directory's disk has the reserve free: below it the
+        node takes no new messages (settlements, which keep the backlog from growing,
+        go on), so a checkpoint and a restart always find the room they need. Looks
+        again before refusing, so publishing resumes as soon as there is room."""
+        reserve = self.settings.disk_reserve
+        if not reserve or self.store.disk_free >= reserve:
+            return
+        free = self.store.refresh_disk_free()
+        if free < reserve:
+            raise DiskFull(
+                f"the disk holding {self.store.data_dir} has {free / (1 << 20):.1f} MiB "
+                f"free, under the node's reserve of {reserve / (1 << 20):.0f} MiB: "
+                "publishing resumes once more is free (or lower "
+                "`eomsg config set disk-reserve`)"
+            )
+
+    def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback(cause)`` once, on the writer's thread, if the store stops
+        taking writes (a commit failed): the node must then be closed and opened again,
+        which rebuilds its state from what the disk holds."""
+        self.store.failure_listeners.append(callback)
+
+    @property
+    def failed(self) -> BaseException | None:
+        """Why the store stopped taking writes, if it did."""
+        return self.store.writer.failure

@@ -8,17 +8,23 @@ from dataclasses import dataclass, field, replace
 from eomsg.core.durations import parse_duration
 from eomsg.core.limits import Limits, parse_size
 
+DEFAULT_DISK_RESERVE = 128 << 20
+
 
 @dataclass(frozen=True)
 class NodeSettings:
     """Tunables of a node. ``retention`` keeps fully consumed messages in the log for
-    replay; ``compact_every`` settled records trigger a compaction of the hot tables."""
+    replay; ``compact_every`` settled records trigger a compaction of the hot tables;
+    below ``disk_reserve`` bytes free on its disk the node refuses publishes (0: never),
+    so that a checkpoint and a restart always find room; ``wal_limit`` bounds the WAL."""
 
     limits: Limits = field(default_factory=Limits)
     retention: float = 86400.0
     compact_every: int = 50_000
     gc_interval: float = 60.0
     tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
+    disk_reserve: int = DEFAULT_DISK_RESERVE
+    wal_limit: int = 32 << 20  # the WAL is checkpointed at once when it grows past this
 
 
 # Settings a data directory can save (``eomsg config set``): name -> (parse to the
@@ -35,6 +41,10 @@ SETTINGS: dict[str, tuple[Callable[[str], str], Callable[[NodeSettings, str], No
     "max-payload": (
         lambda v: str(parse_size(v)),
         lambda s, v: replace(s, limits=replace(s.limits, max_payload=int(v))),
+    ),
+    "disk-reserve": (
+        lambda v: str(parse_size(v, low=0, high=1 << 50)),
+        lambda s, v: replace(s, disk_reserve=int(v)),
     ),
 }
 

@@ -93,19 +93,18 @@ def txn_messages(args: Args) -> list[Outgoing]:
         raise InvalidInput(f"malformed transaction message: {e}") from e
 
 
-def txn_deletes(args: Args) -> list[tuple[str, int, int]]:
-    """A transaction's deletes: ``[[queue, seq, epoch], …]``."""
+def txn_deletes(args: Args) -> list[tuple[str, int, int, int]]:
+    """A transaction's deletes: ``[[queue, seq, epoch, attempt], …]``."""
     out = []
     for item in _arg(args, "deletes", list):
         if (
             type(item) is not list
-            or len(item) != 3
+            or len(item) != 4
             or type(item[0]) is not str
-            or type(item[1]) is not int
-            or type(item[2]) is not int
+            or any(type(x) is not int for x in item[1:])
         ):
-            raise InvalidInput("a transaction delete is [queue, seq, epoch]")
-        out.append((item[0], item[1], item[2]))
+            raise InvalidInput("a transaction delete is [queue, seq, epoch, attempt]")
+        out.append((item[0], item[1], item[2], item[3]))
     return out
 
 
@@ -113,18 +112,22 @@ def _results(results: list[Any]) -> list[list[Any]]:
     return [[r.seq, r.id, r.duplicate, r.queues] for r in results]
 
 
-OWNED_CALLS: dict[str, Callable[[Node, Args, str], Any]] = {
-    "txn_prepare": lambda n, a, owner: n.prepare_txn(
+OWNED_CALLS: dict[str, Callable[[Node, Args, str, int], Any]] = {
+    "txn_prepare": lambda n, a, owner, holder: n.prepare_txn(
         _arg(a, "txid", str),
         coordinator=_arg(a, "coordinator", str),
         messages=txn_messages(a),
         deletes=txn_deletes(a),
         owner=owner,
+        holder=holder,
     ),
-    "txn_transact": lambda n, a, owner: _results(n.transact(txn_messages(a), txn_deletes(a))),
+    "txn_transact": lambda n, a, owner, holder: _results(
+        n.transact(txn_messages(a), txn_deletes(a), holder=holder)
+    ),
 }
-"""Calls that hold messages for the session: the session takes them out of its
-prefetch windows, and a prepared transaction is in doubt once its session is gone."""
+"""Calls that settle the session's deliveries (``holder``: only the session they were
+made to may) and hold messages for it: the session takes them out of its prefetch
+windows, and a prepared transaction is in doubt once its session is gone."""
 
 CALLS: dict[str, Callable[[Node, Args], Any]] = {
     "create_queue": _create_queue,
@@ -156,6 +159,7 @@ CALLS: dict[str, Callable[[Node, Args], Any]] = {
     ),
     "txns": lambda n, a: [t.to_json() for t in n.txns()],
     "log_bounds": lambda n, a: n.log_bounds(_selection(a)),
+    "log_horizon": lambda n, a: list(n.log_horizon()),
     "read_log": _read_log,
     "replay_jobs": lambda n, a: [
         j.to_json() for j in n.replay_jobs(_arg(a, "job_id", str, optional=True))

@@ -9,6 +9,12 @@ size, in-flight bytes and the handshake's duration are all bounded.
 Shutdown (SIGTERM, SIGINT, or :meth:`Server.stop`): stop accepting, let every session
 answer what it has in flight and say goodbye, then close the node, which runs a last
 maintenance pass and checkpoints.
+
+A store that fails (a commit the disk could not take) stops taking writes, and its
+in-memory state can no longer be trusted: the server tells every client why and drops
+it, closes the node, and opens it again — rebuilt from what the disk holds — as soon as
+it can (the disk has room for a checkpoint), retrying with backoff and saying what it
+waits for. Meanwhile a client that connects is told the same reason.
 """
 
 from __future__ import annotations
@@ -27,7 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from eomsg.errors import DataDirError, InvalidConfig
+from eomsg.errors import (
+    DataDirError,
+    DataDirLocked,
+    EomsgError,
+    InvalidConfig,
+    StorageError,
+    one_line,
+)
 from eomsg.node.node import Node
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
@@ -91,11 +104,20 @@ def load_token(data_dir: Path) -> str:
 
 
 class Server:
-    """The asyncio side of the daemon, over an open node. Use :func:`serve`."""
+    """The asyncio side of the daemon, over an open node. Use :func:`serve`. ``reopen``
+    opens the node again after its store failed (None: stop serving instead)."""
 
-    def __init__(self, node: Node, data_dir: Path, settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        node: Node,
+        data_dir: Path,
+        settings: ServerSettings,
+        reopen: Callable[[], Node] | None = None,
+    ) -> None:
         settings.check()
         self.node = node
+        self.reopen = reopen
+        self.down: str | None = None  # why the node is not serving now, while it is not
         self.data_dir = data_dir
         self.settings = settings
         self.loop = asyncio.get_running_loop()
@@ -111,7 +133,70 @@ class Server:
         self._wakes_pending: set[str] = set()
         self._stop_requested = asyncio.Event()
         self._stopping = False
+        self._attach(node)
+
+    def _attach(self, node: Node) -> None:
         node.add_listener(self._on_ready)
+        node.add_failure_listener(self._failure_heard)
+
+    def _failure_heard(self, cause: BaseException) -> None:
+        """Store failure listener, on the writer's thread: hand it to the loop."""
+        with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
+            self.loop.call_soon_threadsafe(self._store_failed, cause)
+
+    def _store_failed(self, cause: BaseException) -> None:
+        if self.down is not None or self._stopping:
+            return
+        self.down = (
+            f"the node's store failed ({one_line(cause)}) and is being reopened; "
+            "connect again shortly"
+        )
+        self.spawn(self._recover())
+
+    async def _recover(self) -> None:
+        """Drop every client (telling it why), close the failed node, then open it again
+        once that can work: the disk has room for its WAL's checkpoint."""
+        assert self.down is not None
+        log.error("%s", self.down)
+        for session in list(self.sessions):
+            session.dismiss(StorageError(self.down))
+        try:
+            await self.blocking(self.node.close)
+        except Exception:  # a failed store closes as far as it can; the disk holds the rest
+            log.exception("closing the failed node")
+        if self.reopen is None:
+            self.request_stop()
+            return
+        wait, said = 0.5, ""
+        while not self._stopping:
+            free, need = room_to_reopen(self.data_dir)
+            if free >= need:
+                try:
+                    node = await self.blocking(self.reopen)
+                except DataDirLocked as e:
+                    log.error("cannot reopen the store: %s; stopping", e)
+                    self.request_stop()
+                    return
+                except EomsgError as e:
+                    why = f"cannot reopen the store yet ({e.message})"
+                else:
+                    self.node = node
+                    self._attach(node)
+                    self.down = None
+                    log.warning("the store was reopened; serving again")
+                    return
+            else:
+                why = (
+                    f"waiting for disk space to reopen the store: {free / (1 << 20):.1f} MiB "
+                    f"free on the disk holding {self.data_dir}, {need / (1 << 20):.1f} MiB "
+                    "needed (free some; the node resumes by itself)"
+                )
+            if why != said:
+                log.warning("%s", why)
+                said = why
+                self.down = why
+            await asyncio.sleep(wait)
+            wait = min(wait * 2, 5.0)
 
     async def start(self) -> None:
         """Listen on the data directory's socket and every ``listen`` address."""
@@ -229,17 +314,30 @@ class Server:
                 future.set_result(None)
 
 
+def room_to_reopen(data_dir: Path) -> tuple[int, int]:
+    """Free bytes on the data directory's disk, and what reopening needs: DuckDB replays
+    its WAL and checkpoints it, which takes about the WAL's size again, plus a margin."""
+    st = os.statvfs(data_dir)
+    wal = data_dir / "eomsg.duckdb.wal"
+    size = wal.stat().st_size if wal.exists() else 0
+    return st.f_bavail * st.f_frsize, size + (16 << 20)
+
+
 def serve(
     data_dir: Path,
     node: Node,
     settings: ServerSettings,
     on_ready: Callable[[list[Address]], None] = lambda addresses: None,
+    reopen: Callable[[], Node] | None = None,
 ) -> None:
     """Serve ``node`` until SIGTERM or SIGINT, then shut down gracefully. The caller
-    opened the node (holding the data directory) and closes it afterwards."""
+    opened the node (holding the data directory) and closes it afterwards; a node that
+    ``reopen`` opened after a store failure is closed here."""
+    server: Server | None = None
 
     async def main() -> None:
-        server = Server(node, data_dir, settings)
+        nonlocal server
+        server = Server(node, data_dir, settings, reopen)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, server.request_stop)
@@ -250,8 +348,12 @@ def serve(
         finally:
             await server.stop()
 
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        runner.run(main())
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(main())
+    finally:
+        if server is not None and server.node is not node:
+            server.node.close()
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

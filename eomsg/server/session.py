@@ -43,6 +43,7 @@ from eomsg.errors import (
     InvalidConfig,
     Overloaded,
     ProtocolError,
+    StorageError,
 )
 from eomsg.server.calls import CALLS, OWNED_CALLS, txn_deletes
 from eomsg.wire import events as ev
@@ -56,6 +57,7 @@ log = logging.getLogger("eomsg.server")
 MAX_PREFETCH = 100_000
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
 FRAME_SLACK = 64 << 10  # room left in a frame for everything but payloads
+CLOSE_GRACE = 2.0  # seconds a closing connection may take to flush its last frames
 
 
 _session_ids = itertools.count(1)
@@ -89,13 +91,15 @@ class Session(asyncio.Protocol):
         self.conn = Connection(Role.SERVER, server.settings.max_frame)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
-        self.owner = f"session-{next(_session_ids)}"  # names it as a coordinator
+        self.holder = next(_session_ids)  # the node settles a delivery for its holder only
+        self.owner = f"session-{self.holder}"  # names it as a coordinator
         self.owns_txns = False  # prepared a transaction: disown them when it ends
         self.client_name = ""
         self.inflight_bytes = 0
         self.pending = 0  # requests received and not yet answered
         self.reading_paused = False
         self.writable = True  # False while the transport's write buffer is full
+        self.blocked_since = 0.0  # when it filled
         self.closing = False
         self.subscriptions: dict[int, _Subscription] = {}
         self.fetched: dict[str, dict[int, int]] = {}  # queue -> seq -> attempt (Fetch)
@@ -152,6 +156,7 @@ class Session(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.writable = False
+        self.blocked_since = self.loop.time()
 
     def resume_writing(self) -> None:
         self.writable = True
@@ -208,6 +213,9 @@ class Session(asyncio.Protocol):
                 self._close()
 
     def _hello(self, hello: ev.Hello) -> None:
+        if self.server.down is not None:
+            self._fail(StorageError(self.server.down))
+            return
         if hello.version != ev.PROTOCOL_VERSION:
             self._fail(
                 ProtocolError(
@@ -238,6 +246,7 @@ class Session(asyncio.Protocol):
         self._send(welcome)
         self._timers["handshake"].cancel()
         self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
+        self._timers["watchdog"] = self.loop.call_later(3 * s.heartbeat, self._watchdog)
         self._timers["resend"] = self.loop.call_later(s.resend, self._resend)
 
     # -- requests ---------------------------------------------------------------------------
@@ -262,11 +271,13 @@ class Session(asyncio.Protocol):
 
     def _delete(self, event: ev.Delete) -> None:
         try:
-            committed = self.node.delete_async(event.queue, event.seqs, epoch=event.epoch)
+            committed = self.node.delete_async(
+                event.queue, event.keys, epoch=event.epoch, holder=self.holder
+            )
         except EomsgError as e:
             self._send(ev.Error(event.rid, e.code, e.message))
             return
-        self._settled(event.queue, event.seqs)
+        self._settled(event.queue, event.keys)
         self._track(0)
         committed.add_done_callback(self._from_writer(self._deleted, event.rid))
 
@@ -286,7 +297,9 @@ class Session(asyncio.Protocol):
         deadline = self.loop.time() + event.wait
         while True:
             ready = self.server.ready_waiter(event.queue)
-            taken = await self.server.blocking(self.node.fetch, event.queue, event.max)
+            taken = await self.server.blocking(
+                self.node.fetch, event.queue, event.max, holder=self.holder
+            )
             remaining = deadline - self.loop.time()
             if taken or remaining <= 0 or self.closing or self.draining:
                 break
@@ -376,13 +389,19 @@ class Session(asyncio.Protocol):
                 self._send(change)
         self._timers["resend"] = self.loop.call_later(self.server.settings.resend, self._resend)
 
-    async def _unbind(self, sub: _Subscription) -> int:
-        """Unbind the flow; what it held goes to the next active flow. 0 if it is gone
-        already (unbound by an administrator, its queue deleted, the node closing)."""
+    async def _unbind(
+        self, sub: _Subscription, seen: tuple[tuple[int, int], ...] | None = None
+    ) -> int:
+        """Unbind the flow; what it held goes to the next active flow (un-counted but
+        for ``seen``, when the client said what it handed to its application). 0 if it
+        is gone already (unbound by an administrator, its queue deleted, the node
+        closing)."""
         if not sub.flow:
             return 0
         try:
-            released: int = await self.server.blocking(self.node.unbind, sub.queue, sub.flow)
+            released: int = await self.server.blocking(
+                self.node.unbind, sub.queue, sub.flow, seen=seen
+            )
         except EomsgError as e:
             log.info("could not unbind flow %d of %s: %s", sub.flow, sub.queue, e)
             return 0
@@ -406,7 +425,11 @@ class Session(asyncio.Protocol):
             ready = self.server.ready_waiter(sub.queue)
             try:
                 taken, sub.more = await self.server.blocking(
-                    self.node.take, sub.queue, min(room, FETCH_CHUNK), flow=sub.flow
+                    self.node.take,
+                    sub.queue,
+                    min(room, FETCH_CHUNK),
+                    flow=sub.flow,
+                    holder=self.holder,
                 )
             except EomsgError as e:  # the queue was deleted, or the node is closing
                 if not sub.closed:
@@ -432,7 +455,7 @@ class Session(asyncio.Protocol):
         empty Deliver): a consumer that drains a queue and stops knows when to."""
         if not sub.dry and not sub.closed:
             sub.dry = True
-            self._send(ev.Deliver(sub.rid, sub.queue, (), epoch=sub.epoch))
+            self._send(ev.Deliver(sub.rid, sub.queue, (), epoch=sub.epoch, now=self.node.clock()))
 
     async def _cancel(self, event: ev.Cancel) -> None:
         sub = self.subscriptions.pop(event.subscription, None)
@@ -440,28 +463,44 @@ class Session(asyncio.Protocol):
             self._send(ev.Result(event.rid, 0))
             return
         self._stop_subscription(sub)
-        released = await self._unbind(sub)
+        released = await self._unbind(sub, event.seen)
         self._send(ev.Result(event.rid, released))
 
     async def _release(self, event: ev.Release) -> None:
-        await self.server.blocking(
-            self.node.release, event.queue, event.seqs, event.delay, epoch=event.epoch
-        )
-        self._settled(event.queue, event.seqs)
+        if event.unseen:
+            await self.server.blocking(
+                self.node.return_unseen,
+                event.queue,
+                event.keys,
+                epoch=event.epoch,
+                holder=self.holder,
+            )
+        else:
+            await self.server.blocking(
+                self.node.release,
+                event.queue,
+                event.keys,
+                event.delay,
+                epoch=event.epoch,
+                holder=self.holder,
+            )
+        self._settled(event.queue, event.keys)
         self._send(ev.Result(event.rid, None))
 
     async def _call(self, event: ev.Call) -> None:
         owned = OWNED_CALLS.get(event.op)
         if owned is not None:
             self.owns_txns = True
-            value = await self.server.blocking(owned, self.node, event.args, self.owner)
+            value = await self.server.blocking(
+                owned, self.node, event.args, self.owner, self.holder
+            )
             if self.closing:  # lost while preparing: in doubt, as if lost just after
                 await self.server.blocking(self.node.disown_txns, self.owner)
-            by_queue: dict[str, list[int]] = {}
-            for queue, seq, _ in txn_deletes(event.args):
-                by_queue.setdefault(queue, []).append(seq)
-            for queue, seqs in by_queue.items():
-                self._settled(queue, tuple(seqs))
+            by_queue: dict[str, list[tuple[int, int]]] = {}
+            for queue, seq, _, attempt in txn_deletes(event.args):
+                by_queue.setdefault(queue, []).append((seq, attempt))
+            for queue, keys in by_queue.items():
+                self._settled(queue, tuple(keys))
             self._send(ev.Result(event.rid, value))
             return
         fn = CALLS.get(event.op)
@@ -525,17 +564,20 @@ class Session(asyncio.Protocol):
         if self.pending == 0:
             self._idle.set()
 
-    def _settled(self, queue: str, seqs: tuple[int, ...]) -> None:
-        """Deleted or released messages no longer count against prefetch windows."""
+    def _settled(self, queue: str, keys: tuple[tuple[int, int], ...]) -> None:
+        """Settled deliveries no longer count against prefetch windows (a newer attempt
+        of the same message still does)."""
         held = self.fetched.get(queue)
         if held:
-            for s in seqs:
-                held.pop(s, None)
+            for seq, attempt in keys:
+                if held.get(seq) == attempt:
+                    del held[seq]
         for sub in self.subscriptions.values():
             if sub.queue == queue and sub.held:
                 before = len(sub.held)
-                for s in seqs:
-                    sub.held.pop(s, None)
+                for seq, attempt in keys:
+                    if sub.held.get(seq) == attempt:
+                        del sub.held[seq]
                 if len(sub.held) != before:
                     sub.wake.set()
 
@@ -543,7 +585,9 @@ class Session(asyncio.Protocol):
         if not held:
             return 0
         try:
-            released: int = await self.server.blocking(self.node.release_held, queue, held)
+            released: int = await self.server.blocking(
+                self.node.release_held, queue, held, self.holder
+            )
         except EomsgError as e:  # queue deleted or node closing: redelivery by timeout
             log.info("could not release %d messages of %s: %s", len(held), queue, e)
             return 0
@@ -560,17 +604,18 @@ class Session(asyncio.Protocol):
     ) -> None:
         """Deliver frames within the frame limit; a Fetch's last one has ``more`` False."""
         budget = self.server.settings.max_frame - FRAME_SLACK
+        now = self.node.clock()
         chunk: list[Delivered] = []
         size = 0
         for d in taken:
             n = len(d.message.payload) + 256
             if chunk and size + n > budget:
-                self._send(ev.Deliver(rid, queue, tuple(chunk), more=final, epoch=epoch))
+                self._send(ev.Deliver(rid, queue, tuple(chunk), final, epoch, now))
                 chunk, size = [], 0
             chunk.append(d)
             size += n
         if chunk or final:
-            self._send(ev.Deliver(rid, queue, tuple(chunk), more=False, epoch=epoch))
+            self._send(ev.Deliver(rid, queue, tuple(chunk), False, epoch, now))
 
     def _send(self, event: ev.Event) -> None:
         if self.transport is None or self.transport.is_closing():
@@ -594,10 +639,27 @@ class Session(asyncio.Protocol):
             self.transport.write(self.conn.send_fatal(ev.Error(0, error.code, error.message)))
         self._close()
 
+    def dismiss(self, error: EomsgError) -> None:
+        """The node is going away (its store failed): tell the client why and hang up,
+        without touching the node (it is being closed)."""
+        self._fail(error)
+
     def _close(self) -> None:
         self.closing = True
         if self.transport is not None and not self.transport.is_closing():
             self.transport.close()
+            # close() waits for the write buffer to drain, which a client that does not
+            # read never lets happen: past a grace period, drop what it holds.
+            self._timers["abort"] = self.loop.call_later(CLOSE_GRACE, self.transport.abort)
+
+    def _cut_off(self, why: str) -> None:
+        """Keep-alive loss: drop the connection at once, whatever its buffers hold (a
+        graceful close would wait for a client that does not read), so that its flows
+        end now and their messages go to the next active consumer."""
+        log.info("cutting off %s (%s): %s", self.peer, self.client_name or "no hello", why)
+        self.closing = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def _handshake_timeout(self) -> None:
         if self.conn.state is not State.OPEN and not self.closing:
@@ -606,15 +668,33 @@ class Session(asyncio.Protocol):
             )
 
     def _heartbeat(self) -> None:
-        """Ping the client every heartbeat; hang up on one silent for three."""
+        """Ping the client every heartbeat (a live client answers, so it is heard)."""
         if self.closing:
             return
-        s = self.server.settings
-        if self.loop.time() - self.last_heard > 3 * s.heartbeat:
-            self._fail(ProtocolError(f"no word from the client for {3 * s.heartbeat:g} s"))
-            return
         self._send(ev.Ping(0))
-        self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
+        self._timers["heartbeat"] = self.loop.call_later(
+            self.server.settings.heartbeat, self._heartbeat
+        )
+
+    def _watchdog(self) -> None:
+        """Cut off a client silent for three heartbeats, or one that has read nothing
+        for as long (its socket buffers full), the moment that is so: it is gone or
+        stuck, and its flows must end within three heartbeats. Re-armed for the moment
+        that could next be true."""
+        if self.closing:
+            return
+        limit = 3 * self.server.settings.heartbeat
+        now = self.loop.time()
+        silent = now - self.last_heard
+        blocked = 0.0 if self.writable else now - self.blocked_since
+        if silent >= limit:
+            self._cut_off(f"no word from the client for {silent:.3g} s")
+        elif blocked >= limit:
+            self._cut_off(f"the client has read nothing for {blocked:.3g} s")
+        else:
+            self._timers["watchdog"] = self.loop.call_later(
+                limit - max(silent, blocked), self._watchdog
+            )
 
     async def drain(self, goodbye: str) -> None:
         """Graceful shutdown of this session: take no new requests and push nothing new,

@@ -11,6 +11,7 @@ staging starts afresh, and each sink's commit notices output already in place.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -25,13 +26,21 @@ from eomsg.core.replay import (
     JobStatus,
     Selection,
     SeqRange,
+    check_retained,
     default_job_id,
     parse_time,
     plan_action,
     split,
     validate_job_id,
 )
-from eomsg.errors import EomsgError, InvalidInput, ReplayFailed, TransformError, one_line
+from eomsg.errors import (
+    EomsgError,
+    InvalidInput,
+    ReplayFailed,
+    SinkConflict,
+    TransformError,
+    one_line,
+)
 from eomsg.failpoints import failpoint
 from eomsg.node.node import Node
 from eomsg.spark.sinks import Sink, Staged, empty, parse_sink, stage
@@ -158,7 +167,9 @@ def plan(
     now: float | None = None,
 ) -> ReplayPlan:
     """Decide what running ``spec`` does, reading the log's store through ``node`` and
-    writing nothing. A job seen before keeps the range it was first planned with."""
+    writing nothing. A job seen before keeps the range it was first planned with, forced
+    or not (only new options, with --force, plan it anew). LogCollected if any of that
+    range — or of an explicit --from-seq or --since — is no longer in the log."""
     now = time.time() if now is None else now
     if spec.topic and spec.queue:
         raise InvalidInput("give --topic or --queue, not both")
@@ -185,11 +196,12 @@ def plan(
             f"job {job_id} was run with other options; give another --job-id "
             "(or --force to run it anew with these)"
         )
-    if previous is not None and not force:
+    if previous is not None and previous.spec == spec.identity():
         lo, hi = previous.lo, previous.hi
     else:
         found = node.log_bounds(sel)
         lo, hi = (found[0], found[1] + 1) if found else (0, 0)
+    check_retained(f"job {job_id}", sel, lo, hi, node.log_horizon())
     count = spec.partitions or max(1, -(-(hi - lo) // ROWS_PER_PARTITION))
     committed = sink.committed(job_id)
     action = plan_action(
@@ -231,9 +243,12 @@ def execute(
     report: Report = lambda _: None,
     *,
     force: bool = False,
+    allow_fewer: bool = False,
 ) -> ReplayResult:
     """Carry out ``p``. ``open_node`` opens the log's node for a moment (an embedded
-    node must not be open while Spark reads its file); ``spark`` gives the session."""
+    node must not be open while Spark reads its file); ``spark`` gives the session.
+    Output the sink already holds for the job is replaced by fewer rows only with
+    ``allow_fewer`` (else SinkConflict, the old output kept and the job failed)."""
     if p.action is Action.SKIP:
         assert p.previous is not None
         return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
@@ -253,6 +268,14 @@ def execute(
                 node.record_replay(record, JobEvent.FAIL)
             raise error from e
         failpoint("replay.staged")
+        if p.committed is not None and staged.rows < p.committed[0] and not allow_fewer:
+            shutil.rmtree(staged.path, ignore_errors=True)
+            with open_node() as node:
+                node.record_replay(record, JobEvent.FAIL)
+            raise SinkConflict(
+                f"{p.sink.text} holds {p.committed[0]} rows of job {p.job_id}; this run made "
+                f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
+            )
         report(f"staged {staged.rows} rows; committing to {p.sink.text}")
         with open_node() as node:
             p.sink.commit(p.job_id, staged, force=force, node=node)

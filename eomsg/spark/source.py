@@ -44,7 +44,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from eomsg.client.sync import Client, connect
-from eomsg.core.replay import Selection, parse_time, split
+from eomsg.core.replay import Selection, check_retained, parse_time, split
 from eomsg.errors import InvalidInput, Unavailable
 from eomsg.store.logread import LOG_SCHEMA, FileLog
 from eomsg.wire.address import socket_path
@@ -62,6 +62,8 @@ class LogAccess(Protocol):
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None: ...
 
+    def log_horizon(self) -> tuple[int, int | None]: ...
+
     def queue_patterns(self, queue: str) -> tuple[str, ...]: ...
 
     def batches(self, sel: Selection, lo: int, hi: int) -> Iterator[pa.RecordBatch]: ...
@@ -73,6 +75,9 @@ class _FileAccess:
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
         return self.log.bounds(sel)
+
+    def log_horizon(self) -> tuple[int, int | None]:
+        return self.log.horizon()
 
     def queue_patterns(self, queue: str) -> tuple[str, ...]:
         return self.log.queue_patterns(queue)
@@ -87,6 +92,9 @@ class _NodeAccess:
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
         return self.client.log_bounds(sel)
+
+    def log_horizon(self) -> tuple[int, int | None]:
+        return self.client.log_horizon()
 
     def queue_patterns(self, queue: str) -> tuple[str, ...]:
         return self.client.queue_config(queue).subscriptions
@@ -229,6 +237,7 @@ class BatchReader(DataSourceReader):
     def partitions(self) -> list[LogPartition]:
         with self.opts.route.open() as access:
             found = access.log_bounds(self.opts.sel)
+            check_retained("the query", self.opts.sel, 0, 0, access.log_horizon())
         if found is None:
             return []
         return self.opts.split(found[0], found[1] + 1)
@@ -282,6 +291,14 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"seq": max(start["seq"], end)}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[LogPartition]:
+        """The batch ``[start, end)``; LogCollected if part of it was collected while the
+        stream was stopped (its messages are gone: the stream cannot stay exactly-once)."""
+        if end["seq"] > start["seq"]:
+            with self.opts.route.open() as access:
+                horizon = access.log_horizon()
+            check_retained(
+                "this stream's next batch", Selection(), start["seq"], end["seq"], horizon
+            )
         return self.opts.split(start["seq"], end["seq"])
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

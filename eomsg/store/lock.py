@@ -3,18 +3,36 @@
 DuckDB would refuse a second writer anyway, but with an error about its file; taking our
 own lock first lets the message name the holder and say what to do. The kernel drops the
 lock when the holder dies, however it dies, so a crash never leaves the directory stuck.
+
+The directory holds message payloads, so it is its owner's alone: created mode 0700, and
+tightened to that at every open if it is found wider (the files in it are then out of
+reach of other users whatever their own modes; :func:`owner_only` narrows those too).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import sys
 from pathlib import Path
 
 from eomsg.errors import DataDirError, DataDirLocked
 
 LOCK_NAME = "eomsg.lock"
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
+
+
+def owner_only(path: Path) -> None:
+    """Take every right of group and others away from ``path``, if it exists and has
+    any (a file or directory made by an older eomsg, or under a loose umask)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return
+    if mode & 0o077:
+        os.chmod(path, mode & 0o700)
 
 
 class DataDirLock:
@@ -31,10 +49,11 @@ class DataDirLock:
             raise DataDirError(f"{d} is not a directory (check --data)")
         try:
             if create:
-                d.mkdir(parents=True, exist_ok=True)
+                d.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
             elif not d.exists():
                 raise DataDirError(f"no eomsg data in {d} yet (check --data)")
-            fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            owner_only(d)
+            fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT, PRIVATE_FILE)
         except PermissionError as e:
             raise DataDirError(f"cannot use data directory {d}: permission denied") from e
         except FileNotFoundError as e:

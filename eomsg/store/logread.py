@@ -65,6 +65,19 @@ def bounds(conn: duckdb.DuckDBPyConnection, sel: Selection) -> tuple[int, int] |
     return int(row[0]), int(row[1])
 
 
+def horizon(conn: duckdb.DuckDBPyConnection) -> tuple[int, int | None]:
+    """The first seq log garbage collection kept (1 if it never collected any) and the
+    publish time of the first message kept, in microseconds (None for an empty log)."""
+    [(kept,)] = conn.execute(
+        "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
+    ).fetchall()
+    rows = conn.execute(
+        "SELECT epoch_us(published_at) FROM messages WHERE seq >= ? ORDER BY seq LIMIT 1",
+        [int(kept)],
+    ).fetchall()
+    return int(kept), (int(rows[0][0]) if rows else None)
+
+
 def last_seq(conn: duckdb.DuckDBPyConnection) -> int:
     """The highest committed seq (0 for an empty log): everything below it is final."""
     [(top,)] = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchall()
@@ -136,7 +149,7 @@ class FileLog:
         path = self.data_dir / DB_NAME
         if not path.exists():
             raise DataDirError(f"no eomsg data in {self.data_dir} (check --data)")
-        self._fd = os.open(self.data_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o644)
+        self._fd = os.open(self.data_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o600)
         try:
             fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError as e:
@@ -172,6 +185,10 @@ class FileLog:
     def last_seq(self) -> int:
         with _guard("reading the log"):
             return last_seq(self.conn)
+
+    def horizon(self) -> tuple[int, int | None]:
+        with _guard("reading the log"):
+            return horizon(self.conn)
 
     def queue_patterns(self, queue: str) -> tuple[str, ...]:
         with _guard("reading the queues"):

@@ -11,10 +11,11 @@ columns are ``TIMESTAMP`` so that ``inspect sql`` shows readable times.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import logging
+import os
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,27 @@ import duckdb
 from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, JobStatus, Selection
-from eomsg.errors import DataDirError, InvalidQuery, StorageError, one_line
-from eomsg.store import logread
-from eomsg.store.lock import DataDirLock
+from eomsg.errors import DataDirDamaged, DataDirError, InvalidQuery, StorageError, one_line
+from eomsg.store import compact, integrity, logread, salvage, sandbox
+from eomsg.store.lock import DataDirLock, owner_only
 from eomsg.store.schema import DB_NAME, migrate
+from eomsg.store.watermark import Mark, Watermark
 from eomsg.store.writer import Writer
 
 US = 1_000_000
+WAL_LIMIT = 32 << 20  # the WAL's default bound: past it the writer checkpoints at once
+log = logging.getLogger("eomsg.store")
+
+DUCKDB_CONFIG: dict[str, Any] = {
+    # The node reads and writes only its own file; with file access off `inspect sql`
+    # cannot reach any other.
+    "enable_external_access": False,
+    # Every commit goes through the WAL, so a COMMIT that returned is durable, and one
+    # whose automatic checkpoint failed says so ("COMMIT succeeded and is durable"). By
+    # default DuckDB writes a commit of 100 kB or more straight into a checkpoint,
+    # which is lost whole if that checkpoint fails.
+    "auto_checkpoint_skip_wal_threshold": 1 << 62,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,35 +95,98 @@ def _message(row: Sequence[Any]) -> Message:
     )
 
 
-def _duckdb_error(e: duckdb.Error, doing: str) -> StorageError:
-    return StorageError(f"{doing} failed: {e}")
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def _last_seq(conn: duckdb.DuckDBPyConnection) -> int:
+    """The highest sequence number ever stored, those log GC dropped included."""
+    (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
+    (horizon,) = conn.execute(
+        "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
+    ).fetchone() or (1,)
+    return max(int(top), int(horizon) - 1)
+
+
+def _disk_free(path: Path) -> int:
+    """Bytes an unprivileged writer may still use on the disk holding ``path``."""
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
 
 
 class Store:
-    """A data directory opened read-write by this process (see the module docstring)."""
+    """A data directory opened read-write by this process (see the module docstring).
 
-    def __init__(self, data_dir: Path, *, create: bool = True) -> None:
+    Opening checks the directory first (:mod:`eomsg.store.integrity`): DataDirDamaged if
+    acknowledged writes were lost, a warning (in :attr:`warnings`, and logged) for a
+    write a crash cut off. Each of :attr:`failure_listeners` hears, once and on the
+    writer's thread, that the writer stopped taking work (the store must be reopened)."""
+
+    def __init__(self, data_dir: Path, *, create: bool = True, wal_limit: int = WAL_LIMIT) -> None:
         self.data_dir = data_dir
+        self.wal_limit = wal_limit
         self.path = data_dir / DB_NAME
+        self.wal_path = data_dir / f"{DB_NAME}.wal"
         self._lock = DataDirLock(data_dir, create=create)
         if not create and not self.path.exists():
             self._lock.release()
             raise DataDirError(f"no eomsg data in {data_dir} yet (check --data)")
+        self._mark = Watermark(data_dir)
         try:
-            # The node reads and writes only its own file; turning file access off makes
-            # `inspect sql` unable to read or write any other.
-            self._db = duckdb.connect(str(self.path), config={"enable_external_access": False})
-            migrate(self._db)
-        except duckdb.Error as e:
-            self._lock.release()
-            raise DataDirError(f"cannot open {self.path}: {e}") from e
+            self._db = self._open()
         except BaseException:
+            self._mark.close()
             self._lock.release()
             raise
+        for warning in self.warnings:
+            log.warning("%s", warning)
         self._local = threading.local()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._cursors_lock = threading.Lock()
-        self.writer = Writer(self._db.cursor())
+        self._private()
+        self._wal_inode = _inode(self.wal_path)
+        self.disk_free = _disk_free(data_dir)
+        last = self.last_seq()
+        self._mark.write(Mark(_size(self.wal_path), last))
+        self.failure_listeners: list[Callable[[BaseException], None]] = []
+        self.writer = Writer(self._db.cursor(), last, self._committed, self._writer_failed)
+
+    def _open(self) -> duckdb.DuckDBPyConnection:
+        if (self.data_dir / salvage.JOURNAL).exists():
+            raise integrity.damaged(self.data_dir, "a salvage of it was interrupted")
+        for stale in compact.leftovers(self.data_dir):  # of a compaction that was killed
+            stale.unlink()
+        mark = self._mark.read()
+        self.warnings = integrity.before_open(self.data_dir, self.wal_path, mark)
+        try:
+            db = duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
+        except duckdb.Error as e:
+            if integrity.is_damage(e):
+                raise integrity.damaged(self.data_dir, one_line(e)) from e
+            raise DataDirError(f"cannot open {self.path}: {one_line(e)}") from e
+        try:
+            migrate(db)
+            # From here on no connection of this database can change a setting: what
+            # `inspect sql` runs cannot turn fsync or checkpoints off, whatever it is.
+            db.execute("SET lock_configuration = true")
+            integrity.after_open(self.data_dir, mark, _last_seq(db))
+        except duckdb.Error as e:
+            db.close()
+            raise DataDirError(f"cannot open {self.path}: {one_line(e)}") from e
+        except BaseException:
+            db.close()
+            raise
+        return db
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, close the database and drop the lock."""
@@ -117,10 +195,57 @@ class Store:
             for cursor in self._cursors:
                 cursor.close()
             self._cursors.clear()
-        with contextlib.suppress(duckdb.Error):  # a failed store cannot; the WAL replays
+        try:
             self._db.execute("CHECKPOINT")
+        except duckdb.Error:
+            pass  # a failed store cannot; the WAL replays at the next open
+        else:
+            self._mark.write(Mark(_size(self.wal_path), self.writer.last_seq))
         self._db.close()
+        self._mark.close()
+        self._private()
         self._lock.release()
+
+    def _error(self, e: duckdb.Error, doing: str) -> StorageError | DataDirDamaged:
+        """A read that failed: DataDirDamaged when DuckDB found a damaged block (the
+        node goes on with what it can read; salvage keeps the rest), else StorageError."""
+        if integrity.is_damage(e):
+            return integrity.damaged(self.data_dir, f"{doing} failed: {one_line(e)}")
+        return StorageError(f"{doing} failed: {one_line(e)}")
+
+    def _writer_failed(self, cause: BaseException) -> None:
+        for listener in self.failure_listeners:
+            listener(cause)
+
+    def refresh_disk_free(self) -> int:
+        """Look at the free space of the data directory's disk again (it is otherwise
+        noted after each commit)."""
+        self.disk_free = _disk_free(self.data_dir)
+        return self.disk_free
+
+    def _private(self) -> None:
+        """Narrow every file of the data directory to its owner (DuckDB makes its files
+        with the process's umask, and its WAL anew after each checkpoint)."""
+        for entry in self.data_dir.iterdir():
+            owner_only(entry)
+
+    def _committed(self, last_seq: int) -> bool:
+        """After each commit, on the writer thread (a stat, a statvfs and a small
+        pwrite): mark how long the WAL is and the last seq stored; narrow a WAL that
+        DuckDB made anew (after a checkpoint) to its owner; note the free disk space.
+        True asks for a checkpoint: the WAL outgrew :attr:`wal_limit` (DuckDB checkpoints
+        by itself at 16 MiB, but skips that while some transactions are open)."""
+        try:
+            st = os.stat(self.wal_path)
+            size, inode = st.st_size, st.st_ino
+        except FileNotFoundError:
+            size, inode = 0, None
+        if inode != self._wal_inode:
+            self._wal_inode = inode
+            owner_only(self.wal_path)
+        self._mark.write(Mark(size, last_seq))
+        self.disk_free = _disk_free(self.data_dir)
+        return size > self.wal_limit
 
     def _reader(self) -> duckdb.DuckDBPyConnection:
         cursor: duckdb.DuckDBPyConnection | None = getattr(self._local, "cursor", None)
@@ -135,22 +260,15 @@ class Store:
         try:
             return self._reader().execute(sql, params).fetchall()
         except duckdb.Error as e:
-            raise _duckdb_error(e, "reading the store") from e
+            raise self._error(e, "reading the store") from e
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run one SELECT (or EXPLAIN) in a read-only transaction: column names, rows.
-        Anything else — several statements, a write, a setting — is InvalidQuery."""
-        try:
-            statements = duckdb.extract_statements(sql)
-        except duckdb.Error as e:
-            raise InvalidQuery(f"query failed: {one_line(e)}") from e
-        if len(statements) != 1:
-            raise InvalidQuery("give exactly one SQL statement")
-        kind = statements[0].type
-        if kind not in (duckdb.StatementType.SELECT, duckdb.StatementType.EXPLAIN):
-            raise InvalidQuery(f"inspect sql is read-only: {kind.name} statements are refused")
+        """Run one plain SELECT in a read-only transaction: column names, rows. Anything
+        else — several statements, a write, a setting, a checkpoint, a file — is
+        InvalidQuery, refused before it runs (see :mod:`eomsg.store.sandbox`)."""
         cursor = self._db.cursor()
         try:
+            sandbox.check(cursor, sql)
             cursor.execute("BEGIN TRANSACTION READ ONLY")
             result = cursor.execute(sql)
             columns = [d[0] for d in result.description or []]
@@ -158,6 +276,8 @@ class Store:
         except (duckdb.InvalidInputException, duckdb.PermissionException) as e:
             raise InvalidQuery(f"inspect sql is read-only: {one_line(e)}") from e
         except duckdb.Error as e:
+            if integrity.is_damage(e):
+                raise self._error(e, "the query") from e
             raise InvalidQuery(f"query failed: {one_line(e)}") from e
         finally:
             cursor.close()
@@ -174,8 +294,10 @@ class Store:
 
     def last_seq(self) -> int:
         """The highest sequence number ever assigned durably (log GC included)."""
-        (top,) = self._query("SELECT coalesce(max(seq), 0) FROM messages")[0]
-        return max(int(top), int(self.meta("gc_horizon") or 1) - 1)
+        try:
+            return _last_seq(self._reader())
+        except duckdb.Error as e:
+            raise self._error(e, "reading the store") from e
 
     def load_pending(self) -> Iterator[PendingRow]:
         """Every unsettled (queue, message) pair with its latest delivery attempt, ordered
@@ -203,7 +325,7 @@ class Store:
                 for row in chunk:
                     yield PendingRow(*row)
         except duckdb.Error as e:
-            raise _duckdb_error(e, "recovering pending messages") from e
+            raise self._error(e, "recovering pending messages") from e
 
     def load_publish_ids(self, now_us: int) -> list[tuple[str, int, int | None]]:
         """Live publish ids (seed 001) as (id, seq, expires_us), oldest first."""
@@ -301,7 +423,14 @@ class Store:
         try:
             return logread.bounds(self._reader(), sel)
         except duckdb.Error as e:
-            raise _duckdb_error(e, "reading the log") from e
+            raise self._error(e, "reading the log") from e
+
+    def log_horizon(self) -> tuple[int, int | None]:
+        """See :func:`eomsg.store.logread.horizon`."""
+        try:
+            return logread.horizon(self._reader())
+        except duckdb.Error as e:
+            raise self._error(e, "reading the log") from e
 
     def log_chunk(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
         """Up to about ``max_bytes`` of ``sel`` in ``[lo, hi)`` as an Arrow table, and
@@ -309,7 +438,7 @@ class Store:
         try:
             return logread.read_chunk(self._reader(), sel, lo, hi, max_bytes)
         except duckdb.Error as e:
-            raise _duckdb_error(e, "reading the log") from e
+            raise self._error(e, "reading the log") from e
 
     # -- replay jobs ---------------------------------------------------------------------
 

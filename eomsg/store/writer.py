@@ -16,15 +16,24 @@ Two kinds of work:
 A future resolves only after ``COMMIT`` has returned, and DuckDB fdatasyncs its WAL on
 commit: an acknowledgement built on it is durable. After each commit the thread runs the
 batches' after-commit callbacks in submission order, so in-memory indexes see commits in
-the order the log holds them. If a commit fails, every waiting future gets the
-:class:`StorageError` and the writer refuses further work: the in-memory state may be ahead
-of the disk, and only a restart (which rebuilds it from disk) makes them agree again.
+the order the log holds them, then the store's ``committed`` hook (which may ask for a
+checkpoint, run here between commits).
+
+When a commit fails, its futures learn exactly what is known (:func:`classify`):
+nothing of it was stored (:class:`~eomsg.errors.WriteFailed`: DuckDB rolled it back),
+it was stored (DuckDB says "COMMIT succeeded and is durable" before failing at its
+automatic checkpoint: the futures succeed), or it cannot be known
+(:class:`~eomsg.errors.WriteUnknown`). Either way the writer then refuses further work
+and tells ``failed``: the in-memory state may be ahead of the disk, and only reopening
+the store (which rebuilds it from disk) makes them agree again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -34,7 +43,7 @@ from typing import Any, TypeVar
 import duckdb
 import pyarrow as pa
 
-from eomsg.errors import NodeClosed, StorageError
+from eomsg.errors import NodeClosed, StorageError, WriteFailed, WriteUnknown, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store.schema import ROW_TABLES
 
@@ -101,13 +110,52 @@ def _values_sql(name: str, count: int) -> str:
 _FATAL = (duckdb.IOException, duckdb.FatalException, duckdb.InternalException)
 _Job = Callable[[duckdb.DuckDBPyConnection], Any]
 _STOP = object()
+_DURABLE = "COMMIT succeeded and is durable"  # DuckDB's words, when its checkpoint fails
+log = logging.getLogger("eomsg.store")
+
+
+class Commit(enum.Enum):
+    """What a failed COMMIT left behind."""
+
+    DURABLE = "durable"  # committed; the database failed after (its checkpoint)
+    ROLLED_BACK = "rolled back"  # nothing of it was stored
+    UNKNOWN = "unknown"  # it cannot be known
+
+
+def classify(error: BaseException) -> Commit:
+    """What a COMMIT that raised ``error`` left behind. DuckDB rolls a failed commit back
+    (TransactionException, "Failed to commit": its WAL is cut back to before it); it says
+    when a commit was durable and only its automatic checkpoint failed; anything else —
+    an I/O or fatal error mid-commit — may or may not have reached the disk."""
+    if isinstance(error, duckdb.FatalException) and _DURABLE in str(error):
+        return Commit.DURABLE
+    if isinstance(error, duckdb.TransactionException):
+        return Commit.ROLLED_BACK
+    return Commit.UNKNOWN
+
+
+def _why(error: BaseException) -> str:
+    text = one_line(error)
+    if "No space left on device" in text:
+        return f"the disk holding the data directory is full ({text})"
+    return text
 
 
 class Writer:
     """The group-committing writer thread. See the module docstring."""
 
-    def __init__(self, conn: duckdb.DuckDBPyConnection) -> None:
+    def __init__(
+        self,
+        conn: duckdb.DuckDBPyConnection,
+        last_seq: int = 0,
+        committed: Callable[[int], bool] = lambda last_seq: False,
+        failed: Callable[[BaseException], None] = lambda cause: None,
+    ) -> None:
         self._conn = conn
+        self.last_seq = last_seq  # the highest message seq committed
+        # After each commit, on this thread, with last_seq: True asks for a checkpoint.
+        self._committed = committed
+        self._on_failed = failed  # once, when the writer stops taking work
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._failed: BaseException | None = None
         self._closed = False
@@ -118,6 +166,11 @@ class Writer:
     def failed(self) -> bool:
         """True once a commit failed; the writer then refuses all work."""
         return self._failed is not None
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the writer stopped taking work, if it did."""
+        return self._failed
 
     def write(self, batch: RowBatch) -> Future[None]:
         """Queue rows for the next group commit."""
@@ -136,7 +189,9 @@ class Writer:
 
     def _submit(self, work: Any) -> Future[Any]:
         if self._failed is not None:
-            raise StorageError(f"the store failed earlier and accepts no writes: {self._failed}")
+            raise StorageError(
+                f"the store failed and takes no writes until it is reopened: {_why(self._failed)}"
+            )
         if self._closed:
             raise NodeClosed("the node is closed")
         future: Future[Any] = Future()
@@ -173,7 +228,7 @@ class Writer:
                 batch.merge(b)
         futures = [f for _, f in group]
         if self._failed is not None:
-            return self._fail(futures, self._failed)
+            return self._refuse(futures)
         conn = self._conn
         try:
             conn.execute("BEGIN TRANSACTION")
@@ -187,32 +242,93 @@ class Writer:
                 else:
                     conn.from_arrow(batch.arrow(name)).insert_into(name)
             failpoint("store.commit.before")
-            conn.execute("COMMIT")
         except Exception as e:
             self._rollback()
-            self._failed = e
-            return self._fail(futures, e)
+            return self._broke(futures, e, Commit.ROLLED_BACK)
+        try:
+            conn.execute("COMMIT")
+        except Exception as e:
+            outcome = classify(e)
+            if outcome is not Commit.DURABLE:
+                self._rollback()
+                return self._broke(futures, e, outcome)
+            self._stop(e)  # the commit stands; the database must be reopened
         failpoint("store.commit.after")
+        messages = batch.tables.get("messages")
+        if messages:
+            self.last_seq = max(self.last_seq, messages[-1][0])
         self._after_commit([b for b, _ in group], futures)
+        self._hook()
 
     def _commit_job(self, job: _Job, future: Future[Any]) -> None:
         if self._failed is not None:
-            return self._fail([future], self._failed)
+            return self._refuse([future])
         conn = self._conn
         try:
             conn.execute("BEGIN TRANSACTION")
             result = job(conn)
             failpoint("store.job.before_commit")
-            conn.execute("COMMIT")
         except Exception as e:
             self._rollback()
             if isinstance(e, _FATAL):  # the database itself failed: stop trusting it
-                self._failed = e
-                return self._fail([future], e)
+                return self._broke([future], e, Commit.ROLLED_BACK)
             future.set_exception(e)  # the job's own error, rolled back cleanly
             return None
+        try:
+            conn.execute("COMMIT")
+        except Exception as e:
+            outcome = classify(e)
+            if outcome is not Commit.DURABLE:
+                self._rollback()
+                return self._broke([future], e, outcome)
+            self._stop(e)
         future.set_result(result)
+        self._hook()
         return None
+
+    def _hook(self) -> None:
+        """The store's after-commit hook; a checkpoint when it asks for one (its WAL grew
+        past its bound), here between commits, so that the WAL stays bounded whatever
+        holds DuckDB's own automatic checkpoint back."""
+        if self._failed is not None or not self._committed(self.last_seq):
+            return
+        try:
+            self._conn.execute("CHECKPOINT")
+        except Exception as e:
+            if isinstance(e, duckdb.FatalException):  # DuckDB invalidated the database
+                self._stop(e)
+            else:
+                log.warning("checkpoint failed, tried again after the next commit: %s", e)
+            return
+        self._committed(self.last_seq)
+
+    def _broke(self, futures: list[Future[Any]], cause: BaseException, outcome: Commit) -> None:
+        """A commit failed: tell its futures what it left behind, and stop."""
+        error: StorageError
+        if outcome is Commit.ROLLED_BACK:
+            error = WriteFailed(f"the write failed and nothing of it was stored: {_why(cause)}")
+        else:
+            error = WriteUnknown(
+                f"the node cannot tell whether this write was stored ({_why(cause)}): retry "
+                "publishes with the same ids (stored once) and deletes (idempotent)"
+            )
+        error.__cause__ = cause
+        for f in futures:
+            f.set_exception(error)
+        self._stop(cause)
+
+    def _stop(self, cause: BaseException) -> None:
+        """Take no more work: the in-memory state may be ahead of the disk now."""
+        if self._failed is not None:
+            return
+        self._failed = cause
+        log.error(
+            "the store failed and takes no writes until it is reopened: %s", _why(cause)
+        )
+        try:
+            self._on_failed(cause)
+        except Exception:  # a bug in a listener must not stop the writer's thread
+            log.exception("a store-failure listener failed")
 
     def _after_commit(self, batches: list[RowBatch], futures: list[Future[Any]]) -> None:
         for b, f in zip(batches, futures, strict=True):
@@ -228,9 +344,11 @@ class Writer:
         with contextlib.suppress(duckdb.Error):  # no transaction open: nothing to undo
             self._conn.execute("ROLLBACK")
 
-    @staticmethod
-    def _fail(futures: list[Future[Any]], cause: BaseException) -> None:
-        error = StorageError(f"write failed, nothing was acknowledged: {cause}")
-        error.__cause__ = cause
+    def _refuse(self, futures: list[Future[Any]]) -> None:
+        assert self._failed is not None
+        error = StorageError(
+            f"the store failed and takes no writes until it is reopened: {_why(self._failed)}"
+        )
+        error.__cause__ = self._failed
         for f in futures:
             f.set_exception(error)

@@ -17,10 +17,10 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
 from eomsg.errors import ProtocolError
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 MAX_BATCH = 100_000  # items in one publish, deliver or delete frame
 MAX_NAME = 1024  # characters in a name, topic, id, op or error code
 MAX_ARGS_DEPTH = 8  # nesting of a Call's arguments or a Result's value
@@ -323,8 +323,10 @@ def _delivered(queue: str, epoch: int) -> Any:
 class Deliver(Event):
     """Messages of ``queue`` for the Fetch or Subscribe ``rid``, all delivered under
     ``epoch`` (the subscription's flow's; 0 for a Fetch). Each must be deleted or
-    released before its deadline, or the queue delivers it again. A Fetch's answer may
-    take several frames (each within the frame limit): all but the last say ``more``."""
+    released before its deadline, or the queue delivers it again; ``now`` is the node's
+    clock when it sent them, so a client on another clock knows how long it has. A
+    Fetch's answer may take several frames (each within the frame limit): all but the
+    last say ``more``."""
 
     TYPE: ClassVar[int] = 6
     rid: int
@@ -332,18 +334,21 @@ class Deliver(Event):
     deliveries: tuple[Delivered, ...]
     more: bool = False
     epoch: int = 0
+    now: float = 0.0
 
     def to_wire(self) -> list[Any]:
         rows = [[*message_to_wire(d.message), d.attempt, d.deadline] for d in self.deliveries]
-        return [self.TYPE, self.rid, self.queue, rows, self.more, self.epoch]
+        return [self.TYPE, self.rid, self.queue, rows, self.more, self.epoch, self.now]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Deliver:
-        _, rid, queue, rows, more, epoch = _fields(body, 5, "deliver")
+        _, rid, queue, rows, more, epoch, now = _fields(body, 6, "deliver")
         queue = _str(queue, "queue")
         epoch = _int(epoch, "epoch")
         deliveries = tuple(map(_delivered(queue, epoch), _list(rows, "rows")))
-        return cls(_int(rid, "rid"), queue, deliveries, _bool(more, "more"), epoch)
+        return cls(
+            _int(rid, "rid"), queue, deliveries, _bool(more, "more"), epoch, _num(now, "now")
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,48 +378,64 @@ class Subscribe(Event):
         )
 
 
+def _keys_to_wire(keys: tuple[Key, ...]) -> list[list[int]]:
+    """Deliveries as two parallel lists, ``[seqs, attempts]``: cheaper to pack and check
+    than a list of pairs."""
+    return [[k[0] for k in keys], [k[1] for k in keys]]
+
+
+def _keys(value: object) -> tuple[Key, ...]:
+    seqs, attempts = _list(value, "deliveries", 2)
+    seqs, attempts = _list(seqs, "seqs"), _list(attempts, "attempts")
+    if len(seqs) != len(attempts):
+        raise ProtocolError("malformed frame: as many attempts as seqs are needed")
+    for s in seqs:
+        _int(s, "a seq")
+    for a in attempts:
+        _int(a, "an attempt")
+    return tuple(zip(seqs, attempts, strict=True))
+
+
 @dataclass(frozen=True, slots=True)
 class Cancel(Event):
-    """Stop the subscription ``subscription``; its undeleted messages are released."""
+    """Stop the subscription ``subscription``. ``seen`` lists the deliveries the client
+    handed to its application and did not settle; the node takes back every other
+    undeleted one un-counted (it sat in the client's prefetch buffer), and these
+    counted."""
 
     TYPE: ClassVar[int] = 8
     rid: int
     subscription: int
+    seen: tuple[Key, ...] = ()
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.subscription]
+        return [self.TYPE, self.rid, self.subscription, _keys_to_wire(self.seen)]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Cancel:
-        _, rid, subscription = _fields(body, 2, "cancel")
-        return cls(_int(rid, "rid"), _int(subscription, "subscription"))
-
-
-def _seqs(value: object) -> tuple[int, ...]:
-    seqs = _list(value, "seqs")
-    for s in seqs:
-        _int(s, "a seq")
-    return tuple(seqs)
+        _, rid, subscription, seen = _fields(body, 3, "cancel")
+        return cls(_int(rid, "rid"), _int(subscription, "subscription"), _keys(seen))
 
 
 @dataclass(frozen=True, slots=True)
 class Delete(Event):
-    """Delete messages of ``queue`` delivered under ``epoch``; answered by Deleted once
-    durable, or by a ``stale_epoch`` Error if that epoch is over."""
+    """Delete the deliveries ``keys`` (``(seq, attempt)``) of ``queue``, made to this
+    connection under ``epoch``; answered by Deleted once durable, or by an Error
+    (``stale_delivery``, ``stale_epoch``) if one of them is over."""
 
     TYPE: ClassVar[int] = 9
     rid: int
     queue: str
-    seqs: tuple[int, ...]
+    keys: tuple[Key, ...]
     epoch: int = 0
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.queue, list(self.seqs), self.epoch]
+        return [self.TYPE, self.rid, self.queue, _keys_to_wire(self.keys), self.epoch]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Delete:
-        _, rid, queue, seqs, epoch = _fields(body, 4, "delete")
-        return cls(_int(rid, "rid"), _str(queue, "queue"), _seqs(seqs), _int(epoch, "epoch"))
+        _, rid, queue, keys, epoch = _fields(body, 4, "delete")
+        return cls(_int(rid, "rid"), _str(queue, "queue"), _keys(keys), _int(epoch, "epoch"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -440,28 +461,32 @@ class Deleted(Event):
 
 @dataclass(frozen=True, slots=True)
 class Release(Event):
-    """Give messages delivered under ``epoch`` back for redelivery after ``delay``
-    seconds."""
+    """Give the deliveries ``keys`` made under ``epoch`` back for redelivery after
+    ``delay`` seconds. With ``unseen`` the client never handed them to its application:
+    the node takes them back un-counted (and ignores those no longer this client's)."""
 
     TYPE: ClassVar[int] = 11
     rid: int
     queue: str
-    seqs: tuple[int, ...]
+    keys: tuple[Key, ...]
     delay: float = 0.0
     epoch: int = 0
+    unseen: bool = False
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.queue, list(self.seqs), self.delay, self.epoch]
+        keys = _keys_to_wire(self.keys)
+        return [self.TYPE, self.rid, self.queue, keys, self.delay, self.epoch, self.unseen]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Release:
-        _, rid, queue, seqs, delay, epoch = _fields(body, 5, "release")
+        _, rid, queue, keys, delay, epoch, unseen = _fields(body, 6, "release")
         return cls(
             _int(rid, "rid"),
             _str(queue, "queue"),
-            _seqs(seqs),
+            _keys(keys),
             _num(delay, "delay"),
             _int(epoch, "epoch"),
+            _bool(unseen, "unseen"),
         )
 
 

@@ -1,0 +1,95 @@
+"""``eomsg compact`` and ``eomsg salvage``: the store's files, with no node running.
+
+Both take the data directory's lock, so a running node makes them refuse at once (stop
+it first); both are atomic (see :mod:`eomsg.store.compact` and
+:mod:`eomsg.store.salvage`)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    console,
+    handles_errors,
+    print_json,
+)
+from eomsg.errors import DataDirLocked
+from eomsg.store import compact as compaction
+from eomsg.store import salvage as salvaging
+
+
+def _offline(e: DataDirLocked, what: str) -> DataDirLocked:
+    return DataDirLocked(f"{e.message.split('; ')[0]}: stop it first ({what} rewrites the store)")
+
+
+@handles_errors
+def compact(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Give back the disk space deleted messages left: copy the store into a file of
+    just what it holds and swap it in, atomically (killed at any point, the store is
+    the old one or the new one, whole). Needs the node stopped."""
+    try:
+        done = compaction.compact(data)
+    except DataDirLocked as e:
+        raise _offline(e, "compaction") from e
+    if json:
+        print_json(done.to_json())
+    else:
+        console.print(
+            f"compacted {data}: {_mib(done.before)} -> {_mib(done.after)} "
+            f"({_mib(done.before - done.after)} given back)",
+            markup=False,
+        )
+
+
+@handles_errors
+def salvage(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would be done; change nothing.")
+    ] = False,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Open a damaged store again with everything still readable, accepting the loss of
+    the rest: the damaged files are kept in DIR/damaged-<time>/, every table is copied
+    into a new store skipping unreadable blocks, and what was lost is reported. Needs
+    the node stopped; a salvage that was killed is finished by running it again."""
+    try:
+        p = salvaging.plan(data)
+        if dry_run or not p.needed:
+            if json:
+                print_json(p.to_json())
+            else:
+                for line in p.lines():
+                    console.print(line, markup=False)
+            return
+        done = salvaging.execute(p)
+    except DataDirLocked as e:
+        raise _offline(e, "salvage") from e
+    if json:
+        print_json(done.to_json())
+        return
+    kept = sum(done.tables.values())
+    console.print(
+        f"salvaged {data}: {kept} rows kept; the damaged files are in {done.backup}", markup=False
+    )
+    for table, lost in sorted(done.lost_rows.items()):
+        console.print(f"lost       {lost} rows of {table} (unreadable blocks)", markup=False)
+    if done.wal_dropped:
+        console.print(
+            f"lost       {done.wal_dropped} bytes of the WAL after its damage", markup=False
+        )
+    if done.acknowledged_seq is not None and done.acknowledged_seq > done.last_seq:
+        console.print(
+            f"lost       messages {done.last_seq + 1} .. {done.acknowledged_seq} at least, "
+            "which had been acknowledged",
+            markup=False,
+        )
+
+
+def _mib(size: int) -> str:
+    return f"{size / (1 << 20):.1f} MiB"

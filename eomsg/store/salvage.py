@@ -1,0 +1,430 @@
+"""``eomsg salvage``: open a damaged store again, keeping everything still readable.
+
+A node refuses a data directory that lost acknowledged writes or that DuckDB cannot read
+(:mod:`eomsg.store.integrity`). Salvage is a person's decision to accept that loss and
+go on with what is left. It plans first (``--dry-run`` prints the plan), then:
+
+1. copies the damaged files into ``DIR/damaged-<time>/``, untouched, for later study;
+2. cuts the WAL after its last transaction whose records all check out (what DuckDB
+   can replay), and opens the store read-only in a work directory;
+3. finds the data blocks whose checksum fails and gives each, in the work copy only, its
+   checksum again so DuckDB reads the rest of the table; the rows stored in such a
+   block are left out (their bytes are not to be trusted). Then it copies every table
+   into a new store, a row group at a time, narrowing down around anything that still
+   cannot be read, and counts what was lost;
+4. swaps the new store in: a journal (``DIR/eomsg.salvage``) is written first, so a
+   salvage killed during the swap is finished by the next run (a node refuses to open
+   while the journal is there).
+
+Nothing is deleted that is not copied first; the report says what was lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from eomsg.errors import DataDirDamaged, DataDirError, UsageError, one_line
+from eomsg.failpoints import failpoint
+from eomsg.store import integrity, wal
+from eomsg.store.lock import DataDirLock, owner_only
+from eomsg.store.schema import DB_NAME, migrate
+from eomsg.store.watermark import MARK_NAME, Mark, Watermark
+
+JOURNAL = "eomsg.salvage"
+SALVAGED_SUFFIX = ".salvaged"
+WORK_DIR = ".salvage-work"
+CHUNK = 122_880  # rows copied at a time: one DuckDB row group
+SMALLEST = 2_048  # a chunk this small that cannot be read is given up as lost
+HEADER = 3 * 4096  # DuckDB's file headers, before its first block
+BLOCK = 262_144  # DuckDB's block size (each starts with its u64 checksum)
+_LOCATION = re.compile(r"in block at location (\d+)")
+
+
+@dataclass(frozen=True)
+class SalvagePlan:
+    """What salvage would do, decided before anything is written."""
+
+    data_dir: Path
+    problem: str  # why the store needs salvage ("" if it does not)
+    wal_size: int
+    wal_keep: int  # bytes of the WAL kept (its complete, checked transactions)
+    wal_commits: int
+    resume: bool = False  # a salvage was interrupted during its swap: finish it
+
+    @property
+    def needed(self) -> bool:
+        return bool(self.problem) or self.resume
+
+    def lines(self) -> list[str]:
+        if self.resume:
+            return [f"finish the salvage of {self.data_dir} that was interrupted"]
+        if not self.problem:
+            return [f"{self.data_dir} is not damaged: nothing to salvage"]
+        out = [f"damage     {self.problem}"]
+        if self.wal_size:
+            out.append(
+                f"WAL        keep {self.wal_keep} of {self.wal_size} bytes "
+                f"({self.wal_commits} transactions); drop {self.wal_size - self.wal_keep}"
+            )
+        out += [
+            f"backup     {self.data_dir}/damaged-<time>/ (the damaged files, untouched)",
+            "copy       every table into a new store, skipping unreadable blocks",
+        ]
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "data": str(self.data_dir),
+            "damage": self.problem or None,
+            "resume": self.resume,
+            "wal_size": self.wal_size,
+            "wal_keep": self.wal_keep,
+            "wal_commits": self.wal_commits,
+        }
+
+
+@dataclass
+class Salvaged:
+    """What salvage kept and lost."""
+
+    backup: str
+    tables: dict[str, int] = field(default_factory=dict)  # rows kept, by table
+    lost_rows: dict[str, int] = field(default_factory=dict)  # rows in unreadable blocks
+    wal_dropped: int = 0  # WAL bytes not replayed
+    last_seq: int = 0
+    acknowledged_seq: int | None = None  # the last seq a commit had marked, if known
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "backup": self.backup,
+            "tables": self.tables,
+            "lost_rows": self.lost_rows,
+            "wal_dropped": self.wal_dropped,
+            "last_seq": self.last_seq,
+            "acknowledged_seq": self.acknowledged_seq,
+        }
+
+
+def plan(data_dir: Path) -> SalvagePlan:
+    """Find out whether and how the store of ``data_dir`` needs salvage; changes nothing.
+    Takes the directory's lock for the moment (DataDirLocked while a node holds it)."""
+    lock = DataDirLock(data_dir, create=False)
+    try:
+        return _plan(data_dir)
+    finally:
+        lock.release()
+
+
+def _plan(data_dir: Path) -> SalvagePlan:
+    path, wal_path = data_dir / DB_NAME, data_dir / (DB_NAME + ".wal")
+    if (data_dir / JOURNAL).exists():
+        return SalvagePlan(data_dir, "", 0, 0, 0, resume=True)
+    if not path.exists():
+        raise DataDirError(f"no eomsg data in {data_dir} (check --data)")
+    scan = wal.scan(wal_path, verify=True)
+    size = scan.size if scan else 0
+    keep = scan.committed_end if scan and scan.readable else size
+    commits = scan.commits if scan else 0
+    problem = _problem(data_dir, path, wal_path)
+    return SalvagePlan(data_dir, problem, size, keep, commits)
+
+
+def _problem(data_dir: Path, path: Path, wal_path: Path) -> str:
+    """Why a node would refuse the store ("" if it would open it)."""
+    mark_file = Watermark(data_dir)
+    try:
+        mark = mark_file.read()
+    finally:
+        mark_file.close()
+    try:
+        integrity.before_open(data_dir, wal_path, mark)
+        db = duckdb.connect(str(path), read_only=True)
+    except DataDirDamaged as e:
+        return _bare(e.message)
+    except duckdb.Error as e:
+        return one_line(e)
+    try:
+        (top,) = db.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
+        integrity.after_open(data_dir, mark, int(top))
+        for (table,) in db.execute("SELECT table_name FROM duckdb_tables()").fetchall():
+            # hashing whole rows reads every block of the table (a count would not)
+            db.execute(f'SELECT bit_xor(hash(t)) FROM "{table}" t').fetchall()
+    except DataDirDamaged as e:
+        return _bare(e.message)
+    except duckdb.Error as e:
+        return one_line(e)
+    finally:
+        db.close()
+    return ""
+
+
+def _bare(message: str) -> str:
+    """A DataDirDamaged message without its pointer to salvage."""
+    return message.split("; run `eomsg salvage", 1)[0].split(" is damaged: ", 1)[-1]
+
+
+def execute(p: SalvagePlan) -> Salvaged:
+    """Carry out ``p`` (see the module docstring). UsageError if there is nothing to
+    salvage; DataDirDamaged if nothing at all can be read."""
+    if not p.needed:
+        raise UsageError(f"{p.data_dir} is not damaged: nothing to salvage")
+    data_dir = p.data_dir
+    lock = DataDirLock(data_dir, create=False)
+    try:
+        if p.resume:
+            return _swap(data_dir, json.loads((data_dir / JOURNAL).read_text()))
+        return _salvage(p)
+    finally:
+        lock.release()
+
+
+def _salvage(p: SalvagePlan) -> Salvaged:
+    data_dir = p.data_dir
+    mark_file = Watermark(data_dir)
+    try:
+        mark = mark_file.read()
+    finally:
+        mark_file.close()
+    backup = data_dir / time.strftime("damaged-%Y%m%dT%H%M%S", time.gmtime())
+    backup.mkdir(mode=0o700)
+    for name in (DB_NAME, DB_NAME + ".wal", MARK_NAME):
+        if (data_dir / name).exists():
+            shutil.copy2(data_dir / name, backup / name)
+    work = data_dir / WORK_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(mode=0o700)
+    shutil.copy2(data_dir / DB_NAME, work / DB_NAME)
+    if p.wal_size:
+        with (
+            open(data_dir / (DB_NAME + ".wal"), "rb") as src,
+            open(work / (DB_NAME + ".wal"), "wb") as dst,
+        ):
+            dst.write(src.read(p.wal_keep))
+    result = Salvaged(str(backup), wal_dropped=p.wal_size - p.wal_keep)
+    result.acknowledged_seq = mark.last_seq if mark else None
+    skip = _mend(work / DB_NAME)
+    fresh = data_dir / (DB_NAME + SALVAGED_SUFFIX)
+    fresh.unlink(missing_ok=True)
+    new = duckdb.connect(str(fresh))
+    try:
+        migrate(new)
+        _attach_readable(new, work)
+        _copy_tables(new, result, skip)
+        new.execute("DETACH old")
+        new.execute("CHECKPOINT")
+    finally:
+        new.close()
+    journal = {"backup": str(backup), "result": result.to_json()}
+    _write_synced(data_dir / JOURNAL, json.dumps(journal))
+    return _swap(data_dir, journal)
+
+
+def _attach_readable(new: duckdb.DuckDBPyConnection, work: Path) -> None:
+    """Attach the work copy read-only as ``old``; without its WAL if even the cut WAL
+    will not replay."""
+    copy = str(work / DB_NAME)
+    try:
+        new.execute("ATTACH ? AS old (READ_ONLY)", [copy])
+        return
+    except duckdb.Error:
+        (work / (DB_NAME + ".wal")).unlink(missing_ok=True)
+    try:
+        new.execute("ATTACH ? AS old (READ_ONLY)", [copy])
+    except duckdb.Error as e:
+        raise DataDirDamaged(
+            f"nothing of {work.parent} can be read ({one_line(e)}); the damaged files are "
+            "kept in its damaged-* directory"
+        ) from e
+
+
+Ranges = dict[str, list[tuple[int, int]]]  # by table: half-open rowid ranges
+
+
+def _mend(path: Path) -> Ranges:
+    """Make the data blocks of the store at ``path`` that fail their checksum readable
+    again, giving each its checksum anew; return the rows they hold, to leave out. A
+    damaged block that holds no table's data (metadata) is left as it is."""
+    skip: Ranges = {}
+    mended: set[int] = set()
+    while True:
+        try:
+            db = duckdb.connect(str(path), read_only=True)
+        except duckdb.Error:
+            return skip  # not even its metadata: the copy says so
+        try:
+            location, rows = _first_bad_block(db)
+        finally:
+            db.close()
+        if location is None or location in mended or not rows:
+            return skip
+        _reseal(path, location)
+        mended.add(location)
+        for table, lo, hi in rows:
+            skip.setdefault(table, []).append((lo, hi))
+
+
+def _first_bad_block(
+    db: duckdb.DuckDBPyConnection,
+) -> tuple[int | None, list[tuple[str, int, int]]]:
+    """The file offset of the first block a full read fails on, and the rows of every
+    table stored in it (none if it holds no table's data)."""
+    tables = [t for (t,) in db.execute("SELECT table_name FROM duckdb_tables()").fetchall()]
+    for table in tables:
+        try:
+            db.execute(f'SELECT bit_xor(hash(t)) FROM "{table}" t').fetchall()
+        except duckdb.Error as e:
+            found = _LOCATION.search(str(e))
+            if found is None:
+                return None, []
+            location = int(found.group(1))
+            block = (location - HEADER) // BLOCK
+            rows = []
+            for name in tables:
+                for group, start, count in db.execute(
+                    "SELECT row_group_id, start, count FROM pragma_storage_info(?) "
+                    "WHERE block_id = ? AND persistent",
+                    [name, block],
+                ).fetchall():
+                    lo = int(group) * CHUNK + int(start)
+                    rows.append((name, lo, lo + int(count)))
+            return location, rows
+    return None, []
+
+
+def _reseal(path: Path, location: int) -> None:
+    """Write the checksum of the block at ``location`` anew (DuckDB's: the checksum of
+    the rest of the block, in its first 8 bytes)."""
+    with open(path, "r+b") as f:
+        f.seek(location)
+        block = f.read(BLOCK)
+        f.seek(location)
+        f.write(struct.pack("<Q", wal.checksum(block[8:])))
+
+
+def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) -> None:
+    """Copy every table of ``old`` into the new store's (its schema made by migrate),
+    but for the rows in ``skip``."""
+    tables = [
+        t
+        for (t,) in new.execute(
+            """SELECT table_name FROM duckdb_tables()
+               WHERE database_name = current_database() AND table_name <> 'schema_migrations'"""
+        ).fetchall()
+    ]
+    present = {
+        t
+        for (t,) in new.execute(
+            "SELECT table_name FROM duckdb_tables() WHERE database_name = 'old'"
+        ).fetchall()
+    }
+    for table in tables:
+        if table not in present:
+            continue
+        try:
+            (bound,) = new.execute(
+                f'SELECT greatest(coalesce(max(rowid) + 1, 0), count(*)) FROM old."{table}"'
+            ).fetchone() or (0,)
+        except duckdb.Error:
+            bound = 1 << 40  # its rowids cannot be read: try the whole range, halving
+        kept = lost = 0
+        left_out = skip.get(table, [])
+        for lo, hi in left_out:
+            (n,) = new.execute(
+                f'SELECT count(*) FROM old."{table}" WHERE rowid >= ? AND rowid < ?', [lo, hi]
+            ).fetchone() or (0,)
+            lost += int(n)
+        for lo in range(0, int(bound), CHUNK):
+            k, miss = _copy_range(new, table, lo, min(lo + CHUNK, int(bound)), left_out)
+            kept, lost = kept + k, lost + miss
+        out.tables[table] = kept
+        if lost:
+            out.lost_rows[table] = lost
+    (top,) = new.execute("SELECT coalesce(max(queue_id), 0) FROM queues").fetchone() or (0,)
+    new.execute(f"CREATE OR REPLACE SEQUENCE queue_ids START {int(top) + 1}")
+    (last,) = new.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
+    (horizon,) = new.execute(
+        "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
+    ).fetchone() or (1,)
+    out.last_seq = max(int(last), int(horizon) - 1)
+
+
+def _copy_range(
+    new: duckdb.DuckDBPyConnection,
+    table: str,
+    lo: int,
+    hi: int,
+    left_out: Sequence[tuple[int, int]] = (),
+) -> tuple[int, int]:
+    """Copy the rows of ``old.table`` with rowid in ``[lo, hi)``, but those ``left_out``
+    (one statement: all or nothing): (rows kept, rows lost), halving the range around a
+    block that cannot be read down to :data:`SMALLEST` rows, given up as lost."""
+    where = "rowid >= ? AND rowid < ?" + " AND NOT (rowid >= ? AND rowid < ?)" * len(left_out)
+    params = [lo, hi, *(x for r in left_out for x in r)]
+    try:
+        (n,) = new.execute(
+            f'INSERT INTO main."{table}" SELECT * FROM old."{table}" WHERE {where}', params
+        ).fetchone() or (0,)
+        return int(n), 0
+    except duckdb.Error:
+        if hi - lo <= SMALLEST:
+            try:
+                (n,) = new.execute(
+                    f'SELECT count(*) FROM old."{table}" WHERE {where}', params
+                ).fetchone() or (0,)
+            except duckdb.Error:
+                n = hi - lo  # not even its row ids can be read: at most this many
+            return 0, int(n)
+        mid = (lo + hi) // 2
+        a = _copy_range(new, table, lo, mid, left_out)
+        b = _copy_range(new, table, mid, hi, left_out)
+        return a[0] + b[0], a[1] + b[1]
+
+
+def _swap(data_dir: Path, journal: dict[str, Any]) -> Salvaged:
+    """Put the salvaged store in place (idempotent: a run that died here is redone)."""
+    fresh = data_dir / (DB_NAME + SALVAGED_SUFFIX)
+    failpoint("salvage.swap")
+    if fresh.exists():
+        os.replace(fresh, data_dir / DB_NAME)
+    (data_dir / (DB_NAME + ".wal")).unlink(missing_ok=True)
+    result = journal["result"]
+    mark = Watermark(data_dir)
+    try:
+        mark.write(Mark(0, int(result["last_seq"])))
+    finally:
+        mark.close()
+    shutil.rmtree(data_dir / WORK_DIR, ignore_errors=True)
+    for entry in data_dir.iterdir():
+        owner_only(entry)
+    (data_dir / JOURNAL).unlink()
+    return Salvaged(
+        journal["backup"],
+        result["tables"],
+        result["lost_rows"],
+        result["wal_dropped"],
+        result["last_seq"],
+        result["acknowledged_seq"],
+    )
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

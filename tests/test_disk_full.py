@@ -1,0 +1,215 @@
+"""A full disk (issue 15, item 8), on a small tmpfs of the test's own: below its reserve
+the node refuses publishes and resumes by itself; a commit the disk cannot take is
+reported exactly — nothing stored, stored, or unknown — the node says why to its clients
+and reopens itself once there is room; nothing acknowledged is lost, nothing stored
+twice."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import eomsg
+from eomsg.errors import DiskFull, EomsgError, ExitCode, WriteFailed, WriteUnknown
+from tests.conftest import NodeProcess, missing_service
+
+MiB = 1 << 20
+
+
+class SmallDisk:
+    """A tmpfs of ``size`` bytes mounted for one test, and a file that fills it."""
+
+    def __init__(self, root: Path, size: int) -> None:
+        self.root = root
+        self.filler = root / "filler"
+        prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
+        root.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [*prefix, "mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(root)],
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0:
+            missing_service(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+        self._umount = [*prefix, "umount", "-l", str(root)]
+
+    def free(self) -> int:
+        st = os.statvfs(self.root)
+        return st.f_bavail * st.f_frsize
+
+    def fill(self, leave: int) -> None:
+        """Grow the filler until only about ``leave`` bytes are free."""
+        with open(self.filler, "ab") as f:
+            while (gap := self.free() - leave) > 0:
+                f.write(b"\0" * min(gap, 4 * MiB))
+                f.flush()
+
+    def empty(self) -> None:
+        self.filler.unlink(missing_ok=True)
+
+    def unmount(self) -> None:
+        subprocess.run(self._umount, capture_output=True)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[int], SmallDisk]]:
+    mounted: list[SmallDisk] = []
+
+    def mount(size: int) -> SmallDisk:
+        disk = SmallDisk(tmp_path / "disk", size)
+        mounted.append(disk)
+        return disk
+
+    yield mount
+    for disk in mounted:
+        disk.unmount()
+
+
+def cli(eomsg_bin: str, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([eomsg_bin, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def serving(data: Path) -> bool:
+    try:
+        with eomsg.connect(data) as client:
+            client.stats()
+        return True
+    except EomsgError:
+        return False
+
+
+def stored_ids(data: Path) -> list[str]:
+    with eomsg.connect(data) as client:
+        rows = client.query("SELECT id FROM messages WHERE id IS NOT NULL ORDER BY seq")[1]
+    return [r[0] for r in rows]
+
+
+def test_below_the_reserve_publishes_are_refused_and_resume_by_themselves(
+    small_disk: Callable[[int], SmallDisk], eomsg_bin: str, cli_env: dict[str, str], serve: Any
+) -> None:
+    disk = small_disk(64 * MiB)
+    data = disk.root / "data"
+    env = {**cli_env, "EOMSG_DATA": str(data)}
+    node: NodeProcess = NodeProcess(eomsg_bin, data, env).start()
+    try:
+        assert cli(eomsg_bin, env, "config", "set", "disk-reserve", "16MiB").returncode == 0
+        assert cli(eomsg_bin, env, "queue", "create", "q", "-s", "t").returncode == 0
+        assert cli(eomsg_bin, env, "publish", "t", "before").returncode == 0
+        disk.fill(leave=8 * MiB)
+        refused = cli(eomsg_bin, env, "publish", "t", "refused")
+        assert refused.returncode == ExitCode.STORAGE
+        assert refused.stderr.count("\n") == 1 and refused.stderr.startswith(
+            f"Error: the disk holding {data} has "
+        )
+        assert "under the node's reserve of 16 MiB: publishing resumes once more is free" in (
+            refused.stderr
+        )
+        with eomsg.connect(data) as client:
+            with pytest.raises(DiskFull):
+                client.publish("t", b"refused too")
+            got = client.fetch("q", 10)  # consuming goes on
+            assert [d.message.payload for d in got] == [b"before"]
+            assert client.delete("q", [got[0].key]) == [True]
+        disk.empty()
+        assert cli(eomsg_bin, env, "publish", "t", "after").returncode == 0  # same node
+        out = cli(eomsg_bin, env, "inspect", "log", "--json").stdout
+        assert '"payload": "refused' not in out and '"payload": "after"' in out
+    finally:
+        node.kill()
+
+
+def publish_until_refused(data: Path, payload: Callable[[int], bytes]) -> dict[str, list[str]]:
+    """Publish batches of 64 with ids until the node refuses one; by outcome, the ids."""
+    outcomes: dict[str, list[str]] = {"acked": [], "failed": [], "unknown": []}
+    with eomsg.connect(data) as client:
+        for batch in range(100_000):
+            ids = [f"b{batch}-{i}" for i in range(64)]
+            try:
+                client.publish_batch(
+                    [eomsg.Outgoing("t", payload(i), id) for i, id in enumerate(ids)]
+                )
+            except WriteFailed:
+                outcomes["failed"] += ids
+                return outcomes
+            except (WriteUnknown, EomsgError):
+                outcomes["unknown"] += ids
+                return outcomes
+            outcomes["acked"] += ids
+    raise AssertionError("the disk never filled")
+
+
+def test_a_full_disk_fails_the_write_whole_and_the_node_reopens_itself(
+    small_disk: Callable[[int], SmallDisk], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    disk = small_disk(48 * MiB)
+    data = disk.root / "data"
+    env = {**cli_env, "EOMSG_DATA": str(data)}
+    node = NodeProcess(eomsg_bin, data, env).start()
+    try:
+        assert cli(eomsg_bin, env, "config", "set", "disk-reserve", "0").returncode == 0
+        assert cli(eomsg_bin, env, "queue", "create", "q", "-s", "t").returncode == 0
+        disk.fill(leave=2 * MiB)
+        outcomes = publish_until_refused(data, lambda i: os.urandom(1024))
+        assert outcomes["acked"] and outcomes["failed"], {k: len(v) for k, v in outcomes.items()}
+        # While it cannot reopen, a client is told why, in one line.
+        refused = cli(eomsg_bin, env, "publish", "t", "x")
+        assert refused.returncode == ExitCode.STORAGE, refused.stderr
+        assert refused.stderr.startswith("Error: ") and "store" in refused.stderr
+        disk.empty()
+        wait_until(lambda: serving(data), "the node to reopen itself")
+        ids = stored_ids(data)
+        assert len(ids) == len(set(ids)), "a message was stored twice"
+        assert set(outcomes["acked"]) <= set(ids), "an acknowledged message was lost"
+        assert not set(outcomes["failed"]) & set(ids), "a write reported failed was stored"
+        with eomsg.connect(data) as client:  # the same ids again: each stored once
+            again = client.publish_batch(
+                [eomsg.Outgoing("t", b"retry", id) for id in outcomes["acked"][:64]]
+            )
+            assert all(r.duplicate for r in again)
+    finally:
+        node.kill()
+    assert node.proc is not None
+    log = node.proc.stderr.read() if node.proc.stderr else ""
+    assert "the store failed and takes no writes until it is reopened" in log
+    assert "the store was reopened; serving again" in log
+
+
+def test_a_commit_durable_before_its_checkpoint_failed_is_acknowledged(
+    small_disk: Callable[[int], SmallDisk], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    """DuckDB commits (WAL fsynced), then its automatic checkpoint (at 16 MiB of WAL)
+    finds no room and says "COMMIT succeeded and is durable": that publish is
+    acknowledged, not reported failed, and it is there after the node reopened."""
+    disk = small_disk(64 * MiB)
+    data = disk.root / "data"
+    env = {**cli_env, "EOMSG_DATA": str(data)}
+    node = NodeProcess(eomsg_bin, data, env).start()
+    try:
+        assert cli(eomsg_bin, env, "config", "set", "disk-reserve", "0").returncode == 0
+        assert cli(eomsg_bin, env, "queue", "create", "q", "-s", "t").returncode == 0
+        disk.fill(leave=24 * MiB)  # room for the WAL to reach 16 MiB, not to checkpoint it
+        outcomes = publish_until_refused(data, lambda i: os.urandom(4096))
+        assert outcomes["acked"]
+        disk.empty()
+        wait_until(lambda: serving(data), "the node to reopen itself")
+        ids = set(stored_ids(data))
+        assert set(outcomes["acked"]) <= ids
+    finally:
+        node.kill()
+    assert node.proc is not None and node.proc.stderr is not None
+    log = node.proc.stderr.read()
+    assert "COMMIT succeeded and is durable" in log, log[-2000:]
+    assert "the store was reopened; serving again" in log
