@@ -28,6 +28,11 @@ Failover of an exclusive queue (scripts/bench_failover.py), ``--n`` failovers wi
   failover-unbind  the active consumer unbinds gracefully
   failover-kill    the active consumer's process is killed with SIGKILL
 
+The WAL under sustained publishing (scripts/bench_wal.py): ``wal`` publishes ``--n``
+messages, ``--batch`` per commit (default 100), one commit at a time, and reports the
+commit latency p50 / p99 / max (a checkpoint stalls the commit it runs in), the largest
+WAL seen and how many checkpoints ran.
+
 Replay through Spark (scripts/bench_replay.py): ``replay`` replays a log of ``--n``
 messages into Parquet on ``--master`` (local[2]) with ``--transform`` none, rows or sql;
 reports rows/s, the SparkSession start-up and the fixed cost of a job.
@@ -58,6 +63,7 @@ import bench_broker  # scripts/ is on the path when this file runs as a script
 import bench_failover
 import bench_replay
 import bench_txn
+import bench_wal
 import duckdb
 
 from eomsg.core.message import Outgoing
@@ -72,6 +78,7 @@ SCENARIOS = (
     *bench_failover.SCENARIOS,
     *bench_txn.SCENARIOS,
     *bench_replay.SCENARIOS,
+    *bench_wal.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -207,7 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
-        args.batch = 1000 if args.scenario in ("embedded-consume", "express") else 5000
+        args.batch = {"embedded-consume": 1000, "express": 1000, "wal": 100}.get(
+            args.scenario, 5000
+        )
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
@@ -227,6 +236,20 @@ def main(argv: list[str] | None = None) -> int:
                 f"replay: {replay['rows_per_s']} rows/s (n={args.n}, {args.transform}); "
                 f"Spark start-up {replay['spark_startup_s']} s, "
                 f"a 1-row job {replay['job_fixed_s']} s"
+            )
+        return 0
+    if args.scenario in bench_wal.SCENARIOS:
+        payload = os.urandom(args.payload // 2 + 1).hex().encode()[: args.payload]
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            wal = bench_wal.run(args.n, args.batch, payload, args.rounds, Path(tmp))
+        wal["machine"] = machine()
+        if args.json:
+            print(json.dumps(wal))
+        else:
+            print(
+                f"wal: {wal['msgs_per_s']:,} msgs/s, commit p50 {wal['p50_ms']} ms, p99 "
+                f"{wal['p99_ms']} ms, max {wal['max_ms']} ms; WAL at most {wal['wal_max_mb']} "
+                f"MiB, {wal['checkpoints']} checkpoints"
             )
         return 0
     if args.scenario in bench_failover.SCENARIOS:

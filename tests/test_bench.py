@@ -85,6 +85,13 @@ def test_exactly_once_scenarios_check_their_outcome(
     assert result["msgs_per_s"] > 0 and len(rounds) == 2  # type: ignore[operator, arg-type]
 
 
+def test_wal_scenario_reports_latency_and_the_wal_bound() -> None:
+    result = bench("--scenario", "wal", "--n", "2000", "--rounds", "1")
+    assert result["scenario"] == "wal" and result["msgs_per_s"] > 0  # type: ignore[operator]
+    assert 0 < result["p50_ms"] <= result["p99_ms"] <= result["max_ms"]  # type: ignore[operator]
+    assert result["wal_max_mb"] >= 0 and result["checkpoints"] >= 0  # type: ignore[operator]
+
+
 def test_replay_scenario_prints_rows_per_second_and_startup() -> None:
     from tests.conftest import spark_or_skip
 

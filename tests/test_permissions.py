@@ -68,6 +68,24 @@ def test_served_node_under_umask_022(
     assert_owner_only(data_dir)
 
 
+def test_a_wal_made_anew_after_a_checkpoint_is_narrowed(data_dir: Path) -> None:
+    """In a process with a loose umask (a library user's), DuckDB makes each new WAL
+    0644; the node narrows it after the commit that made it."""
+    old = os.umask(0o022)
+    try:
+        with Node.open(data_dir, NodeSettings(tick=None, wal_limit=64 << 10)) as node:
+            wal = data_dir / "eomsg.duckdb.wal"
+            previous = remade = 0
+            for _ in range(50):
+                node.publish("t", os.urandom(4096) * 4)
+                assert stat.S_IMODE(wal.stat().st_mode) == 0o600
+                remade += wal.stat().st_size < previous
+                previous = wal.stat().st_size
+            assert remade > 3  # checkpoints removed it, commits made it anew
+    finally:
+        os.umask(old)
+
+
 def test_a_wide_open_directory_is_narrowed_at_open(data_dir: Path) -> None:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
         node.publish("t", b"secret")

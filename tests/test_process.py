@@ -101,8 +101,9 @@ def publish_and_kill(
     """Feed lines to a publishing process, SIGKILL it once ``kill_after`` acks arrived,
     and return the ids it acknowledged. Asserts that the kill landed mid-publish: the
     process was still running and had not acknowledged every line. (That is certain,
-    not lucky, while ``kill_after`` plus a pipe's worth of acks — 64 KiB, some 1,100
-    lines — is less than ``len(lines)``: a publisher whose acks are not read stops.)"""
+    not lucky, while ``kill_after`` plus what the pipe and the publisher's own buffers
+    hold — under 96 KiB, some 1,700 ack lines — is less than ``len(lines)``: a
+    publisher whose acks are not read stops.)"""
     proc = subprocess.Popen(
         [
             bin,
@@ -147,7 +148,7 @@ def test_sigkill_while_publishing_loses_and_duplicates_nothing(
     eomsg(eomsg_bin, cli_env, "queue", "create", "orders", "-s", "orders/>")
     n = 3000
     lines = [b"payload-%d\n" % i for i in range(1, n + 1)]
-    acked = publish_and_kill(eomsg_bin, cli_env, lines, rng.randrange(50, 1000), rng)
+    acked = publish_and_kill(eomsg_bin, cli_env, lines, rng.randrange(50, 1200), rng)
     stored = log_ids(data_dir)
     assert len(stored) == len(set(stored)), "a message was stored twice"
     assert acked <= set(stored), "an acknowledged message was lost"
@@ -223,16 +224,16 @@ def test_sigkill_loop_many_rounds(eomsg_bin: str, cli_env: dict[str, str], data_
     """Kill the publisher again and again over one growing log; every ack survives."""
     rng = random.Random(7)
     eomsg(eomsg_bin, cli_env, "queue", "create", "orders", "-s", "orders/>")
-    lines = [b"p%d\n" % i for i in range(1, 2001)]
+    lines = [b"p%d\n" % i for i in range(1, 4001)]
     acked: set[str] = set()
     for _ in range(8):
-        acked |= publish_and_kill(eomsg_bin, cli_env, lines, rng.randrange(1, 600), rng)
+        acked |= publish_and_kill(eomsg_bin, cli_env, lines, rng.randrange(1, 2000), rng)
         stored = log_ids(data_dir)
         assert len(stored) == len(set(stored)), "a message was stored twice"
         assert acked <= set(stored), "an acknowledged message was lost"
     r = eomsg(eomsg_bin, cli_env, *PUBLISH_WITH_IDS, input=b"".join(lines))  # retry it all
     assert r.returncode == 0
-    assert sorted(log_ids(data_dir)) == sorted(f"m{i}" for i in range(1, 2001))
+    assert sorted(log_ids(data_dir)) == sorted(f"m{i}" for i in range(1, 4001))
 
 
 def test_crash_during_garbage_collection_keeps_a_consistent_store(

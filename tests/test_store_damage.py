@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from eomsg.core.queues import QueueConfig
 from eomsg.errors import ExitCode
 from eomsg.node.node import Node, NodeSettings
 from eomsg.store import wal
@@ -201,6 +202,7 @@ def test_compact_gives_space_back_and_a_killed_compaction_changes_nothing(
     eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
+        node.create_queue(QueueConfig("q1", ("elsewhere/>",)))
         node.publish_batch([eomsg_outgoing(i, os.urandom(2048)) for i in range(5000)])
     for setting in (("retention", "0"), ("gc-interval", "0"), ("retention", "7d")):
         assert cli(eomsg_bin, cli_env, "config", "set", *setting).returncode == 0  # collects
@@ -222,6 +224,9 @@ def test_compact_gives_space_back_and_a_killed_compaction_changes_nothing(
     assert ids(eomsg_bin, cli_env) == ["keep"]
     r = cli(eomsg_bin, cli_env, "publish", "t/keep", "again", "--id", "keep")
     assert "duplicate of seq" in r.stdout  # its publish id survived the copy
+    assert cli(eomsg_bin, cli_env, "queue", "create", "q2", "-s", "t/>").returncode == 0
+    queues = cli(eomsg_bin, cli_env, "inspect", "sql", "SELECT queue_id FROM queues", "--json")
+    assert len({q["queue_id"] for q in json.loads(queues.stdout)}) == 2  # the id sequence went on
 
 
 def test_compact_and_salvage_need_the_node_stopped(

@@ -31,7 +31,7 @@ CLIENT_EVENTS: list[ev.Event] = [
     ev.FlowAck(3, True, 9),
     ev.Call(7, "stats", {"a": [1, "x", None, {"b": b"\x01"}]}),
     ev.Ping(1),
-    ev.Pong(2),
+    ev.Pong(2, 1.5),
 ]
 SERVER_EVENTS: list[ev.Event] = [
     ev.Published(1, (PublishResult(1, "id", False, 2), PublishResult(1, None, True, None))),
@@ -42,7 +42,7 @@ SERVER_EVENTS: list[ev.Event] = [
     ev.Result(7, {"x": [1, 2.5]}),
     ev.Error(8, "queue_not_found", "queue 'q' does not exist"),
     ev.Ping(3),
-    ev.Pong(4),
+    ev.Pong(4, 2.0),
 ]
 
 

@@ -198,10 +198,15 @@ class AsyncClient:
         self._flush_scheduled = False
         self._failed: EomsgError | None = None
         self._welcome: asyncio.Future[ev.Welcome] = self.loop.create_future()
-        self._pings: dict[int, asyncio.Future[None]] = {}
+        self._pings: dict[int, tuple[float, asyncio.Future[None]]] = {}  # nonce -> sent
         self._nonces = itertools.count(1)
+        self._keeper: asyncio.Task[None] | None = None
         self.heartbeat = 10.0  # the node's, from its Welcome
-        self.last_heard = time.monotonic()  # when a frame last came from the node
+        # The lease: when this client sent the last ping the node answered (monotonic).
+        # Only an answer to its own ping proves the node had its connection then; a
+        # frame read late (sent before the node cut it off) proves nothing.
+        self.lease_from = 0.0
+        self.clock_offset: float | None = None  # the node's clock minus monotonic here
 
     # -- connecting ----------------------------------------------------------------------
 
@@ -233,6 +238,16 @@ class AsyncClient:
         self.limits = Limits(welcome.max_payload)
         self.node = welcome.node
         self.heartbeat = welcome.heartbeat
+        await self.ping()  # the first lease and the node's clock
+        self._keeper = self.loop.create_task(self._keep_alive())
+
+    async def _keep_alive(self) -> None:
+        """Ping the node every heartbeat, so the lease stays fresh (and the node hears
+        from this client even while it only reads)."""
+        with contextlib.suppress(EomsgError):
+            while self._failed is None:
+                await asyncio.sleep(self.heartbeat)
+                await self.ping()
 
     async def close(self) -> None:
         """Wait for what is in flight, say goodbye and close. Idempotent."""
@@ -444,21 +459,26 @@ class AsyncClient:
         )
 
     def lease_valid(self) -> bool:
-        """Whether the node surely still counts this client as alive: it heard from the
-        node within :data:`LEASE` heartbeats (it pings every heartbeat and the client
-        answers at once; it cuts off a client silent for three)."""
-        return time.monotonic() - self.last_heard < LEASE * self.heartbeat
+        """Whether the node surely still counts this client as alive: it answered a ping
+        this client sent less than :data:`LEASE` heartbeats ago (the node cuts off a
+        client it has not heard from for three; the client pings every one)."""
+        return time.monotonic() - self.lease_from < LEASE * self.heartbeat
 
     async def ping(self) -> None:
-        """A round trip to the node: once it returns, the node has just heard from this
-        client. Unavailable if the connection is lost first."""
+        """A round trip to the node; once it returns, the lease runs from when the ping
+        was sent, and the node's clock is known to within half the round trip. A node
+        that does not answer within three heartbeats is taken for gone: Unavailable."""
         self._check()
         nonce = next(self._nonces)
         future: asyncio.Future[None] = self.loop.create_future()
-        self._pings[nonce] = future
+        self._pings[nonce] = (time.monotonic(), future)
         try:
             self._send(ev.Ping(nonce))
-            await future
+            await asyncio.wait_for(asyncio.shield(future), 3 * self.heartbeat)
+        except TimeoutError:
+            error = Unavailable(f"the node at {self.address} did not answer a ping in time")
+            self._lost(error)
+            raise error from None
         finally:
             self._pings.pop(nonce, None)
 
@@ -670,7 +690,6 @@ class AsyncClient:
         self._transport.write(self.conn.send(event))
 
     def _receive(self, data: bytes) -> None:
-        self.last_heard = time.monotonic()
         self.conn.receive_data(data)
         while True:
             try:
@@ -737,11 +756,14 @@ class AsyncClient:
                     entry[0].set_exception(error)
             case ev.Ping(nonce):
                 with contextlib.suppress(EomsgError):
-                    self._send(ev.Pong(nonce))
-            case ev.Pong(nonce):
-                pong = self._pings.pop(nonce, None)
-                if pong is not None and not pong.done():
-                    pong.set_result(None)
+                    self._send(ev.Pong(nonce, time.time()))
+            case ev.Pong(nonce, node_now):
+                ping = self._pings.pop(nonce, None)
+                if ping is not None and not ping[1].done():
+                    sent, received = ping[0], time.monotonic()
+                    self.lease_from = max(self.lease_from, sent)
+                    self.clock_offset = node_now - (sent + received) / 2
+                    ping[1].set_result(None)
             case ev.Welcome():
                 if not self._welcome.done():
                     self._welcome.set_result(event)
@@ -754,9 +776,19 @@ class AsyncClient:
             entry[0].set_result(value)
 
     def _lost(self, error: EomsgError) -> None:
-        """The connection is over: fail everything still waiting, once."""
+        """The connection is over: fail everything still waiting, once. Requests in
+        flight get Unavailable, whatever ended the connection: they may or may not
+        have taken effect (retry idempotently); subscriptions get the cause itself."""
         if self._failed is None:
             self._failed = error
+        unknown = (
+            error
+            if isinstance(error, Unavailable)
+            else Unavailable(
+                f"{error.message} (a request in flight may or may not have taken effect: "
+                "retry it with the same ids)"
+            )
+        )
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
         if not self._welcome.done():
@@ -765,20 +797,22 @@ class AsyncClient:
         requests, self._requests = self._requests, {}
         for future, _ in requests.values():
             if not future.done():
-                future.set_exception(error)
+                future.set_exception(unknown)
         pings, self._pings = self._pings, {}
-        for pong in pings.values():
+        for _, pong in pings.values():
             if not pong.done():
                 pong.set_exception(error)
+        if self._keeper is not None:
+            self._keeper.cancel()
         outbox, self._outbox = self._outbox, []
         for _, f in outbox:
             if not f.done():
-                f.set_exception(error)
+                f.set_exception(unknown)
         deletes, self._deletes = self._deletes, {}
         for items in deletes.values():
             for _, d in items:
                 if not d.done():
-                    d.set_exception(error)
+                    d.set_exception(unknown)
         subscriptions, self._subscriptions = self._subscriptions, {}
         for sub in subscriptions.values():
             # Seed 002: cut off from the node, the consumer is no longer active — say so
@@ -941,7 +975,12 @@ class BaseConsumer(abc.ABC):
         the buffer when the node took it back."""
         if isinstance(item, Pushed):
             if item.deliveries:
-                self._buffer.arrived(item.deliveries, item.node_now, time.monotonic())
+                self._buffer.arrived(
+                    item.deliveries,
+                    item.node_now,
+                    time.monotonic(),
+                    self._connection.clock_offset,
+                )
                 self._arm()
         elif isinstance(item, BaseException) or not item.active:
             self._buffer.drop()

@@ -8,9 +8,11 @@ consumer never hands out a delivery it can know is over:
 
 - one superseded by a newer attempt of the same message that reached it;
 - one whose hand-out-by time has passed: its deadline, less a margin for the settlement
-  to reach the node (at most :data:`MAX_MARGIN`, a fifth of its time at most), measured
-  on this process's monotonic clock from when it arrived — so the two clocks need not
-  agree.
+  to reach the node (at most :data:`MAX_MARGIN`, a fifth of its time at most), turned
+  into this process's monotonic clock by the offset its pings measured — so the two
+  clocks need not agree, and a delivery read late (it sat in a socket buffer while the
+  process was paused) is known for what it is. Before the first ping's answer, it is
+  measured from when the delivery arrived.
 
 Such deliveries are given back *unseen* (the node un-counts them: the attempt stays the
 number of times the application saw the message), as is everything still buffered when
@@ -42,15 +44,24 @@ class Prefetch:
         self._unclaimed: dict[int, tuple[int, float]] = {}  # seq -> (attempt, hand out by)
         self._seen: dict[int, int] = {}  # seq -> attempt: handed out, not settled
 
-    def arrived(self, deliveries: Iterable[Delivered], node_now: float, now: float) -> float:
+    def arrived(
+        self,
+        deliveries: Iterable[Delivered],
+        node_now: float,
+        now: float,
+        offset: float | None = None,
+    ) -> float:
         """Take note of deliveries pushed at ``node_now`` on the node's clock and
-        received at ``now`` (monotonic). A newer attempt supersedes an older one still
-        buffered. Returns the earliest hand-out-by time among them (``inf`` if none)."""
+        received at ``now`` (monotonic), the node's clock being ``offset`` ahead of the
+        monotonic one (None: not known yet). A newer attempt supersedes an older one
+        still buffered. Returns the earliest hand-out-by time among them (``inf`` if
+        none)."""
         first = float("inf")
         with self._lock:
             for d in deliveries:
                 left = d.deadline - node_now
-                by = now + left - min(MAX_MARGIN, MARGIN_SHARE * left)
+                margin = min(MAX_MARGIN, MARGIN_SHARE * left)
+                by = (d.deadline - offset if offset is not None else now + left) - margin
                 self._unclaimed[d.seq] = (d.attempt, by)
                 first = min(first, by)
         return first

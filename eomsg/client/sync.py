@@ -588,11 +588,7 @@ class Consumer(BaseConsumer):
             batch.append(item)
             if left is not None:
                 left -= 1
-            if (
-                left == 0
-                or len(batch) >= max_messages
-                or (not self._batch and self._inbox.empty())
-            ):
+            if left == 0 or len(batch) >= max_messages or (not self._batch and self._inbox.empty()):
                 yield batch
                 batch = []
             if left == 0:

@@ -334,13 +334,17 @@ class Cursor:
 
     def return_unseen(
         self, keys: Sequence[Key], now: float, epoch: int = 0, holder: int = 0
-    ) -> list[Release | Settlement]:
+    ) -> list[Settlement]:
         """Take back deliveries their consumer never handed to its application (they
         sat in its prefetch buffer): ready again at once, and un-counted — the attempt
         is the number of times the message was handed out. A delivery that is no
         longer the caller's (settled, or handed out again since) is left alone;
-        idempotent."""
-        out: list[Release | Settlement] = []
+        idempotent. Returns the messages that expired meanwhile (to record).
+
+        The un-counting is not recorded (the deliveries table keys attempts by their
+        number, which only grows): after a crash the count is the higher one, as for
+        any delivery whose fate a crash hid."""
+        out: list[Settlement] = []
         for seq, attempt in sorted(set(keys)):
             entry = self._delivered.get(seq)
             if (
@@ -351,7 +355,9 @@ class Cursor:
                 continue
             if entry.in_flight:
                 entry.attempt -= 1
-                out.append(self._give_back(seq, entry, now, now))
+                given = self._give_back(seq, entry, now, now)
+                if isinstance(given, Settlement):
+                    out.append(given)
             elif entry.ready:  # timed out meanwhile, not handed out again yet
                 entry.attempt -= 1
         return out
@@ -393,7 +399,7 @@ class Cursor:
     def _check(self, seq: int, attempt: int, entry: _Delivered, epoch: int, holder: int) -> None:
         """Raise unless the caller (``epoch``, ``holder``) may settle delivery
         ``(seq, attempt)`` of this unsettled ``entry``."""
-        if entry.attempt == 0:  # dead-lettered here, never handed out
+        if entry.attempt == 0:  # never handed out (dead-lettered here, or given back unseen)
             raise _never_delivered(seq)
         if entry.epoch != epoch:
             raise _not_yours(seq, epoch, entry.epoch)
@@ -432,8 +438,8 @@ class Cursor:
     def hold_many(self, seqs: list[int]) -> None:
         """Hold delivered messages for a prepared transaction (check them first with
         :meth:`check_in_flight`; a restart re-holds what it restored as is): from now on
-        only :meth:`delete_many` with :data:`HELD` (the commit) or :meth:`unhold_many`
-        (the abort) settles them, and they never time out."""
+        only :meth:`delete_held` (the commit) or :meth:`unhold_many` (the abort) settles
+        them, and they never time out."""
         for seq in seqs:
             entry = self._delivered[seq]
             if not entry.in_flight:

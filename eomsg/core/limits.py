@@ -41,9 +41,7 @@ def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
     ``high`` (by default 1 byte and 64 MiB)."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
-        raise InvalidConfig(
-            f"size {text!r} is not understood: use bytes or KiB/MiB/GiB, e.g. 1MiB"
-        )
+        raise InvalidConfig(f"size {text!r} is not understood: use bytes or KiB/MiB/GiB, e.g. 1MiB")
     size = int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
     if not low <= size <= high:
         raise InvalidConfig(f"size {text!r} must be between {_show(low)} and {_show(high)}")

@@ -144,9 +144,9 @@ def check_retained(
     """Raise LogCollected unless everything ``what`` (a job, a stream's batch) reads is
     still in the log: its range ``[lo, hi)``, the seqs it names from ``sel.from_seq``
     on, and the messages published since ``sel.since_us``. ``horizon`` is the log's
-    first kept seq (1 when nothing was ever collected) and the publish time of the
-    first message kept (None when the log is empty)."""
-    first, first_published = horizon
+    first kept seq (1 when nothing was ever collected) and the latest publish time among
+    the messages collected (None when none was)."""
+    first, collected_until = horizon
     if first <= 1:
         return
     gone = f"the log keeps seq {first} and later (older messages were collected)"
@@ -154,7 +154,7 @@ def check_retained(
         raise LogCollected(f"{what} reads seq {lo} .. {hi - 1}, but {gone}")
     if sel.from_seq < first and sel.from_seq > 1:
         raise LogCollected(f"{what} starts at seq {sel.from_seq}, but {gone}")
-    if sel.since_us is not None and (first_published is None or sel.since_us < first_published):
+    if sel.since_us is not None and collected_until is not None and sel.since_us <= collected_until:
         raise LogCollected(
             f"{what} reads messages published since {_iso_us(sel.since_us)}, but {gone}"
         )

@@ -41,6 +41,7 @@ from eomsg.errors import (
     EomsgError,
     FlowNotFound,
     InvalidConfig,
+    InvalidInput,
     NodeClosed,
     NotActive,
     QueueExists,
@@ -592,8 +593,8 @@ class Node:
         with self._lock:
             self._check_open()
             q = self._queue(queue)
-            outcomes = q.cursor.return_unseen(keys, now, epoch, holder)
-            future = self._write_releases(q, outcomes, now)
+            expired = q.cursor.return_unseen(keys, now, epoch, holder)
+            future = self._write_releases(q, list(expired), now)
         self._released(queue, future, bool(keys))
 
     def release_held(self, queue: str, held: Iterable[Key], holder: int) -> int:
@@ -855,7 +856,17 @@ class Node:
         by queue, each checked in flight to ``holder`` under its epoch and attempt — all
         of them before the caller changes anything. Under ``_lock``."""
         by_queue: dict[_Queue, list[tuple[int, int, int]]] = {}
-        for queue, seq, epoch, attempt in deletes:
+        for item in deletes:
+            if (
+                type(item) is not tuple
+                or len(item) != 4
+                or type(item[0]) is not str
+                or not all(type(x) is int for x in item[1:])
+            ):
+                raise InvalidInput(
+                    f"a transaction's delete is (queue, seq, epoch, attempt), not {item!r}"
+                )
+            queue, seq, epoch, attempt = item
             by_queue.setdefault(self._queue(queue), []).append((seq, attempt, epoch))
         for q, items in by_queue.items():
             for epoch in {e for _, _, e in items}:
@@ -1237,8 +1248,8 @@ class Node:
 
     def log_horizon(self) -> tuple[int, int | None]:
         """The first seq the log still holds (log GC drops what is below it; 1 if it
-        never dropped any) and the publish time of the first message held, in
-        microseconds (None if the log is empty)."""
+        never dropped any) and the latest publish time among the messages it dropped, in
+        microseconds (None if none)."""
         self._check_open()
         return self.store.log_horizon()
 

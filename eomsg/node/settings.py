@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from eomsg.core.durations import parse_duration
 from eomsg.core.limits import Limits, parse_size
+from eomsg.store.store import WAL_LIMIT
 
 DEFAULT_DISK_RESERVE = 128 << 20
 
@@ -24,7 +25,7 @@ class NodeSettings:
     gc_interval: float = 60.0
     tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
     disk_reserve: int = DEFAULT_DISK_RESERVE
-    wal_limit: int = 32 << 20  # the WAL is checkpointed at once when it grows past this
+    wal_limit: int = WAL_LIMIT  # the WAL is checkpointed when it grows past this
 
 
 # Settings a data directory can save (``eomsg config set``): name -> (parse to the

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from eomsg.errors import (
+    DataDirDamaged,
     DataDirError,
     DataDirLocked,
     EomsgError,
@@ -118,6 +119,7 @@ class Server:
         self.node = node
         self.reopen = reopen
         self.down: str | None = None  # why the node is not serving now, while it is not
+        self.failure: EomsgError | None = None  # why it stopped serving for good
         self.data_dir = data_dir
         self.settings = settings
         self.loop = asyncio.get_running_loop()
@@ -173,12 +175,13 @@ class Server:
             if free >= need:
                 try:
                     node = await self.blocking(self.reopen)
-                except DataDirLocked as e:
+                except (DataDirLocked, DataDirDamaged) as e:  # not for waiting out
                     log.error("cannot reopen the store: %s; stopping", e)
+                    self.failure = e
                     self.request_stop()
                     return
-                except EomsgError as e:
-                    why = f"cannot reopen the store yet ({e.message})"
+                except Exception as e:  # a full disk, a file it cannot reach yet, ...
+                    why = f"cannot reopen the store yet ({one_line(e)})"
                 else:
                     self.node = node
                     self._attach(node)
@@ -354,6 +357,8 @@ def serve(
     finally:
         if server is not None and server.node is not node:
             server.node.close()
+    if server is not None and server.failure is not None:
+        raise server.failure
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -99,7 +99,8 @@ class Session(asyncio.Protocol):
         self.pending = 0  # requests received and not yet answered
         self.reading_paused = False
         self.writable = True  # False while the transport's write buffer is full
-        self.blocked_since = 0.0  # when it filled
+        self.blocked_since = 0.0  # since when it has been full without draining
+        self.blocked_size = 0  # how full it was then
         self.closing = False
         self.subscriptions: dict[int, _Subscription] = {}
         self.fetched: dict[str, dict[int, int]] = {}  # queue -> seq -> attempt (Fetch)
@@ -157,6 +158,7 @@ class Session(asyncio.Protocol):
     def pause_writing(self) -> None:
         self.writable = False
         self.blocked_since = self.loop.time()
+        self.blocked_size = self._buffered()
 
     def resume_writing(self) -> None:
         self.writable = True
@@ -204,7 +206,7 @@ class Session(asyncio.Protocol):
             case ev.FlowAck():
                 self._flow_acked(event)
             case ev.Ping():
-                self._send(ev.Pong(event.nonce))
+                self._send(ev.Pong(event.nonce, self.node.clock()))
             case ev.Pong():
                 pass
             case ev.Hello():
@@ -216,6 +218,7 @@ class Session(asyncio.Protocol):
         if self.server.down is not None:
             self._fail(StorageError(self.server.down))
             return
+        self.node = self.server.node  # reopened since this connection was made, perhaps
         if hello.version != ev.PROTOCOL_VERSION:
             self._fail(
                 ProtocolError(
@@ -639,9 +642,13 @@ class Session(asyncio.Protocol):
             self.transport.write(self.conn.send_fatal(ev.Error(0, error.code, error.message)))
         self._close()
 
+    def _buffered(self) -> int:
+        return 0 if self.transport is None else self.transport.get_write_buffer_size()
+
     def dismiss(self, error: EomsgError) -> None:
-        """The node is going away (its store failed): tell the client why and hang up,
-        without touching the node (it is being closed)."""
+        """The node is going away (its store failed): tell the client why and hang up
+        (what it held is given back as for any lost connection, as far as the failing
+        node still can)."""
         self._fail(error)
 
     def _close(self) -> None:
@@ -678,14 +685,17 @@ class Session(asyncio.Protocol):
 
     def _watchdog(self) -> None:
         """Cut off a client silent for three heartbeats, or one that has read nothing
-        for as long (its socket buffers full), the moment that is so: it is gone or
-        stuck, and its flows must end within three heartbeats. Re-armed for the moment
-        that could next be true."""
+        for as long (its socket buffers full and not draining), the moment that is so:
+        it is gone or stuck, and its flows must end within three heartbeats. Re-armed
+        for the moment that could next be true (checking progress at least every
+        heartbeat)."""
         if self.closing:
             return
         limit = 3 * self.server.settings.heartbeat
         now = self.loop.time()
         silent = now - self.last_heard
+        if not self.writable and (size := self._buffered()) < self.blocked_size:
+            self.blocked_since, self.blocked_size = now, size  # it reads, if slowly
         blocked = 0.0 if self.writable else now - self.blocked_since
         if silent >= limit:
             self._cut_off(f"no word from the client for {silent:.3g} s")
@@ -693,7 +703,7 @@ class Session(asyncio.Protocol):
             self._cut_off(f"the client has read nothing for {blocked:.3g} s")
         else:
             self._timers["watchdog"] = self.loop.call_later(
-                limit - max(silent, blocked), self._watchdog
+                min(limit - max(silent, blocked), limit / 3), self._watchdog
             )
 
     async def drain(self, goodbye: str) -> None:

@@ -263,8 +263,12 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         start = self.opts.starting_seq
-        if start == "earliest":
-            return {"seq": self.opts.sel.from_seq}
+        if start == "earliest":  # from fromSeq, or else the first the log still holds
+            first = self.opts.sel.from_seq
+            if first <= 1:
+                with self.opts.route.open() as access:
+                    first = access.log_horizon()[0]
+            return {"seq": first}
         if start == "latest":
             return {"seq": self._next_seq()}
         try:

@@ -19,7 +19,9 @@ import duckdb
 from eomsg.errors import DataDirError, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store import integrity
-from eomsg.store.lock import DataDirLock, owner_only
+from eomsg.store.files import owner_only, sync
+from eomsg.store.lock import DataDirLock
+from eomsg.store.logread import stored_seq
 from eomsg.store.schema import DB_NAME, migrate
 from eomsg.store.watermark import Mark, Watermark
 
@@ -59,11 +61,11 @@ def compact(data_dir: Path) -> Compacted:
         known = mark.read()
         integrity.before_open(data_dir, wal, known)
         fresh = data_dir / (DB_NAME + COMPACT_SUFFIX)
-        last = _copy(path, fresh, data_dir, known)
-        _sync(fresh)
+        last = _copy(path, fresh, data_dir, known, mark)
+        sync(fresh)
         failpoint("compact.before_swap")
         os.replace(fresh, path)  # the atomic step: old store, or new one
-        _sync(data_dir)
+        sync(data_dir)
         wal.unlink(missing_ok=True)  # checkpointed into the copy; belongs to the old file
         mark.write(Mark(0, last))
         owner_only(path)
@@ -73,7 +75,7 @@ def compact(data_dir: Path) -> Compacted:
         lock.release()
 
 
-def _copy(path: Path, fresh: Path, data_dir: Path, known: Mark | None) -> int:
+def _copy(path: Path, fresh: Path, data_dir: Path, known: Mark | None, mark: Watermark) -> int:
     """Copy the store at ``path`` into ``fresh``; returns its last seq."""
     try:
         db = duckdb.connect(str(path))
@@ -83,29 +85,20 @@ def _copy(path: Path, fresh: Path, data_dir: Path, known: Mark | None) -> int:
         raise DataDirError(f"cannot open {path}: {one_line(e)}") from e
     try:
         migrate(db)
-        (top,) = db.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
-        (horizon,) = db.execute(
-            "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
-        ).fetchone() or (1,)
-        last = max(int(top), int(horizon) - 1)
+        last = stored_seq(db)
         integrity.after_open(data_dir, known, last)
+        mark.write(Mark(0, last), sync=True)  # before the checkpoint empties the WAL
         db.execute("CHECKPOINT")
         (name,) = db.execute("SELECT current_database()").fetchone() or ("",)
         db.execute("ATTACH ? AS compacted", [str(fresh)])
         db.execute(f'COPY FROM DATABASE "{name}" TO compacted')
         db.execute("DETACH compacted")
     except duckdb.Error as e:
+        if integrity.is_damage(e):
+            raise integrity.damaged(data_dir, one_line(e)) from e
         raise DataDirError(
             f"compacting {path} failed, the store is as it was: {one_line(e)}"
         ) from e
     finally:
         db.close()
     return last
-
-
-def _sync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,26 +13,13 @@ from __future__ import annotations
 
 import fcntl
 import os
-import stat
 import sys
 from pathlib import Path
 
 from eomsg.errors import DataDirError, DataDirLocked
+from eomsg.store.files import PRIVATE_DIR, PRIVATE_FILE, owner_only
 
 LOCK_NAME = "eomsg.lock"
-PRIVATE_DIR = 0o700
-PRIVATE_FILE = 0o600
-
-
-def owner_only(path: Path) -> None:
-    """Take every right of group and others away from ``path``, if it exists and has
-    any (a file or directory made by an older eomsg, or under a loose umask)."""
-    try:
-        mode = stat.S_IMODE(os.stat(path).st_mode)
-    except FileNotFoundError:
-        return
-    if mode & 0o077:
-        os.chmod(path, mode & 0o700)
 
 
 class DataDirLock:

@@ -66,16 +66,23 @@ def bounds(conn: duckdb.DuckDBPyConnection, sel: Selection) -> tuple[int, int] |
 
 
 def horizon(conn: duckdb.DuckDBPyConnection) -> tuple[int, int | None]:
-    """The first seq log garbage collection kept (1 if it never collected any) and the
-    publish time of the first message kept, in microseconds (None for an empty log)."""
-    [(kept,)] = conn.execute(
-        "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
-    ).fetchall()
-    rows = conn.execute(
-        "SELECT epoch_us(published_at) FROM messages WHERE seq >= ? ORDER BY seq LIMIT 1",
-        [int(kept)],
-    ).fetchall()
-    return int(kept), (int(rows[0][0]) if rows else None)
+    """The first seq log garbage collection kept (1 if it never collected any), and the
+    latest publish time among the messages it collected, in microseconds (None if it
+    collected none)."""
+    meta = dict(
+        conn.execute(
+            "SELECT key, value FROM node_meta WHERE key IN ('gc_horizon', 'gc_published_us')"
+        ).fetchall()
+    )
+    published = meta.get("gc_published_us")
+    return int(meta.get("gc_horizon") or 1), None if published is None else int(published)
+
+
+def stored_seq(conn: duckdb.DuckDBPyConnection) -> int:
+    """The highest sequence number ever stored, those log GC dropped included (what a
+    commit's watermark records, and what the next seq follows)."""
+    (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
+    return max(int(top), horizon(conn)[0] - 1)
 
 
 def last_seq(conn: duckdb.DuckDBPyConnection) -> int:

@@ -37,7 +37,9 @@ import duckdb
 from eomsg.errors import DataDirDamaged, DataDirError, UsageError, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store import integrity, wal
-from eomsg.store.lock import DataDirLock, owner_only
+from eomsg.store.files import owner_only, sync
+from eomsg.store.lock import DataDirLock
+from eomsg.store.logread import stored_seq
 from eomsg.store.schema import DB_NAME, migrate
 from eomsg.store.watermark import MARK_NAME, Mark, Watermark
 
@@ -155,8 +157,7 @@ def _problem(data_dir: Path, path: Path, wal_path: Path) -> str:
     except duckdb.Error as e:
         return one_line(e)
     try:
-        (top,) = db.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
-        integrity.after_open(data_dir, mark, int(top))
+        integrity.after_open(data_dir, mark, stored_seq(db))
         for (table,) in db.execute("SELECT table_name FROM duckdb_tables()").fetchall():
             # hashing whole rows reads every block of the table (a count would not)
             db.execute(f'SELECT bit_xor(hash(t)) FROM "{table}" t').fetchall()
@@ -201,6 +202,8 @@ def _salvage(p: SalvagePlan) -> Salvaged:
     for name in (DB_NAME, DB_NAME + ".wal", MARK_NAME):
         if (data_dir / name).exists():
             shutil.copy2(data_dir / name, backup / name)
+            sync(backup / name)
+    sync(backup)  # the originals are copied durably before anything replaces them
     work = data_dir / WORK_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o700)
@@ -352,11 +355,7 @@ def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) ->
             out.lost_rows[table] = lost
     (top,) = new.execute("SELECT coalesce(max(queue_id), 0) FROM queues").fetchone() or (0,)
     new.execute(f"CREATE OR REPLACE SEQUENCE queue_ids START {int(top) + 1}")
-    (last,) = new.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
-    (horizon,) = new.execute(
-        "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
-    ).fetchone() or (1,)
-    out.last_seq = max(int(last), int(horizon) - 1)
+    out.last_seq = stored_seq(new)
 
 
 def _copy_range(
@@ -423,8 +422,4 @@ def _write_synced(path: Path, text: str) -> None:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync(path.parent)

@@ -11,6 +11,7 @@ columns are ``TIMESTAMP`` so that ``inspect sql`` shows readable times.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,24 +28,27 @@ from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, JobStatus, Selection
 from eomsg.errors import DataDirDamaged, DataDirError, InvalidQuery, StorageError, one_line
 from eomsg.store import compact, integrity, logread, salvage, sandbox
-from eomsg.store.lock import DataDirLock, owner_only
+from eomsg.store.files import owner_only
+from eomsg.store.lock import DataDirLock
 from eomsg.store.schema import DB_NAME, migrate
 from eomsg.store.watermark import Mark, Watermark
 from eomsg.store.writer import Writer
 
 US = 1_000_000
-WAL_LIMIT = 32 << 20  # the WAL's default bound: past it the writer checkpoints at once
+WAL_LIMIT = 16 << 20  # the WAL's default bound: past it the writer checkpoints
 log = logging.getLogger("eomsg.store")
 
 DUCKDB_CONFIG: dict[str, Any] = {
     # The node reads and writes only its own file; with file access off `inspect sql`
     # cannot reach any other.
     "enable_external_access": False,
-    # Every commit goes through the WAL, so a COMMIT that returned is durable, and one
-    # whose automatic checkpoint failed says so ("COMMIT succeeded and is durable"). By
+    # Every commit goes through the WAL, so a COMMIT that returned is durable. By
     # default DuckDB writes a commit of 100 kB or more straight into a checkpoint,
     # which is lost whole if that checkpoint fails.
     "auto_checkpoint_skip_wal_threshold": 1 << 62,
+    # No checkpoint inside a COMMIT: the writer checkpoints, between commits, when the
+    # WAL passes its bound (Store.wal_limit), after marking the WAL empty (watermark).
+    "wal_autocheckpoint": "1000TiB",
 }
 
 
@@ -95,27 +99,11 @@ def _message(row: Sequence[Any]) -> Message:
     )
 
 
-def _inode(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_ino
-    except FileNotFoundError:
-        return None
-
-
 def _size(path: Path) -> int:
     try:
         return os.stat(path).st_size
     except FileNotFoundError:
         return 0
-
-
-def _last_seq(conn: duckdb.DuckDBPyConnection) -> int:
-    """The highest sequence number ever stored, those log GC dropped included."""
-    (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
-    (horizon,) = conn.execute(
-        "SELECT coalesce(max(value::BIGINT), 1) FROM node_meta WHERE key = 'gc_horizon'"
-    ).fetchone() or (1,)
-    return max(int(top), int(horizon) - 1)
 
 
 def _disk_free(path: Path) -> int:
@@ -154,12 +142,13 @@ class Store:
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._cursors_lock = threading.Lock()
         self._private()
-        self._wal_inode = _inode(self.wal_path)
         self.disk_free = _disk_free(data_dir)
         last = self.last_seq()
         self._mark.write(Mark(_size(self.wal_path), last))
         self.failure_listeners: list[Callable[[BaseException], None]] = []
-        self.writer = Writer(self._db.cursor(), last, self._committed, self._writer_failed)
+        self.writer = Writer(
+            self._db.cursor(), last, self._committed, self._checkpoint, self._writer_failed
+        )
 
     def _open(self) -> duckdb.DuckDBPyConnection:
         if (self.data_dir / salvage.JOURNAL).exists():
@@ -179,7 +168,7 @@ class Store:
             # From here on no connection of this database can change a setting: what
             # `inspect sql` runs cannot turn fsync or checkpoints off, whatever it is.
             db.execute("SET lock_configuration = true")
-            integrity.after_open(self.data_dir, mark, _last_seq(db))
+            integrity.after_open(self.data_dir, mark, logread.stored_seq(db))
         except duckdb.Error as e:
             db.close()
             raise DataDirError(f"cannot open {self.path}: {one_line(e)}") from e
@@ -195,12 +184,11 @@ class Store:
             for cursor in self._cursors:
                 cursor.close()
             self._cursors.clear()
-        try:
-            self._db.execute("CHECKPOINT")
-        except duckdb.Error:
-            pass  # a failed store cannot; the WAL replays at the next open
-        else:
-            self._mark.write(Mark(_size(self.wal_path), self.writer.last_seq))
+        # DuckDB checkpoints as it closes, whether we do or not: mark the WAL empty first.
+        self._mark.write(Mark(0, self.writer.last_seq), sync=True)
+        if not self.writer.failed:
+            with contextlib.suppress(duckdb.Error):  # the WAL replays at the next open
+                self._db.execute("CHECKPOINT")
         self._db.close()
         self._mark.close()
         self._private()
@@ -212,6 +200,13 @@ class Store:
         if integrity.is_damage(e):
             return integrity.damaged(self.data_dir, f"{doing} failed: {one_line(e)}")
         return StorageError(f"{doing} failed: {one_line(e)}")
+
+    def _checkpoint(self, conn: duckdb.DuckDBPyConnection, last_seq: int) -> None:
+        """Merge the WAL into the store file. The mark says "empty WAL" first, synced:
+        a checkpoint shrinks the WAL, and a mark left above it would be taken for lost
+        writes at the next open."""
+        self._mark.write(Mark(0, last_seq), sync=True)
+        conn.execute("CHECKPOINT")
 
     def _writer_failed(self, cause: BaseException) -> None:
         for listener in self.failure_listeners:
@@ -233,16 +228,15 @@ class Store:
         """After each commit, on the writer thread (a stat, a statvfs and a small
         pwrite): mark how long the WAL is and the last seq stored; narrow a WAL that
         DuckDB made anew (after a checkpoint) to its owner; note the free disk space.
-        True asks for a checkpoint: the WAL outgrew :attr:`wal_limit` (DuckDB checkpoints
-        by itself at 16 MiB, but skips that while some transactions are open)."""
+        True asks for a checkpoint: the WAL outgrew :attr:`wal_limit`."""
         try:
             st = os.stat(self.wal_path)
-            size, inode = st.st_size, st.st_ino
         except FileNotFoundError:
-            size, inode = 0, None
-        if inode != self._wal_inode:
-            self._wal_inode = inode
-            owner_only(self.wal_path)
+            size = 0
+        else:
+            size = st.st_size
+            if st.st_mode & 0o077:  # made anew by DuckDB with the process's umask
+                owner_only(self.wal_path)
         self._mark.write(Mark(size, last_seq))
         self.disk_free = _disk_free(self.data_dir)
         return size > self.wal_limit
@@ -295,7 +289,7 @@ class Store:
     def last_seq(self) -> int:
         """The highest sequence number ever assigned durably (log GC included)."""
         try:
-            return _last_seq(self._reader())
+            return logread.stored_seq(self._reader())
         except duckdb.Error as e:
             raise self._error(e, "reading the store") from e
 
@@ -625,6 +619,15 @@ class Store:
                 [floor, cutoff_us, floor],
             ).fetchone()
             horizon = int(row[0]) if row else 0
+            # What a replay selecting by publish time must know it can no longer read.
+            conn.execute(
+                """INSERT INTO node_meta
+                   SELECT 'gc_published_us', epoch_us(max(published_at))::VARCHAR
+                   FROM messages WHERE seq < ? HAVING count(*) > 0
+                   ON CONFLICT (key) DO UPDATE
+                   SET value = greatest(value::BIGINT, excluded.value::BIGINT)::VARCHAR""",
+                [horizon],
+            )
             conn.execute("DELETE FROM messages WHERE seq < ?", [horizon])
             conn.execute(
                 """DELETE FROM publish_ids

@@ -4,10 +4,12 @@ seq the store holds — what the next open checks the store against.
 DuckDB alone cannot tell a WAL cut short by damage (a truncated file, a restored old
 copy) from one that simply holds less: both replay without a word, and acknowledged
 messages are gone. The mark is written after each commit returned (so it never claims
-more than is durable) and is not synced itself (so it costs one small ``pwrite``, no
-flush): after a power cut it may lag, which only makes the check weaker, never wrong.
-At open, a WAL shorter than marked, or a store whose last seq is below the marked one,
-has lost acknowledged writes (see :mod:`eomsg.store.integrity`).
+more than is durable) and is not synced then (so it costs one small ``pwrite``, no
+flush): after a power cut it may lag behind a WAL that grew, which only makes the check
+weaker. The WAL shrinks only at a checkpoint, and before each the mark is set to an
+empty WAL and synced, so no crash or power cut leaves it above the WAL. At open, a WAL
+shorter than marked, or a store whose last seq is below the marked one, has lost
+acknowledged writes (see :mod:`eomsg.store.integrity`).
 """
 
 from __future__ import annotations
@@ -51,13 +53,15 @@ class Watermark:
             return None
         return Mark(wal_size, last_seq)
 
-    def write(self, mark: Mark) -> None:
-        """Record ``mark`` (a no-op when it has not changed)."""
-        if mark == self._last:
-            return
-        body = _LAYOUT.pack(_MAGIC, _VERSION, 0, mark.wal_size, mark.last_seq)
-        os.pwrite(self._fd, body + struct.pack("<I", zlib.crc32(body)), 0)
-        self._last = mark
+    def write(self, mark: Mark, *, sync: bool = False) -> None:
+        """Record ``mark`` (a no-op when it has not changed); ``sync`` makes it durable
+        before returning (before a checkpoint shrinks the WAL)."""
+        if mark != self._last:
+            body = _LAYOUT.pack(_MAGIC, _VERSION, 0, mark.wal_size, mark.last_seq)
+            os.pwrite(self._fd, body + struct.pack("<I", zlib.crc32(body)), 0)
+            self._last = mark
+        if sync:
+            os.fdatasync(self._fd)
 
     def close(self) -> None:
         if self._fd >= 0:

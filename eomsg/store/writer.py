@@ -15,9 +15,10 @@ Two kinds of work:
 
 A future resolves only after ``COMMIT`` has returned, and DuckDB fdatasyncs its WAL on
 commit: an acknowledgement built on it is durable. After each commit the thread runs the
+store's ``committed`` hook (its watermark, the WAL's mode, the free disk), then the
 batches' after-commit callbacks in submission order, so in-memory indexes see commits in
-the order the log holds them, then the store's ``committed`` hook (which may ask for a
-checkpoint, run here between commits).
+the order the log holds them; when the hook asked for one, the store's ``checkpoint``
+runs last, between commits (DuckDB's own, inside a COMMIT, is turned off).
 
 When a commit fails, its futures learn exactly what is known (:func:`classify`):
 nothing of it was stored (:class:`~eomsg.errors.WriteFailed`: DuckDB rolled it back),
@@ -149,13 +150,16 @@ class Writer:
         conn: duckdb.DuckDBPyConnection,
         last_seq: int = 0,
         committed: Callable[[int], bool] = lambda last_seq: False,
+        checkpoint: Callable[[duckdb.DuckDBPyConnection, int], None] = lambda conn, last: None,
         failed: Callable[[BaseException], None] = lambda cause: None,
     ) -> None:
         self._conn = conn
         self.last_seq = last_seq  # the highest message seq committed
         # After each commit, on this thread, with last_seq: True asks for a checkpoint.
         self._committed = committed
+        self._checkpoint = checkpoint  # runs one, on this thread's connection
         self._on_failed = failed  # once, when the writer stops taking work
+        self._hook_trouble = ""  # the last error of the hook, said once
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._failed: BaseException | None = None
         self._closed = False
@@ -245,6 +249,7 @@ class Writer:
         except Exception as e:
             self._rollback()
             return self._broke(futures, e, Commit.ROLLED_BACK)
+        durable_but: BaseException | None = None
         try:
             conn.execute("COMMIT")
         except Exception as e:
@@ -252,13 +257,17 @@ class Writer:
             if outcome is not Commit.DURABLE:
                 self._rollback()
                 return self._broke(futures, e, outcome)
-            self._stop(e)  # the commit stands; the database must be reopened
+            durable_but = e  # the commit stands; the database must be reopened
         failpoint("store.commit.after")
         messages = batch.tables.get("messages")
         if messages:
             self.last_seq = max(self.last_seq, messages[-1][0])
-        self._after_commit([b for b, _ in group], futures)
-        self._hook()
+        due = self._note()
+        self._after_commit([b for b, _ in group], futures)  # acknowledged first, then
+        if durable_but is not None:
+            self._stop(durable_but)
+        if due:
+            self._checkpoint_now()
 
     def _commit_job(self, job: _Job, future: Future[Any]) -> None:
         if self._failed is not None:
@@ -274,6 +283,7 @@ class Writer:
                 return self._broke([future], e, Commit.ROLLED_BACK)
             future.set_exception(e)  # the job's own error, rolled back cleanly
             return None
+        durable_but: BaseException | None = None
         try:
             conn.execute("COMMIT")
         except Exception as e:
@@ -281,26 +291,43 @@ class Writer:
             if outcome is not Commit.DURABLE:
                 self._rollback()
                 return self._broke([future], e, outcome)
-            self._stop(e)
+            durable_but = e
+        due = self._note()
         future.set_result(result)
-        self._hook()
+        if durable_but is not None:
+            self._stop(durable_but)
+        if due:
+            self._checkpoint_now()
         return None
 
-    def _hook(self) -> None:
-        """The store's after-commit hook; a checkpoint when it asks for one (its WAL grew
-        past its bound), here between commits, so that the WAL stays bounded whatever
-        holds DuckDB's own automatic checkpoint back."""
-        if self._failed is not None or not self._committed(self.last_seq):
+    def _note(self) -> bool:
+        """The store's after-commit hook (before the commit is acknowledged: the mark it
+        writes is then never behind an acknowledged write); True if it asks for a
+        checkpoint. Its own trouble (a file it cannot stat or write) is said once and
+        otherwise ignored: it only weakens the checks it feeds."""
+        try:
+            due = self._committed(self.last_seq)
+        except Exception as e:
+            self._trouble(e)
+            return False
+        self._hook_trouble = ""
+        return due
+
+    def _checkpoint_now(self) -> None:
+        """The store's checkpoint, here between commits, so that the WAL stays bounded."""
+        if self._failed is not None:
             return
         try:
-            self._conn.execute("CHECKPOINT")
+            self._checkpoint(self._conn, self.last_seq)
+        except duckdb.FatalException as e:  # DuckDB invalidated the database
+            self._stop(e)
         except Exception as e:
-            if isinstance(e, duckdb.FatalException):  # DuckDB invalidated the database
-                self._stop(e)
-            else:
-                log.warning("checkpoint failed, tried again after the next commit: %s", e)
-            return
-        self._committed(self.last_seq)
+            self._trouble(e)
+
+    def _trouble(self, e: Exception) -> None:
+        if one_line(e) != self._hook_trouble:
+            self._hook_trouble = one_line(e)
+            log.warning("after a commit: %s (tried again after the next)", _why(e))
 
     def _broke(self, futures: list[Future[Any]], cause: BaseException, outcome: Commit) -> None:
         """A commit failed: tell its futures what it left behind, and stop."""
@@ -322,9 +349,7 @@ class Writer:
         if self._failed is not None:
             return
         self._failed = cause
-        log.error(
-            "the store failed and takes no writes until it is reopened: %s", _why(cause)
-        )
+        log.error("the store failed and takes no writes until it is reopened: %s", _why(cause))
         try:
             self._on_failed(cause)
         except Exception:  # a bug in a listener must not stop the writer's thread

@@ -564,17 +564,20 @@ class Ping(Event):
 
 @dataclass(frozen=True, slots=True)
 class Pong(Event):
-    """The answer to a Ping."""
+    """The answer to a Ping, with the sender's clock when it answered (a client learns
+    how the node's clock stands to its own from it)."""
 
     TYPE: ClassVar[int] = 16
     nonce: int
+    now: float = 0.0
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.nonce]
+        return [self.TYPE, self.nonce, self.now]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Pong:
-        return cls(_int(_fields(body, 1, "pong")[1], "nonce"))
+        _, nonce, now = _fields(body, 2, "pong")
+        return cls(_int(nonce, "nonce"), _num(now, "now"))
 
 
 @dataclass(frozen=True, slots=True)
