@@ -202,6 +202,17 @@ def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untype
         "disk-reserve\n"
     )
     run("config", "set", "max-payload", "1GiB", code=ExitCode.INVALID_INPUT)
+    r = run("config", "set", "disk-reserve", "lots", code=ExitCode.INVALID_INPUT)
+    assert r.stderr.startswith("Error: size 'lots' is not understood") and r.stderr.count("\n") == 1
+    assert run("config", "set", "disk-reserve", "1GiB").stdout == f"disk-reserve = {1 << 30}\n"
+    assert run("config", "set", "disk-reserve", "0").stdout == "disk-reserve = 0\n"
+
+
+def test_compact_and_salvage_on_a_missing_directory(run, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    for command in ("compact", "salvage"):
+        r = run(command, code=ExitCode.DATA_DIR)
+        assert r.stderr == f"Error: no eomsg data in {data_dir} yet (check --data)\n"
+    assert not data_dir.exists()
 
 
 def test_recover_refuses_a_malformed_app_and_reports_an_unreachable_one(

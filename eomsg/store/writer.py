@@ -249,25 +249,15 @@ class Writer:
         except Exception as e:
             self._rollback()
             return self._broke(futures, e, Commit.ROLLED_BACK)
-        durable_but: BaseException | None = None
-        try:
-            conn.execute("COMMIT")
-        except Exception as e:
-            outcome = classify(e)
-            if outcome is not Commit.DURABLE:
-                self._rollback()
-                return self._broke(futures, e, outcome)
-            durable_but = e  # the commit stands; the database must be reopened
+        committed, durable_but = self._finish(futures)
+        if not committed:
+            return None
         failpoint("store.commit.after")
         messages = batch.tables.get("messages")
         if messages:
             self.last_seq = max(self.last_seq, messages[-1][0])
-        due = self._note()
-        self._after_commit([b for b, _ in group], futures)  # acknowledged first, then
-        if durable_but is not None:
-            self._stop(durable_but)
-        if due:
-            self._checkpoint_now()
+        self._acknowledge(durable_but, lambda: self._after_commit([b for b, _ in group], futures))
+        return None
 
     def _commit_job(self, job: _Job, future: Future[Any]) -> None:
         if self._failed is not None:
@@ -283,22 +273,36 @@ class Writer:
                 return self._broke([future], e, Commit.ROLLED_BACK)
             future.set_exception(e)  # the job's own error, rolled back cleanly
             return None
-        durable_but: BaseException | None = None
+        committed, durable_but = self._finish([future])
+        if committed:
+            self._acknowledge(durable_but, lambda: future.set_result(result))
+        return None
+
+    def _finish(self, futures: list[Future[Any]]) -> tuple[bool, BaseException | None]:
+        """COMMIT: whether it committed, and the error DuckDB raised after committing
+        (its checkpoint failed: the store must be reopened). A commit that did not, or
+        may not have, is rolled back and its futures told (:meth:`_broke`)."""
         try:
-            conn.execute("COMMIT")
+            self._conn.execute("COMMIT")
         except Exception as e:
             outcome = classify(e)
             if outcome is not Commit.DURABLE:
                 self._rollback()
-                return self._broke([future], e, outcome)
-            durable_but = e
+                self._broke(futures, e, outcome)
+                return False, None
+            return True, e
+        return True, None
+
+    def _acknowledge(self, durable_but: BaseException | None, resolve: Callable[[], None]) -> None:
+        """After a commit: the store's hook (before anyone hears of the commit), the
+        acknowledgements, then — the commit standing — stopping if the database failed
+        after it, and the checkpoint the hook asked for."""
         due = self._note()
-        future.set_result(result)
+        resolve()
         if durable_but is not None:
             self._stop(durable_but)
         if due:
             self._checkpoint_now()
-        return None
 
     def _note(self) -> bool:
         """The store's after-commit hook (before the commit is acknowledged: the mark it
