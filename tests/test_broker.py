@@ -22,7 +22,7 @@ import pytest
 import eomsg
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import AuthenticationFailed, Overloaded, QueueNotFound, Unavailable
+from eomsg.errors import AuthenticationFailed, Overloaded, QueueNotFound, Unavailable, UsageError
 from eomsg.wire import events as ev
 from tests.conftest import NodeProcess, RawClient, messages
 
@@ -336,6 +336,24 @@ def test_serve_refuses_a_public_address_without_allow_remote(
     assert result.returncode == 3
     assert "not a loopback address; add --allow-remote" in result.stderr
     assert not data_dir.exists()  # refused before touching the data directory
+
+
+def test_a_consumer_iterated_without_with_says_so_at_once(
+    node: NodeProcess, data_dir: Path
+) -> None:
+    with (
+        eomsg.connect(data_dir) as client,
+        pytest.raises(UsageError, match="use it in a `with` block"),
+    ):
+        next(iter(client.consumer("q")))
+
+    async def main() -> None:
+        async with await eomsg.connect_async(data_dir) as aclient:
+            with pytest.raises(UsageError, match="use it in a `with` block"):
+                aiter = aclient.consumer("q").__aiter__()
+                await aiter.__anext__()
+
+    asyncio.run(main())
 
 
 def test_asyncio_client(node: NodeProcess, data_dir: Path) -> None:
