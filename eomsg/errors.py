@@ -302,14 +302,27 @@ class HandlerFailed(EomsgError):
 
 
 class ProtocolError(EomsgError):
-    """A peer broke the wire protocol (bad frame, wrong order); the connection is closed."""
+    """The wire protocol was broken; that connection cannot be trusted again."""
 
     code = "protocol"
     exit_code = ExitCode.FAILURE
 
 
+class RemoteProtocolError(ProtocolError):
+    """The peer broke the wire protocol (a bad frame, a move out of turn); the connection
+    is closed."""
+
+
+class LocalProtocolError(ProtocolError):
+    """This side tried to do what the protocol does not allow now: a bug here, not the
+    peer's; nothing was sent."""
+
+    code = "protocol_local"
+
+
 class FrameTooLarge(ProtocolError):
-    """A frame's length prefix exceeds the receiver's frame limit."""
+    """A frame exceeds its receiver's limit: refused from its length prefix before its
+    body was read, or, sending, before anything was sent."""
 
     code = "frame_too_large"
 

@@ -1,10 +1,14 @@
 """The sans-IO protocol: every event round-trips, byte by byte too; the transition table
-is enforced for both roles; random or hostile bytes either parse or raise ProtocolError."""
+is enforced for both roles, the peer's illegal moves apart from our own; random or hostile
+bytes either parse or raise RemoteProtocolError; both dispatches handle every event."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import inspect
 import struct
+import textwrap
 from typing import Any
 
 import msgpack
@@ -12,10 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eomsg.client.aio import AsyncClient
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
-from eomsg.errors import FrameTooLarge, ProtocolError
+from eomsg.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
+from eomsg.server.session import Session
 from eomsg.wire import events as ev
-from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role, State
 
 MSG = Message(7, "orders/eu", b"\x00payload", "id-7", 1.5, None, {"k": "v"})
 
@@ -97,7 +103,7 @@ def test_eof_inside_a_frame_is_an_error() -> None:
     data = client.send(ev.Ping(1))
     server.receive_data(data[:-1])
     server.receive_data(b"")
-    with pytest.raises(ProtocolError, match="middle of a frame"):
+    with pytest.raises(RemoteProtocolError, match="middle of a frame"):
         server.next_event()
 
 
@@ -131,23 +137,59 @@ def test_illegal_moves_name_event_role_and_state(
     conn = Connection(role)
     for e in state_events:
         conn.send(e)
-    with pytest.raises(ProtocolError, match=message):
+    before = conn.state
+    with pytest.raises(LocalProtocolError, match=message):
         conn.send(event)
+    assert conn.state is before  # nothing was sent
 
 
 def test_server_refuses_requests_before_the_handshake() -> None:
     server = Connection(Role.SERVER)
     server.receive_data(raw_frame(ev.Publish(1, ()).to_wire()))
-    with pytest.raises(ProtocolError, match="client cannot send Publish in state start"):
+    with pytest.raises(RemoteProtocolError, match="client cannot send Publish in state start"):
         server.next_event()
-    with pytest.raises(ProtocolError):  # stays broken
+    with pytest.raises(RemoteProtocolError):  # stays broken
         server.next_event()
 
 
 def test_client_may_not_send_server_events() -> None:
     client, _ = open_pair()
-    with pytest.raises(ProtocolError, match="client cannot send Published in state open"):
+    with pytest.raises(LocalProtocolError, match="client cannot send Published in state open"):
         client.send(ev.Published(1, ()))
+
+
+def test_the_peers_illegal_move_is_remote_and_ours_is_local() -> None:
+    client, server = open_pair()
+    server.receive_data(raw_frame(ev.Published(1, ()).to_wire()))  # a client answering
+    with pytest.raises(RemoteProtocolError, match="client cannot send Published in state open"):
+        server.next_event()
+    with pytest.raises(LocalProtocolError, match="only the node ends a connection"):
+        client.send_fatal(ev.Error(0, "protocol", "no"))
+    client.receive_data(b"")
+    with pytest.raises(LocalProtocolError, match="after the peer's end of stream"):
+        client.receive_data(b"late")
+
+
+def handled_events(dispatch: Any) -> set[str]:
+    """The event classes a dispatch's ``match`` has a case for."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(dispatch)))
+    return {
+        node.cls.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.MatchClass) and isinstance(node.cls, ast.Attribute)
+    }
+
+
+@pytest.mark.parametrize(
+    ("dispatch", "sender"),
+    [(Session._dispatch, Role.CLIENT), (AsyncClient._on_event, Role.SERVER)],
+    ids=["node", "client"],
+)
+def test_each_dispatch_handles_every_event_its_peer_may_send(dispatch: Any, sender: Role) -> None:
+    """Derived from TRANSITIONS, so a new event without a handler fails here, not
+    silently on the wire (the dispatches' default branch raises LocalProtocolError)."""
+    may_send = {event.__name__ for (role, _, event) in TRANSITIONS if role is sender}
+    assert handled_events(dispatch) == may_send
 
 
 def test_oversize_frame_is_refused_from_its_length_prefix() -> None:
@@ -192,7 +234,7 @@ def raw_frame(body: Any) -> bytes:
 def test_malformed_bodies_raise_protocol_errors(body: Any, match: str) -> None:
     server = Connection(Role.SERVER)
     server.receive_data(raw_frame(body))
-    with pytest.raises(ProtocolError, match=match):
+    with pytest.raises(RemoteProtocolError, match=match):
         server.next_event()
 
 
@@ -200,7 +242,7 @@ def test_extension_types_and_timestamps_are_refused() -> None:
     for value in (msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0)):
         server = Connection(Role.SERVER)
         server.receive_data(raw_frame([1, 1, value, None]))
-        with pytest.raises(ProtocolError, match=r"extension type|must not be"):
+        with pytest.raises(RemoteProtocolError, match=r"extension type|must not be"):
             server.next_event()
 
 
@@ -210,7 +252,7 @@ def test_deep_nesting_is_refused() -> None:
     for _ in range(20):
         deep = [deep]
     server.receive_data(raw_frame([ev.Call.TYPE, 1, "x", {"a": deep}]))
-    with pytest.raises(ProtocolError, match="nest deeper"):
+    with pytest.raises(RemoteProtocolError, match="nest deeper"):
         server.next_event()
 
 
@@ -219,7 +261,7 @@ def test_bad_publish_items_are_refused() -> None:
     server.receive_data(
         raw_frame([ev.Publish.TYPE, 1, [["t", "text not bytes", None, None, None]]])
     )
-    with pytest.raises(ProtocolError, match="payload must not be str"):
+    with pytest.raises(RemoteProtocolError, match="payload must not be str"):
         server.next_event()
 
 
@@ -229,7 +271,7 @@ def test_random_bytes_parse_or_raise_protocol_error(data: bytes, role: Role) -> 
     conn = Connection(role, max_frame=1 << 16)
     conn.receive_data(data)
     conn.receive_data(b"")
-    with contextlib.suppress(ProtocolError):
+    with contextlib.suppress(RemoteProtocolError, FrameTooLarge):
         events_of(conn)
 
 
@@ -264,5 +306,5 @@ def test_well_framed_random_bodies_parse_or_raise_protocol_error(
     """msgpack that frames fine but holds nonsense exercises every field check."""
     _, server = open_pair()
     server.receive_data(b"".join(raw_frame([t, *fields]) for t, fields in frames))
-    with contextlib.suppress(ProtocolError):
+    with contextlib.suppress(RemoteProtocolError, FrameTooLarge):
         events_of(server)

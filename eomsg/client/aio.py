@@ -36,7 +36,9 @@ from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
 from eomsg.errors import (
     EomsgError,
+    LocalProtocolError,
     ProtocolError,
+    RemoteProtocolError,
     StaleDelivery,
     Unavailable,
     Unbound,
@@ -695,7 +697,7 @@ class AsyncClient:
             try:
                 event = self.conn.next_event()
             except ProtocolError as e:
-                self._lost(ProtocolError(f"the node sent a bad frame: {e.message}"))
+                self._lost(RemoteProtocolError(f"the node sent a bad frame: {e.message}"))
                 return
             if event is NEED_DATA:
                 return
@@ -703,7 +705,11 @@ class AsyncClient:
                 self._lost(Unavailable(f"the node at {self.address} closed the connection"))
                 return
             assert isinstance(event, ev.Event)
-            self._on_event(event)
+            try:
+                self._on_event(event)
+            except LocalProtocolError as e:
+                self._lost(e)
+                return
 
     def _on_event(self, event: ev.Event) -> None:
         match event:
@@ -769,6 +775,11 @@ class AsyncClient:
                     self._welcome.set_result(event)
             case ev.Goodbye(reason):
                 self._lost(Unavailable(f"the node closed the connection: {reason}"))
+            case _:  # TRANSITIONS let it through, so a handler is missing here
+                raise LocalProtocolError(
+                    f"the client has no handler for {type(event).__name__} "
+                    f"in state {self.conn.state.value}"
+                )
 
     def _resolve(self, rid: int, value: Any) -> None:
         entry = self._requests.pop(rid, None)

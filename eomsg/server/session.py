@@ -41,8 +41,10 @@ from eomsg.errors import (
     AuthenticationFailed,
     EomsgError,
     InvalidConfig,
+    LocalProtocolError,
     Overloaded,
     ProtocolError,
+    RemoteProtocolError,
     StorageError,
 )
 from eomsg.server.calls import CALLS, OWNED_CALLS, txn_deletes
@@ -213,6 +215,11 @@ class Session(asyncio.Protocol):
                 self._hello(event)
             case ev.Goodbye():
                 self._close()
+            case _:  # TRANSITIONS let it through, so a handler is missing here
+                raise LocalProtocolError(
+                    f"the node has no handler for {type(event).__name__} "
+                    f"in state {self.conn.state.value}"
+                )
 
     def _hello(self, hello: ev.Hello) -> None:
         if self.server.down is not None:
@@ -221,7 +228,7 @@ class Session(asyncio.Protocol):
         self.node = self.server.node  # reopened since this connection was made, perhaps
         if hello.version != ev.PROTOCOL_VERSION:
             self._fail(
-                ProtocolError(
+                RemoteProtocolError(
                     f"protocol version {hello.version} is not supported; this node speaks "
                     f"version {ev.PROTOCOL_VERSION} (upgrade the client)"
                 )
@@ -671,7 +678,9 @@ class Session(asyncio.Protocol):
     def _handshake_timeout(self) -> None:
         if self.conn.state is not State.OPEN and not self.closing:
             self._fail(
-                ProtocolError(f"no handshake within {self.server.settings.handshake_timeout:g} s")
+                RemoteProtocolError(
+                    f"no handshake within {self.server.settings.handshake_timeout:g} s"
+                )
             )
 
     def _heartbeat(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from eomsg.errors import ProtocolError
+from eomsg.errors import RemoteProtocolError
 
 
 def to_ipc(table: pa.Table) -> bytes:
@@ -17,11 +17,11 @@ def to_ipc(table: pa.Table) -> bytes:
 
 
 def from_ipc(data: bytes) -> pa.Table:
-    """The table ``to_ipc`` wrote; ProtocolError if ``data`` is not an Arrow IPC stream."""
+    """The table ``to_ipc`` wrote; RemoteProtocolError if ``data`` is not an Arrow IPC stream."""
     if not isinstance(data, bytes):
-        raise ProtocolError("expected Arrow IPC bytes")
+        raise RemoteProtocolError("expected Arrow IPC bytes")
     try:
         with pa.ipc.open_stream(data) as reader:
             return reader.read_all()
     except (pa.ArrowInvalid, OSError) as e:
-        raise ProtocolError(f"malformed Arrow IPC stream: {e}") from e
+        raise RemoteProtocolError(f"malformed Arrow IPC stream: {e}") from e

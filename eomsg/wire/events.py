@@ -2,7 +2,7 @@
 
 Each frame body is a msgpack array ``[type, field, …]``. Decoding checks every field's
 type and every length, so an event that leaves this module is well formed: the server and
-the client never look at raw msgpack. Anything else raises :class:`ProtocolError`.
+the client never look at raw msgpack. Anything else raises :class:`RemoteProtocolError`.
 
 Client → node: Hello, Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck,
 Ping, Pong, Goodbye. Node → client: Welcome, Published, Deliver, Deleted, Result, Error,
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
-from eomsg.errors import ProtocolError
+from eomsg.errors import RemoteProtocolError
 
 PROTOCOL_VERSION = 3
 MAX_BATCH = 100_000  # items in one publish, deliver or delete frame
@@ -26,11 +26,11 @@ MAX_NAME = 1024  # characters in a name, topic, id, op or error code
 MAX_ARGS_DEPTH = 8  # nesting of a Call's arguments or a Result's value
 
 
-# -- field checks: each returns the value or raises ProtocolError ------------------------
+# -- field checks: each returns the value or raises RemoteProtocolError ----------------
 
 
-def _bad(what: str, value: object) -> ProtocolError:
-    return ProtocolError(f"malformed frame: {what} must not be {type(value).__name__}")
+def _bad(what: str, value: object) -> RemoteProtocolError:
+    return RemoteProtocolError(f"malformed frame: {what} must not be {type(value).__name__}")
 
 
 def _int(value: object, what: str) -> int:
@@ -65,7 +65,7 @@ def _str(value: object, what: str, limit: int = MAX_NAME) -> str:
     if type(value) is not str:
         raise _bad(what, value)
     if len(value) > limit:
-        raise ProtocolError(f"malformed frame: {what} is longer than {limit} characters")
+        raise RemoteProtocolError(f"malformed frame: {what} is longer than {limit} characters")
     return value
 
 
@@ -83,7 +83,7 @@ def _list(value: object, what: str, limit: int = MAX_BATCH) -> list[Any]:
     if type(value) is not list:
         raise _bad(what, value)
     if len(value) > limit:
-        raise ProtocolError(f"malformed frame: more than {limit} items in {what}")
+        raise RemoteProtocolError(f"malformed frame: more than {limit} items in {what}")
     return value
 
 
@@ -101,7 +101,7 @@ def _headers(value: object) -> dict[str, str]:
 def _plain(value: object, depth: int = 0) -> Any:
     """A JSON-like value (None, bool, int, float, str, bytes, list, str-keyed map)."""
     if depth > MAX_ARGS_DEPTH:
-        raise ProtocolError(f"malformed frame: values nest deeper than {MAX_ARGS_DEPTH}")
+        raise RemoteProtocolError(f"malformed frame: values nest deeper than {MAX_ARGS_DEPTH}")
     kind = type(value)
     if value is None or kind in (bool, int, float, str, bytes):
         return value
@@ -114,7 +114,7 @@ def _plain(value: object, depth: int = 0) -> Any:
 
 def _fields(body: list[Any], n: int, name: str) -> list[Any]:
     if len(body) != n + 1:
-        raise ProtocolError(f"malformed frame: {name} has {len(body) - 1} fields, not {n}")
+        raise RemoteProtocolError(f"malformed frame: {name} has {len(body) - 1} fields, not {n}")
     return body
 
 
@@ -388,7 +388,7 @@ def _keys(value: object) -> tuple[Key, ...]:
     seqs, attempts = _list(value, "deliveries", 2)
     seqs, attempts = _list(seqs, "seqs"), _list(attempts, "attempts")
     if len(seqs) != len(attempts):
-        raise ProtocolError("malformed frame: as many attempts as seqs are needed")
+        raise RemoteProtocolError("malformed frame: as many attempts as seqs are needed")
     for s in seqs:
         _int(s, "a seq")
     for a in attempts:
@@ -683,13 +683,13 @@ EVENT_TYPES: dict[int, type[Event]] = {
 
 
 def decode_event(body: object) -> Event:
-    """The event a decoded frame body holds; ProtocolError if it is not one."""
+    """The event a decoded frame body holds; RemoteProtocolError if it is not one."""
     if type(body) is not list or not body or type(body[0]) is not int:
-        raise ProtocolError("malformed frame: not an [event type, …] array")
+        raise RemoteProtocolError("malformed frame: not an [event type, …] array")
     cls = EVENT_TYPES.get(body[0])
     if cls is None:
-        raise ProtocolError(f"malformed frame: unknown event type {body[0]}")
+        raise RemoteProtocolError(f"malformed frame: unknown event type {body[0]}")
     try:
         return cls.from_wire(body)
     except ValueError as e:  # unpacking a list of the wrong length
-        raise ProtocolError(f"malformed frame: {cls.__name__.lower()}: {e}") from e
+        raise RemoteProtocolError(f"malformed frame: {cls.__name__.lower()}: {e}") from e

@@ -13,8 +13,9 @@ but its header. Decoding is strict: no extension types, bounded lengths, every f
 checked (see :mod:`eomsg.wire.events`).
 
 Who may send what, and when, is the table :data:`TRANSITIONS`; a move not in it raises
-:class:`ProtocolError` naming the event, the sender's role and the state, whichever side
-made it. After a receive error the connection stays broken: it cannot be trusted again.
+an error naming the event, the sender's role and the state: :class:`RemoteProtocolError`
+when the peer made it (and the connection stays broken: it cannot be trusted again),
+:class:`LocalProtocolError` when we tried to (nothing is sent; a bug on our side).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Final
 
 import msgpack
 
-from eomsg.errors import FrameTooLarge, ProtocolError
+from eomsg.errors import FrameTooLarge, LocalProtocolError, ProtocolError, RemoteProtocolError
 from eomsg.wire.events import (
     Call,
     Cancel,
@@ -94,7 +95,7 @@ TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
 
 
 def _reject_ext(code: int, data: bytes) -> object:
-    raise ProtocolError(f"malformed frame: msgpack extension type {code} is not allowed")
+    raise RemoteProtocolError(f"malformed frame: msgpack extension type {code} is not allowed")
 
 
 class Connection:
@@ -119,14 +120,14 @@ class Connection:
         """Feed bytes read from the peer; ``b""`` says the peer closed its side."""
         if data:
             if self._eof:
-                raise ProtocolError("data received after the peer closed the connection")
+                raise LocalProtocolError("data fed after the peer's end of stream")
             self._buffer += data
         else:
             self._eof = True
 
     def next_event(self) -> Event | _Sentinel:
-        """The next whole event, NEED_DATA, or PEER_CLOSED. Raises ProtocolError (and
-        stays broken) if the peer sent something it must not."""
+        """The next whole event, NEED_DATA, or PEER_CLOSED. Raises RemoteProtocolError
+        or FrameTooLarge (and stays broken) if the peer sent something it must not."""
         if self._broken is not None:
             raise self._broken
         try:
@@ -161,7 +162,7 @@ class Connection:
                 return event
         if self._eof:
             if available:
-                raise ProtocolError("the peer closed the connection in the middle of a frame")
+                raise RemoteProtocolError("the peer closed the connection in the middle of a frame")
             self.state = State.CLOSED
             return PEER_CLOSED
         return NEED_DATA
@@ -185,13 +186,14 @@ class Connection:
         except (ValueError, msgpack.UnpackException, TypeError) as e:
             # ExtraData, FormatError, StackError (nesting), bad UTF-8 and too-long
             # lengths are all ValueError subclasses.
-            raise ProtocolError(f"malformed frame: {e}") from e
+            raise RemoteProtocolError(f"malformed frame: {e}") from e
 
     # -- sending ------------------------------------------------------------------------
 
     def send(self, event: Event) -> bytes:
-        """The bytes that carry ``event`` to the peer. Raises ProtocolError if we may not
-        send it now, FrameTooLarge (changing nothing) if it exceeds the peer's limit."""
+        """The bytes that carry ``event`` to the peer. Raises LocalProtocolError if we may
+        not send it now, FrameTooLarge if it exceeds the peer's limit; either changes
+        nothing."""
         data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
         if len(data) > self.peer_max_frame:
             raise FrameTooLarge(
@@ -205,7 +207,7 @@ class Connection:
         """The node's last word, allowed in any state (even after the peer broke the
         protocol): a connection-level Error. The connection is closed after it."""
         if self.our_role is not Role.SERVER or event.rid != 0:
-            raise ProtocolError("only the node ends a connection with an error, with rid 0")
+            raise LocalProtocolError("only the node ends a connection with an error, with rid 0")
         self.state = State.CLOSED
         data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
         return _HEADER.pack(len(data)) + data
@@ -217,7 +219,8 @@ class Connection:
     def _transition(self, sender: Role, event: Event) -> None:
         new = TRANSITIONS.get((sender, self.state, type(event)))
         if new is None:
-            raise ProtocolError(
+            kind = LocalProtocolError if sender is self.our_role else RemoteProtocolError
+            raise kind(
                 f"{sender.value} cannot send {type(event).__name__} in state {self.state.value}"
             )
         if isinstance(event, Welcome) and self.our_role is Role.CLIENT:
