@@ -20,10 +20,10 @@ import itertools
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import pyarrow as pa
 
@@ -51,9 +51,19 @@ from eomsg.wire.arrowipc import from_ipc
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
 FRAME_SLACK = 64 << 10
 LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
+
+
+class Completion(Protocol[T_contra]):
+    """Where one batched publish or delete's verdict goes: an asyncio future, or the
+    synchronous client's :class:`~eomsg.client.sync.Ack`."""
+
+    def done(self) -> bool: ...
+    def set_result(self, value: T_contra, /) -> None: ...
+    def set_exception(self, error: BaseException, /) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +205,8 @@ class AsyncClient:
         self._requests: dict[int, tuple[asyncio.Future[Any], list[Delivered] | None]] = {}
         self._subscriptions: dict[int, _Subscription] = {}
         self._window = asyncio.Semaphore(window)
-        self._outbox: list[tuple[Outgoing, asyncio.Future[PublishResult]]] = []
-        self._deletes: dict[tuple[str, int], list[tuple[Key, asyncio.Future[bool]]]] = {}
+        self._outbox: list[tuple[Outgoing, Completion[PublishResult]]] = []
+        self._deletes: dict[tuple[str, int], list[tuple[Key, Completion[bool]]]] = {}
         self._flush_scheduled = False
         self._failed: EomsgError | None = None
         self._welcome: asyncio.Future[ev.Welcome] = self.loop.create_future()
@@ -296,7 +306,7 @@ class AsyncClient:
         acknowledgement. Waits while the window of unacknowledged messages is full.
         Invalid input raises here, before anything is sent."""
         message = check_outgoing(Outgoing(topic, payload, id, ttl, headers or {}), self.limits)
-        self._check()
+        self.check_open()
         await self._window.acquire()
         future: asyncio.Future[PublishResult] = self.loop.create_future()
         future.add_done_callback(lambda _: self._window.release())
@@ -315,7 +325,7 @@ class AsyncClient:
         limits = self.limits
         for m in messages:
             check_outgoing(m, limits)
-        self._check()
+        self.check_open()
         parts = [
             self._request(functools.partial(ev.Publish, messages=chunk))
             for chunk in self._frames(messages)
@@ -359,13 +369,31 @@ class AsyncClient:
                     part = items[i : i + ev.MAX_BATCH]
                     self._send_delete(queue, epoch, part)
 
+    def enqueue(
+        self,
+        publishes: Iterable[tuple[Outgoing, Completion[PublishResult]]],
+        deletes: Iterable[tuple[str, Key, int, Completion[bool]]],
+    ) -> None:
+        """On the loop: add checked publishes and ``(queue, key, epoch, ·)`` deletes to
+        this turn's batch frames, and send them now. Each verdict goes to its
+        completion; on a connection that has ended, every one fails at once with
+        Unavailable (the reason it ended)."""
+        for item in publishes:
+            self._outbox.append(item)
+        for queue, key, epoch, done in deletes:
+            self._deletes.setdefault((queue, epoch), []).append((key, done))
+        if self._failed is not None:
+            self._lost(self._failed)
+        else:
+            self._flush()
+
     def _send_publish(
-        self, chunk: tuple[Outgoing, ...], futures: list[asyncio.Future[PublishResult]]
+        self, chunk: tuple[Outgoing, ...], futures: list[Completion[PublishResult]]
     ) -> None:
         self._fan_out(functools.partial(ev.Publish, messages=chunk), futures)
 
     def _send_delete(
-        self, queue: str, epoch: int, items: list[tuple[Key, asyncio.Future[bool]]]
+        self, queue: str, epoch: int, items: list[tuple[Key, Completion[bool]]]
     ) -> None:
         keys = tuple(k for k, _ in items)
 
@@ -419,7 +447,7 @@ class AsyncClient:
     ) -> list[Delivered]:
         """Take up to ``max_messages`` from ``queue``, waiting up to ``wait`` seconds
         for the first. Delete (or release) each before its deadline."""
-        self._check()
+        self.check_open()
         result: list[Delivered] = await self._request(
             lambda rid: ev.Fetch(rid, queue, max_messages, wait), collect=True
         )
@@ -434,12 +462,12 @@ class AsyncClient:
     def delete_async(
         self, queue: str, keys: Sequence[Key], *, epoch: int = 0
     ) -> asyncio.Future[list[bool]]:
-        self._check()
+        self.check_open()
         return self._request(lambda rid: ev.Delete(rid, queue, check_keys(keys), epoch))
 
     def delete_later(self, queue: str, key: Key, epoch: int = 0) -> asyncio.Future[bool]:
         """Queue the deletion of one delivery for the next batch frame."""
-        self._check()
+        self.check_open()
         future: asyncio.Future[bool] = self.loop.create_future()
         self._deletes.setdefault((queue, epoch), []).append((key, future))
         self._schedule_flush()
@@ -449,13 +477,13 @@ class AsyncClient:
         self, queue: str, keys: Sequence[Key], delay: float = 0.0, *, epoch: int = 0
     ) -> None:
         """Give deliveries back for redelivery after ``delay`` seconds."""
-        self._check()
+        self.check_open()
         await self._request(lambda rid: ev.Release(rid, queue, check_keys(keys), delay, epoch))
 
     async def return_unseen(self, queue: str, keys: Sequence[Key], *, epoch: int = 0) -> None:
         """Give back deliveries never handed to the application: the node un-counts
         them (and ignores those no longer this client's)."""
-        self._check()
+        self.check_open()
         await self._request(
             lambda rid: ev.Release(rid, queue, check_keys(keys), 0.0, epoch, unseen=True)
         )
@@ -470,7 +498,7 @@ class AsyncClient:
         """A round trip to the node; once it returns, the lease runs from when the ping
         was sent, and the node's clock is known to within half the round trip. A node
         that does not answer within three heartbeats is taken for gone: Unavailable."""
-        self._check()
+        self.check_open()
         nonce = next(self._nonces)
         future: asyncio.Future[None] = self.loop.create_future()
         self._pings[nonce] = (time.monotonic(), future)
@@ -511,7 +539,7 @@ class AsyncClient:
         loop and in order: the flow's state at bind (a FlowEvent), each batch, each later
         change of activity, and the error that ends it (after an ``inactive`` event if
         it was active). Returns its id for :meth:`cancel`."""
-        self._check()
+        self.check_open()
         rid = next(self._rids)
         self._subscriptions[rid] = _Subscription(rid, queue, sink)
         future: asyncio.Future[Any] = self.loop.create_future()
@@ -540,7 +568,7 @@ class AsyncClient:
 
     async def call(self, op: str, **args: Any) -> Any:
         """Run the node operation ``op`` (see eomsg.server.calls)."""
-        self._check()
+        self.check_open()
         return await self._request(lambda rid: ev.Call(rid, op, args))
 
     async def create_queue(self, config: QueueConfig) -> bool:
@@ -673,7 +701,13 @@ class AsyncClient:
 
     # -- the connection --------------------------------------------------------------------
 
-    def _check(self) -> None:
+    @property
+    def failure(self) -> EomsgError | None:
+        """Why the connection ended, or None while it is open."""
+        return self._failed
+
+    def check_open(self) -> None:
+        """Raise the reason the connection ended, if it has."""
         if self._failed is not None:
             raise self._failed
 

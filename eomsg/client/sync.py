@@ -171,10 +171,10 @@ class Client:
     def _check(self) -> None:
         if self._closed:
             raise Unavailable("the client is closed")
-        self._ac._check()
+        self._ac.check_open()
 
     def _failed(self) -> bool:
-        return self._closed or self._ac._failed is not None
+        return self._closed or self._ac.failure is not None
 
     def _wake(self) -> None:
         """Have the loop send the outboxes. Callers append first and look at the flag
@@ -188,17 +188,11 @@ class Client:
         """On the loop: move the outboxes into the asyncio client's, which sends them
         as batch frames."""
         self._scheduled = False
-        ac = self._ac
         outbox, deletes = self._outbox, self._deletes
-        while outbox:
-            ac._outbox.append(outbox.popleft())  # type: ignore[arg-type]
-        while deletes:
-            queue, key, epoch, done = deletes.popleft()
-            ac._deletes.setdefault((queue, epoch), []).append((key, done))  # type: ignore[arg-type]
-        if ac._failed is not None:
-            ac._lost(ac._failed)  # fails what was just moved
-        else:
-            ac._flush()
+        self._ac.enqueue(
+            (outbox.popleft() for _ in range(len(outbox))),
+            (deletes.popleft() for _ in range(len(deletes))),
+        )
 
     # -- consuming -------------------------------------------------------------------------
 
