@@ -3,6 +3,8 @@ and the job records — everything of spark-replay that needs no Spark."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pyarrow as pa
 import pytest
 from hypothesis import given
@@ -26,7 +28,7 @@ from eomsg.core.replay import (
 )
 from eomsg.errors import DataDirLocked, IllegalMove, InvalidInput, InvalidPattern
 from eomsg.node.node import Node, NodeSettings
-from eomsg.server.calls import CALLS
+from eomsg.server import calls
 from eomsg.store.logread import LOG_SCHEMA, FileLog
 from tests.conftest import FakeClock, NodeFactory
 
@@ -175,13 +177,18 @@ def test_reading_through_a_served_node_equals_reading_the_file(
 
 
 def test_bad_read_log_calls_are_typed_errors(node: Node) -> None:
-    read_log = CALLS["read_log"]
+    op = calls.operation("read_log")
+    caller = calls.Caller("session-1", 1, 1 << 20)
+
+    def read_log(args: dict[str, Any]) -> Any:
+        return calls.run(node, op, calls.decode(op, args, caller))
+
     with pytest.raises(InvalidInput, match="malformed log selection"):
-        read_log(node, {"selection": {"patterns": 3}, "lo": 1, "hi": 2, "max_bytes": 10})
-    with pytest.raises(InvalidInput, match="argument 'lo' must be int"):
-        read_log(node, {"selection": {}, "lo": "1", "hi": 2, "max_bytes": 10})
+        read_log({"sel": {"patterns": 3}, "lo": 1, "hi": 2, "max_bytes": 10})
+    with pytest.raises(InvalidInput, match="read_log: argument 'lo': an integer expected"):
+        read_log({"sel": {}, "lo": "1", "hi": 2, "max_bytes": 10})
     with pytest.raises(InvalidInput, match="max_bytes"):
-        read_log(node, {"selection": {}, "lo": 1, "hi": 2, "max_bytes": 0})
+        read_log({"sel": {}, "lo": 1, "hi": 2, "max_bytes": 0})
 
 
 def test_job_records_follow_the_job_table(open_node: NodeFactory, clock: FakeClock) -> None:

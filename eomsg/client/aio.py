@@ -25,15 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-import pyarrow as pa
-
 from eomsg.client.prefetch import Prefetch
-from eomsg.core.election import FlowEvent, FlowInfo
+from eomsg.core.election import FlowEvent
 from eomsg.core.limits import Limits, check_outgoing
 from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult, check_keys
-from eomsg.core.queues import QueueConfig, QueueStats
-from eomsg.core.replay import JobEvent, JobRecord, Selection
-from eomsg.core.txn import TxnInfo
+from eomsg.core.operations import Operation, Operations
 from eomsg.errors import (
     EomsgError,
     LocalProtocolError,
@@ -47,7 +43,7 @@ from eomsg.errors import (
 )
 from eomsg.wire import events as ev
 from eomsg.wire.address import Address, parse_address, socket_path, unix_address
-from eomsg.wire.arrowipc import from_ipc
+from eomsg.wire.calls import decode_result, encode_args
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
 T = TypeVar("T")
@@ -191,7 +187,7 @@ class _Subscription:
             self.sink(FlowEvent(self.queue, self.flow, kind, active, epoch))
 
 
-class AsyncClient:
+class AsyncClient(Operations):
     """A connection to one node. Make one with :func:`connect_async`."""
 
     def __init__(self, address: Address, window: int) -> None:
@@ -566,138 +562,13 @@ class AsyncClient:
 
     # -- administration ------------------------------------------------------------------
 
-    async def call(self, op: str, **args: Any) -> Any:
-        """Run the node operation ``op`` (see eomsg.server.calls)."""
+    async def run_operation_async(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
+        """Run a declared operation (:class:`~eomsg.core.operations.Operations`, which
+        this client's methods of the same names call) with a Call frame."""
         self.check_open()
-        return await self._request(lambda rid: ev.Call(rid, op, args))
-
-    async def create_queue(self, config: QueueConfig) -> bool:
-        created: bool = await self.call("create_queue", config=config.to_json())
-        return created
-
-    async def delete_queue(self, name: str, *, force: bool = False) -> int:
-        dropped: int = await self.call("delete_queue", name=name, force=force)
-        return dropped
-
-    async def subscribe(self, name: str, pattern: str) -> bool:
-        changed: bool = await self.call("subscribe", name=name, pattern=pattern)
-        return changed
-
-    async def unsubscribe(self, name: str, pattern: str) -> bool:
-        changed: bool = await self.call("unsubscribe", name=name, pattern=pattern)
-        return changed
-
-    async def purge(self, name: str) -> int:
-        purged: int = await self.call("purge", name=name)
-        return purged
-
-    async def queue_config(self, name: str) -> QueueConfig:
-        return QueueConfig.from_json(await self.call("queue_config", name=name))
-
-    async def queue_names(self) -> list[str]:
-        names: list[str] = await self.call("queue_names")
-        return names
-
-    async def stats(self) -> list[QueueStats]:
-        return [QueueStats.from_json(s) for s in await self.call("stats")]
-
-    async def log(
-        self, pattern: str | None = None, from_seq: int = 0, limit: int = 20
-    ) -> list[Message]:
-        rows = await self.call("log", pattern=pattern, from_seq=from_seq, limit=limit)
-        return [ev.message_from_wire(r) for r in rows]
-
-    async def configure(self, name: str, value: str) -> str:
-        canonical: str = await self.call("configure", name=name, value=value)
-        return canonical
-
-    async def saved_settings(self) -> dict[str, str]:
-        settings: dict[str, str] = await self.call("saved_settings")
-        return settings
-
-    async def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        result = await self.call("query", sql=sql)
-        return result["columns"], [tuple(r) for r in result["rows"]]
-
-    async def flows(self, queue: str | None = None) -> list[FlowInfo]:
-        return [FlowInfo.from_json(f) for f in await self.call("flows", queue=queue)]
-
-    async def unbind(self, queue: str, flow: int) -> int:
-        released: int = await self.call("unbind", queue=queue, flow=flow)
-        return released
-
-    # -- replay (eomsg.spark reads the log through these) ---------------------------------
-
-    async def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
-        found = await self.call("log_bounds", selection=sel.to_json())
-        return None if found is None else (int(found[0]), int(found[1]))
-
-    async def log_horizon(self) -> tuple[int, int | None]:
-        first, published = await self.call("log_horizon")
-        return int(first), None if published is None else int(published)
-
-    async def read_log(
-        self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
-    ) -> tuple[pa.Table, int]:
-        """As :meth:`Node.read_log`; the chunk is at most what one frame carries."""
-        budget = self.conn.peer_max_frame - FRAME_SLACK
-        answer = await self.call(
-            "read_log",
-            selection=sel.to_json(),
-            lo=lo,
-            hi=hi,
-            max_bytes=min(max_bytes or budget, budget),
-        )
-        return from_ipc(answer["arrow"]), int(answer["next"])
-
-    async def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
-        return [JobRecord.from_json(j) for j in await self.call("replay_jobs", job_id=job_id)]
-
-    async def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
-        answer = await self.call("record_replay", record=record.to_json(), event=event.value)
-        return JobRecord.from_json(answer)
-
-    # -- transactions (seed 000; the coordinator is eomsg.client.transaction) -------------
-
-    async def prepare_txn(
-        self,
-        txid: str,
-        *,
-        coordinator: str,
-        messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int, int]] = (),
-    ) -> None:
-        """:meth:`Node.prepare_txn <eomsg.node.node.Node.prepare_txn>` over the wire; the
-        transaction is in doubt if this connection is lost before its outcome."""
-        await self.call(
-            "txn_prepare",
-            txid=txid,
-            coordinator=coordinator,
-            messages=[ev.outgoing_to_wire(m) for m in messages],
-            deletes=[list(d) for d in deletes],
-        )
-
-    async def commit_txn(self, txid: str) -> list[PublishResult]:
-        return [PublishResult(*r) for r in await self.call("txn_commit", txid=txid)]
-
-    async def abort_txn(self, txid: str, *, force: bool = False) -> bool:
-        aborted: bool = await self.call("txn_abort", txid=txid, force=force)
-        return aborted
-
-    async def transact(
-        self,
-        messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int, int]] = (),
-    ) -> list[PublishResult]:
-        results = await self.call(
-            "txn_transact",
-            messages=[ev.outgoing_to_wire(m) for m in messages],
-            deletes=[list(d) for d in deletes],
-        )
-        return [PublishResult(*r) for r in results]
-
-    async def txns(self) -> list[TxnInfo]:
-        return [TxnInfo.from_json(t) for t in await self.call("txns")]
+        wire_args = encode_args(op, args)
+        value = await self._request(lambda rid: ev.Call(rid, op.name, wire_args))
+        return decode_result(op, value, RemoteProtocolError)
 
     # -- the connection --------------------------------------------------------------------
 

@@ -32,12 +32,11 @@ from eomsg.client.aio import (
 )
 from eomsg.client.resources import Resource
 from eomsg.client.transaction import DEFAULT_TIMEOUT, Transaction
-from eomsg.core.election import FlowEvent, FlowInfo
+from eomsg.core.election import FlowEvent
 from eomsg.core.limits import check_outgoing
-from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
-from eomsg.core.queues import QueueConfig, QueueStats
-from eomsg.core.replay import JobEvent, JobRecord, Selection
-from eomsg.core.txn import TxnInfo
+from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
+from eomsg.core.operations import Operation, Operations
+from eomsg.core.queues import QueueConfig
 from eomsg.errors import EomsgError, QueueExists, StaleDelivery, Unavailable
 
 log = logging.getLogger("eomsg.client")
@@ -54,7 +53,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-class Client:
+class Client(Operations):
     """A connection to one node, usable from any thread. Make one with :func:`connect`;
     close it (or use ``with``)."""
 
@@ -270,65 +269,11 @@ class Client:
 
     # -- administration (the same calls as an embedded node) -----------------------------
 
-    def create_queue(self, config: QueueConfig) -> bool:
-        return self._run(self._ac.create_queue(config))
+    # -- operations (declared in eomsg.core.operations) ----------------------------------------
 
-    def delete_queue(self, name: str, *, force: bool = False) -> int:
-        return self._run(self._ac.delete_queue(name, force=force))
-
-    def subscribe(self, name: str, pattern: str) -> bool:
-        return self._run(self._ac.subscribe(name, pattern))
-
-    def unsubscribe(self, name: str, pattern: str) -> bool:
-        return self._run(self._ac.unsubscribe(name, pattern))
-
-    def purge(self, name: str) -> int:
-        return self._run(self._ac.purge(name))
-
-    def queue_config(self, name: str) -> QueueConfig:
-        return self._run(self._ac.queue_config(name))
-
-    def queue_names(self) -> list[str]:
-        return self._run(self._ac.queue_names())
-
-    def stats(self) -> list[QueueStats]:
-        return self._run(self._ac.stats())
-
-    def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
-        return self._run(self._ac.log(pattern, from_seq, limit))
-
-    def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
-        return self._run(self._ac.log_bounds(sel))
-
-    def log_horizon(self) -> tuple[int, int | None]:
-        return self._run(self._ac.log_horizon())
-
-    def read_log(
-        self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
-    ) -> tuple[Any, int]:
-        return self._run(self._ac.read_log(sel, lo, hi, max_bytes))
-
-    def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
-        return self._run(self._ac.replay_jobs(job_id))
-
-    def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
-        return self._run(self._ac.record_replay(record, event))
-
-    def configure(self, name: str, value: str) -> str:
-        return self._run(self._ac.configure(name, value))
-
-    def saved_settings(self) -> dict[str, str]:
-        return self._run(self._ac.saved_settings())
-
-    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        return self._run(self._ac.query(sql))
-
-    def flows(self, queue: str | None = None) -> list[FlowInfo]:
-        return self._run(self._ac.flows(queue))
-
-    def unbind(self, queue: str, flow: int) -> int:
-        """Unbind a consumer's flow as an administrator (it is told so)."""
-        return self._run(self._ac.unbind(queue, flow))
+    def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
+        """Run a declared operation (this client's methods of the same names call it)."""
+        return self._run(self._ac.run_operation_async(op, args))
 
     # -- transactions (seed 000) -------------------------------------------------------------
 
@@ -338,34 +283,6 @@ class Client:
         """A transaction over this node and at most one application database: use it as
         a context manager (see :mod:`eomsg.client.transaction`)."""
         return Transaction(self, resources, timeout=timeout)
-
-    def prepare_txn(
-        self,
-        txid: str,
-        *,
-        coordinator: str,
-        messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int, int]] = (),
-    ) -> None:
-        self._run(
-            self._ac.prepare_txn(txid, coordinator=coordinator, messages=messages, deletes=deletes)
-        )
-
-    def commit_txn(self, txid: str) -> list[PublishResult]:
-        return self._run(self._ac.commit_txn(txid))
-
-    def abort_txn(self, txid: str, *, force: bool = False) -> bool:
-        return self._run(self._ac.abort_txn(txid, force=force))
-
-    def transact(
-        self,
-        messages: Sequence[Outgoing] = (),
-        deletes: Sequence[tuple[str, int, int, int]] = (),
-    ) -> list[PublishResult]:
-        return self._run(self._ac.transact(messages, deletes))
-
-    def txns(self) -> list[TxnInfo]:
-        return self._run(self._ac.txns())
 
 
 class _Signal:

@@ -32,6 +32,7 @@ from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Change, Election, Epochs, FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult, check_keys
+from eomsg.core.operations import TxnDelete
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
 from eomsg.core.topics import Matcher, pattern_regex
@@ -62,7 +63,7 @@ log = logging.getLogger("eomsg.node")
 Clock = Callable[[], float]
 _Fresh = tuple[int, str | None, float | None, tuple["_Queue", ...]]  # seq, id, expiry, route
 Notify = Callable[[FlowEvent], None]
-TxnDelete = tuple[str, int, int, int]  # queue, seq, epoch, attempt
+LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
 TXN_MEMORY = 7 * 86400.0  # how long a finished transaction's outcome is remembered
 
@@ -1253,12 +1254,17 @@ class Node:
         self._check_open()
         return self.store.log_horizon()
 
-    def read_log(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
+    def read_log(
+        self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
+    ) -> tuple[Any, int]:
         """Committed messages of ``sel`` in ``[lo, hi)``, oldest first, as an Arrow table
-        of at most about ``max_bytes`` (one row at least), and the seq to read on from
-        (``hi`` when the range is exhausted). Reading the same range again gives the same
-        rows: below the last committed seq the log never changes (until log GC)."""
+        of at most about ``max_bytes`` (one row at least; None: 64 MiB), and the seq to
+        read on from (``hi`` when the range is exhausted). Reading the same range again
+        gives the same rows: below the last committed seq the log never changes (until
+        log GC)."""
         self._check_open()
+        if max_bytes is None:
+            max_bytes = LOG_CHUNK
         if max_bytes < 1:
             raise InvalidConfig("max_bytes must be at least 1")
         return self.store.log_chunk(sel, lo, hi, max_bytes)

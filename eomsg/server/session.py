@@ -47,7 +47,7 @@ from eomsg.errors import (
     RemoteProtocolError,
     StorageError,
 )
-from eomsg.server.calls import CALLS, OWNED_CALLS, txn_deletes
+from eomsg.server import calls
 from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
 
@@ -498,26 +498,20 @@ class Session(asyncio.Protocol):
         self._send(ev.Result(event.rid, None))
 
     async def _call(self, event: ev.Call) -> None:
-        owned = OWNED_CALLS.get(event.op)
-        if owned is not None:
+        op = calls.operation(event.op)
+        budget = self.server.settings.max_frame - FRAME_SLACK
+        args = calls.decode(op, event.args, calls.Caller(self.owner, self.holder, budget))
+        if op.caller:
             self.owns_txns = True
-            value = await self.server.blocking(
-                owned, self.node, event.args, self.owner, self.holder
-            )
+        value = await self.server.blocking(calls.run, self.node, op, args)
+        if op.caller:
             if self.closing:  # lost while preparing: in doubt, as if lost just after
                 await self.server.blocking(self.node.disown_txns, self.owner)
             by_queue: dict[str, list[tuple[int, int]]] = {}
-            for queue, seq, _, attempt in txn_deletes(event.args):
+            for queue, seq, _, attempt in args.get("deletes", ()):
                 by_queue.setdefault(queue, []).append((seq, attempt))
             for queue, keys in by_queue.items():
                 self._settled(queue, tuple(keys))
-            self._send(ev.Result(event.rid, value))
-            return
-        fn = CALLS.get(event.op)
-        if fn is None:
-            known = ", ".join([*CALLS, *OWNED_CALLS])
-            raise InvalidConfig(f"unknown operation {event.op!r}; known: {known}")
-        value = await self.server.blocking(fn, self.node, event.args)
         self._send(ev.Result(event.rid, value))
 
     # -- helpers -------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
 from eomsg.errors import RemoteProtocolError
 
-PROTOCOL_VERSION = 3
+PROTOCOL_VERSION = 4
 MAX_BATCH = 100_000  # items in one publish, deliver or delete frame
 MAX_NAME = 1024  # characters in a name, topic, id, op or error code
 MAX_ARGS_DEPTH = 8  # nesting of a Call's arguments or a Result's value

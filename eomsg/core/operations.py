@@ -1,0 +1,284 @@
+"""The node operations a client runs by name, declared once.
+
+Each operation is a signature — its name, its typed arguments, its result type — and a
+docstring that says what it does and which errors it raises. Everything else is derived
+from it: the server's call table (:mod:`eomsg.server.calls`), the argument and result
+codecs of the Call frame (:mod:`eomsg.wire.calls`), and the methods of every client,
+which inherit :class:`Operations`: an :class:`Operation` is a descriptor that becomes,
+on a synchronous client, a method returning the result and, on an asyncio client, a
+coroutine method — mypy sees both with the declared arguments.
+
+A client implements one hook: ``run_operation(op, args)`` (synchronous) or ``async
+run_operation_async(op, args)``, given the arguments by name. The node itself implements
+each operation as a method of the same name that accepts the declared arguments
+(``tests/test_operations.py`` holds it to that), plus the ``node_args`` an operation fixes
+for every caller.
+
+Publishing, fetching, deleting and releasing are not operations: they have frames of
+their own (batches, pushed deliveries) in :mod:`eomsg.wire.events`.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from eomsg.core.election import FlowInfo
+from eomsg.core.message import Message, Outgoing, PublishResult
+from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.replay import JobEvent, JobRecord, Selection
+from eomsg.core.txn import TxnInfo
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+ARROW = "arrow"
+ArrowTable = Annotated[Any, ARROW]
+"""A ``pyarrow.Table`` (core does not import pyarrow; the wire carries it as Arrow IPC)."""
+
+TxnDelete = tuple[str, int, int, int]
+"""A delivery a transaction deletes: ``(queue, seq, epoch, attempt)``."""
+
+
+class SyncRunner(Protocol):
+    def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any: ...
+
+
+class AsyncRunner(Protocol):
+    async def run_operation_async(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any: ...
+
+
+@dataclass(eq=False)
+class Operation(Generic[P, R]):
+    """One declared operation; see the module's docstring."""
+
+    signature: Callable[P, R]
+    caller: tuple[str, ...] = ()
+    node_args: Mapping[str, Any] = field(default_factory=dict)
+    sized_by: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.signature.__name__
+
+    @property
+    def parameters(self) -> Mapping[str, inspect.Parameter]:
+        return inspect.signature(self.signature).parameters
+
+    def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The arguments of one call, by name, defaults filled in; TypeError as a
+        function of this signature would raise."""
+        bound = inspect.signature(self.signature).bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Operation[P, R]: ...
+    @overload
+    def __get__(self, obj: AsyncRunner, owner: type) -> Callable[P, Coroutine[Any, Any, R]]: ...
+    @overload
+    def __get__(self, obj: SyncRunner, owner: type) -> Callable[P, R]: ...
+    def __get__(self, obj: Any, owner: type) -> Any:
+        if obj is None:
+            return self
+        op = self
+        if hasattr(obj, "run_operation_async"):
+
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                return await obj.run_operation_async(op, op.bind(*args, **kwargs))
+
+            return functools.update_wrapper(call_async, self.signature)
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return obj.run_operation(op, op.bind(*args, **kwargs))
+
+        return functools.update_wrapper(call, self.signature)
+
+
+def operation(
+    *,
+    caller: tuple[str, ...] = (),
+    node_args: Mapping[str, Any] | None = None,
+    sized_by: str | None = None,
+) -> Callable[[Callable[P, R]], Operation[P, R]]:
+    """Declare an operation from a signature.
+
+    ``caller``: the node method's arguments that say who calls — ``holder`` (the
+    deliveries it may settle are those made to the caller) and ``owner`` (the
+    transaction is the caller's, in doubt once it goes away); the server fills them in
+    from the connection. ``node_args``: arguments the node's method gets on every call.
+    ``sized_by``: the argument that bounds the answer's size (None: as much as one
+    answer may carry), which the server caps at what one frame carries."""
+
+    def declare(signature: Callable[P, R]) -> Operation[P, R]:
+        return Operation(signature, caller, dict(node_args or {}), sized_by)
+
+    return declare
+
+
+class Operations:
+    """Every operation; clients inherit it (see the module's docstring)."""
+
+    # -- queues -----------------------------------------------------------------------
+
+    @operation()
+    def create_queue(config: QueueConfig) -> bool:
+        """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
+        False if it exists with the same settings; QueueExists if with others."""
+        raise NotImplementedError
+
+    @operation()
+    def delete_queue(name: str, *, force: bool = False) -> int:
+        """Delete a queue and its records; how many messages it still held.
+        QueueNotEmpty unless ``force``; QueueNotFound."""
+        raise NotImplementedError
+
+    @operation()
+    def subscribe(name: str, pattern: str) -> bool:
+        """Route topics matching ``pattern`` into the queue from now on; False if it
+        was subscribed already. InvalidPattern, QueueNotFound."""
+        raise NotImplementedError
+
+    @operation()
+    def unsubscribe(name: str, pattern: str) -> bool:
+        """Stop routing ``pattern`` to the queue; False if it was not subscribed."""
+        raise NotImplementedError
+
+    @operation()
+    def purge(name: str) -> int:
+        """Settle every message in the queue as purged; how many. QueueNotFound."""
+        raise NotImplementedError
+
+    @operation()
+    def queue_config(name: str) -> QueueConfig:
+        """The queue's settings. QueueNotFound."""
+        raise NotImplementedError
+
+    @operation()
+    def queue_names() -> list[str]:
+        """Every queue's name, sorted."""
+        raise NotImplementedError
+
+    @operation()
+    def stats() -> list[QueueStats]:
+        """A snapshot of every queue, by name."""
+        raise NotImplementedError
+
+    # -- flows (seed 002) ---------------------------------------------------------------
+
+    @operation()
+    def flows(queue: str | None = None) -> list[FlowInfo]:
+        """The flows bound to ``queue`` (or to every queue), best-ranked first."""
+        raise NotImplementedError
+
+    @operation(node_args={"admin": True})
+    def unbind(queue: str, flow: int) -> int:
+        """An administrator unbinds a flow: its consumer is told it is inactive and what
+        it held goes to the next active one; how many messages that released.
+        FlowNotFound."""
+        raise NotImplementedError
+
+    # -- the log, settings and inspection --------------------------------------------------
+
+    @operation()
+    def log(pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
+        """Messages still in the retained log from ``from_seq``, oldest first."""
+        raise NotImplementedError
+
+    @operation()
+    def configure(name: str, value: str) -> str:
+        """Save a node setting and apply it now; its value in canonical form.
+        InvalidConfig."""
+        raise NotImplementedError
+
+    @operation()
+    def saved_settings() -> dict[str, str]:
+        """Every setting and its value, saved or default, in canonical form."""
+        raise NotImplementedError
+
+    @operation()
+    def query(sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """One plain read-only SELECT on the store: column names and rows (exotic
+        values as text over the wire). InvalidInput for anything else."""
+        raise NotImplementedError
+
+    # -- replay (eomsg.spark reads the log through these) -----------------------------------
+
+    @operation()
+    def log_bounds(sel: Selection) -> tuple[int, int] | None:
+        """The first and last committed seq that ``sel`` selects, or None."""
+        raise NotImplementedError
+
+    @operation()
+    def log_horizon() -> tuple[int, int | None]:
+        """The first seq the log still holds, and the latest publish time (µs) of what
+        garbage collection dropped (None if nothing)."""
+        raise NotImplementedError
+
+    @operation(sized_by="max_bytes")
+    def read_log(
+        sel: Selection, lo: int, hi: int, max_bytes: int | None = None
+    ) -> tuple[ArrowTable, int]:
+        """Committed messages of ``sel`` in ``[lo, hi)`` as an Arrow table of at most
+        about ``max_bytes`` (one row at least; None, or over the wire anything larger:
+        as much as one answer carries), and the seq to read on from."""
+        raise NotImplementedError
+
+    @operation()
+    def replay_jobs(job_id: str | None = None) -> list[JobRecord]:
+        """The replay jobs recorded against this log (or the one named), newest first."""
+        raise NotImplementedError
+
+    @operation()
+    def record_replay(record: JobRecord, event: JobEvent) -> JobRecord:
+        """Durably move a replay job by ``event``; its new record. IllegalMove."""
+        raise NotImplementedError
+
+    # -- transactions (seed 000; the coordinator is eomsg.client.transaction) ---------------
+
+    @operation(caller=("owner", "holder"))
+    def prepare_txn(
+        txid: str,
+        *,
+        coordinator: str,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[TxnDelete] = (),
+    ) -> None:
+        """Vote yes: make the transaction's publishes and the deletes of deliveries made
+        to the caller durable without applying them. StaleDelivery (a vote no). The
+        transaction is in doubt if the caller goes away before its outcome."""
+        raise NotImplementedError
+
+    @operation()
+    def commit_txn(txid: str) -> list[PublishResult]:
+        """Apply a prepared transaction; its publish results ([] if committed already).
+        TxnConflict if it was aborted, TxnNotFound."""
+        raise NotImplementedError
+
+    @operation()
+    def abort_txn(txid: str, *, force: bool = False) -> bool:
+        """Drop a prepared transaction; True if this call aborted it. TxnConflict if it
+        committed."""
+        raise NotImplementedError
+
+    @operation(caller=("holder",))
+    def transact(
+        messages: Sequence[Outgoing] = (), deletes: Sequence[TxnDelete] = ()
+    ) -> list[PublishResult]:
+        """Publish and delete deliveries made to the caller in one atomic step (a
+        one-phase commit). StaleDelivery, and nothing changed."""
+        raise NotImplementedError
+
+    @operation()
+    def txns() -> list[TxnInfo]:
+        """The prepared transactions, oldest first."""
+        raise NotImplementedError
+
+
+OPERATIONS: dict[str, Operation[Any, Any]] = {
+    op.name: op for op in vars(Operations).values() if isinstance(op, Operation)
+}
+"""Every operation by name: what a Call frame may name."""

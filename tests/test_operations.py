@@ -1,0 +1,166 @@
+"""The operations declared once in eomsg.core.operations: the node implements each, the
+clients' methods are the declarations, and every argument and result survives the Call
+frame exactly; bad arguments are typed errors naming the operation."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from typing import Any
+
+import msgpack
+import pyarrow as pa
+import pytest
+
+from eomsg.client.aio import AsyncClient
+from eomsg.client.sync import Client
+from eomsg.core.election import FlowInfo
+from eomsg.core.message import Message, Outgoing, PublishResult
+from eomsg.core.operations import OPERATIONS, Operation, Operations
+from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.replay import JobEvent, JobRecord, JobStatus, Selection
+from eomsg.core.txn import TxnInfo, TxnState
+from eomsg.errors import InvalidConfig, InvalidInput, RemoteProtocolError
+from eomsg.node.node import Node
+from eomsg.server import calls
+from eomsg.wire.calls import decode_args, decode_result, encode_args, encode_result
+
+SEL = Selection(("orders/>",), 5, 900, None, 1_700_000_000_000_000)
+JOB = JobRecord("j1", JobStatus.DONE, {"sink": "parquet:x"}, 1, 101, 100, "ab12", 1.5)
+MSG = Message(7, "t/x", b"\x00\xff", "id-7", 2.5, None, {"h": "v"})
+OUT = Outgoing("t/y", b"p", "id-8", 3.0, {"k": "v"})
+RESULTS = [PublishResult(9, "id-8", False, 2), PublishResult(3, None, True, None)]
+CONFIG = QueueConfig("q", ("t/>", "u/*"), 5, "q-dlq", 30.0, 1, False)
+
+# For every operation: the arguments of one call, by name, and one result.
+SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
+    "create_queue": ({"config": CONFIG}, True),
+    "delete_queue": ({"name": "q", "force": True}, 12),
+    "subscribe": ({"name": "q", "pattern": "a/>"}, False),
+    "unsubscribe": ({"name": "q", "pattern": "a/>"}, True),
+    "purge": ({"name": "q"}, 0),
+    "queue_config": ({"name": "q"}, CONFIG),
+    "queue_names": ({}, ["a", "q"]),
+    "stats": (
+        {},
+        [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1)],
+    ),
+    "flows": ({"queue": None}, [FlowInfo("q", 4, "c:1", -2, True, 77, 1.5, 3)]),
+    "unbind": ({"queue": "q", "flow": 4}, 3),
+    "log": ({"pattern": "t/>", "from_seq": 2, "limit": 5}, [MSG]),
+    "configure": ({"name": "retention", "value": "1d"}, "86400"),
+    "saved_settings": ({}, {"retention": "86400"}),
+    "query": ({"sql": "SELECT 1"}, (["a", "b"], [(1, "x"), (None, b"\x01")])),
+    "log_bounds": ({"sel": SEL}, (5, 299)),
+    "log_horizon": ({}, (1, None)),
+    "read_log": (
+        {"sel": SEL, "lo": 1, "hi": 9, "max_bytes": None},
+        (pa.table({"seq": [1, 2]}), 9),
+    ),
+    "replay_jobs": ({"job_id": None}, [JOB]),
+    "record_replay": ({"record": JOB, "event": JobEvent.FINISH}, JOB),
+    "prepare_txn": (
+        {"txid": "t1", "coordinator": "duckdb:x", "messages": [OUT], "deletes": [("q", 3, 7, 2)]},
+        None,
+    ),
+    "commit_txn": ({"txid": "t1"}, RESULTS),
+    "abort_txn": ({"txid": "t1", "force": False}, True),
+    "transact": ({"messages": [OUT], "deletes": [("q", 3, 7, 2)]}, RESULTS),
+    "txns": ({}, [TxnInfo("t1", TxnState.PREPARED, "duckdb:x", 1.5, False, 1, 2)]),
+}
+
+
+def over_the_wire(value: Any) -> Any:
+    return msgpack.unpackb(msgpack.packb(value, use_bin_type=True), raw=False)
+
+
+def test_every_operation_has_samples() -> None:
+    assert set(SAMPLES) == set(OPERATIONS)
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_arguments_and_results_survive_the_call_frame(name: str) -> None:
+    op = OPERATIONS[name]
+    args, result = SAMPLES[name]
+    assert op.bind(**args) == args  # the samples name every argument
+    assert decode_args(op, over_the_wire(encode_args(op, args))) == args
+    back = decode_result(op, over_the_wire(encode_result(op, result)), RemoteProtocolError)
+    if name == "read_log":
+        assert back[0].equals(result[0]) and back[1] == result[1]
+    else:
+        assert back == result
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_the_node_implements_every_operation(name: str) -> None:
+    """The node's method of the same name takes the declared arguments, those the
+    declaration fixes and the caller's identity."""
+    op = OPERATIONS[name]
+    method = getattr(Node, name)
+    names = [*op.parameters, *op.node_args, *op.caller]
+    inspect.signature(method).bind(None, **dict.fromkeys(names))
+    for pname, param in op.parameters.items():
+        assert inspect.signature(method).parameters[pname].default == param.default, pname
+
+
+class Recorder(Operations):
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
+        self.calls.append((op.name, args))
+        return 3
+
+
+class AsyncRecorder(Recorder):
+    async def run_operation_async(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
+        self.calls.append((op.name, args))
+        return 3
+
+
+def test_a_client_method_is_its_declaration() -> None:
+    r = Recorder()
+    assert r.unbind("q", 4) == 3
+    assert r.calls == [("unbind", {"queue": "q", "flow": 4})]
+    with pytest.raises(TypeError):
+        r.unbind("q")  # type: ignore[call-arg]
+    assert inspect.signature(r.delete_queue) == inspect.signature(Operations.delete_queue.signature)
+    a = AsyncRecorder()
+    assert asyncio.run(a.delete_queue("q")) == 3  # a coroutine method on an asyncio client
+    assert a.calls == [("delete_queue", {"name": "q", "force": False})]
+    for cls in (Client, AsyncClient):
+        assert issubclass(cls, Operations)
+        assert all(isinstance(vars(Operations)[n], Operation) for n in OPERATIONS)
+        assert not set(OPERATIONS) & set(vars(cls)), "a client redefines an operation"
+
+
+def test_bad_arguments_are_typed_errors_naming_the_operation() -> None:
+    op = OPERATIONS["delete_queue"]
+    with pytest.raises(InvalidInput, match="delete_queue: argument 'name' is missing"):
+        decode_args(op, {})
+    with pytest.raises(InvalidInput, match="delete_queue: unknown argument 'nmae'"):
+        decode_args(op, {"nmae": "q"})
+    with pytest.raises(InvalidInput, match="delete_queue: argument 'force': true or false"):
+        decode_args(op, {"name": "q", "force": 1})
+    with pytest.raises(InvalidInput, match="create_queue: argument 'config': malformed"):
+        decode_args(OPERATIONS["create_queue"], {"config": {"name": 3}})
+    with pytest.raises(InvalidInput, match="transact: argument 'deletes'"):
+        decode_args(OPERATIONS["transact"], {"deletes": [["q", 1, 2]]})
+    with pytest.raises(InvalidConfig, match="unknown operation 'nope'; known: create_queue"):
+        calls.operation("nope")
+
+
+def test_the_server_fills_in_the_caller_and_caps_answers() -> None:
+    caller = calls.Caller("session-9", 9, 1000)
+    prepare = calls.decode(
+        calls.operation("prepare_txn"), {"txid": "t", "coordinator": "c"}, caller
+    )
+    assert (prepare["owner"], prepare["holder"]) == ("session-9", 9)
+    assert calls.decode(calls.operation("unbind"), {"queue": "q", "flow": 1}, caller)["admin"]
+    read = calls.operation("read_log")
+    sel = SEL.to_json()
+    assert calls.decode(read, {"sel": sel, "lo": 1, "hi": 2}, caller)["max_bytes"] == 1000
+    assert (
+        calls.decode(read, {"sel": sel, "lo": 1, "hi": 2, "max_bytes": 10}, caller)["max_bytes"]
+        == 10
+    )
