@@ -8,7 +8,8 @@ which inherit :class:`Operations`: an :class:`Operation` is a descriptor that be
 on a synchronous client, a method returning the result and, on an asyncio client, a
 coroutine method — mypy sees both with the declared arguments.
 
-A client implements one hook: ``run_operation(op, args)`` (synchronous) or ``async
+The declarations' bodies are their docstrings: they are never called. A client
+implements one hook: ``run_operation(op, args)`` (synchronous) or ``async
 run_operation_async(op, args)``, given the arguments by name. The node itself implements
 each operation as a method of the same name that accepts the declared arguments
 (``tests/test_operations.py`` holds it to that), plus the ``node_args`` an operation fixes
@@ -128,95 +129,79 @@ class Operations:
     def create_queue(config: QueueConfig) -> bool:
         """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
         False if it exists with the same settings; QueueExists if with others."""
-        raise NotImplementedError
 
     @operation()
     def delete_queue(name: str, *, force: bool = False) -> int:
         """Delete a queue and its records; how many messages it still held.
         QueueNotEmpty unless ``force``; QueueNotFound."""
-        raise NotImplementedError
 
     @operation()
     def subscribe(name: str, pattern: str) -> bool:
         """Route topics matching ``pattern`` into the queue from now on; False if it
         was subscribed already. InvalidPattern, QueueNotFound."""
-        raise NotImplementedError
 
     @operation()
     def unsubscribe(name: str, pattern: str) -> bool:
         """Stop routing ``pattern`` to the queue; False if it was not subscribed."""
-        raise NotImplementedError
 
     @operation()
     def purge(name: str) -> int:
         """Settle every message in the queue as purged; how many. QueueNotFound."""
-        raise NotImplementedError
 
     @operation()
     def queue_config(name: str) -> QueueConfig:
         """The queue's settings. QueueNotFound."""
-        raise NotImplementedError
 
     @operation()
     def queue_names() -> list[str]:
         """Every queue's name, sorted."""
-        raise NotImplementedError
 
     @operation()
     def stats() -> list[QueueStats]:
         """A snapshot of every queue, by name."""
-        raise NotImplementedError
 
     # -- flows (seed 002) ---------------------------------------------------------------
 
     @operation()
     def flows(queue: str | None = None) -> list[FlowInfo]:
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
-        raise NotImplementedError
 
     @operation(node_args={"admin": True})
     def unbind(queue: str, flow: int) -> int:
         """An administrator unbinds a flow: its consumer is told it is inactive and what
         it held goes to the next active one; how many messages that released.
         FlowNotFound."""
-        raise NotImplementedError
 
     # -- the log, settings and inspection --------------------------------------------------
 
     @operation()
     def log(pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages still in the retained log from ``from_seq``, oldest first."""
-        raise NotImplementedError
 
     @operation()
     def configure(name: str, value: str) -> str:
         """Save a node setting and apply it now; its value in canonical form.
         InvalidConfig."""
-        raise NotImplementedError
 
     @operation()
     def saved_settings() -> dict[str, str]:
         """Every setting and its value, saved or default, in canonical form."""
-        raise NotImplementedError
 
     @operation()
     def query(sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """One plain read-only SELECT on the store: column names and rows (exotic
         values as text over the wire). InvalidInput for anything else."""
-        raise NotImplementedError
 
     # -- replay (eomsg.spark reads the log through these) -----------------------------------
 
     @operation()
     def log_bounds(sel: Selection) -> tuple[int, int] | None:
         """The first and last committed seq that ``sel`` selects, or None."""
-        raise NotImplementedError
 
     @operation()
     def log_horizon() -> tuple[int, int | None]:
         """The first seq the log still holds, and the latest publish time (µs) of what
         garbage collection dropped (None if nothing)."""
-        raise NotImplementedError
 
     @operation(sized_by="max_bytes")
     def read_log(
@@ -225,17 +210,14 @@ class Operations:
         """Committed messages of ``sel`` in ``[lo, hi)`` as an Arrow table of at most
         about ``max_bytes`` (one row at least; None, or over the wire anything larger:
         as much as one answer carries), and the seq to read on from."""
-        raise NotImplementedError
 
     @operation()
     def replay_jobs(job_id: str | None = None) -> list[JobRecord]:
         """The replay jobs recorded against this log (or the one named), newest first."""
-        raise NotImplementedError
 
     @operation()
     def record_replay(record: JobRecord, event: JobEvent) -> JobRecord:
         """Durably move a replay job by ``event``; its new record. IllegalMove."""
-        raise NotImplementedError
 
     # -- transactions (seed 000; the coordinator is eomsg.client.transaction) ---------------
 
@@ -250,19 +232,16 @@ class Operations:
         """Vote yes: make the transaction's publishes and the deletes of deliveries made
         to the caller durable without applying them. StaleDelivery (a vote no). The
         transaction is in doubt if the caller goes away before its outcome."""
-        raise NotImplementedError
 
     @operation()
     def commit_txn(txid: str) -> list[PublishResult]:
         """Apply a prepared transaction; its publish results ([] if committed already).
         TxnConflict if it was aborted, TxnNotFound."""
-        raise NotImplementedError
 
     @operation()
     def abort_txn(txid: str, *, force: bool = False) -> bool:
         """Drop a prepared transaction; True if this call aborted it. TxnConflict if it
         committed."""
-        raise NotImplementedError
 
     @operation(caller=("holder",))
     def transact(
@@ -270,12 +249,10 @@ class Operations:
     ) -> list[PublishResult]:
         """Publish and delete deliveries made to the caller in one atomic step (a
         one-phase commit). StaleDelivery, and nothing changed."""
-        raise NotImplementedError
 
     @operation()
     def txns() -> list[TxnInfo]:
         """The prepared transactions, oldest first."""
-        raise NotImplementedError
 
 
 OPERATIONS: dict[str, Operation[Any, Any]] = {
