@@ -1,7 +1,8 @@
 """The Python API applications write against: :func:`connect` (threads) and
 :func:`connect_async` (asyncio) to a running node."""
 
-from eomsg.client.aio import AsyncClient, AsyncConsumer, Received, connect_async
+from eomsg.client.aio import AsyncClient, connect_async
+from eomsg.client.consumer import AsyncConsumer, Received
 from eomsg.client.sync import Client, Consumer, connect
 
 __all__ = [

@@ -20,16 +20,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from eomsg.client.aio import (
-    DEFAULT_WINDOW,
-    Activity,
-    AsyncClient,
-    BaseConsumer,
-    Item,
-    Received,
-    Renew,
-    connect_async,
-)
+from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, connect_async
+from eomsg.client.consumer import Activity, BaseConsumer, Item, Received, Renew
 from eomsg.client.resources import Resource
 from eomsg.client.transaction import DEFAULT_TIMEOUT, Transaction
 from eomsg.core.election import FlowEvent

@@ -1,0 +1,395 @@
+"""A consumer: a flow bound to one queue, as the application reads it.
+
+The node pushes deliveries to the subscription on the asyncio client's loop; a consumer
+keeps them in its prefetch buffer (:mod:`eomsg.client.prefetch`) and hands the
+application only those it cannot know to be over, follows its flow's activity (seed 002)
+and settles what the application deletes or releases. :class:`BaseConsumer` holds all of
+that; :class:`AsyncConsumer` (here) and :class:`~eomsg.client.sync.Consumer` differ only in
+how they wait for the next item, renew their lease and settle a message.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import enum
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from eomsg.client.prefetch import Prefetch
+from eomsg.core.election import FlowEvent
+from eomsg.core.message import Delivered, Key, Message
+from eomsg.errors import EomsgError, UsageError
+
+if TYPE_CHECKING:
+    from eomsg.client.aio import AsyncClient
+
+
+@dataclass(frozen=True, slots=True)
+class Pushed:
+    """Deliveries a node pushed to a subscription (none: nothing is ready for it now),
+    and the node's clock when it sent them."""
+
+    deliveries: list[Delivered]
+    node_now: float
+
+
+Item = Pushed | FlowEvent | BaseException
+"""What a subscription's sink receives, in wire order: deliveries, a change of its
+flow's activity, or the error that ended it."""
+
+
+class Renew(enum.Enum):
+    """What a consumer's buffer says when it may hand nothing out before the node has
+    been heard from again."""
+
+    LEASE = "lease"
+
+
+class Received:
+    """A delivered message in a consumer's hands: read it, then :meth:`delete` it (or
+    :meth:`release` it to have it delivered again)."""
+
+    __slots__ = ("_settle", "delivered")
+
+    def __init__(self, delivered: Delivered, settle: Callable[[str, Delivered, float | None], Any]):
+        self.delivered = delivered
+        self._settle = settle
+
+    @property
+    def message(self) -> Message:
+        return self.delivered.message
+
+    @property
+    def seq(self) -> int:
+        return self.delivered.message.seq
+
+    @property
+    def topic(self) -> str:
+        return self.delivered.message.topic
+
+    @property
+    def payload(self) -> bytes:
+        return self.delivered.message.payload
+
+    @property
+    def id(self) -> str | None:
+        return self.delivered.message.id
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.delivered.message.headers
+
+    @property
+    def attempt(self) -> int:
+        return self.delivered.attempt
+
+    @property
+    def queue(self) -> str:
+        return self.delivered.queue
+
+    @property
+    def epoch(self) -> int:
+        return self.delivered.epoch
+
+    def delete(self) -> Any:
+        """Delete the message from its queue. Returns a future (of the flavour of the
+        client) that resolves once the deletion is durable — or fails with StaleDelivery
+        (StaleEpoch) if this delivery is over: it timed out and was handed out again, or
+        this consumer lost activity since and the message went to another. The
+        consumer's exit waits for all of them."""
+        return self._settle("delete", self.delivered, None)
+
+    def release(self, delay: float = 0.0) -> Any:
+        """Give the message back, to be delivered again after ``delay`` seconds."""
+        return self._settle("release", self.delivered, delay)
+
+    def __repr__(self) -> str:
+        return f"Received(queue={self.queue!r}, seq={self.seq}, topic={self.topic!r})"
+
+
+class Activity:
+    """The activity of a consumer's flow as its application sees it (seed 002), fed the
+    FlowEvents of the subscription in order. ``dispatch`` runs the application's
+    callbacks — on the loop for the asyncio consumer, on a thread of their own for the
+    synchronous one, so a slow callback never stalls the connection."""
+
+    __slots__ = ("_dispatch", "_on_active", "_on_inactive", "active", "epoch", "flow")
+
+    def __init__(
+        self,
+        on_active: Callable[[FlowEvent], Any] | None,
+        on_inactive: Callable[[FlowEvent], Any] | None,
+        dispatch: Callable[[Callable[[FlowEvent], Any], FlowEvent], None],
+    ) -> None:
+        self.flow = 0
+        self.active = False
+        self.epoch = 0
+        self._on_active = on_active
+        self._on_inactive = on_inactive
+        self._dispatch = dispatch
+
+    @property
+    def has_callbacks(self) -> bool:
+        return self._on_active is not None or self._on_inactive is not None
+
+    def apply(self, event: FlowEvent) -> None:
+        self.flow, self.active, self.epoch = event.flow, event.active, event.epoch
+        callback = self._on_active if event.active else self._on_inactive
+        if callback is not None:
+            self._dispatch(callback, event)
+
+    def current(self, d: Delivered) -> bool:
+        """False for a delivery of an epoch that is over: the node took it back when the
+        flow lost activity, and the active flow gets it; the application must not."""
+        return self.active and d.epoch == self.epoch
+
+
+class BaseConsumer(abc.ABC):
+    """What both flavours of consumer share: the binding's settings, the activity of its
+    flow, its prefetch buffer (see :mod:`eomsg.client.prefetch`), and how the items of
+    its inbox are read. The flavours differ only in how they wait for the next item,
+    renew their lease and settle a message."""
+
+    def __init__(
+        self,
+        queue: str,
+        prefetch: int,
+        idle_timeout: float | None,
+        priority: int,
+        until_empty: bool,
+        activity: Activity,
+    ) -> None:
+        self.queue = queue
+        self.prefetch = prefetch
+        self.idle_timeout = idle_timeout
+        self.priority = priority
+        self.until_empty = until_empty
+        self.activity = activity
+        self._batch: list[Delivered] = []
+        self._subscription: int | None = None
+        self._buffer = Prefetch()
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_due = float("inf")  # monotonic time the timer fires at
+
+    @property
+    def active(self) -> bool:
+        """Whether this consumer's flow is active (False once the connection is lost)."""
+        return self.activity.active
+
+    @property
+    def epoch(self) -> int:
+        return self.activity.epoch
+
+    @property
+    def flow(self) -> int:
+        return self.activity.flow
+
+    @property
+    @abc.abstractmethod
+    def _connection(self) -> AsyncClient:
+        """The asyncio client this consumer's subscription lives on."""
+
+    def _check_bound(self) -> None:
+        if self._subscription is None:
+            raise UsageError(
+                f"the consumer of {self.queue!r} is not open: use it in a `with` block "
+                "(or call open()) before iterating"
+            )
+
+    def _next_buffered(self) -> Delivered | Renew | None:
+        """The next buffered delivery the application may have now (it counts as seen),
+        None when the buffer is empty, or :attr:`Renew.LEASE` when the lease must be
+        renewed first (the node may have cut this consumer off: ask it before handing
+        anything out).
+        Skips deliveries of an epoch that is over (the node took them back for the
+        active flow), superseded ones and those too close to their deadline."""
+        while self._batch:
+            d = self._batch[-1]
+            if not self.activity.current(d):
+                self._batch.pop()
+                continue
+            if not self._connection.lease_valid():
+                return Renew.LEASE
+            self._batch.pop()
+            if self._buffer.claim(d, time.monotonic()):
+                return d
+        return None
+
+    def _step(self, item: Item) -> FlowEvent | bool:
+        """Take one inbox item: raise the error that ended the subscription, return a
+        change of activity to hand out, True to read on, or False to stop (an
+        ``until_empty`` consumer told that nothing is ready for it)."""
+        if isinstance(item, BaseException):
+            raise item
+        if isinstance(item, FlowEvent):
+            return item
+        if not item.deliveries:
+            return not self.until_empty
+        self._batch = item.deliveries
+        self._batch.reverse()
+        return True
+
+    def _on_loop(self, item: Item) -> None:
+        """On the connection's loop, as each item arrives: note pushed deliveries in the
+        buffer and arm the timer that gives back those not handed out in time; forget
+        the buffer when the node took it back."""
+        if isinstance(item, Pushed):
+            if item.deliveries:
+                self._buffer.arrived(
+                    item.deliveries,
+                    item.node_now,
+                    time.monotonic(),
+                    self._connection.clock_offset,
+                )
+                self._arm()
+        elif isinstance(item, BaseException) or not item.active:
+            self._buffer.drop()
+
+    def _arm(self) -> None:
+        due = self._buffer.next_expiry()
+        if due >= self._expiry_due:
+            return  # none pending, or an earlier timer re-arms itself
+        if self._expiry is not None:
+            self._expiry.cancel()
+        self._expiry_due = due
+        self._expiry = self._connection.loop.call_later(
+            max(0.0, due - time.monotonic()), self._expire
+        )
+
+    def _expire(self) -> None:
+        """Give back, unseen, the deliveries not handed out before their hand-out-by
+        time (the node un-counts them and hands them out again)."""
+        self._expiry, self._expiry_due = None, float("inf")
+        late = self._buffer.expire(time.monotonic())
+        client = self._connection
+        if late and client.failure is None and self._subscription is not None:
+            epoch = self.activity.epoch
+            task = client.loop.create_task(client.return_unseen(self.queue, late, epoch=epoch))
+            task.add_done_callback(_ignore_error)
+        self._arm()
+
+    def _unseen_on_close(self) -> list[Key]:
+        """Stop the expiry timer; the deliveries handed out and not settled (the node
+        takes back the rest un-counted)."""
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry, self._expiry_due = None, float("inf")
+        return self._buffer.seen()
+
+    @abc.abstractmethod
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
+        """Delete or release one received message, as this flavour's client does."""
+
+
+def _ignore_error(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # retrieved: a give-back that failed is redelivered by timeout
+
+
+class AsyncConsumer(BaseConsumer):
+    """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
+
+    def __init__(
+        self,
+        client: AsyncClient,
+        queue: str,
+        prefetch: int,
+        idle_timeout: float | None,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
+    ) -> None:
+        activity = Activity(on_active, on_inactive, lambda fn, e: fn(e))
+        super().__init__(queue, prefetch, idle_timeout, priority, until_empty, activity)
+        self.client = client
+        self._inbox: asyncio.Queue[Item] = asyncio.Queue()
+        self._became_active = asyncio.Event()
+        self._pending: set[asyncio.Future[Any]] = set()
+
+    @property
+    def _connection(self) -> AsyncClient:
+        return self.client
+
+    async def wait_active(self, timeout: float | None = None) -> bool:
+        """Wait until the flow is active; False if ``timeout`` passed first."""
+        try:
+            await asyncio.wait_for(self._became_active.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _sink(self, item: Item) -> None:
+        self._on_loop(item)
+        if isinstance(item, FlowEvent):
+            self.activity.apply(item)
+            if item.active:
+                self._became_active.set()
+            else:
+                self._became_active.clear()
+        self._inbox.put_nowait(item)
+
+    async def __aenter__(self) -> AsyncConsumer:
+        self._subscription = await self.client.subscribe_raw(
+            self.queue, self.prefetch, self._sink, self.priority
+        )
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        """Wait until every deletion made through this consumer is durable, then unbind
+        (undeleted messages go back to the queue, for the next active flow; those never
+        handed out un-counted)."""
+        self.client.flush()
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
+        seen = self._unseen_on_close()
+        if self._subscription is not None:
+            with contextlib.suppress(EomsgError):
+                await self.client.cancel(self._subscription, seen)
+            self._subscription = None
+
+    def __aiter__(self) -> AsyncIterator[Received]:
+        self._check_bound()
+        return self._messages()
+
+    async def _messages(self) -> AsyncIterator[Received]:
+        async for item in self.events():
+            if isinstance(item, Received):
+                yield item
+
+    async def events(self) -> AsyncIterator[Received | FlowEvent]:
+        """Messages and changes of activity, in the order the node sent them."""
+        self._check_bound()
+        while True:
+            while (d := self._next_buffered()) is not None:
+                if d is Renew.LEASE:
+                    with contextlib.suppress(EomsgError):  # lost: the activity says so
+                        await self.client.ping()
+                    continue
+                yield Received(d, self._settle)
+            try:
+                item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
+            except TimeoutError:
+                return
+            step = self._step(item)
+            if step is False:
+                return
+            if isinstance(step, FlowEvent):
+                yield step
+
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> asyncio.Future[Any]:
+        self._buffer.settled(d.key)
+        future: asyncio.Future[Any]
+        if how == "delete":
+            future = self.client.delete_later(self.queue, d.key, d.epoch)
+        else:
+            future = asyncio.ensure_future(
+                self.client.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
+            )
+        self._pending.add(future)
+        future.add_done_callback(self._pending.discard)
+        return future
