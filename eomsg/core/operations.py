@@ -65,14 +65,18 @@ class Operation(Generic[P, R]):
     def name(self) -> str:
         return self.signature.__name__
 
+    @functools.cached_property
+    def _inspected(self) -> inspect.Signature:
+        return inspect.signature(self.signature)
+
     @property
     def parameters(self) -> Mapping[str, inspect.Parameter]:
-        return inspect.signature(self.signature).parameters
+        return self._inspected.parameters
 
     def bind(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The arguments of one call, by name, defaults filled in; TypeError as a
         function of this signature would raise."""
-        bound = inspect.signature(self.signature).bind(*args, **kwargs)
+        bound = self._inspected.bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
 
