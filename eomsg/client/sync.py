@@ -259,8 +259,6 @@ class Client(Operations):
         self._wake()
         return ack
 
-    # -- administration (the same calls as an embedded node) -----------------------------
-
     # -- operations (declared in eomsg.core.operations) ----------------------------------------
 
     def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
