@@ -370,6 +370,20 @@ class Node:
             batch.after_commit(lambda: self._published(fresh))
         return results, fresh
 
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None:
+        """Hand ``batch`` to the writer if it holds anything (None if not). Call under
+        ``_lock``, so commits follow the order the state changed in, then wait with
+        :meth:`_await_commit` after releasing it."""
+        return self.store.writer.write(batch) if not batch.empty else None
+
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None:
+        """Return once the commit :meth:`_queue_write` queued is durable (at once if it
+        queued none). Never under ``_lock``: the writer's after-commit callbacks take
+        it."""
+        if future is not None:
+            future.result()
+
     def _write_staged(self, batch: RowBatch, first_seq: int, fresh: list[_Fresh]) -> Future[None]:
         """Queue a batch holding staged messages; if the writer refuses it, forget them
         (nothing was queued), so their seqs and ids are free again."""
@@ -497,9 +511,8 @@ class Node:
             for d in taken.deliveries:
                 batch.add("deliveries", q.id, d.seq, d.attempt, _us(d.deadline), False)
             self._record_settlements(batch, q, taken.settlements, now)
-            future = self.store.writer.write(batch) if not batch.empty else None
-        if future is not None:
-            future.result()
+            future = self._queue_write(batch)
+        self._await_commit(future)
         if not taken.deliveries:
             return [], more
         messages = self.store.fetch([d.seq for d in taken.deliveries])
@@ -617,11 +630,10 @@ class Node:
         """Record releases and settlements in one batch; under ``_lock``."""
         batch = RowBatch()
         self._record_releases(batch, q, outcomes, now)
-        return self.store.writer.write(batch) if not batch.empty else None
+        return self._queue_write(batch)
 
     def _released(self, queue: str, future: Future[None] | None, ready: bool) -> None:
-        if future is not None:
-            future.result()
+        self._await_commit(future)
         if ready:
             self._notify({queue})
 
@@ -820,8 +832,7 @@ class Node:
                     ]
                     self._record_settlements(batch, q, settled, now)
             committed = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
-        if committed is not None:
-            committed.result()
+        self._await_commit(committed)
         return results
 
     def txns(self) -> list[TxnInfo]:
@@ -980,9 +991,8 @@ class Node:
             settlements = q.cursor.purge()
             batch = RowBatch()
             self._record_settlements(batch, q, settlements, now)
-            future = self.store.writer.write(batch) if not batch.empty else None
-        if future is not None:
-            future.result()
+            future = self._queue_write(batch)
+        self._await_commit(future)
         return len(settlements)
 
     def queue_config(self, name: str) -> QueueConfig:
@@ -1136,10 +1146,10 @@ class Node:
             if f is not None and f.notify is not None:
                 kind = "active" if c.active else "inactive"
                 f.notify(FlowEvent(q.config.name, c.flow, kind, c.active, c.epoch))
-        return self.store.writer.write(batch) if not batch.empty else None
+        return self._queue_write(batch)
 
     def _settle_apply(self, q: _Queue, future: Future[None] | None) -> None:
-        if future is not None:
+        if future is not None:  # something was settled: the next flow may take it
             future.result()
             self._notify({q.config.name})
 
@@ -1330,9 +1340,8 @@ class Node:
             self._check_open()
             for q in self._queues.values():
                 self._record_settlements(batch, q, q.cursor.poll(now), now)
-            future = self.store.writer.write(batch) if not batch.empty else None
-        if future is not None:
-            future.result()
+            future = self._queue_write(batch)
+        self._await_commit(future)
 
     def _tick(self) -> None:
         tick = self.settings.tick
