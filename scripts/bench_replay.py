@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from eomsg.core.message import Outgoing
-from eomsg.node.node import Node, NodeSettings
+from eomsg.embedded import LocalClient
+from eomsg.node.node import NodeSettings
 
 SCENARIOS = ("replay",)
 TRANSFORMS = ("none", "rows", "sql")
@@ -34,7 +35,7 @@ reprice.schema = "n BIGINT, price DOUBLE"
 
 def _fill(data: Path, n: int, payload: int) -> None:
     pad = "x" * max(0, payload - 40)
-    with Node.open(data, NodeSettings(tick=None)) as node:
+    with LocalClient.open(data, NodeSettings(tick=None)) as node:
         for lo in range(0, n, FILL):
             node.publish_batch(
                 [
@@ -58,8 +59,8 @@ def run(
     sys.path.insert(0, str(tmp))
 
     @contextlib.contextmanager
-    def node() -> Iterator[Node]:
-        with Node.open(data, NodeSettings(tick=None)) as opened:
+    def node() -> Iterator[LocalClient]:
+        with LocalClient.open(data, NodeSettings(tick=None)) as opened:
             yield opened
 
     t0 = time.perf_counter()

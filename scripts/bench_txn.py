@@ -34,10 +34,12 @@ import pgcluster
 import psycopg
 
 import eomsg
+from eomsg.client.broker import Broker
 from eomsg.client.sink import TableSink
 from eomsg.client.transaction import Transaction
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
+from eomsg.embedded import LocalClient
 from eomsg.node.node import Node, NodeSettings
 
 SCENARIOS = ("txn", "embedded-txn", "express")
@@ -80,7 +82,7 @@ def _connections(kind: str, app: Any, path: Path, count: int, dsn: str) -> list[
     ]
 
 
-def _copy(participant: Any, conn: Any, resource: Any, done: list[int]) -> None:
+def _copy(participant: Broker, conn: Any, resource: Any, done: list[int]) -> None:
     """Copy ``a`` to ``b``, one message per transaction, until ``a`` is empty; messages
     are fetched PREFETCH at a time, as a consumer's prefetch would."""
     resources = [resource] if resource is not None else []
@@ -106,7 +108,14 @@ def run_txn(
         if node_proc is not None
         else Node.open(tmp / "data", NodeSettings(tick=None, gc_interval=10 * 86400))
     )
-    participant: Any = None
+
+    def open_broker() -> Broker:
+        if embedded is not None:
+            return LocalClient(embedded)
+        return eomsg.connect(tmp / "data")
+
+    admin: Broker | None = None
+    participant: Broker | None = None
     timings = []
     server = None
     dsn = os.environ.get("EOMSG_BENCH_PG", "")
@@ -114,11 +123,11 @@ def run_txn(
         server = pgcluster.Cluster()
         dsn = server.start()
     try:
-        admin: Any = embedded if embedded is not None else eomsg.connect(tmp / "data")
+        admin = open_broker()
         admin.create_queue(QueueConfig.create("a", ["a/>"]))
         admin.create_queue(QueueConfig.create("b", ["b/>"]))
         # One connection for all workers, as an application's thread pool would share it.
-        participant = embedded if embedded is not None else eomsg.connect(tmp / "data")
+        participant = open_broker()
         app = _app(app_kind, tmp / "app", dsn) if app_kind != "none" else None
         conns = (
             _connections(app_kind, app, tmp / "app", clients, dsn)
@@ -147,12 +156,11 @@ def run_txn(
                 rows = app.execute("SELECT count(*) FROM copied").fetchone()[0]
                 assert rows == n * (r + 1), f"{rows} rows after {r + 1} rounds of {n}"
     finally:
-        if participant is not None and participant is not embedded:
-            participant.close()
+        for broker in (participant, admin):
+            if broker is not None:
+                broker.close()
         if embedded is not None:
             embedded.close()
-        else:
-            admin.close()
         if node_proc is not None:
             node_proc.stop()
         if server is not None:

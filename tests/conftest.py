@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -20,6 +21,9 @@ import psycopg
 import pytest
 from psycopg import sql
 
+import eomsg
+from eomsg.client.broker import Broker
+from eomsg.embedded import LocalClient
 from eomsg.node.node import Node, NodeSettings
 from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
@@ -150,6 +154,43 @@ def serve(
     yield start
     for node in started:
         node.kill()
+
+
+@pytest.fixture(params=["embedded", "served"])
+def brokers(
+    request: pytest.FixtureRequest, data_dir: Path, serve: Callable[..., NodeProcess]
+) -> Iterator[Callable[[], Broker]]:
+    """Make clients of one node — embedded in this process (a ``LocalClient`` each, with
+    a holder of its own, as connections have) or served by ``eomsg serve`` in a process
+    of its own (a ``Client`` each): a test taking this runs once on each backend."""
+    opened: list[Broker] = []
+    node: Node | None = None
+    if request.param == "served":
+        serve()
+    else:
+        node = Node.open(data_dir, NodeSettings())
+    holders = itertools.count(1)
+
+    def make() -> Broker:
+        client: Broker
+        if node is None:
+            client = eomsg.connect(data_dir)
+        else:
+            client = LocalClient(node, holder=next(holders))
+        opened.append(client)
+        return client
+
+    yield make
+    for client in opened:
+        client.close()
+    if node is not None:
+        node.close()
+
+
+@pytest.fixture
+def broker(brokers: Callable[[], Broker]) -> Broker:
+    """One client of a node, embedded or served (see :func:`brokers`)."""
+    return brokers()
 
 
 def messages(out: str | bytes) -> list[dict[str, Any]]:

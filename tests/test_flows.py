@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import eomsg
-from eomsg.client.sync import Client, Consumer
+from eomsg.client.broker import BoundConsumer, Broker
+from eomsg.client.sync import Client
 from eomsg.core.election import FlowEvent
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import ExitCode, NotActive, StaleEpoch, Unavailable, Unbound
@@ -29,17 +30,31 @@ HEARTBEAT = 0.3  # the node cuts a client off after 3 silent heartbeats
 RESEND = 0.3
 
 Serve = Callable[..., NodeProcess]
+QUEUES = (
+    QueueConfig("ex", ("ex/>",), max_active=1),
+    QueueConfig("ex2", ("ex2/>",), max_active=1),
+    QueueConfig("late", ("late/>",), max_active=1, immediate=False),
+    QueueConfig("lim", ("lim/>",), max_active=2),
+)
 
 
 @pytest.fixture
 def node(serve: Serve, data_dir: Path) -> NodeProcess:
     proc = serve("--heartbeat", str(HEARTBEAT), "--resend", str(RESEND))
     with eomsg.connect(data_dir) as client:
-        client.create_queue(QueueConfig("ex", ("ex/>",), max_active=1))
-        client.create_queue(QueueConfig("ex2", ("ex2/>",), max_active=1))
-        client.create_queue(QueueConfig("late", ("late/>",), max_active=1, immediate=False))
-        client.create_queue(QueueConfig("lim", ("lim/>",), max_active=2))
+        for config in QUEUES:
+            client.create_queue(config)
     return proc
+
+
+@pytest.fixture
+def flow_clients(brokers: Callable[[], Broker]) -> Callable[[], Broker]:
+    """Clients of a node with the test queues, embedded or served: the tests taking
+    this hold on both backends."""
+    with brokers() as admin:
+        for config in QUEUES:
+            admin.create_queue(config)
+    return brokers
 
 
 @pytest.fixture
@@ -76,7 +91,9 @@ class Recorder:
             assert self.changed.wait_for(lambda: self.kinds() == kinds, timeout), self.kinds()
 
 
-def bound(client: Client, queue: str, priority: int = 0, **kw: object) -> tuple[Consumer, Recorder]:
+def bound(
+    client: Broker, queue: str, priority: int = 0, **kw: object
+) -> tuple[BoundConsumer, Recorder]:
     rec = Recorder()
     consumer = client.consumer(
         queue,
@@ -89,7 +106,7 @@ def bound(client: Client, queue: str, priority: int = 0, **kw: object) -> tuple[
     return consumer, rec
 
 
-def take(consumer: Consumer, n: int) -> list[eomsg.Received]:
+def take(consumer: BoundConsumer, n: int) -> list[eomsg.Received]:
     out = []
     for msg in consumer:
         out.append(msg)
@@ -98,27 +115,27 @@ def take(consumer: Consumer, n: int) -> list[eomsg.Received]:
     return out
 
 
-def test_bind_answers_active_or_standby(node: NodeProcess, clients: Callable[[], Client]) -> None:
-    first, rec1 = bound(clients(), "ex")
-    second, rec2 = bound(clients(), "ex")
+def test_bind_answers_active_or_standby(flow_clients: Callable[[], Broker]) -> None:
+    first, rec1 = bound(flow_clients(), "ex")
+    second, rec2 = bound(flow_clients(), "ex")
     assert (first.active, second.active) == (True, False)
     rec1.wait(["active"])
     rec2.wait(["inactive"])  # told its state at bind: standby
-    flows = clients().flows("ex")
+    flows = flow_clients().flows("ex")
     assert [(f.flow, f.active) for f in flows] == [(first.flow, True), (second.flow, False)]
     with pytest.raises(NotActive, match="exclusive"):
-        clients().fetch("ex", 10)  # no reading around the election
+        flow_clients().fetch("ex", 10)  # no reading around the election
 
 
 def test_unbinding_the_active_flow_hands_its_messages_to_the_next_in_order(
-    node: NodeProcess, clients: Callable[[], Client]
+    flow_clients: Callable[[], Broker],
 ) -> None:
-    producer = clients()
+    producer = flow_clients()
     for i in range(5):
         producer.publish("ex/a", f"m{i}".encode())
-    first, _ = bound(clients(), "ex")
+    first, _ = bound(flow_clients(), "ex")
     held = take(first, 5)  # received, not deleted
-    second, rec2 = bound(clients(), "ex")
+    second, rec2 = bound(flow_clients(), "ex")
     first.close()  # explicit unbind of the active flow
     rec2.wait(["inactive", "active"])
     got = take(second, 5)
@@ -130,16 +147,14 @@ def test_unbinding_the_active_flow_hands_its_messages_to_the_next_in_order(
     assert producer.stats()[0].depth == 0
 
 
-def test_unbinding_a_standby_flow_changes_nothing(
-    node: NodeProcess, clients: Callable[[], Client]
-) -> None:
-    first, rec1 = bound(clients(), "ex")
-    second, _ = bound(clients(), "ex")
+def test_unbinding_a_standby_flow_changes_nothing(flow_clients: Callable[[], Broker]) -> None:
+    first, rec1 = bound(flow_clients(), "ex")
+    second, _ = bound(flow_clients(), "ex")
     epoch = first.epoch
     second.close()
     time.sleep(2 * RESEND)
     assert (first.active, first.epoch, rec1.kinds()) == (True, epoch, ["active"])
-    assert [f.flow for f in clients().flows("ex")] == [first.flow]
+    assert [f.flow for f in flow_clients().flows("ex")] == [first.flow]
 
 
 def test_a_consumer_that_disconnects_is_replaced(
@@ -230,21 +245,21 @@ def test_an_administrator_unbinds_a_flow(
 
 
 def test_a_higher_priority_newcomer_takes_over_at_once_when_immediate(
-    node: NodeProcess, clients: Callable[[], Client]
+    flow_clients: Callable[[], Broker],
 ) -> None:
-    _low, rec_low = bound(clients(), "ex", priority=1)
-    _high, rec_high = bound(clients(), "ex", priority=5)
+    _low, rec_low = bound(flow_clients(), "ex", priority=1)
+    _high, rec_high = bound(flow_clients(), "ex", priority=5)
     rec_low.wait(["active", "inactive"])
     rec_high.wait(["active"])
     assert rec_high.events[0].epoch > rec_low.events[0].epoch
 
 
 def test_without_immediate_a_higher_priority_newcomer_waits(
-    node: NodeProcess, clients: Callable[[], Client]
+    flow_clients: Callable[[], Broker],
 ) -> None:
-    low, _rec_low = bound(clients(), "late", priority=1)
-    high, rec_high = bound(clients(), "late", priority=5)
-    mid, rec_mid = bound(clients(), "late", priority=3)
+    low, _rec_low = bound(flow_clients(), "late", priority=1)
+    high, rec_high = bound(flow_clients(), "late", priority=5)
+    mid, rec_mid = bound(flow_clients(), "late", priority=3)
     time.sleep(2 * RESEND)
     assert (low.active, high.active, mid.active) == (True, False, False)
     low.close()
@@ -253,11 +268,11 @@ def test_without_immediate_a_higher_priority_newcomer_waits(
 
 
 def test_a_limited_queue_spreads_messages_over_its_active_flows(
-    node: NodeProcess, clients: Callable[[], Client]
+    flow_clients: Callable[[], Broker],
 ) -> None:
-    consumers = [bound(clients(), "lim", prefetch=10)[0] for _ in range(3)]
+    consumers = [bound(flow_clients(), "lim", prefetch=10)[0] for _ in range(3)]
     assert [c.active for c in consumers] == [True, True, False]
-    producer = clients()
+    producer = flow_clients()
     n = 400
     for i in range(n):
         producer.publish_async("lim/x", str(i).encode())
@@ -283,11 +298,11 @@ def test_a_limited_queue_spreads_messages_over_its_active_flows(
 
 
 def test_one_client_is_active_on_one_queue_and_standby_on_another(
-    node: NodeProcess, clients: Callable[[], Client]
+    flow_clients: Callable[[], Broker],
 ) -> None:
-    other = clients()
+    other = flow_clients()
     holder, _ = bound(other, "ex2")
-    mine = clients()
+    mine = flow_clients()
     on_ex, rec_ex = bound(mine, "ex")
     on_ex2, rec_ex2 = bound(mine, "ex2")
     assert (on_ex.active, on_ex2.active) == (True, False)
@@ -331,15 +346,13 @@ def test_a_change_is_resent_until_acknowledged(
     raw.close()
 
 
-def test_a_deposed_consumer_cannot_delete(
-    node: NodeProcess, data_dir: Path, clients: Callable[[], Client]
-) -> None:
-    producer = clients()
+def test_a_deposed_consumer_cannot_delete(flow_clients: Callable[[], Broker]) -> None:
+    producer = flow_clients()
     for i in range(3):
         producer.publish("ex/a", f"m{i}".encode())
-    low, rec_low = bound(clients(), "ex", priority=1)
+    low, rec_low = bound(flow_clients(), "ex", priority=1)
     held = take(low, 3)
-    high, _ = bound(clients(), "ex", priority=5)
+    high, _ = bound(flow_clients(), "ex", priority=5)
     rec_low.wait(["active", "inactive"])
     with pytest.raises(StaleEpoch, match="no longer active"):
         held[0].delete().result(10)
@@ -347,7 +360,7 @@ def test_a_deposed_consumer_cannot_delete(
     assert [m.seq for m in got] == [m.seq for m in held]
     assert all(m.delete().result(10) for m in got)
     with pytest.raises(StaleEpoch):  # settled since, and the epoch is over all the same
-        clients().delete("ex", [held[1].delivered.key], epoch=held[1].epoch)
+        flow_clients().delete("ex", [held[1].delivered.key], epoch=held[1].epoch)
 
 
 def test_the_application_hears_of_a_lost_connection_at_once(
@@ -363,15 +376,15 @@ def test_the_application_hears_of_a_lost_connection_at_once(
     client.close()
 
 
-def test_a_queue_as_an_election(node: NodeProcess, clients: Callable[[], Client]) -> None:
-    with clients().elect("scheduler", priority=5) as leader:
+def test_a_queue_as_an_election(flow_clients: Callable[[], Broker]) -> None:
+    with flow_clients().elect("scheduler", priority=5) as leader:
         assert leader.wait_active(5)
-        follower = clients().elect("scheduler", priority=9)  # not immediate: waits
+        follower = flow_clients().elect("scheduler", priority=9)  # not immediate: waits
         with follower:
             assert not follower.wait_active(0.5)
             leader.close()
             assert follower.wait_active(5)
-    config = clients().queue_config("scheduler")
+    config = flow_clients().queue_config("scheduler")
     assert (config.max_active, config.immediate) == (1, False)
 
 

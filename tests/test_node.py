@@ -1,4 +1,6 @@
-"""The node end to end on a real data directory: ingress, delivery, recovery."""
+"""The node end to end on a real data directory: ingress, delivery, recovery. Tests
+taking ``broker`` run on both backends: a node embedded in the test's process and one
+served by ``eomsg serve``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eomsg import failpoints
+from eomsg.client.broker import Broker
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import (
@@ -31,31 +34,31 @@ from eomsg.store.store import DB_NAME
 from .conftest import FakeClock, NodeFactory
 
 
-def orders(node: Node, **kw: object) -> None:
+def orders(node: Node | Broker, **kw: object) -> None:
     node.create_queue(QueueConfig.create("orders", ["orders/>"], **kw))  # type: ignore[arg-type]
 
 
-def test_publish_routes_by_subscription(node: Node) -> None:
-    orders(node)
-    node.create_queue(QueueConfig.create("eu", ["*/eu/*"]))
-    r = node.publish("orders/eu/new", b"1")
+def test_publish_routes_by_subscription(broker: Broker) -> None:
+    orders(broker)
+    broker.create_queue(QueueConfig.create("eu", ["*/eu/*"]))
+    r = broker.publish("orders/eu/new", b"1")
     assert (r.seq, r.duplicate, r.queues) == (1, False, 2)
-    assert node.publish("orders/us/new", b"2").queues == 1
-    assert node.publish("billing/x", b"3").queues == 0  # kept in the log only
-    assert [d.seq for d in node.fetch("orders", 10)] == [1, 2]
-    assert [d.seq for d in node.fetch("eu", 10)] == [1]
-    assert [m.seq for m in node.log()] == [1, 2, 3]
+    assert broker.publish("orders/us/new", b"2").queues == 1
+    assert broker.publish("billing/x", b"3").queues == 0  # kept in the log only
+    assert [d.seq for d in broker.fetch("orders", 10)] == [1, 2]
+    assert [d.seq for d in broker.fetch("eu", 10)] == [1]
+    assert [m.seq for m in broker.log()] == [1, 2, 3]
 
 
-def test_duplicate_id_is_stored_once(node: Node) -> None:
-    orders(node)
-    first = node.publish("orders/a", b"x", id="order-1")
-    again = node.publish("orders/a", b"x", id="order-1")
+def test_duplicate_id_is_stored_once(broker: Broker) -> None:
+    orders(broker)
+    first = broker.publish("orders/a", b"x", id="order-1")
+    again = broker.publish("orders/a", b"x", id="order-1")
     assert again.seq == first.seq and again.duplicate
-    batch = node.publish_batch([Outgoing("orders/a", b"y", "k"), Outgoing("orders/a", b"y", "k")])
+    batch = broker.publish_batch([Outgoing("orders/a", b"y", "k"), Outgoing("orders/a", b"y", "k")])
     assert batch[0].seq == batch[1].seq and [r.duplicate for r in batch] == [False, True]
-    assert len(node.log()) == 2
-    assert node.stats()[0].depth == 2
+    assert len(broker.log()) == 2
+    assert broker.stats()[0].depth == 2
 
 
 def test_dedup_window_is_the_message_lifetime(node: Node, clock: FakeClock) -> None:
@@ -68,15 +71,15 @@ def test_dedup_window_is_the_message_lifetime(node: Node, clock: FakeClock) -> N
     assert not again.duplicate and again.seq > first.seq
 
 
-def test_bad_input_changes_nothing(node: Node) -> None:
-    orders(node)
+def test_bad_input_changes_nothing(broker: Broker) -> None:
+    orders(broker)
     with pytest.raises(InvalidTopic):
-        node.publish_batch([Outgoing("orders/ok", b"1"), Outgoing("orders/bad topic", b"2")])
+        broker.publish_batch([Outgoing("orders/ok", b"1"), Outgoing("orders/bad topic", b"2")])
     with pytest.raises(PayloadTooLarge):
-        node.publish("orders/a", b"x" * (1024 * 1024 + 1))
+        broker.publish("orders/a", b"x" * (1024 * 1024 + 1))
     with pytest.raises(QueueNotFound):
-        node.fetch("nope")
-    assert node.log() == [] and node.stats()[0].depth == 0
+        broker.fetch("nope")
+    assert broker.log() == [] and broker.stats()[0].depth == 0
 
 
 def test_expired_messages_are_never_delivered(node: Node, clock: FakeClock) -> None:
@@ -115,16 +118,16 @@ def test_release_with_delay(node: Node, clock: FakeClock) -> None:
         node.release("orders", [(999, 1)])
 
 
-def test_delete_is_idempotent_and_refuses_undelivered(node: Node) -> None:
-    orders(node)
-    node.publish("orders/a", b"1")
-    node.publish("orders/a", b"2")
-    (d,) = node.fetch("orders", 1)
+def test_delete_is_idempotent_and_refuses_undelivered(broker: Broker) -> None:
+    orders(broker)
+    broker.publish("orders/a", b"1")
+    broker.publish("orders/a", b"2")
+    (d,) = broker.fetch("orders", 1)
     with pytest.raises(NotInFlight):
-        node.delete("orders", [d.key, (2, 1)])
-    assert node.delete("orders", [d.key]) == [True]
-    assert node.delete("orders", [d.key]) == [False]
-    assert node.stats()[0].deleted == 1
+        broker.delete("orders", [d.key, (2, 1)])
+    assert broker.delete("orders", [d.key]) == [True]
+    assert broker.delete("orders", [d.key]) == [False]
+    assert broker.stats()[0].deleted == 1
 
 
 def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> None:
@@ -155,27 +158,27 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     assert node.publish("orders/a", b"new").seq == 6
 
 
-def test_queue_admin(node: Node) -> None:
-    assert node.create_queue(QueueConfig.create("q", ["a"]))
-    assert not node.create_queue(QueueConfig.create("q", ["a"]))  # identical: no-op
+def test_queue_admin(broker: Broker) -> None:
+    assert broker.create_queue(QueueConfig.create("q", ["a"]))
+    assert not broker.create_queue(QueueConfig.create("q", ["a"]))  # identical: no-op
     with pytest.raises(QueueExists):
-        node.create_queue(QueueConfig.create("q", ["b"]))
-    assert node.subscribe("q", "b/>") and not node.subscribe("q", "b/>")
-    node.publish("b/x", b"1")
-    assert node.unsubscribe("q", "b/>")
-    node.publish("b/x", b"2")
-    assert node.stats()[0].depth == 1
+        broker.create_queue(QueueConfig.create("q", ["b"]))
+    assert broker.subscribe("q", "b/>") and not broker.subscribe("q", "b/>")
+    broker.publish("b/x", b"1")
+    assert broker.unsubscribe("q", "b/>")
+    broker.publish("b/x", b"2")
+    assert broker.stats()[0].depth == 1
     with pytest.raises(QueueNotEmpty):
-        node.delete_queue("q")
-    assert node.purge("q") == 1
-    assert node.delete_queue("q") == 0
-    assert node.queue_names() == []
+        broker.delete_queue("q")
+    assert broker.purge("q") == 1
+    assert broker.delete_queue("q") == 0
+    assert broker.queue_names() == []
 
 
-def test_dead_letter_queue_cannot_be_deleted_first(node: Node) -> None:
-    orders(node, dead_letter="dlq")
+def test_dead_letter_queue_cannot_be_deleted_first(broker: Broker) -> None:
+    orders(broker, dead_letter="dlq")
     with pytest.raises(QueueNotEmpty, match="dead-letter queue of orders"):
-        node.delete_queue("dlq")
+        broker.delete_queue("dlq")
 
 
 def test_compaction_and_gc_keep_the_store_bounded(
@@ -228,14 +231,14 @@ def test_schema_from_the_future(open_node: NodeFactory) -> None:
         open_node()
 
 
-def test_concurrent_publishers_and_consumers(node: Node) -> None:
-    orders(node)
+def test_concurrent_publishers_and_consumers(broker: Broker) -> None:
+    orders(broker)
     errors: list[BaseException] = []
 
     def produce(k: int) -> None:
         try:
             for i in range(200):
-                node.publish(f"orders/{k}", f"{k}-{i}".encode(), id=f"{k}-{i}")
+                broker.publish(f"orders/{k}", f"{k}-{i}".encode(), id=f"{k}-{i}")
         except BaseException as e:  # pragma: no cover - reported below
             errors.append(e)
 
@@ -243,10 +246,10 @@ def test_concurrent_publishers_and_consumers(node: Node) -> None:
     for t in threads:
         t.start()
     seen: list[bytes] = []
-    while any(t.is_alive() for t in threads) or node.stats()[0].depth:
-        taken = node.fetch("orders", 50)
+    while any(t.is_alive() for t in threads) or broker.stats()[0].depth:
+        taken = broker.fetch("orders", 50)
         seen.extend(d.message.payload for d in taken)
-        node.delete("orders", [d.key for d in taken])
+        broker.delete("orders", [d.key for d in taken])
     for t in threads:
         t.join()
     assert not errors

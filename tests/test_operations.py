@@ -20,6 +20,7 @@ from eomsg.core.operations import OPERATIONS, Operation, Operations
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, JobStatus, Selection
 from eomsg.core.txn import TxnInfo, TxnState
+from eomsg.embedded import LocalClient
 from eomsg.errors import InvalidConfig, InvalidInput, RemoteProtocolError
 from eomsg.node.node import Node
 from eomsg.server import calls
@@ -128,8 +129,8 @@ def test_a_client_method_is_its_declaration() -> None:
     a = AsyncRecorder()
     assert asyncio.run(a.delete_queue("q")) == 3  # a coroutine method on an asyncio client
     assert a.calls == [("delete_queue", {"name": "q", "force": False})]
-    for cls in (Client, AsyncClient):
-        assert issubclass(cls, Operations)
+    for cls in (Client, AsyncClient, LocalClient):
+        assert Operations in cls.__mro__
         assert all(isinstance(vars(Operations)[n], Operation) for n in OPERATIONS)
         assert not set(OPERATIONS) & set(vars(cls)), "a client redefines an operation"
 
@@ -164,3 +165,37 @@ def test_the_server_fills_in_the_caller_and_caps_answers() -> None:
         calls.decode(read, {"sel": sel, "lo": 1, "hi": 2, "max_bytes": 10}, caller)["max_bytes"]
         == 10
     )
+
+
+class NodeRecorder:
+    """Stands in for a node: records the keyword arguments each method gets."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def add_listener(self, callback: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        def method(**kwargs: Any) -> Any:
+            self.calls.append((name, kwargs))
+            return 3
+
+        return method
+
+
+@pytest.mark.parametrize("name", sorted(OPERATIONS))
+def test_the_local_client_runs_each_operation_as_the_server_does(name: str) -> None:
+    """On an embedded node an operation is the node's method with the same arguments the
+    server would pass: the declared ones, those the declaration fixes, and the caller."""
+    node = NodeRecorder()
+    local = LocalClient(node, name="me", holder=5)  # type: ignore[arg-type]
+    args, _ = SAMPLES[name]
+    assert getattr(local, name)(**args) == 3
+    caller = calls.Caller("me", 5, calls.MAX_ANSWER)
+    op = OPERATIONS[name]
+    served = calls.decode(op, over_the_wire(encode_args(op, args)), caller)
+    (called,) = node.calls
+    if name == "read_log":  # the server caps an answer at a frame; in-process, no cap
+        served["max_bytes"] = args["max_bytes"]
+    assert called == (name, served)

@@ -14,7 +14,7 @@ import duckdb
 import pyarrow.parquet as pq
 import pytest
 
-from eomsg.cli.common import open_node
+from eomsg.cli.common import open_broker
 from eomsg.client.sync import connect
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import SinkConflict, TransformError
@@ -28,7 +28,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 
 def _publish(data: Path, start: int, count: int) -> None:
-    with open_node(data) as node:
+    with open_broker(data) as node:
         for lo in range(start, start + count, 500):
             node.publish_batch([_message(i) for i in range(lo, min(lo + 500, start + count))])
 
@@ -57,9 +57,11 @@ def run(
     spark: Any, data: Path, force: bool = False, allow_fewer: bool = False, **spec: Any
 ) -> ReplayResult:
     s = ReplaySpec(**spec)
-    with open_node(data) as node:
+    with open_broker(data) as node:
         p = plan(s, node, data=data, force=force)
-    return execute(p, lambda: open_node(data), lambda: spark, force=force, allow_fewer=allow_fewer)
+    return execute(
+        p, lambda: open_broker(data), lambda: spark, force=force, allow_fewer=allow_fewer
+    )
 
 
 def test_source_reads_the_file_and_through_a_node(
@@ -105,7 +107,7 @@ def test_replay_into_parquet_twice_gives_one_identical_output(spark: Any, filled
     )
     assert (forced.status, forced.digest) == ("done", first.digest)
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == files
-    with open_node(filled) as node:
+    with open_broker(filled) as node:
         [job] = node.replay_jobs("p1")
     assert (job.status.value, job.rows, job.digest) == ("done", first.rows, first.digest)
 
@@ -172,7 +174,7 @@ def test_dataframe_and_sql_transforms(
         run(spark, filled, sink=f"parquet:{tmp_path / 'y'}", transform="df_fixes:fails")
     with pytest.raises(TransformError, match="cannot import 'nope'"):
         run(spark, filled, sink=f"parquet:{tmp_path / 'z'}", transform="nope:f")
-    with open_node(filled) as node:
+    with open_broker(filled) as node:
         failed = {j.job_id: j.status.value for j in node.replay_jobs()}
     assert sorted(failed.values()) == ["done", "done", "failed", "failed"]
 
@@ -187,7 +189,7 @@ def test_output_is_replaced_by_fewer_rows_only_when_asked(spark: Any, filled: Pa
         run(spark, filled, True, sink=f"parquet:{out}", sql=fewer, job_id="f1")
     assert {p.name: p.read_bytes() for p in sorted(out.iterdir())} == files
     assert not list(filled.parent.glob(".few.eomsg-staging-*"))
-    with open_node(filled) as node:
+    with open_broker(filled) as node:
         assert node.replay_jobs("f1")[0].status.value == "failed"
     assert run(spark, filled, True, True, sink=f"parquet:{out}", sql=fewer, job_id="f1").rows == 10
     assert pq.read_table(out).num_rows == 10
@@ -198,7 +200,7 @@ def test_replay_into_a_topic_twice_publishes_each_message_once(spark: Any, fille
     first = run(spark, filled, **spec)  # type: ignore[arg-type]
     forced = run(spark, filled, True, **spec)  # type: ignore[arg-type]
     assert first.rows == forced.rows == len(_orders())
-    with open_node(filled) as node:
+    with open_broker(filled) as node:
         log = node.log("replayed/orders", 0, 10 * N)
     assert len(log) == len(_orders())  # the forced run's publishes were duplicates
     assert [m.id for m in log] == [f"replay:t1:{s}" for s in _orders()]

@@ -17,11 +17,13 @@ import pytest
 import eomsg
 from eomsg.client import transaction
 from eomsg.client.appdb import PostgresApp, app_db
+from eomsg.client.broker import Broker
 from eomsg.client.recovery import APP_ONLY_GRACE, execute, plan
 from eomsg.client.resources import MarkerTable, Resource
 from eomsg.client.transaction import recover_resource
 from eomsg.core.message import Outgoing
 from eomsg.core.txn import COORDINATOR, PARTICIPANT, TxnMove, TxnState, Verdict, move, verdict
+from eomsg.embedded import LocalClient
 from eomsg.errors import (
     HeldByTransaction,
     HeuristicOutcome,
@@ -71,32 +73,32 @@ def _queues(node: Any) -> None:
     node.create_queue(eomsg.QueueConfig("b", subscriptions=("b",)))
 
 
-def test_prepared_work_is_invisible_and_held_until_commit(node: Node) -> None:
-    _queues(node)
-    node.publish("a", b"1")
-    (d,) = node.fetch("a", 1)
-    node.prepare_txn(
+def test_prepared_work_is_invisible_and_held_until_commit(broker: Broker) -> None:
+    _queues(broker)
+    broker.publish("a", b"1")
+    (d,) = broker.fetch("a", 1)
+    broker.prepare_txn(
         "t1",
         coordinator="x",
         messages=[Outgoing("b", b"out")],
         deletes=[("a", d.message.seq, 0, d.attempt)],
     )
-    node.prepare_txn("t1", coordinator="x")  # idempotent
-    assert node.fetch("b") == []
+    broker.prepare_txn("t1", coordinator="x")  # idempotent
+    assert broker.fetch("b") == []
     with pytest.raises(HeldByTransaction):
-        node.delete("a", [d.key])
+        broker.delete("a", [d.key])
     with pytest.raises(HeldByTransaction):
-        node.release("a", [d.key])
-    (info,) = node.txns()
+        broker.release("a", [d.key])
+    (info,) = broker.txns()
     assert (info.txid, info.publishes, info.deletes, info.connected) == ("t1", 1, 1, True)
-    (result,) = node.commit_txn("t1")
-    assert node.commit_txn("t1") == []  # idempotent
-    assert [m.message.payload for m in node.fetch("b")] == [b"out"]
-    assert node.fetch("b")[0:0] == [] and result.queues == 1
-    stats = {s.name: s for s in node.stats()}
+    (result,) = broker.commit_txn("t1")
+    assert broker.commit_txn("t1") == []  # idempotent
+    assert [m.message.payload for m in broker.fetch("b")] == [b"out"]
+    assert broker.fetch("b")[0:0] == [] and result.queues == 1
+    stats = {s.name: s for s in broker.stats()}
     assert (stats["a"].depth, stats["a"].deleted) == (0, 1)
     with pytest.raises(TxnConflict, match="cannot abort transaction t1: it is committed"):
-        node.abort_txn("t1")
+        broker.abort_txn("t1")
 
 
 def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
@@ -128,10 +130,10 @@ def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
         node.commit_txn("t1")  # the outcome is remembered across restarts
 
 
-def test_prepare_is_atomic_and_checks_everything_first(node: Node) -> None:
-    _queues(node)
-    node.publish_batch([Outgoing("a", b"1"), Outgoing("a", b"2")])
-    d1, d2 = node.fetch("a", 2)
+def test_prepare_is_atomic_and_checks_everything_first(broker: Broker) -> None:
+    _queues(broker)
+    broker.publish_batch([Outgoing("a", b"1"), Outgoing("a", b"2")])
+    d1, d2 = broker.fetch("a", 2)
     good = ("a", d1.message.seq, 0, d1.attempt)
     for bad, error in [
         ([good, ("a", 99, 0, 1)], NotInFlight),
@@ -140,36 +142,36 @@ def test_prepare_is_atomic_and_checks_everything_first(node: Node) -> None:
         ([good, good], NotInFlight),
     ]:
         with pytest.raises(error):
-            node.prepare_txn("t", coordinator="x", deletes=bad)
-        assert node.txns() == []
+            broker.prepare_txn("t", coordinator="x", deletes=bad)
+        assert broker.txns() == []
     with pytest.raises(InvalidInput):
-        node.prepare_txn("t", coordinator="x", messages=[Outgoing("bad/>", b"")])
+        broker.prepare_txn("t", coordinator="x", messages=[Outgoing("bad/>", b"")])
     with pytest.raises(InvalidInput):
-        node.prepare_txn("", coordinator="x")
-    node.delete("a", [d1.key, d2.key])  # nothing was held
+        broker.prepare_txn("", coordinator="x")
+    broker.delete("a", [d1.key, d2.key])  # nothing was held
 
 
-def test_force_abort_is_reported_to_a_coordinator_that_commits(node: Node) -> None:
-    _queues(node)
-    node.prepare_txn("t1", coordinator="x", messages=[Outgoing("b", b"1")])
-    node.abort_txn("t1", force=True)
+def test_force_abort_is_reported_to_a_coordinator_that_commits(broker: Broker) -> None:
+    _queues(broker)
+    broker.prepare_txn("t1", coordinator="x", messages=[Outgoing("b", b"1")])
+    broker.abort_txn("t1", force=True)
     with pytest.raises(HeuristicOutcome, match="a person aborted it"):
-        node.commit_txn("t1")
+        broker.commit_txn("t1")
     with pytest.raises(TxnNotFound):
-        node.commit_txn("never")
-    assert node.abort_txn("never") is False  # presumed abort
+        broker.commit_txn("never")
+    assert broker.abort_txn("never") is False  # presumed abort
 
 
-def test_transact_publishes_and_deletes_in_one_step(node: Node) -> None:
-    _queues(node)
-    node.publish("a", b"1")
-    (d,) = node.fetch("a", 1)
+def test_transact_publishes_and_deletes_in_one_step(broker: Broker) -> None:
+    _queues(broker)
+    broker.publish("a", b"1")
+    (d,) = broker.fetch("a", 1)
     with pytest.raises(NotInFlight):
-        node.transact([Outgoing("b", b"x")], [("a", d.message.seq + 1, 0, 1)])
-    assert node.fetch("b") == []
-    node.transact([Outgoing("b", b"x")], [("a", d.message.seq, 0, d.attempt)])
-    assert [m.message.payload for m in node.fetch("b")] == [b"x"]
-    assert {s.name: s.depth for s in node.stats()}["a"] == 0
+        broker.transact([Outgoing("b", b"x")], [("a", d.message.seq + 1, 0, 1)])
+    assert broker.fetch("b") == []
+    broker.transact([Outgoing("b", b"x")], [("a", d.message.seq, 0, d.attempt)])
+    assert [m.message.payload for m in broker.fetch("b")] == [b"x"]
+    assert {s.name: s.depth for s in broker.stats()}["a"] == 0
 
 
 # -- the coordinator, against every kind of participant and resource ------------------
@@ -182,9 +184,9 @@ def participant(
     serve: Callable[..., NodeProcess],
 ) -> Iterator[Any]:
     if request.param == "embedded":
-        node = open_node()
-        _queues(node)
-        yield node
+        with LocalClient(open_node()) as local:
+            _queues(local)
+            yield local
         return
     node_process = serve()
     with eomsg.connect(node_process.data_dir) as client:

@@ -15,9 +15,11 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 import typer
 from rich.console import Console
 
+from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
-from eomsg.errors import EomsgError, ExitCode, Unavailable, UsageError
-from eomsg.node.node import Node, NodeSettings
+from eomsg.embedded import LocalClient
+from eomsg.errors import EomsgError, ExitCode, Unavailable
+from eomsg.node.node import NodeSettings
 from eomsg.wire.address import socket_path
 
 P = ParamSpec("P")
@@ -68,34 +70,26 @@ class Target:
 
 
 @contextlib.contextmanager
-def open_node(data: Path, *, create: bool = True) -> Iterator[Node | Client]:
+def open_broker(data: Path, *, create: bool = True) -> Iterator[Broker]:
     """The node for one command: a client of the running node when there is one (the
-    ``--broker`` or the data directory's socket), else the store embedded in this
-    process for the command's duration. A named broker that does not answer is an
+    ``--broker`` or the data directory's socket), else the node of ``data`` embedded in
+    this process for the command's duration. A named broker that does not answer is an
     error, never a reason to fall back."""
+    name = f"eomsg-cli:{os.getpid()}"
     if Target.broker is not None:
-        with connect(Target.broker, name=f"eomsg-cli:{os.getpid()}") as named:
+        with connect(Target.broker, name=name) as named:
             yield named
         return
     client: Client | None = None
     if socket_path(data).exists():
         with contextlib.suppress(Unavailable):  # a socket left by a node that died
-            client = connect(data, name=f"eomsg-cli:{os.getpid()}")
+            client = connect(data, name=name)
     if client is not None:
         with client:
             yield client
         return
-    with Node.open(data, NodeSettings(tick=None), create=create) as node:
-        yield node
-
-
-def require_client(node: Node | Client, what: str) -> Client:
-    """``node`` if it is a running node's client; else the UsageError that says so."""
-    if isinstance(node, Client):
-        return node
-    raise UsageError(
-        f"{what} needs a running node; start one with `eomsg serve --data DIR` (or give --broker)"
-    )
+    with LocalClient.open(data, NodeSettings(tick=None), create=create, name=name) as local:
+        yield local
 
 
 def print_json(obj: Any) -> None:

@@ -13,7 +13,7 @@ from eomsg.cli.common import (
     JsonOption,
     console,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
 )
 
@@ -25,8 +25,8 @@ app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
 def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Show every setting: retention and gc-interval (seconds), max-payload and
     disk-reserve (bytes)."""
-    with open_node(data, create=False) as node:
-        settings = node.saved_settings()
+    with open_broker(data, create=False) as broker:
+        settings = broker.saved_settings()
     if json:
         print_json(settings)
         return
@@ -52,8 +52,8 @@ def set_(
     `gc-interval 5m` sets how often the log is collected; `max-payload 4MiB` is the
     largest payload a publish may carry; `disk-reserve 1GiB` is the free disk space
     below which publishes are refused (0: never refuse)."""
-    with open_node(data) as node:
-        canonical = node.configure(name, value)
+    with open_broker(data) as broker:
+        canonical = broker.configure(name, value)
     if json:
         print_json({name: canonical})
     else:

@@ -10,34 +10,24 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json as jsonlib
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from eomsg.cli.common import (
-    DEFAULT_DATA,
-    DataOption,
-    JsonOption,
-    handles_errors,
-    open_node,
-    require_client,
-)
+from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_broker
+from eomsg.client.broker import BoundConsumer, Broker, require_served
 from eomsg.client.inbox import Settleable
 from eomsg.client.sink import TableSink, Written, open_sink
-from eomsg.client.sync import Client
-from eomsg.core.election import FlowEvent, FlowInfo
-from eomsg.core.message import Delivered, Key
+from eomsg.core.election import FlowEvent
+from eomsg.core.message import Delivered
 from eomsg.errors import HandlerFailed, UsageError
-from eomsg.node.node import Node
 
 
 @handles_errors
@@ -91,14 +81,23 @@ def consume(
             raise UsageError("--into and --exec do not combine (use one)")
         _into(open_sink(into), data, queue, batch, priority, follow, max, json)
         return
-    with open_node(data) as node:
-        if follow:
-            require_client(node, "--follow")
-        size = 1 if exec_ is not None else batch
-        if isinstance(node, Client):
-            _through_node(node, queue, size, priority, follow, max, exec_, json)
-        else:
-            _embedded(node, queue, size, priority, max, exec_, json)
+    size = 1 if exec_ is not None else batch
+    remaining = max
+    with open_broker(data) as broker, _bound(broker, queue, size, priority, follow) as consumer:
+        for item in consumer.events():
+            if isinstance(item, FlowEvent):
+                _announce(item, json)
+                continue
+            with _Stop.deferred():
+                if exec_ is not None:
+                    _run_handler(exec_, item.delivered, item.delete, item.release)
+                else:
+                    _write([item.delivered], json, item.release)
+                    item.delete()  # durable before the consumer's exit returns
+            if remaining is not None:
+                remaining -= 1
+                if remaining == 0:
+                    break
 
 
 class _Stop:
@@ -127,82 +126,12 @@ class _Stop:
             raise SystemExit(cls.requested)
 
 
-def _through_node(
-    client: Client,
-    queue: str,
-    prefetch: int,
-    priority: int,
-    follow: bool,
-    remaining: int | None,
-    command: str | None,
-    as_json: bool,
-) -> None:
-    with client.consumer(queue, prefetch, priority=priority, until_empty=not follow) as consumer:
-        for item in consumer.events():
-            if isinstance(item, FlowEvent):
-                _announce(item, as_json)
-                continue
-            with _Stop.deferred():
-                if command is not None:
-                    _run_handler(command, item.delivered, item.delete, item.release)
-                else:
-                    _write([item.delivered], as_json, item.release)
-                    item.delete()
-            if remaining is not None:
-                remaining -= 1
-                if remaining == 0:
-                    break
-
-
-def _embedded(
-    node: Node,
-    queue: str,
-    size: int,
-    priority: int,
-    remaining: int | None,
-    command: str | None,
-    as_json: bool,
-) -> None:
-    deletions: list[Future[list[bool]]] = []
-    with _bound(node, queue, priority, as_json) as flow:
-        for taken in _fetches(node, queue, flow.flow, size, remaining):
-            keys = [d.key for d in taken]
-            release = functools.partial(node.release, queue, keys, epoch=flow.epoch)
-            with _Stop.deferred():
-                if command is not None:
-                    delete = functools.partial(node.delete, queue, keys, epoch=flow.epoch)
-                    _run_handler(command, taken[0], delete, release)
-                else:
-                    _write(taken, as_json, release)
-                    # shares a group commit with the next fetch
-                    deletions.append(node.delete_async(queue, keys, epoch=flow.epoch))
-        for deleted in deletions:  # every deletion is durable before we exit 0
-            deleted.result()
-
-
-@contextlib.contextmanager
-def _bound(node: Node, queue: str, priority: int, as_json: bool) -> Iterator[FlowInfo]:
-    """A flow of this command on the embedded node, announced, and unbound after."""
-    flow = node.bind(queue, priority=priority, owner=f"eomsg consume (pid {os.getpid()})")
-    kind = "active" if flow.active else "inactive"
-    _announce(FlowEvent(queue, flow.flow, kind, flow.active, flow.epoch), as_json)
-    try:
-        yield flow
-    finally:
-        node.unbind(queue, flow.flow)
-
-
-def _fetches(
-    node: Node, queue: str, flow: int, size: int, remaining: int | None
-) -> Iterator[list[Delivered]]:
-    """Batches of up to ``size`` messages until none is ready (or ``remaining`` ran out)."""
-    while remaining is None or remaining > 0:
-        taken = node.fetch(queue, size if remaining is None else min(size, remaining), flow=flow)
-        if not taken:
-            return
-        yield taken
-        if remaining is not None:
-            remaining -= len(taken)
+def _bound(broker: Broker, queue: str, prefetch: int, priority: int, follow: bool) -> BoundConsumer:
+    """This command's consumer of ``queue``: until the queue has nothing ready for it,
+    or with ``follow`` until interrupted (which needs a node others can publish to)."""
+    if follow:
+        require_served(broker, "--follow")
+    return broker.consumer(queue, prefetch, priority=priority, until_empty=not follow)
 
 
 def _into(
@@ -223,19 +152,12 @@ def _into(
             total += sink.write(messages)
 
     try:
-        with open_node(data) as node:
-            if follow:
-                require_client(node, "--follow")
-            if isinstance(node, Client):
-                until_empty = not follow
-                with node.consumer(queue, size, priority=priority, until_empty=until_empty) as c:
-                    for item in c.batches(size, remaining):
-                        if isinstance(item, FlowEvent):
-                            _announce(item, as_json)
-                            continue
-                        write(item)
-            else:
-                _into_embedded(node, queue, size, priority, remaining, write, as_json)
+        with open_broker(data) as broker, _bound(broker, queue, size, priority, follow) as c:
+            for item in c.batches(size, remaining):
+                if isinstance(item, FlowEvent):
+                    _announce(item, as_json)
+                    continue
+                write(item)
     finally:
         sink.conn.close()
     if as_json:
@@ -245,47 +167,6 @@ def _into(
             f"inserted {total.inserted} messages into {sink.table} "
             f"({total.duplicates} already there, {total.expired} expired)"
         )
-
-
-class _Taken:
-    """A message fetched from the embedded node; :func:`_into_embedded` settles it with
-    the rest of its batch, in one call."""
-
-    __slots__ = ("delivered", "settled")
-
-    def __init__(self, delivered: Delivered, settled: dict[str, list[Key]]) -> None:
-        self.delivered = delivered
-        self.settled = settled
-
-    def delete(self) -> None:
-        self.settled["delete"].append(self.delivered.key)
-
-    def release(self, delay: float = 0.0) -> None:
-        self.settled["release"].append(self.delivered.key)
-
-
-def _into_embedded(
-    node: Node,
-    queue: str,
-    size: int,
-    priority: int,
-    remaining: int | None,
-    write: Callable[[Sequence[Settleable]], None],
-    as_json: bool,
-) -> None:
-    deletions: list[Future[list[bool]]] = []
-    with _bound(node, queue, priority, as_json) as flow:
-        for taken in _fetches(node, queue, flow.flow, size, remaining):
-            settled: dict[str, list[Key]] = {"delete": [], "release": []}
-            try:
-                write([_Taken(d, settled) for d in taken])
-            except BaseException:
-                node.release(queue, settled["release"], epoch=flow.epoch)
-                raise
-            # shares a group commit with the next fetch
-            deletions.append(node.delete_async(queue, settled["delete"], epoch=flow.epoch))
-        for deleted in deletions:
-            deleted.result()
 
 
 def _announce(event: FlowEvent, as_json: bool) -> None:
@@ -339,9 +220,7 @@ def _run_handler(
     }
     code = subprocess.run(command, shell=True, input=m.payload, env=env, check=False).returncode
     if code == 0:
-        result = delete()
-        if hasattr(result, "result"):
-            result.result()  # durable before the next message
+        delete().result()  # durable before the next message
         return
     release()
     raise HandlerFailed(

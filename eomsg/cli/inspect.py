@@ -17,7 +17,7 @@ from eomsg.cli.common import (
     JsonOption,
     console,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
 )
 from eomsg.core.durations import format_duration
@@ -29,8 +29,8 @@ app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help
 @handles_errors
 def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Depth, in flight, deleted, expired, dead-lettered and oldest age per queue."""
-    with open_node(data, create=False) as node:
-        stats = node.stats()
+    with open_broker(data, create=False) as broker:
+        stats = broker.stats()
     if json:
         print_json([s.to_json() for s in stats])
         return
@@ -66,8 +66,8 @@ def flows(
     json: JsonOption = False,
 ) -> None:
     """Consumers bound to queues: priority, active or standby, epoch, messages held."""
-    with open_node(data, create=False) as node:
-        bound = node.flows(queue)
+    with open_broker(data, create=False) as broker:
+        bound = broker.flows(queue)
         now = time.time()
     if json:
         print_json([f.to_json() for f in bound])
@@ -92,8 +92,8 @@ def flows(
 def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Prepared transactions: age, coordinator (where the outcome is recorded), whether it
     is still connected or in doubt, and what each would publish and holds."""
-    with open_node(data, create=False) as node:
-        prepared = node.txns()
+    with open_broker(data, create=False) as broker:
+        prepared = broker.txns()
         now = time.time()
     if json:
         print_json([t.to_json() for t in prepared])
@@ -115,8 +115,8 @@ def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 @handles_errors
 def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Replay jobs (eomsg spark-replay): status, sequence range, rows, output digest."""
-    with open_node(data, create=False) as node:
-        found = node.replay_jobs()
+    with open_broker(data, create=False) as broker:
+        found = broker.replay_jobs()
     if json:
         print_json([j.to_json() for j in found])
         return
@@ -149,8 +149,8 @@ def log(
     json: JsonOption = False,
 ) -> None:
     """Messages in the retained log, oldest first."""
-    with open_node(data, create=False) as node:
-        messages = node.log(topic, from_seq, limit)
+    with open_broker(data, create=False) as broker:
+        messages = broker.log(topic, from_seq, limit)
     if json:
         for m in messages:
             print_json(m.to_json())
@@ -188,8 +188,8 @@ def sql(
     json: JsonOption = False,
 ) -> None:
     """Run a read-only SQL query against the store (tables: messages, queues, ...)."""
-    with open_node(data, create=False) as node:
-        columns, rows = node.query(query)
+    with open_broker(data, create=False) as broker:
+        columns, rows = broker.query(query)
     if json:
         print_json([{c: _cell(v) for c, v in zip(columns, row, strict=True)} for row in rows])
         return

@@ -19,7 +19,7 @@ from eomsg.cli.common import (
     err_console,
     fail,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
 )
 from eomsg.core.durations import parse_duration
@@ -92,8 +92,8 @@ def publish(
     if payload is None:
         raise fail("give a payload, '-' to read stdin, or --stdin for one per line", ExitCode.USAGE)
     body = sys.stdin.buffer.read() if payload == "-" else payload.encode()
-    with open_node(data) as node:
-        result = node.publish_batch([Outgoing(topic, body, id, ttl_s, headers)])[0]
+    with open_broker(data) as broker:
+        result = broker.publish_batch([Outgoing(topic, body, id, ttl_s, headers)])[0]
     if json:
         print_json(result.to_json())
     else:
@@ -128,7 +128,7 @@ def _publish_lines(
         if as_json:
             sys.stdout.flush()
 
-    with open_node(data) as node:
+    with open_broker(data) as broker:
         # Two batches in flight: the next is prepared while the last commits. Each
         # batch is acknowledged, in order, only once its commit has returned.
         for chunk in _lines(batch):
@@ -137,7 +137,7 @@ def _publish_lines(
                 line_no += 1
                 msg_id = None if id_prefix is None else f"{id_prefix}{line_no}"
                 messages.append(Outgoing(topic, body, msg_id, ttl, headers))
-            in_flight.append(node.publish_batch_async(messages))
+            in_flight.append(broker.publish_batch_async(messages))
             if len(in_flight) > 1:
                 acknowledge(in_flight.popleft().result())
         while in_flight:

@@ -14,10 +14,10 @@ from eomsg.cli.common import (
     JsonOption,
     console,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
-    require_client,
 )
+from eomsg.client.broker import require_served
 from eomsg.core.durations import parse_duration
 from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
 
@@ -71,8 +71,8 @@ def create(
         max_active=max_active,
         immediate=immediate,
     )
-    with open_node(data) as node:
-        created = node.create_queue(config)
+    with open_broker(data) as broker:
+        created = broker.create_queue(config)
     if json:
         print_json({**config.to_json(), "created": created})
     else:
@@ -83,8 +83,8 @@ def create(
 @handles_errors
 def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """List queues and their settings."""
-    with open_node(data, create=False) as node:
-        configs = [node.queue_config(n) for n in node.queue_names()]
+    with open_broker(data, create=False) as broker:
+        configs = [broker.queue_config(n) for n in broker.queue_names()]
     if json:
         print_json([c.to_json() for c in configs])
         return
@@ -133,8 +133,8 @@ def unsubscribe(
 
 
 def _change_subscription(name: str, pattern: str, data: Path, as_json: bool, *, add: bool) -> None:
-    with open_node(data, create=False) as node:
-        changed = node.subscribe(name, pattern) if add else node.unsubscribe(name, pattern)
+    with open_broker(data, create=False) as broker:
+        changed = broker.subscribe(name, pattern) if add else broker.unsubscribe(name, pattern)
     if as_json:
         print_json({"queue": name, "pattern": pattern, "changed": changed})
     elif add:
@@ -157,8 +157,8 @@ def purge(
     json: JsonOption = False,
 ) -> None:
     """Drop every message waiting in the queue (they stay in the log)."""
-    with open_node(data, create=False) as node:
-        count = node.purge(name)
+    with open_broker(data, create=False) as broker:
+        count = broker.purge(name)
     if json:
         print_json({"queue": name, "purged": count})
         return
@@ -176,8 +176,8 @@ def delete(
     json: JsonOption = False,
 ) -> None:
     """Delete a queue (refused while it holds messages, unless --force)."""
-    with open_node(data, create=False) as node:
-        dropped = node.delete_queue(name, force=force)
+    with open_broker(data, create=False) as broker:
+        dropped = broker.delete_queue(name, force=force)
     if json:
         print_json({"queue": name, "deleted": True, "dropped": dropped})
         return
@@ -200,9 +200,9 @@ def unbind(
 ) -> None:
     """Unbind a consumer from the queue as an administrator: it is told so, and the next
     consumer in line becomes active and receives what it held."""
-    with open_node(data, create=False) as node:
-        client = require_client(node, "unbind")  # flows live in a running node
-        released = client.unbind(name, flow)
+    with open_broker(data, create=False) as broker:
+        require_served(broker, "unbind")  # flows live in a running node
+        released = broker.unbind(name, flow)
     if json:
         print_json({"queue": name, "flow": flow, "unbound": True, "released": released})
         return

@@ -14,7 +14,7 @@ from eomsg.cli.common import (
     console,
     err_console,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
 )
 from eomsg.client.recovery import Step, execute, plan
@@ -60,10 +60,10 @@ def recover(
     and list those whose outcome cannot be read (exit 12) — never silently."""
     limit = None if abort_older_than is None else parse_duration(abort_older_than, allow_zero=True)
     apps = [a if "#" in a else f"{a}#{DEFAULT_MARKERS}" for a in app or []]
-    with open_node(data, create=False) as node:
-        steps = plan(node, now=time.time(), abort_older_than=limit, apps=apps)
+    with open_broker(data, create=False) as broker:
+        steps = plan(broker, now=time.time(), abort_older_than=limit, apps=apps)
         if not dry_run:
-            steps = execute(node, steps)
+            steps = execute(broker, steps)
     if json:
         print_json([s.to_json() for s in steps])
     else:

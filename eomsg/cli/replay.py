@@ -18,7 +18,7 @@ from eomsg.cli.common import (
     console,
     err_console,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
 )
 from eomsg.core.replay import Action
@@ -108,8 +108,8 @@ def spark_replay(
     settings = parse_conf(conf or [])
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
-    with open_node(data, create=False) as node:
-        p = plan(spec, node, data=data, force=force)
+    with open_broker(data, create=False) as broker:
+        p = plan(spec, broker, data=data, force=force)
     if dry_run:
         if json:
             print_json(p.to_json())
@@ -138,7 +138,7 @@ def spark_replay(
 
         result = execute(
             p,
-            lambda: open_node(data, create=False),
+            lambda: open_broker(data, create=False),
             spark,
             report,
             force=force,

@@ -18,13 +18,12 @@ from eomsg.cli.common import (
     JsonOption,
     console,
     handles_errors,
-    open_node,
+    open_broker,
     print_json,
 )
-from eomsg.client.sync import Client
+from eomsg.client.broker import Broker
 from eomsg.core.election import FlowInfo
 from eomsg.core.queues import QueueStats
-from eomsg.node.node import Node
 
 
 @dataclass(frozen=True)
@@ -52,10 +51,10 @@ def _arrived(q: QueueStats) -> int:
     return q.depth + q.deleted + q.expired + q.dead_lettered + q.purged
 
 
-def take_frame(node: Node | Client, previous: Frame | None) -> Frame:
+def take_frame(broker: Broker, previous: Frame | None) -> Frame:
     """Look at the node once; rates are the change since ``previous`` (0 on the first)."""
     now = time.monotonic()
-    queues, flows = node.stats(), node.flows()
+    queues, flows = broker.stats(), broker.flows()
     before = {q.name: q for q in previous.queues} if previous is not None else {}
     rates = {}
     for q in queues:
@@ -122,13 +121,13 @@ def top(
 ) -> None:
     """Watch queues (depth, in and out rates) and their consumers (active or standby)
     live, until Ctrl-C or --count refreshes; --json prints one line per refresh."""
-    with open_node(data, create=False) as node:
-        frame = take_frame(node, None)
+    with open_broker(data, create=False) as broker:
+        frame = take_frame(broker, None)
         shown = 0
         if json:
             while True:
                 time.sleep(interval)
-                frame = take_frame(node, frame)
+                frame = take_frame(broker, frame)
                 print_json(frame.to_json())
                 shown += 1
                 if count is not None and shown >= count:
@@ -137,7 +136,7 @@ def top(
             try:
                 while count is None or shown < count:
                     time.sleep(interval)
-                    frame = take_frame(node, frame)
+                    frame = take_frame(broker, frame)
                     live.update(render(frame), refresh=True)
                     shown += 1
             except KeyboardInterrupt:

@@ -149,31 +149,30 @@ class Activity:
 
 
 class BaseConsumer(abc.ABC):
-    """What both flavours of consumer share: the binding's settings, the activity of its
+    """What every flavour of consumer shares: the binding's settings, the activity of its
     flow, its prefetch buffer (see :mod:`eomsg.client.prefetch`), and how the items of
-    its inbox are read. The flavours differ only in how they wait for the next item,
-    renew their lease and settle a message."""
+    its inbox are read. The flavours differ in how they wait for the next item, renew
+    their lease, run the activity callbacks and settle a message."""
 
     def __init__(
         self,
         queue: str,
         prefetch: int,
         idle_timeout: float | None,
-        priority: int,
-        until_empty: bool,
-        activity: Activity,
+        priority: int = 0,
+        on_active: Callable[[FlowEvent], Any] | None = None,
+        on_inactive: Callable[[FlowEvent], Any] | None = None,
+        until_empty: bool = False,
     ) -> None:
         self.queue = queue
         self.prefetch = prefetch
         self.idle_timeout = idle_timeout
         self.priority = priority
         self.until_empty = until_empty
-        self.activity = activity
+        self.activity = Activity(on_active, on_inactive, self._dispatch)
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
         self._buffer = Prefetch()
-        self._expiry: asyncio.TimerHandle | None = None
-        self._expiry_due = float("inf")  # monotonic time the timer fires at
 
     @property
     def active(self) -> bool:
@@ -187,11 +186,6 @@ class BaseConsumer(abc.ABC):
     @property
     def flow(self) -> int:
         return self.activity.flow
-
-    @property
-    @abc.abstractmethod
-    def _connection(self) -> AsyncClient:
-        """The asyncio client this consumer's subscription lives on."""
 
     def _check_bound(self) -> None:
         if self._subscription is None:
@@ -212,7 +206,7 @@ class BaseConsumer(abc.ABC):
             if not self.activity.current(d):
                 self._batch.pop()
                 continue
-            if not self._connection.lease_valid():
+            if not self._lease_valid():
                 return Renew.LEASE
             self._batch.pop()
             if self._buffer.claim(d, time.monotonic()):
@@ -232,6 +226,36 @@ class BaseConsumer(abc.ABC):
         self._batch = item.deliveries
         self._batch.reverse()
         return True
+
+    @abc.abstractmethod
+    def _lease_valid(self) -> bool:
+        """Whether the node can still be taken to hold this consumer's deliveries for
+        it (it may have cut off a consumer it has not heard from)."""
+
+    @abc.abstractmethod
+    def _dispatch(self, callback: Callable[[FlowEvent], Any], event: FlowEvent) -> None:
+        """Run an activity callback, where this flavour runs them."""
+
+    @abc.abstractmethod
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
+        """Delete or release one received message, as this flavour's client does."""
+
+
+class RemoteConsumer(BaseConsumer):
+    """A consumer whose deliveries a node pushes over a connection: the buffer's
+    bookkeeping on the connection's loop, and the timer that gives back, unseen, what
+    was not handed out in time."""
+
+    _expiry: asyncio.TimerHandle | None = None
+    _expiry_due = float("inf")  # monotonic time the timer fires at
+
+    @property
+    @abc.abstractmethod
+    def _connection(self) -> AsyncClient:
+        """The asyncio client this consumer's subscription lives on."""
+
+    def _lease_valid(self) -> bool:
+        return self._connection.lease_valid()
 
     def _on_loop(self, item: Item) -> None:
         """On the connection's loop, as each item arrives: note pushed deliveries in the
@@ -280,36 +304,24 @@ class BaseConsumer(abc.ABC):
             self._expiry, self._expiry_due = None, float("inf")
         return self._buffer.seen()
 
-    @abc.abstractmethod
-    def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
-        """Delete or release one received message, as this flavour's client does."""
-
 
 def _ignore_error(task: asyncio.Task[Any]) -> None:
     if not task.cancelled():
         task.exception()  # retrieved: a give-back that failed is redelivered by timeout
 
 
-class AsyncConsumer(BaseConsumer):
+class AsyncConsumer(RemoteConsumer):
     """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
 
-    def __init__(
-        self,
-        client: AsyncClient,
-        queue: str,
-        prefetch: int,
-        idle_timeout: float | None,
-        priority: int = 0,
-        on_active: Callable[[FlowEvent], Any] | None = None,
-        on_inactive: Callable[[FlowEvent], Any] | None = None,
-        until_empty: bool = False,
-    ) -> None:
-        activity = Activity(on_active, on_inactive, lambda fn, e: fn(e))
-        super().__init__(queue, prefetch, idle_timeout, priority, until_empty, activity)
+    def __init__(self, client: AsyncClient, queue: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(queue, *args, **kwargs)
         self.client = client
         self._inbox: asyncio.Queue[Item] = asyncio.Queue()
         self._became_active = asyncio.Event()
         self._pending: set[asyncio.Future[Any]] = set()
+
+    def _dispatch(self, callback: Callable[[FlowEvent], Any], event: FlowEvent) -> None:
+        callback(event)  # on the loop: the application's callbacks are its coroutines' peers
 
     @property
     def _connection(self) -> AsyncClient:

@@ -40,8 +40,8 @@ log = logging.getLogger("eomsg.recovery")
 
 
 class Participant(Protocol):
-    """The node side of a transaction: an embedded :class:`~eomsg.node.node.Node` or a
-    :class:`~eomsg.client.sync.Client` of a running one (same calls, same contracts)."""
+    """The node side of a transaction: what a :class:`~eomsg.client.broker.Broker` offers
+    of it (a node embedded here or a running one: same calls, same contracts)."""
 
     def prepare_txn(
         self,

@@ -11,27 +11,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import logging
 import queue as queuelib
 import threading
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, connect_async
-from eomsg.client.consumer import Activity, BaseConsumer, Item, Received, Renew
-from eomsg.client.resources import Resource
-from eomsg.client.transaction import DEFAULT_TIMEOUT, Transaction
+from eomsg.client.blocking import BlockingConsumer
+from eomsg.client.broker import Broker
+from eomsg.client.consumer import Item, RemoteConsumer
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
-from eomsg.core.operations import Operation, Operations
-from eomsg.core.queues import QueueConfig
-from eomsg.errors import EomsgError, QueueExists, StaleDelivery, Unavailable
-
-log = logging.getLogger("eomsg.client")
+from eomsg.core.operations import Operation
+from eomsg.errors import EomsgError, Unavailable
 
 T = TypeVar("T")
 
@@ -45,7 +41,7 @@ def _new_loop() -> asyncio.AbstractEventLoop:
     return loop
 
 
-class Client(Operations):
+class Client(Broker):
     """A connection to one node, usable from any thread. Make one with :func:`connect`;
     close it (or use ``with``)."""
 
@@ -80,6 +76,11 @@ class Client(Operations):
     @property
     def address(self) -> str:
         return str(self._ac.address)
+
+    @property
+    def embedded(self) -> bool:
+        """False: the node is another process (see :class:`~eomsg.client.broker.Broker`)."""
+        return False
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -231,27 +232,6 @@ class Client(Operations):
             self, queue, prefetch, idle_timeout, priority, on_active, on_inactive, until_empty
         )
 
-    def elect(
-        self,
-        name: str,
-        *,
-        priority: int = 0,
-        max_active: int = 1,
-        immediate: bool = False,
-        on_active: Callable[[FlowEvent], Any] | None = None,
-        on_inactive: Callable[[FlowEvent], Any] | None = None,
-    ) -> Consumer:
-        """Stand for election on the queue ``name`` (seed 002: the queue as an election
-        mechanism), creating it with ``max_active`` and ``immediate`` if missing. Use the
-        result as a context manager; :meth:`Consumer.wait_active` blocks until elected,
-        ``active`` says whether it still is."""
-        config = QueueConfig.create(name, max_active=max_active, immediate=immediate)
-        with contextlib.suppress(QueueExists):  # an existing queue keeps its settings
-            self.create_queue(config)
-        return self.consumer(
-            name, prefetch=1, priority=priority, on_active=on_active, on_inactive=on_inactive
-        )
-
     def _delete_later(self, queue: str, key: Key, epoch: int = 0) -> Ack[bool]:
         self._check()
         ack: Ack[bool] = Ack(self._signal, counts=False)
@@ -264,15 +244,6 @@ class Client(Operations):
     def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
         """Run a declared operation (this client's methods of the same names call it)."""
         return self._run(self._ac.run_operation_async(op, args))
-
-    # -- transactions (seed 000) -------------------------------------------------------------
-
-    def transaction(
-        self, resources: Sequence[Resource] = (), *, timeout: float | None = DEFAULT_TIMEOUT
-    ) -> Transaction:
-        """A transaction over this node and at most one application database: use it as
-        a context manager (see :mod:`eomsg.client.transaction`)."""
-        return Transaction(self, resources, timeout=timeout)
 
 
 class _Signal:
@@ -362,45 +333,19 @@ class Ack(Generic[T]):
                 fn(self)
 
 
-class Consumer(BaseConsumer):
+class Consumer(RemoteConsumer, BlockingConsumer):
     """``with client.consumer(queue) as consumer: for msg in consumer: …; msg.delete()``."""
 
-    def __init__(
-        self,
-        client: Client,
-        queue: str,
-        prefetch: int,
-        idle_timeout: float | None,
-        priority: int = 0,
-        on_active: Callable[[FlowEvent], Any] | None = None,
-        on_inactive: Callable[[FlowEvent], Any] | None = None,
-        until_empty: bool = False,
-    ) -> None:
-        activity = Activity(on_active, on_inactive, self._dispatch)
-        super().__init__(queue, prefetch, idle_timeout, priority, until_empty, activity)
+    def __init__(self, client: Client, queue: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(queue, *args, **kwargs)
         self.client = client
-        self._inbox: queuelib.SimpleQueue[Item] = queuelib.SimpleQueue()
-        self._changed = threading.Condition()
-        self._callbacks: queuelib.SimpleQueue[tuple[Callable[[FlowEvent], Any], FlowEvent] | None]
-        self._callbacks = queuelib.SimpleQueue()
-        self._caller: threading.Thread | None = None
-        self._pending: list[Ack[Any] | Future[Any]] = []
 
     @property
     def _connection(self) -> AsyncClient:
         return self.client._ac
 
-    def wait_active(self, timeout: float | None = None) -> bool:
-        """Block until the flow is active; False if ``timeout`` passed first."""
-        with self._changed:
-            return self._changed.wait_for(lambda: self.activity.active, timeout)
-
     def __enter__(self) -> Consumer:
-        if self.activity.has_callbacks:
-            self._caller = threading.Thread(
-                target=self._call_back, name=f"eomsg-activity-{self.queue}", daemon=True
-            )
-            self._caller.start()
+        self._start_caller()
         try:
             self._subscription = self.client._run(
                 self.client._ac.subscribe_raw(self.queue, self.prefetch, self._sink, self.priority)
@@ -435,95 +380,26 @@ class Consumer(BaseConsumer):
         the application saw (the rest go back un-counted)."""
         await self.client._ac.cancel(subscription, self._unseen_on_close())
 
-    def flush(self) -> None:
-        """Block until every deletion so far is durable; raise the first that failed.
-        A delete or release refused as stale is not raised again here: it changed
-        nothing, and its own future said so."""
-        pending, self._pending = self._pending, []
-        for f in pending:
-            error = f.exception()
-            if error is not None and not isinstance(error, StaleDelivery):
-                raise error
+    def _next_item(self) -> Item | None:
+        try:
+            return self._inbox.get(timeout=self.idle_timeout)
+        except queuelib.Empty:
+            return None
 
-    def __iter__(self) -> Iterator[Received]:
-        for item in self.events():
-            if isinstance(item, Received):
-                yield item
+    def _more_arrived(self) -> bool:
+        return not self._inbox.empty()
 
-    def events(self) -> Iterator[Received | FlowEvent]:
-        """Messages and changes of activity, in the order the node sent them."""
-        self._check_bound()
-        while True:
-            while (d := self._next_buffered()) is not None:
-                if d is Renew.LEASE:
-                    with contextlib.suppress(EomsgError):  # lost: the activity says so
-                        self.client._run(self.client._ac.ping())
-                    continue
-                yield Received(d, self._settle)
-            try:
-                item = self._inbox.get(timeout=self.idle_timeout)
-            except queuelib.Empty:
-                return
-            step = self._step(item)
-            if step is False:
-                return
-            if isinstance(step, FlowEvent):
-                yield step
-
-    def batches(
-        self, max_messages: int, limit: int | None = None
-    ) -> Iterator[list[Received] | FlowEvent]:
-        """:meth:`events` with the messages in lists of at most ``max_messages``: each
-        list holds what had arrived when it was handed out — it waits for the first
-        message only, never to fill up — so a batch costs no latency. Ends after
-        ``limit`` messages, if given (the rest stay unseen in the buffer)."""
-        batch: list[Received] = []
-        left = limit
-        for item in self.events():
-            if isinstance(item, FlowEvent):
-                if batch:
-                    yield batch
-                    batch = []
-                yield item
-                continue
-            batch.append(item)
-            if left is not None:
-                left -= 1
-            if left == 0 or len(batch) >= max_messages or (not self._batch and self._inbox.empty()):
-                yield batch
-                batch = []
-            if left == 0:
-                return
-        if batch:
-            yield batch
+    def _renew_lease(self) -> None:
+        with contextlib.suppress(EomsgError):  # lost: the activity says so
+            self.client._run(self.client._ac.ping())
 
     def _sink(self, item: Item) -> None:
-        """On the loop thread: note a change of activity at once (so ``active`` and
-        :meth:`wait_active` need no iteration), then queue the item for iteration."""
+        """On the loop thread: note a change of activity at once, then queue the item
+        for iteration."""
         self._on_loop(item)
         if isinstance(item, FlowEvent):
-            with self._changed:
-                self.activity.apply(item)
-                self._changed.notify_all()
+            self._noted(item)
         self._inbox.put(item)
-
-    def _dispatch(self, callback: Callable[[FlowEvent], Any], event: FlowEvent) -> None:
-        self._callbacks.put((callback, event))
-
-    def _call_back(self) -> None:
-        while (job := self._callbacks.get()) is not None:
-            callback, event = job
-            try:
-                callback(event)
-            except Exception:
-                log.exception("the %s callback of queue %s failed", event.kind, self.queue)
-
-    def _stop_caller(self) -> None:
-        if self._caller is not None:
-            self._callbacks.put(None)
-            if self._caller is not threading.current_thread():
-                self._caller.join()
-            self._caller = None
 
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Ack[Any] | Future[Any]:
         self._buffer.settled(d.key)
@@ -534,9 +410,7 @@ class Consumer(BaseConsumer):
             future = self.client._submit(
                 self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
             )
-        self._pending.append(future)
-        if len(self._pending) > 4096:
-            self._pending = [f for f in self._pending if not f.done() or f.exception()]
+        self._track(future)
         return future
 
 

@@ -8,7 +8,7 @@ which inherit :class:`Operations`: an :class:`Operation` is a descriptor that be
 on a synchronous client, a method returning the result and, on an asyncio client, a
 coroutine method — mypy sees both with the declared arguments.
 
-The declarations' bodies are their docstrings: they are never called. A client
+A declaration's body is its docstring and ``raise Declaration``: it is never called. A client
 implements one hook: ``run_operation(op, args)`` (synchronous) or ``async
 run_operation_async(op, args)``, given the arguments by name. The node itself implements
 each operation as a method of the same name that accepts the declared arguments
@@ -124,8 +124,14 @@ def operation(
     return declare
 
 
-class Operations:
-    """Every operation; clients inherit it (see the module's docstring)."""
+class Declaration(AssertionError):
+    """A declaration's body ran: operations run through a client's ``run_operation``."""
+
+
+class Operations(Protocol):
+    """Every operation; clients inherit it (see the module's docstring). A protocol, so
+    that :class:`~eomsg.client.broker.Broker` can extend it; its bodies raise, rather
+    than being empty, so that mypy does not take them for abstract methods."""
 
     # -- queues -----------------------------------------------------------------------
 
@@ -133,79 +139,95 @@ class Operations:
     def create_queue(config: QueueConfig) -> bool:
         """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
         False if it exists with the same settings; QueueExists if with others."""
+        raise Declaration
 
     @operation()
     def delete_queue(name: str, *, force: bool = False) -> int:
         """Delete a queue and its records; how many messages it still held.
         QueueNotEmpty unless ``force``; QueueNotFound."""
+        raise Declaration
 
     @operation()
     def subscribe(name: str, pattern: str) -> bool:
         """Route topics matching ``pattern`` into the queue from now on; False if it
         was subscribed already. InvalidPattern, QueueNotFound."""
+        raise Declaration
 
     @operation()
     def unsubscribe(name: str, pattern: str) -> bool:
         """Stop routing ``pattern`` to the queue; False if it was not subscribed."""
+        raise Declaration
 
     @operation()
     def purge(name: str) -> int:
         """Settle every message in the queue as purged; how many. QueueNotFound."""
+        raise Declaration
 
     @operation()
     def queue_config(name: str) -> QueueConfig:
         """The queue's settings. QueueNotFound."""
+        raise Declaration
 
     @operation()
     def queue_names() -> list[str]:
         """Every queue's name, sorted."""
+        raise Declaration
 
     @operation()
     def stats() -> list[QueueStats]:
         """A snapshot of every queue, by name."""
+        raise Declaration
 
     # -- flows (seed 002) ---------------------------------------------------------------
 
     @operation()
     def flows(queue: str | None = None) -> list[FlowInfo]:
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
+        raise Declaration
 
     @operation(node_args={"admin": True})
     def unbind(queue: str, flow: int) -> int:
         """An administrator unbinds a flow: its consumer is told it is inactive and what
         it held goes to the next active one; how many messages that released.
         FlowNotFound."""
+        raise Declaration
 
     # -- the log, settings and inspection --------------------------------------------------
 
     @operation()
     def log(pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages still in the retained log from ``from_seq``, oldest first."""
+        raise Declaration
 
     @operation()
     def configure(name: str, value: str) -> str:
         """Save a node setting and apply it now; its value in canonical form.
         InvalidConfig."""
+        raise Declaration
 
     @operation()
     def saved_settings() -> dict[str, str]:
         """Every setting and its value, saved or default, in canonical form."""
+        raise Declaration
 
     @operation()
     def query(sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """One plain read-only SELECT on the store: column names and rows (exotic
         values as text over the wire). InvalidInput for anything else."""
+        raise Declaration
 
     # -- replay (eomsg.spark reads the log through these) -----------------------------------
 
     @operation()
     def log_bounds(sel: Selection) -> tuple[int, int] | None:
         """The first and last committed seq that ``sel`` selects, or None."""
+        raise Declaration
 
     @operation()
     def log_horizon() -> tuple[int, int | None]:
         """The first seq the log still holds, and the latest publish time (µs) of what
         garbage collection dropped (None if nothing)."""
+        raise Declaration
 
     @operation(sized_by="max_bytes")
     def read_log(
@@ -214,14 +236,17 @@ class Operations:
         """Committed messages of ``sel`` in ``[lo, hi)`` as an Arrow table of at most
         about ``max_bytes`` (one row at least; None, or over the wire anything larger:
         as much as one answer carries), and the seq to read on from."""
+        raise Declaration
 
     @operation()
     def replay_jobs(job_id: str | None = None) -> list[JobRecord]:
         """The replay jobs recorded against this log (or the one named), newest first."""
+        raise Declaration
 
     @operation()
     def record_replay(record: JobRecord, event: JobEvent) -> JobRecord:
         """Durably move a replay job by ``event``; its new record. IllegalMove."""
+        raise Declaration
 
     # -- transactions (seed 000; the coordinator is eomsg.client.transaction) ---------------
 
@@ -236,16 +261,19 @@ class Operations:
         """Vote yes: make the transaction's publishes and the deletes of deliveries made
         to the caller durable without applying them. StaleDelivery (a vote no). The
         transaction is in doubt if the caller goes away before its outcome."""
+        raise Declaration
 
     @operation()
     def commit_txn(txid: str) -> list[PublishResult]:
         """Apply a prepared transaction; its publish results ([] if committed already).
         TxnConflict if it was aborted, TxnNotFound."""
+        raise Declaration
 
     @operation()
     def abort_txn(txid: str, *, force: bool = False) -> bool:
         """Drop a prepared transaction; True if this call aborted it. TxnConflict if it
         committed."""
+        raise Declaration
 
     @operation(caller=("holder",))
     def transact(
@@ -253,10 +281,12 @@ class Operations:
     ) -> list[PublishResult]:
         """Publish and delete deliveries made to the caller in one atomic step (a
         one-phase commit). StaleDelivery, and nothing changed."""
+        raise Declaration
 
     @operation()
     def txns() -> list[TxnInfo]:
         """The prepared transactions, oldest first."""
+        raise Declaration
 
 
 OPERATIONS: dict[str, Operation[Any, Any]] = {

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from eomsg.client.sync import Client
+from eomsg.client.broker import Broker
 from eomsg.core.replay import (
     Action,
     JobEvent,
@@ -42,12 +42,11 @@ from eomsg.errors import (
     one_line,
 )
 from eomsg.failpoints import failpoint
-from eomsg.node.node import Node
 from eomsg.spark.sinks import Sink, Staged, empty, parse_sink, stage
 from eomsg.spark.source import NAME, ROWS_PER_PARTITION, Route
 from eomsg.spark.transform import Transform
 
-OpenNode = Callable[[], contextlib.AbstractContextManager[Node | Client]]
+OpenBroker = Callable[[], contextlib.AbstractContextManager[Broker]]
 Report = Callable[[str], None]
 
 
@@ -151,15 +150,17 @@ class ReplayResult:
         return {"job_id": self.job_id, "status": self.status, "rows": self.rows}
 
 
-def _route(node: Node | Client, data: Path, token: str | None) -> Route:
-    if isinstance(node, Client):
-        return Route(broker=node.address, token=token)
-    return Route(data=str(data.resolve()))
+def _route(node: Broker, data: Path, token: str | None) -> Route:
+    """How Spark's executors read the log: from the store file when the node was
+    embedded here (it is closed by then), else through the running node."""
+    if node.embedded:
+        return Route(data=str(data.resolve()))
+    return Route(broker=node.address, token=token)
 
 
 def plan(
     spec: ReplaySpec,
-    node: Node | Client,
+    node: Broker,
     *,
     data: Path,
     force: bool = False,
@@ -218,7 +219,7 @@ def plan(
         _route(node, data, token),
         sink,
         transform,
-        sink.staging(job_id, data.resolve() if not isinstance(node, Client) else Path.cwd()),
+        sink.staging(job_id, data.resolve() if node.embedded else Path.cwd()),
         previous,
         committed,
     )
@@ -238,14 +239,14 @@ def _spark_error(e: Exception) -> EomsgError:
 
 def execute(
     p: ReplayPlan,
-    open_node: OpenNode,
+    open_broker: OpenBroker,
     spark: Callable[[], Any],
     report: Report = lambda _: None,
     *,
     force: bool = False,
     allow_fewer: bool = False,
 ) -> ReplayResult:
-    """Carry out ``p``. ``open_node`` opens the log's node for a moment (an embedded
+    """Carry out ``p``. ``open_broker`` opens the log's node for a moment (an embedded
     node must not be open while Spark reads its file); ``spark`` gives the session.
     Output the sink already holds for the job is replaced by fewer rows only with
     ``allow_fewer`` (else SinkConflict, the old output kept and the job failed)."""
@@ -253,7 +254,7 @@ def execute(
         assert p.previous is not None
         return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
     record = JobRecord(p.job_id, JobStatus.RUNNING, p.spec.identity(), p.lo, p.hi)
-    with open_node() as node:
+    with open_broker() as node:
         node.record_replay(record, JobEvent.START)
     if p.action is Action.RECORD:
         assert p.committed is not None
@@ -264,24 +265,24 @@ def execute(
             staged = _run_spark(p, spark(), report) if p.hi > p.lo else empty(p.staging)
         except Exception as e:
             error = e if isinstance(e, EomsgError) else _spark_error(e)
-            with open_node() as node:
+            with open_broker() as node:
                 node.record_replay(record, JobEvent.FAIL)
             raise error from e
         failpoint("replay.staged")
         if p.committed is not None and staged.rows < p.committed[0] and not allow_fewer:
             shutil.rmtree(staged.path, ignore_errors=True)
-            with open_node() as node:
+            with open_broker() as node:
                 node.record_replay(record, JobEvent.FAIL)
             raise SinkConflict(
                 f"{p.sink.text} holds {p.committed[0]} rows of job {p.job_id}; this run made "
                 f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
             )
         report(f"staged {staged.rows} rows; committing to {p.sink.text}")
-        with open_node() as node:
+        with open_broker() as node:
             p.sink.commit(p.job_id, staged, force=force, node=node)
         failpoint("replay.committed")
         rows, digest = staged.rows, staged.digest
-    with open_node() as node:
+    with open_broker() as node:
         node.record_replay(
             JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi, rows, digest),
             JobEvent.FINISH,

@@ -39,12 +39,11 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from eomsg.client.sync import Client
+from eomsg.client.broker import Broker
 from eomsg.core.message import Outgoing
 from eomsg.core.replay import digest, replay_id
 from eomsg.core.topics import validate_topic
 from eomsg.errors import InvalidInput, SinkConflict, StorageError, one_line
-from eomsg.node.node import Node
 
 MANIFEST = "_eomsg_job.json"
 SCHEMA_FILE = "_schema.parquet"
@@ -124,7 +123,7 @@ class Sink(ABC):
         """``(rows, digest)`` if this job's output is already in place, else None."""
 
     @abstractmethod
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Node | Client) -> None:
+    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
         """Put the staged output in place, atomically; a no-op if it already is."""
 
 
@@ -150,7 +149,7 @@ class ParquetSink(Sink):
             return None
         return int(manifest["rows"]), str(manifest["digest"])
 
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Node | Client) -> None:
+    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
         if self.committed(job_id) is not None and not force:
             shutil.rmtree(staged.path, ignore_errors=True)
             return
@@ -202,7 +201,7 @@ class DuckDBSink(Sink):
                 return None
         return None if row is None else (int(row[0]), str(row[1]))
 
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Node | Client) -> None:
+    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
         parts = [str(p) for p in _parts(staged.path)]
         with self._connect() as conn:
             conn.execute("BEGIN TRANSACTION")
@@ -272,7 +271,7 @@ class TopicSink(Sink):
     def committed(self, job_id: str) -> tuple[int, str] | None:
         return None  # the node's dedup makes publishing again harmless
 
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Node | Client) -> None:
+    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
         ordinals: dict[int, int] = {}
         futures = []
         for part in _parts(staged.path):

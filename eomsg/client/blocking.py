@@ -1,0 +1,163 @@
+"""A consumer read from threads: what the synchronous client's consumer and the embedded
+one share.
+
+The application iterates on its own thread; changes of activity are applied as they
+arrive (so :attr:`active` and :meth:`wait_active` need no iteration) and the activity
+callbacks run on a thread of the consumer's own, so a slow callback stalls neither the
+node nor the connection. The flavours differ only in where the next item comes from —
+pushed over a connection, or taken from a node in this process — and how a message is
+settled.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import queue as queuelib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from eomsg.client.consumer import BaseConsumer, Item, Received, Renew
+from eomsg.core.election import FlowEvent
+from eomsg.errors import StaleDelivery
+
+log = logging.getLogger("eomsg.client")
+
+PRUNE_AT = 4096  # settlements remembered before the resolved ones are dropped
+
+
+class Settled(Protocol):
+    """The future of one settlement (a :class:`concurrent.futures.Future` or the
+    synchronous client's cheaper ``Ack``)."""
+
+    def done(self) -> bool: ...
+
+    def exception(self, timeout: float | None = None) -> BaseException | None: ...
+
+
+class BlockingConsumer(BaseConsumer):
+    """A consumer iterated from a thread; use it as a context manager."""
+
+    def __init__(self, queue: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(queue, *args, **kwargs)
+        self._inbox: queuelib.SimpleQueue[Item] = queuelib.SimpleQueue()
+        self._changed = threading.Condition()
+        self._callbacks: queuelib.SimpleQueue[tuple[Callable[[FlowEvent], Any], FlowEvent] | None]
+        self._callbacks = queuelib.SimpleQueue()
+        self._caller: threading.Thread | None = None
+        self._pending: list[Settled] = []
+
+    @abc.abstractmethod
+    def _next_item(self) -> Item | None:
+        """Wait for the next item; None once ``idle_timeout`` passed without one."""
+
+    @abc.abstractmethod
+    def _more_arrived(self) -> bool:
+        """Whether an item is there to be read without waiting."""
+
+    @abc.abstractmethod
+    def _renew_lease(self) -> None:
+        """Hear from the node before handing anything more out (see ``Renew``)."""
+
+    def wait_active(self, timeout: float | None = None) -> bool:
+        """Block until the flow is active; False if ``timeout`` passed first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.activity.active, timeout)
+
+    def flush(self) -> None:
+        """Block until every deletion so far is durable; raise the first that failed.
+        A delete or release refused as stale is not raised again here: it changed
+        nothing, and its own future said so."""
+        pending, self._pending = self._pending, []
+        for f in pending:
+            error = f.exception()
+            if error is not None and not isinstance(error, StaleDelivery):
+                raise error
+
+    def __iter__(self) -> Iterator[Received]:
+        for item in self.events():
+            if isinstance(item, Received):
+                yield item
+
+    def events(self) -> Iterator[Received | FlowEvent]:
+        """Messages and changes of activity, in the order the node made them."""
+        self._check_bound()
+        while True:
+            while (d := self._next_buffered()) is not None:
+                if d is Renew.LEASE:
+                    self._renew_lease()
+                    continue
+                yield Received(d, self._settle)
+            item = self._next_item()
+            if item is None:
+                return
+            step = self._step(item)
+            if step is False:
+                return
+            if isinstance(step, FlowEvent):
+                yield step
+
+    def batches(
+        self, max_messages: int, limit: int | None = None
+    ) -> Iterator[list[Received] | FlowEvent]:
+        """:meth:`events` with the messages in lists of at most ``max_messages``: each
+        list holds what had arrived when it was handed out — it waits for the first
+        message only, never to fill up — so a batch costs no latency. Ends after
+        ``limit`` messages, if given (the rest stay unseen in the buffer)."""
+        batch: list[Received] = []
+        left = limit
+        for item in self.events():
+            if isinstance(item, FlowEvent):
+                if batch:
+                    yield batch
+                    batch = []
+                yield item
+                continue
+            batch.append(item)
+            if left is not None:
+                left -= 1
+            if left == 0 or len(batch) >= max_messages or not (self._batch or self._more_arrived()):
+                yield batch
+                batch = []
+            if left == 0:
+                return
+        if batch:
+            yield batch
+
+    def _noted(self, event: FlowEvent) -> None:
+        """Apply a change of activity at once, waking :meth:`wait_active`."""
+        with self._changed:
+            self.activity.apply(event)
+            self._changed.notify_all()
+
+    def _track(self, future: Settled) -> None:
+        """Remember a settlement, for :meth:`flush` to wait on."""
+        self._pending.append(future)
+        if len(self._pending) > PRUNE_AT:
+            self._pending = [f for f in self._pending if not f.done() or f.exception()]
+
+    def _start_caller(self) -> None:
+        if self.activity.has_callbacks:
+            self._caller = threading.Thread(
+                target=self._call_back, name=f"eomsg-activity-{self.queue}", daemon=True
+            )
+            self._caller.start()
+
+    def _dispatch(self, callback: Callable[[FlowEvent], Any], event: FlowEvent) -> None:
+        self._callbacks.put((callback, event))
+
+    def _call_back(self) -> None:
+        while (job := self._callbacks.get()) is not None:
+            callback, event = job
+            try:
+                callback(event)
+            except Exception:
+                log.exception("the %s callback of queue %s failed", event.kind, self.queue)
+
+    def _stop_caller(self) -> None:
+        if self._caller is not None:
+            self._callbacks.put(None)
+            if self._caller is not threading.current_thread():
+                self._caller.join()
+            self._caller = None
