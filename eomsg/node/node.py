@@ -8,15 +8,12 @@ destination list in one group commit, and acknowledge only after that commit. Ea
 recorded per queue, and once no destination remains the message leaves the hot tables
 (compaction) and, after the retention period, the log (garbage collection).
 
-Locking: ``_lock`` guards the in-memory state and is never held while waiting for the
-writer (the writer's after-commit callbacks take it). Writes are queued while holding it,
-so the log's commit order is the order sequence numbers were assigned. ``_admin``
-serialises queue changes, which must wait for their commit before touching the state.
+The node's shared state, and the lock discipline every method here follows, are in
+:mod:`eomsg.node.state`.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import threading
@@ -27,32 +24,28 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
-from eomsg.core.dedup import DedupWindow
-from eomsg.core.election import Change, Election, Epochs, FlowEvent, FlowInfo
+from eomsg.core.cursor import Outcome, Release, Settlement
+from eomsg.core.election import Change, FlowEvent, FlowInfo
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult, check_keys
 from eomsg.core.operations import TxnDelete
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
-from eomsg.core.topics import Matcher, pattern_regex
+from eomsg.core.topics import pattern_regex
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import (
-    DiskFull,
     EomsgError,
-    FlowNotFound,
     InvalidConfig,
     InvalidInput,
     NodeClosed,
     NotActive,
     QueueExists,
     QueueNotEmpty,
-    QueueNotFound,
-    StaleEpoch,
     TxnNotFound,
 )
 from eomsg.failpoints import failpoint
 from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
+from eomsg.node.state import Clock, FlowState, NodeState, Notify, PreparedTxn, QueueState, to_us
 from eomsg.store.store import US, SettledCounts, Store
 from eomsg.store.writer import RowBatch
 
@@ -60,100 +53,17 @@ __all__ = ["SETTINGS", "Node", "NodeSettings"]
 
 log = logging.getLogger("eomsg.node")
 
-Clock = Callable[[], float]
-_Fresh = tuple[int, str | None, float | None, tuple["_Queue", ...]]  # seq, id, expiry, route
-Notify = Callable[[FlowEvent], None]
+_Fresh = tuple[int, str | None, float | None, tuple[QueueState, ...]]  # seq, id, expiry, route
 LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
 TXN_MEMORY = 7 * 86400.0  # how long a finished transaction's outcome is remembered
 
 
-def _us(seconds: float) -> int:
-    return int(seconds * US)
-
-
-class _Queue:
-    """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
-
-    __slots__ = ("config", "counts", "cursor", "election", "id", "live_epochs")
-
-    def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
-        self.id = queue_id
-        self.config = config
-        self.cursor = Cursor(
-            ack_timeout=config.ack_timeout, max_redeliveries=config.max_redeliveries
-        )
-        self.counts = dict.fromkeys(Outcome, 0)
-        self.election = Election(config.max_active, config.immediate, epochs)
-        self.live_epochs: set[int] = set()  # of the active flows: deletes accepted
-
-
-class _Flow:
-    """A consumer bound to a queue: who it is and how to tell it about changes."""
-
-    __slots__ = ("bound_at", "id", "notify", "owner", "priority", "queue")
-
-    def __init__(
-        self, flow_id: int, queue: _Queue, priority: int, owner: str, notify: Notify | None
-    ) -> None:
-        self.id = flow_id
-        self.queue = queue
-        self.priority = priority
-        self.owner = owner
-        self.notify = notify
-        self.bound_at = 0.0
-
-
-class _Txn:
-    """A transaction prepared here (seed 000) and not yet decided: what it publishes and
-    the messages it holds, by queue; ``owner`` is the session of its coordinator while
-    that is connected (None after a restart or a disconnect: the outcome is in doubt)."""
-
-    __slots__ = ("coordinator", "deletes", "messages", "owner", "prepared_at", "txid")
-
-    def __init__(
-        self,
-        txid: str,
-        coordinator: str,
-        prepared_at: float,
-        messages: list[Outgoing],
-        deletes: dict[_Queue, list[int]],
-        owner: str | None,
-    ) -> None:
-        self.txid = txid
-        self.coordinator = coordinator
-        self.prepared_at = prepared_at
-        self.messages = messages
-        self.deletes = deletes
-        self.owner = owner
-
-
-class Node:
+class Node(NodeState):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
-        self.store = store
-        self.settings = apply_saved(settings, store.settings())
-        self.clock = clock
-        self._lock = threading.Lock()
-        self._admin = threading.Lock()
-        self._elect = threading.Lock()  # serialises election stimuli (they may wait)
-        self._epochs = Epochs(int(store.meta("epochs_reserved") or 0))
-        self._epochs_reserved = self._epochs.last
-        self._flows: dict[int, _Flow] = {}
-        self._flow_ids = itertools.count(1)
-        self._closed = False
-        self._queues: dict[str, _Queue] = {}
-        self._by_id: dict[int, _Queue] = {}
-        self._matcher: Matcher[_Queue] = Matcher()
-        self._routes: dict[str, tuple[_Queue, ...]] = {}
-        self._dedup = DedupWindow()
-        self._uncommitted_ids: dict[str, int] = {}
-        self._txns: dict[str, _Txn] = {}  # prepared, undecided
-        self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
-        self._listeners: list[Callable[[str], None]] = []
-        self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
-        self._ready_generation = 0
+        super().__init__(store, settings, clock)
         self._recover()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -230,7 +140,7 @@ class Node:
             cursor = self._by_id[queue_id].cursor
             for seq, expires in items:
                 cursor.append(seq, expires)
-        for msg_id, seq, expires_us in store.load_publish_ids(_us(now)):
+        for msg_id, seq, expires_us in store.load_publish_ids(to_us(now)):
             self._dedup.remember(msg_id, seq, None if expires_us is None else expires_us / US)
         for queue_id, counts in store.load_counts().items():
             if (q := self._by_id.get(queue_id)) is not None:
@@ -238,29 +148,20 @@ class Node:
         self._settled_since_compaction = store.settled_rows()
         self._finished = {txid: TxnState(s) for txid, s in store.finished_txns().items()}
         for prep in store.load_prepared(set(self._finished)):
-            held: dict[_Queue, list[int]] = {}
+            held: dict[QueueState, list[int]] = {}
             for queue_id, seq in prep.deletes:
                 q = self._by_id.get(queue_id)
                 if q is not None and q.cursor.has_delivered(seq):
                     held.setdefault(q, []).append(seq)
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
-            self._txns[prep.txid] = _Txn(
+            self._txns[prep.txid] = PreparedTxn(
                 prep.txid, prep.coordinator, prep.prepared_us / US, prep.messages, held, None
             )
         self._last_gc = float(store.meta("gc_at") or 0.0)
 
-    def _install(self, queue_id: int, config: QueueConfig) -> _Queue:
-        q = _Queue(queue_id, config, self._epochs)
-        self._queues[config.name] = q
-        self._by_id[queue_id] = q
-        for pattern in config.subscriptions:
-            self._matcher.add(pattern, q)
-        self._routes.clear()
-        return q
-
     @staticmethod
-    def _add_counts(q: _Queue, counts: SettledCounts) -> None:
+    def _add_counts(q: QueueState, counts: SettledCounts) -> None:
         q.counts[Outcome.DELETED] += counts.deleted
         q.counts[Outcome.EXPIRED] += counts.expired
         q.counts[Outcome.DEAD_LETTERED] += counts.dead_lettered
@@ -332,7 +233,7 @@ class Node:
         """Dedup ``messages`` by id, give the new ones the next sequence numbers and
         route them, adding their rows to ``batch`` (with the after-commit step that
         makes them deliverable). Call with ``_lock`` held, then :meth:`_write_staged`."""
-        now_us = _us(now)
+        now_us = to_us(now)
         results: list[PublishResult] = []
         fresh: list[_Fresh] = []
         log_rows, id_rows, dest_rows = [], [], []
@@ -347,7 +248,7 @@ class Node:
                     continue
                 uncommitted[msg_id] = seq
             expires = None if m.ttl is None else now + m.ttl
-            expires_us = None if expires is None else _us(expires)
+            expires_us = None if expires is None else to_us(expires)
             queues = self._route(m.topic)
             headers = json.dumps(m.headers) if m.headers else None
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
@@ -370,20 +271,6 @@ class Node:
             batch.after_commit(lambda: self._published(fresh))
         return results, fresh
 
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None:
-        """Hand ``batch`` to the writer if it holds anything (None if not). Call under
-        ``_lock``, so commits follow the order the state changed in, then wait with
-        :meth:`_await_commit` after releasing it."""
-        return self.store.writer.write(batch) if not batch.empty else None
-
-    @staticmethod
-    def _await_commit(future: Future[None] | None) -> None:
-        """Return once the commit :meth:`_queue_write` queued is durable (at once if it
-        queued none). Never under ``_lock``: the writer's after-commit callbacks take
-        it."""
-        if future is not None:
-            future.result()
-
     def _write_staged(self, batch: RowBatch, first_seq: int, fresh: list[_Fresh]) -> Future[None]:
         """Queue a batch holding staged messages; if the writer refuses it, forget them
         (nothing was queued), so their seqs and ids are free again."""
@@ -396,7 +283,7 @@ class Node:
                     self._uncommitted_ids.pop(msg_id, None)
             raise
 
-    def _route(self, topic: str) -> tuple[_Queue, ...]:
+    def _route(self, topic: str) -> tuple[QueueState, ...]:
         route = self._routes.get(topic)
         if route is None:
             route = tuple(sorted(self._matcher.match(topic), key=lambda q: q.id))
@@ -412,9 +299,9 @@ class Node:
         ids: list[str] = []
         id_seqs: list[int] = []
         id_expiry: list[float | None] = []
-        routes: set[tuple[_Queue, ...]] = set()
+        routes: set[tuple[QueueState, ...]] = set()
         with self._lock:
-            run_route: tuple[_Queue, ...] | None = None
+            run_route: tuple[QueueState, ...] | None = None
             run_seqs: list[int] = []
             run_expiry: list[float | None] = []
             for seq, msg_id, expires, route in fresh:
@@ -437,7 +324,7 @@ class Node:
 
     @staticmethod
     def _append_run(
-        route: tuple[_Queue, ...] | None, seqs: list[int], expiry: list[float | None]
+        route: tuple[QueueState, ...] | None, seqs: list[int], expiry: list[float | None]
     ) -> None:
         for q in route or ():
             q.cursor.extend(seqs, expiry)
@@ -509,7 +396,7 @@ class Node:
             more = q.cursor.ready_count > 0
             batch = RowBatch()
             for d in taken.deliveries:
-                batch.add("deliveries", q.id, d.seq, d.attempt, _us(d.deadline), False)
+                batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
             self._record_settlements(batch, q, taken.settlements, now)
             future = self._queue_write(batch)
         self._await_commit(future)
@@ -541,7 +428,7 @@ class Node:
         commit, so a consumer can fetch its next batch meanwhile (both then share one
         commit). Invalid input raises here, before anything is queued."""
         keys = check_keys(keys)
-        now_us = _us(self.clock())
+        now_us = to_us(self.clock())
         deleted: Future[list[bool]] = Future()
         with self._lock:
             self._check_open()
@@ -625,7 +512,7 @@ class Node:
         return len(outcomes)
 
     def _write_releases(
-        self, q: _Queue, outcomes: list[Release | Settlement], now: float
+        self, q: QueueState, outcomes: list[Release | Settlement], now: float
     ) -> Future[None] | None:
         """Record releases and settlements in one batch; under ``_lock``."""
         batch = RowBatch()
@@ -636,54 +523,6 @@ class Node:
         self._await_commit(future)
         if ready:
             self._notify({queue})
-
-    def _record_releases(
-        self, batch: RowBatch, q: _Queue, outcomes: list[Release | Settlement], now: float
-    ) -> None:
-        settlements = []
-        for r in outcomes:
-            if isinstance(r, Release):
-                batch.add("deliveries", q.id, r.seq, r.attempt, _us(r.due), True)
-            else:
-                settlements.append(r)
-        self._record_settlements(batch, q, settlements, now)
-
-    @staticmethod
-    def _check_epoch(q: _Queue, epoch: int) -> None:
-        if epoch and epoch not in q.live_epochs:
-            raise StaleEpoch(
-                f"epoch {epoch} of queue {q.config.name!r} is over: that consumer is no longer "
-                "active, and its messages go to the active one; do not apply them"
-            )
-
-    def _record_settlements(
-        self, batch: RowBatch, q: _Queue, settlements: list[Settlement], now: float
-    ) -> None:
-        """Add settlement records (and dead-letter destinations) to ``batch``; the DLQ
-        sees its new messages once the batch commits. Call with ``_lock`` held."""
-        if not settlements:
-            return
-        now_us = _us(now)
-        moved: list[int] = []
-        dlq = self._queues.get(q.config.dead_letter) if q.config.dead_letter else None
-        for s in settlements:
-            batch.add("settled", q.id, s.seq, s.outcome, now_us)
-            q.counts[s.outcome] += 1
-            if s.outcome is Outcome.DEAD_LETTERED and dlq is not None:
-                batch.add("destinations", s.seq, dlq.id)
-                moved.append(s.seq)
-        self._settled_since_compaction += len(settlements)
-        if moved and dlq is not None:
-            expiries = self.store.expiries(moved)
-            target = dlq
-
-            def to_dlq() -> None:
-                with self._lock:
-                    for seq in moved:
-                        target.cursor.append(seq, expiries.get(seq))
-                self._notify({target.config.name})
-
-            batch.after_commit(to_dlq)
 
     # -- transactions (seed 000: the node's log and cursors as 2PC participants) --------
 
@@ -725,14 +564,14 @@ class Node:
             held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
-            batch.add("txn_log", txid, TxnState.PREPARED.value, _us(now), coordinator)
+            batch.add("txn_log", txid, TxnState.PREPARED.value, to_us(now), coordinator)
             for i, m in enumerate(messages):
                 headers = json.dumps(m.headers) if m.headers else None
                 batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, headers, m.payload)
             for q, seqs in held.items():
                 for seq in seqs:
                     batch.add("txn_deletes", txid, q.id, seq)
-            self._txns[txid] = _Txn(txid, coordinator, now, list(messages), held, owner)
+            self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner)
             failpoint("txn.prepare.before_commit")
             committed = self.store.writer.write(batch)
         committed.result()
@@ -761,7 +600,7 @@ class Node:
                         Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
                     ]
                     self._record_settlements(batch, q, settled, now)
-            batch.add("txn_log", txid, TxnState.COMMITTED.value, _us(now), t.coordinator)
+            batch.add("txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator)
             del self._txns[txid]
             self._finished[txid] = TxnState.COMMITTED
             failpoint("txn.commit.before_commit")
@@ -790,7 +629,7 @@ class Node:
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:
                     self._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
-            batch.add("txn_log", txid, state.value, _us(now), t.coordinator)
+            batch.add("txn_log", txid, state.value, to_us(now), t.coordinator)
             del self._txns[txid]
             self._finished[txid] = state
             failpoint("txn.abort.before_commit")
@@ -863,11 +702,11 @@ class Node:
 
     def _check_deletes(
         self, deletes: Sequence[TxnDelete], holder: int
-    ) -> dict[_Queue, list[tuple[int, int, int]]]:
+    ) -> dict[QueueState, list[tuple[int, int, int]]]:
         """``(queue, seq, epoch, attempt)`` deletes as ``(seq, attempt, epoch)`` grouped
         by queue, each checked in flight to ``holder`` under its epoch and attempt — all
         of them before the caller changes anything. Under ``_lock``."""
-        by_queue: dict[_Queue, list[tuple[int, int, int]]] = {}
+        by_queue: dict[QueueState, list[tuple[int, int, int]]] = {}
         for item in deletes:
             if (
                 type(item) is not tuple
@@ -917,7 +756,9 @@ class Node:
 
     def _create(self, config: QueueConfig) -> None:
         self._check_open()
-        queue_id = self.store.writer.run(Store.create_queue_job(config, _us(self.clock()))).result()
+        queue_id = self.store.writer.run(
+            Store.create_queue_job(config, to_us(self.clock()))
+        ).result()
         with self._lock:
             self._install(queue_id, config)
 
@@ -971,7 +812,7 @@ class Node:
             self._update(q, replace(q.config, subscriptions=subs))
             return True
 
-    def _update(self, q: _Queue, config: QueueConfig) -> None:
+    def _update(self, q: QueueState, config: QueueConfig) -> None:
         self._check_open()
         self.store.writer.run(Store.update_queue_job(q.id, config)).result()
         with self._lock:
@@ -1003,14 +844,6 @@ class Node:
         with self._lock:
             return sorted(self._queues)
 
-    def _queue(self, name: str) -> _Queue:
-        q = self._queues.get(name)
-        if q is None:
-            raise QueueNotFound(
-                f"queue {name!r} does not exist; create it with `eomsg queue create {name}`"
-            )
-        return q
-
     # -- flows: consumers bound to a queue (seed 002) ------------------------------------
 
     def bind(
@@ -1035,7 +868,7 @@ class Node:
             now = self.clock()
             with self._lock:
                 q = self._queue(queue)
-                f = _Flow(next(self._flow_ids), q, priority, owner, notify)
+                f = FlowState(next(self._flow_ids), q, priority, owner, notify)
                 f.bound_at = now
                 self._flows[f.id] = f
                 changes = q.election.bind(f.id, priority)
@@ -1102,15 +935,6 @@ class Node:
                     )
             return out
 
-    def _flow(self, q: _Queue, flow: int) -> _Flow:
-        f = self._flows.get(flow)
-        if f is None or f.queue is not q:
-            raise FlowNotFound(
-                f"no flow {flow} is bound to queue {q.config.name!r}; see "
-                f"`eomsg inspect flows {q.config.name}`"
-            )
-        return f
-
     def _reserve_epochs(self, queue: str) -> None:
         """Make sure the epochs the next election may hand out are durably reserved, so
         that none is ever reused after a crash. Call with ``_elect`` held."""
@@ -1124,7 +948,7 @@ class Node:
 
     def _apply(
         self,
-        q: _Queue,
+        q: QueueState,
         changes: list[Change],
         now: float,
         seen: dict[int, set[Key]] | None = None,
@@ -1148,7 +972,7 @@ class Node:
                 f.notify(FlowEvent(q.config.name, c.flow, kind, c.active, c.epoch))
         return self._queue_write(batch)
 
-    def _settle_apply(self, q: _Queue, future: Future[None] | None) -> None:
+    def _settle_apply(self, q: QueueState, future: Future[None] | None) -> None:
         if future is not None:  # something was settled: the next flow may take it
             future.result()
             self._notify({q.config.name})
@@ -1186,14 +1010,6 @@ class Node:
         so it must be quick and must not call the node; redeliveries that come due by
         time are not announced — poll for those."""
         self._listeners.append(callback)
-
-    def _notify(self, queues: set[str]) -> None:
-        with self._ready:
-            self._ready_generation += 1
-            self._ready.notify_all()
-        for callback in self._listeners:
-            for name in queues:
-                callback(name)
 
     # -- inspection -----------------------------------------------------------------------
 
@@ -1319,15 +1135,17 @@ class Node:
         if compact:
             self.store.writer.run(Store.compact_job()).result()
         if gc_due:
-            forgotten = self.store.writer.run(Store.forget_txns_job(_us(now - TXN_MEMORY))).result()
+            forgotten = self.store.writer.run(
+                Store.forget_txns_job(to_us(now - TXN_MEMORY))
+            ).result()
             if forgotten:
                 remembered = self.store.finished_txns()
                 with self._lock:
                     self._finished = {t: s for t, s in self._finished.items() if t in remembered}
             self._last_gc = now
-            cutoff = _us(now - self.settings.retention)
+            cutoff = to_us(now - self.settings.retention)
             horizon = self.store.writer.run(
-                Store.collect_garbage_job(floor, cutoff, _us(now))
+                Store.collect_garbage_job(floor, cutoff, to_us(now))
             ).result()
             with self._lock:
                 self._dedup.forget_below(horizon)
@@ -1355,27 +1173,6 @@ class Node:
                 if self.failed is not None:
                     return  # the store must be reopened: its listeners were told
                 log.warning("maintenance failed, tried again in %g s: %s", tick, e)
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise NodeClosed("the node is closed")
-
-    def _check_room(self) -> None:
-        """DiskFull unless the data directory's disk has the reserve free: below it the
-        node takes no new messages (settlements, which keep the backlog from growing,
-        go on), so a checkpoint and a restart always find the room they need. Looks
-        again before refusing, so publishing resumes as soon as there is room."""
-        reserve = self.settings.disk_reserve
-        if not reserve or self.store.disk_free >= reserve:
-            return
-        free = self.store.refresh_disk_free()
-        if free < reserve:
-            raise DiskFull(
-                f"the disk holding {self.store.data_dir} has {free / (1 << 20):.1f} MiB "
-                f"free, under the node's reserve of {reserve / (1 << 20):.0f} MiB: "
-                "publishing resumes once more is free (or lower "
-                "`eomsg config set disk-reserve`)"
-            )
 
     def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
         """Call ``callback(cause)`` once, on the writer's thread, if the store stops

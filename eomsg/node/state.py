@@ -1,0 +1,288 @@
+"""The node's shared state and the one lock discipline every part of it follows.
+
+:class:`~eomsg.node.node.Node` is built over :class:`NodeState`: the runtime state its
+parts share, and the helpers more than one of them uses. The runtime structs of a queue,
+a flow and a prepared transaction are here too.
+
+Lock discipline
+---------------
+
+``_lock`` guards the in-memory state: the queues (``_queues``, ``_by_id``, ``_matcher``,
+``_routes``) with their cursors, counts, elections and live epochs; the flows; the sequence
+numbers (``_next_seq``, ``_durable_seq``); the dedup window and ``_uncommitted_ids``; the
+prepared and finished transactions; ``_settled_since_compaction``. It is held briefly and
+never while waiting for the writer: the writer's after-commit callbacks (a publish made
+deliverable, a message moved to its dead-letter queue) take it, so waiting for a commit
+under it would deadlock. Writes are queued while holding it (:meth:`~NodeState._queue_write`,
+``_write_staged``, ``store.writer.write``), so the log's commit order is the order the state
+changed in — for publishes, the order sequence numbers were assigned; the caller waits for
+the commit (:meth:`~NodeState._await_commit`) after releasing it. A helper documented as
+"under ``_lock``" expects the caller to hold it.
+
+``_admin`` serialises administrative changes — creating, deleting and (un)subscribing
+queues, node settings, replay job records — which wait for their commit *before* they
+touch the in-memory state (under ``_lock``). The set of queues and each queue's config
+change only with both held, so either one is enough to read them; ``settings`` is replaced
+only under ``_admin``.
+
+``_elect`` serialises the election's stimuli (bind, unbind), which may wait for the
+writer to reserve epochs durably (``_reserve_epochs``) before they take ``_lock``; it
+guards ``_epochs_reserved``.
+
+Order: ``_admin`` or ``_elect`` first, then ``_lock``; the two are never held together, and
+nothing takes either of them under ``_lock``. ``_ready`` (a condition with its own lock,
+guarding ``_ready_generation``) wakes ``fetch(wait=)``; it is a leaf, never held with any of
+the others: :meth:`~NodeState._notify` bumps it and then calls the readiness listeners,
+and is called after ``_lock`` is released.
+
+A flow's ``notify`` callback runs *under* ``_lock`` (bind, unbind, an election's changes,
+a queue deleted), on whichever thread caused the change, so it must only hand the event on
+and never call the node.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
+from eomsg.core.dedup import DedupWindow
+from eomsg.core.election import Election, Epochs, FlowEvent
+from eomsg.core.message import Outgoing
+from eomsg.core.queues import QueueConfig
+from eomsg.core.topics import Matcher
+from eomsg.core.txn import TxnState
+from eomsg.errors import DiskFull, FlowNotFound, NodeClosed, QueueNotFound, StaleEpoch
+from eomsg.node.settings import NodeSettings, apply_saved
+from eomsg.store.store import US, Store
+from eomsg.store.writer import RowBatch
+
+Clock = Callable[[], float]
+Notify = Callable[[FlowEvent], None]
+
+
+def to_us(seconds: float) -> int:
+    """Seconds as the store's microseconds."""
+    return int(seconds * US)
+
+
+class QueueState:
+    """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
+
+    __slots__ = ("config", "counts", "cursor", "election", "id", "live_epochs")
+
+    def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
+        self.id = queue_id
+        self.config = config
+        self.cursor = Cursor(
+            ack_timeout=config.ack_timeout, max_redeliveries=config.max_redeliveries
+        )
+        self.counts = dict.fromkeys(Outcome, 0)
+        self.election = Election(config.max_active, config.immediate, epochs)
+        self.live_epochs: set[int] = set()  # of the active flows: deletes accepted
+
+
+class FlowState:
+    """A consumer bound to a queue: who it is and how to tell it about changes."""
+
+    __slots__ = ("bound_at", "id", "notify", "owner", "priority", "queue")
+
+    def __init__(
+        self, flow_id: int, queue: QueueState, priority: int, owner: str, notify: Notify | None
+    ) -> None:
+        self.id = flow_id
+        self.queue = queue
+        self.priority = priority
+        self.owner = owner
+        self.notify = notify
+        self.bound_at = 0.0
+
+
+class PreparedTxn:
+    """A transaction prepared here (seed 000) and not yet decided: what it publishes and
+    the messages it holds, by queue; ``owner`` is the session of its coordinator while
+    that is connected (None after a restart or a disconnect: the outcome is in doubt)."""
+
+    __slots__ = ("coordinator", "deletes", "messages", "owner", "prepared_at", "txid")
+
+    def __init__(
+        self,
+        txid: str,
+        coordinator: str,
+        prepared_at: float,
+        messages: list[Outgoing],
+        deletes: dict[QueueState, list[int]],
+        owner: str | None,
+    ) -> None:
+        self.txid = txid
+        self.coordinator = coordinator
+        self.prepared_at = prepared_at
+        self.messages = messages
+        self.deletes = deletes
+        self.owner = owner
+
+
+class NodeState:
+    """The state every concern of the node shares, under the lock discipline of this
+    module's docstring, and the helpers more than one concern uses."""
+
+    # Set by Node._recover, from the store.
+    _next_seq: int  # the seq the next published message gets
+    _durable_seq: int  # the last seq whose commit is durable
+    _settled_since_compaction: int
+    _last_gc: float
+
+    def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
+        self.store = store
+        self.settings = apply_saved(settings, store.settings())
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._admin = threading.Lock()
+        self._elect = threading.Lock()  # serialises election stimuli (they may wait)
+        self._epochs = Epochs(int(store.meta("epochs_reserved") or 0))
+        self._epochs_reserved = self._epochs.last
+        self._flows: dict[int, FlowState] = {}
+        self._flow_ids = itertools.count(1)
+        self._closed = False
+        self._queues: dict[str, QueueState] = {}
+        self._by_id: dict[int, QueueState] = {}
+        self._matcher: Matcher[QueueState] = Matcher()
+        self._routes: dict[str, tuple[QueueState, ...]] = {}
+        self._dedup = DedupWindow()
+        self._uncommitted_ids: dict[str, int] = {}
+        self._txns: dict[str, PreparedTxn] = {}  # prepared, undecided
+        self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
+        self._listeners: list[Callable[[str], None]] = []
+        self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
+        self._ready_generation = 0
+
+    # -- checks -------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise NodeClosed("the node is closed")
+
+    def _check_room(self) -> None:
+        """DiskFull unless the data directory's disk has the reserve free: below it the
+        node takes no new messages (settlements, which keep the backlog from growing,
+        go on), so a checkpoint and a restart always find the room they need. Looks
+        again before refusing, so publishing resumes as soon as there is room."""
+        reserve = self.settings.disk_reserve
+        if not reserve or self.store.disk_free >= reserve:
+            return
+        free = self.store.refresh_disk_free()
+        if free < reserve:
+            raise DiskFull(
+                f"the disk holding {self.store.data_dir} has {free / (1 << 20):.1f} MiB "
+                f"free, under the node's reserve of {reserve / (1 << 20):.0f} MiB: "
+                "publishing resumes once more is free (or lower "
+                "`eomsg config set disk-reserve`)"
+            )
+
+    def _queue(self, name: str) -> QueueState:
+        q = self._queues.get(name)
+        if q is None:
+            raise QueueNotFound(
+                f"queue {name!r} does not exist; create it with `eomsg queue create {name}`"
+            )
+        return q
+
+    def _flow(self, q: QueueState, flow: int) -> FlowState:
+        f = self._flows.get(flow)
+        if f is None or f.queue is not q:
+            raise FlowNotFound(
+                f"no flow {flow} is bound to queue {q.config.name!r}; see "
+                f"`eomsg inspect flows {q.config.name}`"
+            )
+        return f
+
+    @staticmethod
+    def _check_epoch(q: QueueState, epoch: int) -> None:
+        if epoch and epoch not in q.live_epochs:
+            raise StaleEpoch(
+                f"epoch {epoch} of queue {q.config.name!r} is over: that consumer is no longer "
+                "active, and its messages go to the active one; do not apply them"
+            )
+
+    # -- writing ------------------------------------------------------------------------
+
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None:
+        """Hand ``batch`` to the writer if it holds anything (None if not). Call under
+        ``_lock``, so commits follow the order the state changed in, then wait with
+        :meth:`_await_commit` after releasing it."""
+        return self.store.writer.write(batch) if not batch.empty else None
+
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None:
+        """Return once the commit :meth:`_queue_write` queued is durable (at once if it
+        queued none). Never under ``_lock``: the writer's after-commit callbacks take
+        it."""
+        if future is not None:
+            future.result()
+
+    def _record_settlements(
+        self, batch: RowBatch, q: QueueState, settlements: list[Settlement], now: float
+    ) -> None:
+        """Add settlement records (and dead-letter destinations) to ``batch``; the DLQ
+        sees its new messages once the batch commits. Call with ``_lock`` held."""
+        if not settlements:
+            return
+        now_us = to_us(now)
+        moved: list[int] = []
+        dlq = self._queues.get(q.config.dead_letter) if q.config.dead_letter else None
+        for s in settlements:
+            batch.add("settled", q.id, s.seq, s.outcome, now_us)
+            q.counts[s.outcome] += 1
+            if s.outcome is Outcome.DEAD_LETTERED and dlq is not None:
+                batch.add("destinations", s.seq, dlq.id)
+                moved.append(s.seq)
+        self._settled_since_compaction += len(settlements)
+        if moved and dlq is not None:
+            expiries = self.store.expiries(moved)
+            target = dlq
+
+            def to_dlq() -> None:
+                with self._lock:
+                    for seq in moved:
+                        target.cursor.append(seq, expiries.get(seq))
+                self._notify({target.config.name})
+
+            batch.after_commit(to_dlq)
+
+    def _record_releases(
+        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
+    ) -> None:
+        """Add releases (redeliveries, each with its due time) and settlements to
+        ``batch``. Call with ``_lock`` held."""
+        settlements = []
+        for r in outcomes:
+            if isinstance(r, Release):
+                batch.add("deliveries", q.id, r.seq, r.attempt, to_us(r.due), True)
+            else:
+                settlements.append(r)
+        self._record_settlements(batch, q, settlements, now)
+
+    # -- queues and readiness -------------------------------------------------------------
+
+    def _install(self, queue_id: int, config: QueueConfig) -> QueueState:
+        """Make queue ``config`` live in memory (its commit is durable). Under ``_lock``
+        (or while nothing else runs: at recovery)."""
+        q = QueueState(queue_id, config, self._epochs)
+        self._queues[config.name] = q
+        self._by_id[queue_id] = q
+        for pattern in config.subscriptions:
+            self._matcher.add(pattern, q)
+        self._routes.clear()
+        return q
+
+    def _notify(self, queues: set[str]) -> None:
+        """Messages became ready in ``queues``: wake the waiting fetches and tell the
+        listeners. Never under ``_lock``."""
+        with self._ready:
+            self._ready_generation += 1
+            self._ready.notify_all()
+        for callback in self._listeners:
+            for name in queues:
+                callback(name)
