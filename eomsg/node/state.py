@@ -1,8 +1,9 @@
 """The node's shared state and the one lock discipline every part of it follows.
 
-:class:`~eomsg.node.node.Node` is built over :class:`NodeState`: the runtime state its
-parts share, and the helpers more than one of them uses. The runtime structs of a queue,
-a flow and a prepared transaction are here too.
+:class:`~eomsg.node.node.Node` is assembled from one mixin per concern (``ingress``,
+``delivery``, ``participant``, ``flows``, ``admin``, ``maintenance``, ``inspection``), all
+over :class:`NodeState`: the runtime state they share, and the helpers more than one of
+them uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
 
 Lock discipline
 ---------------

@@ -1,0 +1,155 @@
+"""Administration: queues (create, delete, subscribe, unsubscribe, purge, their configs)
+and the node's saved settings. Not a seed of its own: it sets up what the seeds run on —
+a queue's subscriptions are the routes of seed 004, its cursor that of seed 003.
+
+Under the lock discipline of :mod:`eomsg.node.state`: a change takes ``_admin``, waits for
+its commit, and only then changes the in-memory state under ``_lock``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from eomsg.core.election import FlowEvent
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import InvalidConfig, QueueExists, QueueNotEmpty
+from eomsg.node.settings import SETTINGS, apply_saved
+from eomsg.node.state import NodeState, QueueState, to_us
+from eomsg.store.store import Store
+from eomsg.store.writer import RowBatch
+
+
+class Admin(NodeState):
+    """Queue and node administration."""
+
+    def create_queue(self, config: QueueConfig) -> bool:
+        """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
+        False if an identical queue exists; QueueExists if it differs."""
+        with self._admin:
+            existing = self._queues.get(config.name)
+            if existing is not None:
+                if existing.config == config:
+                    return False
+                raise QueueExists(
+                    f"queue {config.name!r} already exists with other settings; delete it "
+                    "first or use `eomsg queue subscribe`"
+                )
+            if config.dead_letter and config.dead_letter not in self._queues:
+                self._create(QueueConfig(config.dead_letter))
+            self._create(config)
+            return True
+
+    def _create(self, config: QueueConfig) -> None:
+        self._check_open()
+        queue_id = self.store.writer.run(
+            Store.create_queue_job(config, to_us(self.clock()))
+        ).result()
+        with self._lock:
+            self._install(queue_id, config)
+
+    def delete_queue(self, name: str, *, force: bool = False) -> int:
+        """Delete a queue and its records; returns how many messages it still held.
+        Refuses a non-empty queue unless ``force``, and a queue another dead-letters to.
+        Consumers still bound to it are told they were unbound."""
+        with self._admin:
+            q = self._queue(name)
+            users = [u.config.name for u in self._queues.values() if u.config.dead_letter == name]
+            if users:
+                raise QueueNotEmpty(
+                    f"queue {name!r} is the dead-letter queue of {', '.join(users)}; "
+                    "delete those first"
+                )
+            depth = q.cursor.depth
+            if depth and not force:
+                raise QueueNotEmpty(
+                    f"queue {name!r} holds {depth} messages; purge it or use --force"
+                )
+            self._check_open()
+            self.store.writer.run(Store.drop_queue_job(q.id)).result()
+            with self._lock:
+                for pattern in q.config.subscriptions:
+                    self._matcher.remove(pattern, q)
+                self._routes.clear()
+                del self._queues[name], self._by_id[q.id]
+                for v in q.election.flows():
+                    f = self._flows.pop(v.flow)
+                    if f.notify is not None:
+                        f.notify(FlowEvent(name, v.flow, "unbound", False, 0))
+            return depth
+
+    def subscribe(self, name: str, pattern: str) -> bool:
+        """Route messages published from now on to topics matching ``pattern`` into the
+        queue. Idempotent: False if it was subscribed already."""
+        with self._admin:
+            q = self._queue(name)
+            if pattern in q.config.subscriptions:
+                return False
+            self._update(q, replace(q.config, subscriptions=(*q.config.subscriptions, pattern)))
+            return True
+
+    def unsubscribe(self, name: str, pattern: str) -> bool:
+        """Stop routing ``pattern`` to the queue. Idempotent: False if not subscribed."""
+        with self._admin:
+            q = self._queue(name)
+            if pattern not in q.config.subscriptions:
+                return False
+            subs = tuple(p for p in q.config.subscriptions if p != pattern)
+            self._update(q, replace(q.config, subscriptions=subs))
+            return True
+
+    def _update(self, q: QueueState, config: QueueConfig) -> None:
+        self._check_open()
+        self.store.writer.run(Store.update_queue_job(q.id, config)).result()
+        with self._lock:
+            for pattern in q.config.subscriptions:
+                self._matcher.remove(pattern, q)
+            for pattern in config.subscriptions:
+                self._matcher.add(pattern, q)
+            self._routes.clear()
+            q.config = config
+
+    def purge(self, name: str) -> int:
+        """Settle every message in the queue as purged; returns how many."""
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            settlements = q.cursor.purge()
+            batch = RowBatch()
+            self._record_settlements(batch, q, settlements, now)
+            future = self._queue_write(batch)
+        self._await_commit(future)
+        return len(settlements)
+
+    def queue_config(self, name: str) -> QueueConfig:
+        with self._lock:
+            return self._queue(name).config
+
+    def queue_names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._queues)
+
+    # -- settings -----------------------------------------------------------------------
+
+    def configure(self, name: str, value: str) -> str:
+        """Save a node setting in the data directory and apply it now; returns its value
+        in canonical form. ``retention`` and ``gc-interval`` are durations, ``max-payload``
+        a size."""
+        if name not in SETTINGS:
+            raise InvalidConfig(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
+        canonical = SETTINGS[name][0](value)
+        with self._admin:
+            self._check_open()
+            self.store.writer.run(Store.save_setting_job(name, canonical)).result()
+            self.settings = apply_saved(self.settings, {name: canonical})
+        return canonical
+
+    def saved_settings(self) -> dict[str, str]:
+        """Every setting and its value, saved or default, in canonical form."""
+        s = self.settings
+        return {
+            "retention": f"{s.retention:g}",
+            "gc-interval": f"{s.gc_interval:g}",
+            "max-payload": str(s.limits.max_payload),
+            "disk-reserve": str(s.disk_reserve),
+        }

@@ -1,0 +1,218 @@
+"""Delivery and cursors (seed 003): each queue's :class:`~eomsg.core.cursor.Cursor`
+keeps its own read position in the log and hands messages out — redeliveries first, then
+new messages in sequence order — and a delete is recorded per queue, apart from the log.
+Every delivery attempt, release and delete is durable before it is answered.
+
+Under the lock discipline of :mod:`eomsg.node.state`: the cursor changes and its records
+are queued under ``_lock``; the caller waits for the commit after releasing it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from concurrent.futures import Future
+
+from eomsg.core.cursor import Outcome, Release, Settlement
+from eomsg.core.message import Delivered, Key, check_keys
+from eomsg.errors import InvalidConfig, NotActive
+from eomsg.failpoints import failpoint
+from eomsg.node.state import NodeState, QueueState, to_us
+from eomsg.store.writer import RowBatch
+
+
+class Delivery(NodeState):
+    """Consuming: fetch, delete, release and give back deliveries."""
+
+    def fetch(
+        self,
+        queue: str,
+        max_messages: int = 100,
+        wait: float = 0.0,
+        *,
+        flow: int | None = None,
+        holder: int = 0,
+    ) -> list[Delivered]:
+        """Deliver up to ``max_messages`` from ``queue``: redeliveries first, then new
+        messages in sequence order. Each delivery attempt is durable before it is
+        returned, so the redelivery limit holds across crashes.
+
+        With ``flow`` (see :meth:`bind`) the messages go to that consumer under its epoch,
+        and only while it is active: an inactive flow gets none. When several flows are
+        active, each fetch takes at most its fair share of the ready messages, so a
+        burst is spread over them. Without ``flow``, only a queue with no limit on active
+        consumers can be read (NotActive otherwise). With ``wait``, an empty queue is
+        waited on for up to that many seconds. ``holder`` names the caller (the server
+        gives each connection its own; in-process callers share 0): only the holder of a
+        delivery settles it."""
+        deadline = time.monotonic() + wait
+        while True:
+            with self._ready:
+                generation = self._ready_generation
+            taken = self.take(queue, max_messages, flow=flow, holder=holder)[0]
+            remaining = deadline - time.monotonic()
+            if taken or remaining <= 0:
+                return taken
+            with self._ready:
+                if self._ready_generation == generation:
+                    self._ready.wait(remaining)
+
+    def take(
+        self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
+    ) -> tuple[list[Delivered], bool]:
+        """:meth:`fetch`, also saying whether the queue still holds messages that are not
+        in flight (looked at in the same step, so a consumer knows it has drained it)."""
+        if max_messages < 1:
+            raise InvalidConfig("max messages must be at least 1")
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            epoch = 0
+            if flow is None:
+                if q.config.max_active:
+                    raise NotActive(
+                        f"queue {queue!r} is {q.config.kind} (at most {q.config.max_active} "
+                        "active consumers): bind a consumer to it (client.consumer(...) or "
+                        "`eomsg consume`) to receive"
+                    )
+            else:
+                self._flow(q, flow)
+                epoch = q.election.epoch_of(flow)
+                if not epoch:
+                    return [], q.cursor.ready_count > 0
+                active = len(q.live_epochs)
+                if active > 1:
+                    share = -(-q.cursor.ready_count // active)
+                    max_messages = max(1, min(max_messages, share))
+            taken = q.cursor.take(now, max_messages, epoch, holder)
+            more = q.cursor.ready_count > 0
+            batch = RowBatch()
+            for d in taken.deliveries:
+                batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
+            self._record_settlements(batch, q, taken.settlements, now)
+            future = self._queue_write(batch)
+        self._await_commit(future)
+        if not taken.deliveries:
+            return [], more
+        messages = self.store.fetch([d.seq for d in taken.deliveries])
+        delivered = [
+            Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
+            for d in taken.deliveries
+        ]
+        return delivered, more
+
+    def delete(
+        self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0
+    ) -> list[bool]:
+        """Delete delivered messages from ``queue`` (seed 003: a deletion record per
+        message), each named by its delivery ``(seq, attempt)`` (:attr:`Delivered.key`).
+        Atomic and idempotent: True for each message deleted now, False for one already
+        settled. Nothing is deleted if any was never delivered (NotInFlight), if any
+        delivery is over or is not ``holder``'s (StaleDelivery), or if ``epoch`` — that
+        of the flow the messages were delivered to, 0 for a fetch without one — is over
+        or does not match (StaleEpoch). Returns once durable."""
+        return self.delete_async(queue, keys, epoch=epoch, holder=holder).result()
+
+    def delete_async(
+        self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0
+    ) -> Future[list[bool]]:
+        """Like :meth:`delete`, but returns at once with a future that resolves after the
+        commit, so a consumer can fetch its next batch meanwhile (both then share one
+        commit). Invalid input raises here, before anything is queued."""
+        keys = check_keys(keys)
+        now_us = to_us(self.clock())
+        deleted: Future[list[bool]] = Future()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            self._check_epoch(q, epoch)
+            done = q.cursor.delete_many(keys, epoch, holder)
+            rows = [
+                (q.id, s, Outcome.DELETED, now_us)
+                for (s, _), d in zip(keys, done, strict=True)
+                if d
+            ]
+            q.counts[Outcome.DELETED] += len(rows)
+            self._settled_since_compaction += len(rows)
+            failpoint("delete.before_commit")
+            if not rows:
+                deleted.set_result(done)
+                return deleted
+            batch = RowBatch()
+            batch.rows_of("settled").extend(rows)
+            committed = self.store.writer.write(batch)
+
+        def on_commit(f: Future[None]) -> None:
+            error = f.exception()
+            if error is not None:
+                deleted.set_exception(error)
+            else:
+                deleted.set_result(done)
+
+        committed.add_done_callback(on_commit)
+        return deleted
+
+    def release(
+        self,
+        queue: str,
+        keys: Iterable[Key],
+        delay: float = 0.0,
+        *,
+        epoch: int = 0,
+        holder: int = 0,
+    ) -> None:
+        """Give deliveries back for redelivery after ``delay`` seconds (nack). Atomic. A
+        message past its redelivery limit goes to the dead-letter queue. Each delivery
+        is checked as for :meth:`delete`, and must still be in flight."""
+        keys = check_keys(keys)
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            self._check_epoch(q, epoch)
+            outcomes = q.cursor.release_many(keys, now, delay, epoch, holder)
+            future = self._write_releases(q, outcomes, now)
+        self._released(queue, future, bool(keys) and delay <= 0)
+
+    def return_unseen(
+        self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0
+    ) -> None:
+        """Take back deliveries that ``holder`` never handed to its application (they sat
+        in its prefetch buffer): ready again at once and un-counted, so a message's
+        attempt stays the number of times it was handed out. Deliveries no longer
+        ``holder``'s are left alone. Idempotent."""
+        keys = check_keys(keys)
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            expired = q.cursor.return_unseen(keys, now, epoch, holder)
+            future = self._write_releases(q, list(expired), now)
+        self._released(queue, future, bool(keys))
+
+    def release_held(self, queue: str, held: Iterable[Key], holder: int) -> int:
+        """Give back those of ``holder``'s deliveries that are still in flight to it —
+        what a consumer that went away was holding — and leave alone any message
+        settled or handed out since. They count as handed out. Returns how many."""
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            q = self._queue(queue)
+            outcomes = q.cursor.release_holder(list(held), now, holder)
+            future = self._write_releases(q, outcomes, now)
+        self._released(queue, future, bool(outcomes))
+        return len(outcomes)
+
+    def _write_releases(
+        self, q: QueueState, outcomes: list[Release | Settlement], now: float
+    ) -> Future[None] | None:
+        """Record releases and settlements in one batch; under ``_lock``."""
+        batch = RowBatch()
+        self._record_releases(batch, q, outcomes, now)
+        return self._queue_write(batch)
+
+    def _released(self, queue: str, future: Future[None] | None, ready: bool) -> None:
+        self._await_commit(future)
+        if ready:
+            self._notify({queue})

@@ -1,0 +1,159 @@
+"""Flows and election wiring (seed 002): a queue elects which of its bound consumers
+(flows) are active, and tells each one when that changes. The election itself is
+:class:`~eomsg.core.election.Election`; here a bind or an unbind runs it and its changes
+are carried out: an active flow's epoch is accepted, a deactivated one's deliveries are
+made ready again for the next active flow.
+
+Under the lock discipline of :mod:`eomsg.node.state`: a bind or an unbind takes ``_elect``
+(it may wait for epochs to be reserved), then ``_lock`` to run the election and apply its
+changes; a flow's ``notify`` hears of them under ``_lock``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import Future
+
+from eomsg.core.election import Change, FlowEvent, FlowInfo
+from eomsg.core.message import Key, check_keys
+from eomsg.errors import InvalidConfig
+from eomsg.node.state import FlowState, NodeState, Notify, QueueState
+from eomsg.store.store import Store
+from eomsg.store.writer import RowBatch
+
+EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
+
+
+class Flows(NodeState):
+    """Consumers bound to a queue: bind, unbind, and the election they run."""
+
+    def bind(
+        self,
+        queue: str,
+        *,
+        priority: int = 0,
+        owner: str = "",
+        notify: Notify | None = None,
+    ) -> FlowInfo:
+        """Bind a consumer to ``queue`` and run the election; returns the new flow,
+        active or on standby. ``notify`` then hears every change of the flow, in order:
+        first ``bound`` (the same state as returned), later ``active`` / ``inactive``
+        with their epochs, and ``unbound`` if an administrator unbinds it. It runs under
+        the node's lock, on whichever thread caused the change, so it must only hand
+        the event on (never call the node)."""
+        if not -(2**31) <= priority < 2**31:
+            raise InvalidConfig("priority must fit in 32 bits")
+        with self._elect:
+            self._check_open()
+            self._reserve_epochs(queue)
+            now = self.clock()
+            with self._lock:
+                q = self._queue(queue)
+                f = FlowState(next(self._flow_ids), q, priority, owner, notify)
+                f.bound_at = now
+                self._flows[f.id] = f
+                changes = q.election.bind(f.id, priority)
+                future = self._apply(q, [c for c in changes if c.flow != f.id], now)
+                mine = [c for c in changes if c.flow == f.id]
+                epoch = mine[0].epoch if mine else 0
+                if epoch:
+                    q.live_epochs.add(epoch)
+                if notify is not None:
+                    notify(FlowEvent(queue, f.id, "bound", bool(epoch), epoch))
+                info = FlowInfo(queue, f.id, owner, priority, bool(epoch), epoch, now, 0)
+        self._settle_apply(q, future)
+        return info
+
+    def unbind(
+        self, queue: str, flow: int, *, admin: bool = False, seen: Iterable[Key] | None = None
+    ) -> int:
+        """Unbind a flow — its consumer asked, went away, or fell silent; or, with
+        ``admin``, an administrator did (its consumer is told ``unbound``) — and run the
+        election. Whatever it held in flight is redelivered, in order, to the active
+        flows. With ``seen`` — a consumer that unbinds says which of its deliveries it
+        handed to its application — the others are un-counted (they sat in its prefetch
+        buffer). Returns how many messages were redelivered."""
+        seen_keys = None if seen is None else set(check_keys(seen))
+        with self._elect:
+            self._check_open()
+            self._reserve_epochs(queue)
+            now = self.clock()
+            with self._lock:
+                q = self._queue(queue)
+                f = self._flow(q, flow)
+                epoch = q.election.epoch_of(flow)
+                held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
+                changes = q.election.unbind(flow)
+                future = self._apply(
+                    q, changes, now, None if seen_keys is None else {epoch: seen_keys}
+                )
+                del self._flows[flow]
+                if admin and f.notify is not None:
+                    f.notify(FlowEvent(queue, flow, "unbound", False, 0))
+        self._settle_apply(q, future)
+        return held
+
+    def flows(self, queue: str | None = None) -> list[FlowInfo]:
+        """The flows bound to ``queue`` (or to every queue), best-ranked first."""
+        with self._lock:
+            queues = [self._queue(queue)] if queue is not None else list(self._queues.values())
+            out = []
+            for q in sorted(queues, key=lambda q: q.config.name):
+                held = q.cursor.in_flight_by_epoch()
+                for v in q.election.flows():
+                    f = self._flows[v.flow]
+                    out.append(
+                        FlowInfo(
+                            q.config.name,
+                            v.flow,
+                            f.owner,
+                            v.priority,
+                            v.active,
+                            v.epoch,
+                            f.bound_at,
+                            held.get(v.epoch, 0) if v.active else 0,
+                        )
+                    )
+            return out
+
+    def _reserve_epochs(self, queue: str) -> None:
+        """Make sure the epochs the next election may hand out are durably reserved, so
+        that none is ever reused after a crash. Call with ``_elect`` held."""
+        with self._lock:
+            bound = len(self._queue(queue).election)
+        need = self._epochs.last + bound + 1
+        if need > self._epochs_reserved:
+            reserved = need + EPOCH_BLOCK
+            self.store.writer.run(Store.save_meta_job("epochs_reserved", str(reserved))).result()
+            self._epochs_reserved = reserved
+
+    def _apply(
+        self,
+        q: QueueState,
+        changes: list[Change],
+        now: float,
+        seen: dict[int, set[Key]] | None = None,
+    ) -> Future[None] | None:
+        """Carry out an election's changes, in order, under ``_lock``: a deactivated
+        flow's epoch stops being accepted and what it held in flight is made ready again
+        (lowest seq first, for the next active flow) — un-counted where ``seen`` lists
+        what that epoch's consumer handed to its application, and the rest is not in
+        it; every flow hears of its change."""
+        batch = RowBatch()
+        for c in changes:
+            if c.active:
+                q.live_epochs.add(c.epoch)
+            else:
+                q.live_epochs.discard(c.epoch)
+                given_back = q.cursor.release_epoch(c.epoch, now, (seen or {}).get(c.epoch))
+                self._record_releases(batch, q, given_back, now)
+            f = self._flows.get(c.flow)
+            if f is not None and f.notify is not None:
+                kind = "active" if c.active else "inactive"
+                f.notify(FlowEvent(q.config.name, c.flow, kind, c.active, c.epoch))
+        return self._queue_write(batch)
+
+    def _settle_apply(self, q: QueueState, future: Future[None] | None) -> None:
+        if future is not None:  # something was settled: the next flow may take it
+            future.result()
+            self._notify({q.config.name})

@@ -1,0 +1,186 @@
+"""Ingress and routing (seed 004): validate, dedup by id (seed 001), assign the next
+sequence number, match the queues subscribed to the topic, persist the message together
+with its destination list in one group commit, and acknowledge only after that commit.
+The commit's after-commit step then hands the message to each destination's cursor.
+
+Under the lock discipline of :mod:`eomsg.node.state`: a batch is staged and queued under
+``_lock``, so the log's commit order is the order its sequence numbers were assigned.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from concurrent.futures import Future
+
+from eomsg.core.limits import check_outgoing
+from eomsg.core.message import Outgoing, PublishResult
+from eomsg.failpoints import failpoint
+from eomsg.node.state import NodeState, QueueState, to_us
+from eomsg.store.writer import RowBatch
+
+Fresh = tuple[int, str | None, float | None, tuple[QueueState, ...]]  # seq, id, expiry, route
+
+
+class Ingress(NodeState):
+    """Publishing: messages in, numbered, routed and made durable."""
+
+    def publish(
+        self,
+        topic: str,
+        payload: bytes,
+        *,
+        id: str | None = None,
+        ttl: float | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> PublishResult:
+        """Publish one message; returns once it is durable (see :meth:`publish_batch`)."""
+        return self.publish_batch([Outgoing(topic, payload, id, ttl, headers or {})])[0]
+
+    def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        """Publish messages atomically: all are durable when this returns, none if it raises.
+
+        Every message is validated before anything is written. A message whose ``id`` was
+        published before and can still live is not stored again: its result carries the
+        original ``seq`` and ``duplicate=True`` (also within one batch).
+        """
+        return self.publish_batch_async(messages).result()
+
+    def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
+        """Like :meth:`publish_batch`, but returns at once with a future that resolves
+        after the commit, so a producer can prepare its next batch meanwhile. Invalid
+        input raises here, before anything is queued."""
+        limits = self.settings.limits
+        for m in messages:
+            check_outgoing(m, limits)
+        self._check_room()
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            first_seq = self._next_seq
+            results, fresh = self._stage(batch, messages, now)
+            if fresh or self._durable_seq < first_seq - 1:  # duplicates wait for originals
+                committed = self._write_staged(batch, first_seq, fresh)
+            else:
+                committed = Future()
+                committed.set_result(None)
+            failpoint("publish.before_commit")
+        acked: Future[list[PublishResult]] = Future()
+
+        def on_commit(f: Future[None]) -> None:
+            error = f.exception()
+            if error is not None:
+                with self._lock:
+                    for _, msg_id, _, _ in fresh:
+                        if msg_id is not None:
+                            self._uncommitted_ids.pop(msg_id, None)
+                acked.set_exception(error)
+                return
+            failpoint("publish.after_commit")
+            acked.set_result(results)
+
+        committed.add_done_callback(on_commit)
+        return acked
+
+    def _stage(
+        self, batch: RowBatch, messages: Sequence[Outgoing], now: float
+    ) -> tuple[list[PublishResult], list[Fresh]]:
+        """Dedup ``messages`` by id, give the new ones the next sequence numbers and
+        route them, adding their rows to ``batch`` (with the after-commit step that
+        makes them deliverable). Call with ``_lock`` held, then :meth:`_write_staged`."""
+        now_us = to_us(now)
+        results: list[PublishResult] = []
+        fresh: list[Fresh] = []
+        log_rows, id_rows, dest_rows = [], [], []
+        uncommitted, lookup = self._uncommitted_ids, self._dedup.lookup
+        seq = self._next_seq
+        for m in messages:
+            msg_id = m.id
+            if msg_id is not None:
+                original = uncommitted.get(msg_id) or lookup(msg_id, now)
+                if original is not None:
+                    results.append(PublishResult(original, msg_id, True, None))
+                    continue
+                uncommitted[msg_id] = seq
+            expires = None if m.ttl is None else now + m.ttl
+            expires_us = None if expires is None else to_us(expires)
+            queues = self._route(m.topic)
+            headers = json.dumps(m.headers) if m.headers else None
+            log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
+            if msg_id is not None:
+                id_rows.append((msg_id, seq, expires_us))
+            for q in queues:
+                dest_rows.append((seq, q.id))
+            fresh.append((seq, msg_id, expires, queues))
+            results.append(PublishResult(seq, msg_id, False, len(queues)))
+            seq += 1
+        self._next_seq = seq
+        for name, rows in (
+            ("messages", log_rows),
+            ("publish_ids", id_rows),
+            ("destinations", dest_rows),
+        ):
+            if rows:
+                batch.rows_of(name).extend(rows)
+        if fresh:
+            batch.after_commit(lambda: self._published(fresh))
+        return results, fresh
+
+    def _write_staged(self, batch: RowBatch, first_seq: int, fresh: list[Fresh]) -> Future[None]:
+        """Queue a batch holding staged messages; if the writer refuses it, forget them
+        (nothing was queued), so their seqs and ids are free again."""
+        try:
+            return self.store.writer.write(batch)
+        except BaseException:
+            self._next_seq = first_seq
+            for _, msg_id, _, _ in fresh:
+                if msg_id is not None:
+                    self._uncommitted_ids.pop(msg_id, None)
+            raise
+
+    def _route(self, topic: str) -> tuple[QueueState, ...]:
+        route = self._routes.get(topic)
+        if route is None:
+            route = tuple(sorted(self._matcher.match(topic), key=lambda q: q.id))
+            if len(self._routes) > 8192:
+                self._routes.clear()
+            self._routes[topic] = route
+        return route
+
+    def _published(self, fresh: list[Fresh]) -> None:
+        """After commit (writer thread, commit order): make the messages deliverable and
+        their ids known. Consecutive messages with the same route go to the cursors as
+        one run, since a batch usually shares one topic."""
+        ids: list[str] = []
+        id_seqs: list[int] = []
+        id_expiry: list[float | None] = []
+        routes: set[tuple[QueueState, ...]] = set()
+        with self._lock:
+            run_route: tuple[QueueState, ...] | None = None
+            run_seqs: list[int] = []
+            run_expiry: list[float | None] = []
+            for seq, msg_id, expires, route in fresh:
+                if route is not run_route:
+                    self._append_run(run_route, run_seqs, run_expiry)
+                    run_route, run_seqs, run_expiry = route, [], []
+                    routes.add(route)
+                run_seqs.append(seq)
+                run_expiry.append(expires)
+                if msg_id is not None:
+                    ids.append(msg_id)
+                    id_seqs.append(seq)
+                    id_expiry.append(expires)
+            self._append_run(run_route, run_seqs, run_expiry)
+            self._dedup.remember_many(ids, id_seqs, id_expiry)
+            for msg_id in ids:
+                self._uncommitted_ids.pop(msg_id, None)
+            self._durable_seq = fresh[-1][0]
+        self._notify({q.config.name for route in routes for q in route})
+
+    @staticmethod
+    def _append_run(
+        route: tuple[QueueState, ...] | None, seqs: list[int], expiry: list[float | None]
+    ) -> None:
+        for q in route or ():
+            q.cursor.extend(seqs, expiry)

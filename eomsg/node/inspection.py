@@ -1,0 +1,129 @@
+"""Inspection and replay reads: queue statistics, the retained log, read-only SQL, and
+the log ranges and job records that replay (``eomsg.spark``) reads through the node. No
+seed of its own: it reads what the others wrote, and changes nothing but a replay job's
+record.
+
+Under the lock discipline of :mod:`eomsg.node.state`: :meth:`Inspection.stats` takes its
+snapshot under ``_lock`` and reads the store outside it; a job record is written under
+``_admin``. :meth:`Inspection.stats` first applies the passage of time (``_poll``), so
+:class:`Inspection` extends :class:`~eomsg.node.maintenance.Maintenance`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from eomsg.core.cursor import Outcome
+from eomsg.core.message import Message
+from eomsg.core.queues import QueueStats
+from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
+from eomsg.core.topics import pattern_regex
+from eomsg.errors import InvalidConfig
+from eomsg.node.maintenance import Maintenance
+from eomsg.store.store import Store
+
+LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
+
+
+class Inspection(Maintenance):
+    """Reads for people and for replay."""
+
+    def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
+        """Run one read-only SQL query on the store: column names and rows."""
+        self._check_open()
+        return self.store.query(sql)
+
+    def stats(self) -> list[QueueStats]:
+        """A snapshot of every queue, by name."""
+        now = self.clock()
+        self._poll(now)
+        with self._lock:
+            snapshot = [
+                (
+                    q.config,
+                    q.cursor.depth,
+                    q.cursor.in_flight,
+                    dict(q.counts),
+                    q.cursor.lowest_pending(),
+                    len(q.election),
+                    len(q.live_epochs),
+                )
+                for q in sorted(self._queues.values(), key=lambda q: q.config.name)
+            ]
+        published = self.store.published_at([s[4] for s in snapshot if s[4] is not None])
+        out = []
+        for config, depth, in_flight, counts, low, flows, active in snapshot:
+            oldest = published.get(low) if low is not None else None
+            out.append(
+                QueueStats(
+                    config.name,
+                    config.subscriptions,
+                    depth,
+                    in_flight,
+                    counts[Outcome.DELETED],
+                    counts[Outcome.EXPIRED],
+                    counts[Outcome.DEAD_LETTERED],
+                    counts[Outcome.PURGED],
+                    None if oldest is None else max(0.0, now - oldest),
+                    config.dead_letter,
+                    config.max_redeliveries,
+                    config.max_active,
+                    flows,
+                    active,
+                )
+            )
+        return out
+
+    def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
+        """Messages still in the retained log, oldest first."""
+        if limit < 1:
+            raise InvalidConfig("limit must be at least 1")
+        regex = None if pattern is None else pattern_regex(pattern)
+        return self.store.log(regex, from_seq, limit)
+
+    # -- replay (read by eomsg.spark) -------------------------------------------------------
+
+    def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
+        """The first and last committed seq that ``sel`` selects, or None."""
+        self._check_open()
+        return self.store.log_bounds(sel)
+
+    def log_horizon(self) -> tuple[int, int | None]:
+        """The first seq the log still holds (log GC drops what is below it; 1 if it
+        never dropped any) and the latest publish time among the messages it dropped, in
+        microseconds (None if none)."""
+        self._check_open()
+        return self.store.log_horizon()
+
+    def read_log(
+        self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
+    ) -> tuple[Any, int]:
+        """Committed messages of ``sel`` in ``[lo, hi)``, oldest first, as an Arrow table
+        of at most about ``max_bytes`` (one row at least; None: 64 MiB), and the seq to
+        read on from (``hi`` when the range is exhausted). Reading the same range again
+        gives the same rows: below the last committed seq the log never changes (until
+        log GC)."""
+        self._check_open()
+        if max_bytes is None:
+            max_bytes = LOG_CHUNK
+        if max_bytes < 1:
+            raise InvalidConfig("max_bytes must be at least 1")
+        return self.store.log_chunk(sel, lo, hi, max_bytes)
+
+    def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
+        """The replay jobs recorded against this log (or the one named), newest first."""
+        self._check_open()
+        return self.store.replay_jobs(job_id)
+
+    def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
+        """Durably move job ``record.job_id`` by ``event`` (the table in core.replay) and
+        return its new record; an illegal move (finishing a job that is not running)
+        raises IllegalMove and changes nothing."""
+        with self._admin:
+            self._check_open()
+            known = self.store.replay_jobs(validate_job_id(record.job_id))
+            status = job_transition(known[0].status if known else None, event, record.job_id)
+            new = replace(record, status=status, recorded_at=self.clock())
+            self.store.writer.run(Store.record_replay_job(new)).result()
+            return new

@@ -1,0 +1,241 @@
+"""The node as a transaction participant (seed 000): the log and the cursors take part in
+the application's distributed transaction. A prepare makes the transaction's messages
+and held deliveries durable without applying them; the commit publishes the messages and
+deletes what was held, the abort drops the messages and gives the deliveries back.
+:meth:`Participant.transact` is the one-phase commit of a transaction whose only
+participant is this node.
+
+A committed transaction's messages enter the log as a publish does, so :class:`Participant`
+extends :class:`~eomsg.node.ingress.Ingress` (``_stage``, ``_write_staged``). Under the lock
+discipline of :mod:`eomsg.node.state`: every step changes the state and queues its records
+under ``_lock``, and waits for the commit after releasing it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from eomsg.core.cursor import Outcome, Settlement
+from eomsg.core.limits import check_outgoing
+from eomsg.core.message import Outgoing, PublishResult
+from eomsg.core.operations import TxnDelete
+from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
+from eomsg.errors import InvalidConfig, InvalidInput, TxnNotFound
+from eomsg.failpoints import failpoint
+from eomsg.node.ingress import Ingress
+from eomsg.node.state import PreparedTxn, QueueState, to_us
+from eomsg.store.writer import RowBatch
+
+
+class Participant(Ingress):
+    """Two-phase commit: prepare, commit, abort; and the one-phase :meth:`transact`."""
+
+    def prepare_txn(
+        self,
+        txid: str,
+        *,
+        coordinator: str,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[TxnDelete] = (),
+        owner: str | None = "",
+        holder: int = 0,
+    ) -> None:
+        """Vote yes for transaction ``txid``: make its work durable without applying it,
+        and return once it is. ``messages`` will be published (invisible until the
+        commit); ``deletes`` — ``(queue, seq, epoch, attempt)`` of deliveries in flight
+        to ``holder`` — are held for the transaction: no timeout, no redelivery, no
+        delete or release by anyone but its outcome. A delivery that is over
+        (StaleDelivery) makes the node vote no, so the transaction aborts cleanly.
+        ``coordinator`` says where the outcome will be recorded, for recovery. Atomic:
+        on any error nothing is held or recorded.
+        Idempotent: preparing a prepared transaction again does nothing."""
+        check_txid(txid)
+        if len(coordinator) > 1024:
+            raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
+        for m in messages:
+            check_outgoing(m, self.settings.limits)
+        if messages:
+            self._check_room()
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            if txid in self._txns:
+                return
+            if txid in self._finished:
+                move("participant", self._finished[txid], TxnMove.PREPARE, txid)
+            by_queue = self._check_deletes(deletes, holder)
+            held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
+            for q, seqs in held.items():
+                q.cursor.hold_many(seqs)
+            batch.add("txn_log", txid, TxnState.PREPARED.value, to_us(now), coordinator)
+            for i, m in enumerate(messages):
+                headers = json.dumps(m.headers) if m.headers else None
+                batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, headers, m.payload)
+            for q, seqs in held.items():
+                for seq in seqs:
+                    batch.add("txn_deletes", txid, q.id, seq)
+            self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner)
+            failpoint("txn.prepare.before_commit")
+            committed = self.store.writer.write(batch)
+        committed.result()
+        failpoint("txn.prepare.after_commit")
+
+    def commit_txn(self, txid: str) -> list[PublishResult]:
+        """Apply prepared transaction ``txid`` atomically: its messages enter the log (in
+        order, with seqs from now) and its held messages are deleted. Returns once
+        durable, with the publish results. Idempotent: committing a committed
+        transaction returns ``[]``; TxnConflict if it was aborted, TxnNotFound if it was
+        never prepared here (or finished long ago)."""
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            t = self._txns.get(txid)
+            if t is None:
+                move("participant", self._decided(txid), TxnMove.COMMIT, txid)
+                return []
+            first_seq = self._next_seq
+            results, fresh = self._stage(batch, t.messages, now)
+            for q, seqs in t.deletes.items():
+                if self._by_id.get(q.id) is q:  # the queue may have been deleted since
+                    done = q.cursor.delete_held(seqs)
+                    settled = [
+                        Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
+                    ]
+                    self._record_settlements(batch, q, settled, now)
+            batch.add("txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator)
+            del self._txns[txid]
+            self._finished[txid] = TxnState.COMMITTED
+            failpoint("txn.commit.before_commit")
+            committed = self._write_staged(batch, first_seq, fresh)
+        committed.result()
+        failpoint("txn.commit.after_commit")
+        return results
+
+    def abort_txn(self, txid: str, *, force: bool = False) -> bool:
+        """Drop prepared transaction ``txid``: its messages are never published and the
+        messages it held are ready again at once. Idempotent; under presumed abort a
+        transaction never prepared here is aborted already (False). ``force`` marks a
+        person's heuristic decision, reported to a coordinator that later says commit.
+        TxnConflict if it committed. True if this call aborted it."""
+        now = self.clock()
+        how = TxnMove.FORCE_ABORT if force else TxnMove.ABORT
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            t = self._txns.get(txid)
+            if t is None:
+                if txid in self._finished:
+                    move("participant", self._finished[txid], how, txid)
+                return False
+            state = move("participant", TxnState.PREPARED, how, txid)
+            for q, seqs in t.deletes.items():
+                if self._by_id.get(q.id) is q:
+                    self._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
+            batch.add("txn_log", txid, state.value, to_us(now), t.coordinator)
+            del self._txns[txid]
+            self._finished[txid] = state
+            failpoint("txn.abort.before_commit")
+            committed = self.store.writer.write(batch)
+        committed.result()
+        self._notify({q.config.name for q in t.deletes})
+        return True
+
+    def transact(
+        self,
+        messages: Sequence[Outgoing] = (),
+        deletes: Sequence[TxnDelete] = (),
+        *,
+        holder: int = 0,
+    ) -> list[PublishResult]:
+        """Publish ``messages`` and delete ``deletes`` (``(queue, seq, epoch, attempt)``
+        of deliveries in flight to ``holder``) in one atomic step: the one-phase commit
+        of a transaction whose only participant is this node. Returns once durable; on
+        any error nothing changed."""
+        for m in messages:
+            check_outgoing(m, self.settings.limits)
+        if messages:
+            self._check_room()
+        now = self.clock()
+        batch = RowBatch()
+        with self._lock:
+            self._check_open()
+            by_queue = self._check_deletes(deletes, holder)
+            first_seq = self._next_seq
+            results, fresh = self._stage(batch, messages, now)
+            for q, items in by_queue.items():
+                for epoch in {e for _, _, e in items}:
+                    keys = [(s, a) for s, a, e in items if e == epoch]
+                    done = q.cursor.delete_many(keys, epoch, holder)
+                    settled = [
+                        Settlement(s, Outcome.DELETED)
+                        for (s, _), d in zip(keys, done, strict=True)
+                        if d
+                    ]
+                    self._record_settlements(batch, q, settled, now)
+            committed = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
+        self._await_commit(committed)
+        return results
+
+    def txns(self) -> list[TxnInfo]:
+        """The prepared transactions, oldest first; ``connected`` False means their
+        coordinator is gone and `eomsg recover` may resolve them."""
+        with self._lock:
+            return [
+                TxnInfo(
+                    t.txid,
+                    TxnState.PREPARED,
+                    t.coordinator,
+                    t.prepared_at,
+                    t.owner is not None,
+                    len(t.messages),
+                    sum(len(s) for s in t.deletes.values()),
+                )
+                for t in sorted(self._txns.values(), key=lambda t: (t.prepared_at, t.txid))
+            ]
+
+    def disown_txns(self, owner: str) -> int:
+        """The coordinator session ``owner`` went away: its prepared transactions are in
+        doubt from now on (they wait for recovery). Returns how many."""
+        with self._lock:
+            mine = [t for t in self._txns.values() if t.owner == owner]
+            for t in mine:
+                t.owner = None
+            return len(mine)
+
+    def _check_deletes(
+        self, deletes: Sequence[TxnDelete], holder: int
+    ) -> dict[QueueState, list[tuple[int, int, int]]]:
+        """``(queue, seq, epoch, attempt)`` deletes as ``(seq, attempt, epoch)`` grouped
+        by queue, each checked in flight to ``holder`` under its epoch and attempt — all
+        of them before the caller changes anything. Under ``_lock``."""
+        by_queue: dict[QueueState, list[tuple[int, int, int]]] = {}
+        for item in deletes:
+            if (
+                type(item) is not tuple
+                or len(item) != 4
+                or type(item[0]) is not str
+                or not all(type(x) is int for x in item[1:])
+            ):
+                raise InvalidInput(
+                    f"a transaction's delete is (queue, seq, epoch, attempt), not {item!r}"
+                )
+            queue, seq, epoch, attempt = item
+            by_queue.setdefault(self._queue(queue), []).append((seq, attempt, epoch))
+        for q, items in by_queue.items():
+            for epoch in {e for _, _, e in items}:
+                self._check_epoch(q, epoch)
+                keys = [(s, a) for s, a, e in items if e == epoch]
+                q.cursor.check_in_flight(keys, epoch, holder)
+        return by_queue
+
+    def _decided(self, txid: str) -> TxnState:
+        state = self._finished.get(txid)
+        if state is None:
+            raise TxnNotFound(
+                f"transaction {txid} is not prepared on this node (never prepared, or "
+                "finished too long ago to remember)"
+            )
+        return state
