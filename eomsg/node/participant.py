@@ -14,11 +14,11 @@ under ``_lock``, and waits for the commit after releasing it.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.limits import check_outgoing
-from eomsg.core.message import Outgoing, PublishResult
+from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import InvalidConfig, InvalidInput, TxnNotFound
@@ -100,11 +100,7 @@ class Participant(Ingress):
             results, fresh = self._stage(batch, t.messages, now)
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:  # the queue may have been deleted since
-                    done = q.cursor.delete_held(seqs)
-                    settled = [
-                        Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d
-                    ]
-                    self._record_settlements(batch, q, settled, now)
+                    self._record_deleted(batch, q, seqs, q.cursor.delete_held(seqs), now)
             batch.add("txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator)
             del self._txns[txid]
             self._finished[txid] = TxnState.COMMITTED
@@ -166,15 +162,9 @@ class Participant(Ingress):
             first_seq = self._next_seq
             results, fresh = self._stage(batch, messages, now)
             for q, items in by_queue.items():
-                for epoch in {e for _, _, e in items}:
-                    keys = [(s, a) for s, a, e in items if e == epoch]
+                for epoch, keys in _by_epoch(items):
                     done = q.cursor.delete_many(keys, epoch, holder)
-                    settled = [
-                        Settlement(s, Outcome.DELETED)
-                        for (s, _), d in zip(keys, done, strict=True)
-                        if d
-                    ]
-                    self._record_settlements(batch, q, settled, now)
+                    self._record_deleted(batch, q, [s for s, _ in keys], done, now)
             committed = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
         self._await_commit(committed)
         return results
@@ -225,11 +215,18 @@ class Participant(Ingress):
             queue, seq, epoch, attempt = item
             by_queue.setdefault(self._queue(queue), []).append((seq, attempt, epoch))
         for q, items in by_queue.items():
-            for epoch in {e for _, _, e in items}:
+            for epoch, keys in _by_epoch(items):
                 self._check_epoch(q, epoch)
-                keys = [(s, a) for s, a, e in items if e == epoch]
                 q.cursor.check_in_flight(keys, epoch, holder)
         return by_queue
+
+    def _record_deleted(
+        self, batch: RowBatch, q: QueueState, seqs: list[int], done: list[bool], now: float
+    ) -> None:
+        """Record as deleted those of ``seqs`` whose delete ``done`` says happened now (a
+        held delivery at commit, or one of :meth:`transact`'s). Under ``_lock``."""
+        settled = [Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d]
+        self._record_settlements(batch, q, settled, now)
 
     def _decided(self, txid: str) -> TxnState:
         state = self._finished.get(txid)
@@ -239,3 +236,9 @@ class Participant(Ingress):
                 "finished too long ago to remember)"
             )
         return state
+
+
+def _by_epoch(items: list[tuple[int, int, int]]) -> Iterator[tuple[int, list[Key]]]:
+    """``(seq, attempt, epoch)`` items as each epoch and the ``(seq, attempt)`` keys under it."""
+    for epoch in {e for _, _, e in items}:
+        yield epoch, [(s, a) for s, a, e in items if e == epoch]
