@@ -83,6 +83,14 @@ class Ingress(NodeState):
         committed.add_done_callback(on_commit)
         return acked
 
+    def _check_messages(self, messages: Sequence[Outgoing]) -> None:
+        """Validate every message of a transaction and, if it publishes any, make sure
+        the disk has room for them — before anything is staged."""
+        for m in messages:
+            check_outgoing(m, self.settings.limits)
+        if messages:
+            self._check_room()
+
     def _stage(
         self, batch: RowBatch, messages: Sequence[Outgoing], now: float
     ) -> tuple[list[PublishResult], list[Fresh]]:

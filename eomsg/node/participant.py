@@ -17,7 +17,6 @@ import json
 from collections.abc import Iterator, Sequence
 
 from eomsg.core.cursor import Outcome, Settlement
-from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
@@ -53,10 +52,7 @@ class Participant(Ingress):
         check_txid(txid)
         if len(coordinator) > 1024:
             raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
-        for m in messages:
-            check_outgoing(m, self.settings.limits)
-        if messages:
-            self._check_room()
+        self._check_messages(messages)
         now = self.clock()
         batch = RowBatch()
         with self._lock:
@@ -150,10 +146,7 @@ class Participant(Ingress):
         of deliveries in flight to ``holder``) in one atomic step: the one-phase commit
         of a transaction whose only participant is this node. Returns once durable; on
         any error nothing changed."""
-        for m in messages:
-            check_outgoing(m, self.settings.limits)
-        if messages:
-            self._check_room()
+        self._check_messages(messages)
         now = self.clock()
         batch = RowBatch()
         with self._lock:
