@@ -11,8 +11,9 @@ changes; a flow's ``notify`` hears of them under ``_lock``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 
 from eomsg.core.election import Change, FlowEvent, FlowInfo
 from eomsg.core.message import Key, check_keys
@@ -43,24 +44,19 @@ class Flows(NodeState):
         the event on (never call the node)."""
         if not -(2**31) <= priority < 2**31:
             raise InvalidConfig("priority must fit in 32 bits")
-        with self._elect:
-            self._check_open()
-            self._reserve_epochs(queue)
-            now = self.clock()
-            with self._lock:
-                q = self._queue(queue)
-                f = FlowState(next(self._flow_ids), q, priority, owner, notify)
-                f.bound_at = now
-                self._flows[f.id] = f
-                changes = q.election.bind(f.id, priority)
-                future = self._apply(q, [c for c in changes if c.flow != f.id], now)
-                mine = [c for c in changes if c.flow == f.id]
-                epoch = mine[0].epoch if mine else 0
-                if epoch:
-                    q.live_epochs.add(epoch)
-                if notify is not None:
-                    notify(FlowEvent(queue, f.id, "bound", bool(epoch), epoch))
-                info = FlowInfo(queue, f.id, owner, priority, bool(epoch), epoch, now, 0)
+        with self._election(queue) as (q, now):
+            f = FlowState(next(self._flow_ids), q, priority, owner, notify)
+            f.bound_at = now
+            self._flows[f.id] = f
+            changes = q.election.bind(f.id, priority)
+            future = self._apply(q, [c for c in changes if c.flow != f.id], now)
+            mine = [c for c in changes if c.flow == f.id]
+            epoch = mine[0].epoch if mine else 0
+            if epoch:
+                q.live_epochs.add(epoch)
+            if notify is not None:
+                notify(FlowEvent(queue, f.id, "bound", bool(epoch), epoch))
+            info = FlowInfo(queue, f.id, owner, priority, bool(epoch), epoch, now, 0)
         self._settle_apply(q, future)
         return info
 
@@ -74,22 +70,15 @@ class Flows(NodeState):
         handed to its application — the others are un-counted (they sat in its prefetch
         buffer). Returns how many messages were redelivered."""
         seen_keys = None if seen is None else set(check_keys(seen))
-        with self._elect:
-            self._check_open()
-            self._reserve_epochs(queue)
-            now = self.clock()
-            with self._lock:
-                q = self._queue(queue)
-                f = self._flow(q, flow)
-                epoch = q.election.epoch_of(flow)
-                held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
-                changes = q.election.unbind(flow)
-                future = self._apply(
-                    q, changes, now, None if seen_keys is None else {epoch: seen_keys}
-                )
-                del self._flows[flow]
-                if admin and f.notify is not None:
-                    f.notify(FlowEvent(queue, flow, "unbound", False, 0))
+        with self._election(queue) as (q, now):
+            f = self._flow(q, flow)
+            epoch = q.election.epoch_of(flow)
+            held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
+            changes = q.election.unbind(flow)
+            future = self._apply(q, changes, now, None if seen_keys is None else {epoch: seen_keys})
+            del self._flows[flow]
+            if admin and f.notify is not None:
+                f.notify(FlowEvent(queue, flow, "unbound", False, 0))
         self._settle_apply(q, future)
         return held
 
@@ -115,6 +104,18 @@ class Flows(NodeState):
                         )
                     )
             return out
+
+    @contextmanager
+    def _election(self, queue: str) -> Iterator[tuple[QueueState, float]]:
+        """Hold what an election stimulus (a bind, an unbind) needs: ``_elect``, with the
+        epochs the election may hand out reserved, then ``_lock``; yields ``queue`` and
+        the time."""
+        with self._elect:
+            self._check_open()
+            self._reserve_epochs(queue)
+            now = self.clock()
+            with self._lock:
+                yield self._queue(queue), now
 
     def _reserve_epochs(self, queue: str) -> None:
         """Make sure the epochs the next election may hand out are durably reserved, so
