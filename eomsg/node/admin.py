@@ -3,7 +3,8 @@ and the node's saved settings. Not a seed of its own: it sets up what the seeds 
 a queue's subscriptions are the routes of seed 004, its cursor that of seed 003.
 
 Under the lock discipline of :mod:`eomsg.node.state`: a change takes ``_admin``, waits for
-its commit, and only then changes the in-memory state under ``_lock``.
+its commit, and only then changes the in-memory state under ``_lock``. A purge is a
+settlement like any other: recorded and queued under ``_lock`` alone.
 """
 
 from __future__ import annotations

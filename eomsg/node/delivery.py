@@ -4,7 +4,8 @@ new messages in sequence order — and a delete is recorded per queue, apart fro
 Every delivery attempt, release and delete is durable before it is answered.
 
 Under the lock discipline of :mod:`eomsg.node.state`: the cursor changes and its records
-are queued under ``_lock``; the caller waits for the commit after releasing it.
+are queued under ``_lock``; the caller waits for the commit after releasing it. A fetch
+that waits for messages waits on ``_ready``, holding nothing else.
 """
 
 from __future__ import annotations
