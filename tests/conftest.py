@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -160,8 +159,8 @@ def serve(
 def brokers(
     request: pytest.FixtureRequest, data_dir: Path, serve: Callable[..., NodeProcess]
 ) -> Iterator[Callable[[], Broker]]:
-    """Make clients of one node — embedded in this process (a ``LocalClient`` each, with
-    a holder of its own, as connections have) or served by ``eomsg serve`` in a process
+    """Make clients of one node — embedded in this process (a ``LocalClient`` each, a
+    holder of its own as a connection is) or served by ``eomsg serve`` in a process
     of its own (a ``Client`` each): a test taking this runs once on each backend."""
     opened: list[Broker] = []
     node: Node | None = None
@@ -169,14 +168,9 @@ def brokers(
         serve()
     else:
         node = Node.open(data_dir, NodeSettings())
-    holders = itertools.count(1)
 
     def make() -> Broker:
-        client: Broker
-        if node is None:
-            client = eomsg.connect(data_dir)
-        else:
-            client = LocalClient(node, holder=next(holders))
+        client: Broker = eomsg.connect(data_dir) if node is None else LocalClient(node)
         opened.append(client)
         return client
 

@@ -5,13 +5,16 @@ and its exit settle, and what it gives back."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 import pytest
 
 from eomsg.client.broker import Broker, require_served
+from eomsg.core.election import FlowEvent
+from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import StaleDelivery, UsageError
+from eomsg.errors import StaleDelivery, Unbound, UsageError
 
 
 @pytest.fixture
@@ -100,3 +103,81 @@ def test_only_a_served_node_can_be_followed(broker: Broker) -> None:
             require_served(broker, "--follow")
     else:
         require_served(broker, "--follow")
+
+
+def test_deletes_made_by_transactions_free_the_prefetch_window(q: Broker) -> None:
+    for i in range(10):
+        q.publish("q/x", str(i).encode())
+    got = []
+    with q.consumer("q", prefetch=3, until_empty=True) as consumer:
+        for msg in consumer:
+            with q.transaction() as tx:
+                tx.delete(msg)
+            got.append(msg.payload)
+    assert got == [str(i).encode() for i in range(10)]
+    assert q.stats()[0].depth == 0
+
+
+def test_a_delete_completes_without_being_waited_on(q: Broker) -> None:
+    q.publish("q/x", b"1")
+    q.publish("q/x", b"2")
+    with q.consumer("q", prefetch=2) as consumer:
+        it = iter(consumer)
+        deleted = next(it).delete()
+        assert _eventually(deleted.done)  # while the application holds the next one
+        assert deleted.result() is True and q.stats()[0].deleted == 1
+        next(it).delete()
+
+
+def test_an_administrators_unbind_ends_the_iteration(q: Broker) -> None:
+    seen: list[object] = []
+    with q.consumer("q") as consumer:
+
+        def read() -> None:
+            try:
+                seen.extend(consumer.events())
+            except Unbound as e:
+                seen.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert _eventually(lambda: len(seen) == 1)  # told it is active
+        q.unbind("q", consumer.flow)
+        reader.join(30)
+        assert not reader.is_alive()
+    kinds = [e.kind if isinstance(e, FlowEvent) else type(e).__name__ for e in seen]
+    assert kinds == ["active", "inactive", "Unbound"]
+
+
+def test_leaving_an_election_is_not_losing_it(q: Broker) -> None:
+    heard: list[str] = []
+    with q.elect("leader", on_active=lambda e: heard.append(e.kind),
+                 on_inactive=lambda e: heard.append(e.kind)) as leadership:  # fmt: skip
+        assert leadership.wait_active(10)
+    assert heard == ["active"]
+
+
+def test_a_client_that_goes_away_gives_back_what_it_fetched_and_leaves_its_transactions_in_doubt(
+    q: Broker, brokers: Callable[[], Broker]
+) -> None:
+    q.publish("q/x", b"1")
+    leaving = brokers()
+    (d,) = leaving.fetch("q", 1)
+    leaving.prepare_txn("t1", coordinator="x", messages=[Outgoing("q/y", b"2")])
+    leaving.close()
+    (again,) = q.fetch("q", 1, wait=10)  # at once, not after the ack timeout
+    assert (again.seq, again.attempt) == (d.seq, 2)
+    (txn,) = q.txns()
+    assert (txn.txid, txn.connected) == ("t1", False)
+    assert q.abort_txn("t1") is True
+
+
+def _eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Whether ``condition`` holds within ``timeout`` seconds (looked at every 10 ms): for
+    what happens on another thread, never a measure of how fast."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True

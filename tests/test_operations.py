@@ -129,9 +129,9 @@ def test_a_client_method_is_its_declaration() -> None:
     a = AsyncRecorder()
     assert asyncio.run(a.delete_queue("q")) == 3  # a coroutine method on an asyncio client
     assert a.calls == [("delete_queue", {"name": "q", "force": False})]
+    assert all(isinstance(vars(Operations)[n], Operation) for n in OPERATIONS)
     for cls in (Client, AsyncClient, LocalClient):
         assert Operations in cls.__mro__
-        assert all(isinstance(vars(Operations)[n], Operation) for n in OPERATIONS)
         assert not set(OPERATIONS) & set(vars(cls)), "a client redefines an operation"
 
 
@@ -189,10 +189,10 @@ def test_the_local_client_runs_each_operation_as_the_server_does(name: str) -> N
     """On an embedded node an operation is the node's method with the same arguments the
     server would pass: the declared ones, those the declaration fixes, and the caller."""
     node = NodeRecorder()
-    local = LocalClient(node, name="me", holder=5)  # type: ignore[arg-type]
+    local = LocalClient(node, name="me")  # type: ignore[arg-type]
     args, _ = SAMPLES[name]
     assert getattr(local, name)(**args) == 3
-    caller = calls.Caller("me", 5, calls.MAX_ANSWER)
+    caller = calls.Caller("me", local.holder, calls.MAX_ANSWER)
     op = OPERATIONS[name]
     served = calls.decode(op, over_the_wire(encode_args(op, args)), caller)
     (called,) = node.calls

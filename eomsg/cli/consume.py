@@ -23,6 +23,7 @@ import typer
 
 from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_broker
 from eomsg.client.broker import BoundConsumer, Broker, require_served
+from eomsg.client.consumer import Received
 from eomsg.client.inbox import Settleable
 from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.core.election import FlowEvent
@@ -82,22 +83,19 @@ def consume(
         _into(open_sink(into), data, queue, batch, priority, follow, max, json)
         return
     size = 1 if exec_ is not None else batch
-    remaining = max
     with open_broker(data) as broker, _bound(broker, queue, size, priority, follow) as consumer:
-        for item in consumer.events():
+        for item in consumer.batches(size, max):
             if isinstance(item, FlowEvent):
                 _announce(item, json)
                 continue
             with _Stop.deferred():
                 if exec_ is not None:
-                    _run_handler(exec_, item.delivered, item.delete, item.release)
+                    (msg,) = item
+                    _run_handler(exec_, msg.delivered, msg.delete, msg.release)
                 else:
-                    _write([item.delivered], json, item.release)
-                    item.delete()  # durable before the consumer's exit returns
-            if remaining is not None:
-                remaining -= 1
-                if remaining == 0:
-                    break
+                    _write(item, json)
+                    for msg in item:
+                        msg.delete()  # durable before the consumer's exit returns
 
 
 class _Stop:
@@ -181,16 +179,17 @@ def _announce(event: FlowEvent, as_json: bool) -> None:
         print(f"standby: flow {event.flow} on {event.queue}", file=sys.stderr)
 
 
-def _write(taken: list[Delivered], as_json: bool, give_back: Callable[[], Any]) -> None:
+def _write(messages: list[Received], as_json: bool) -> None:
     """Write messages to stdout and flush, before they are deleted; if stdout fails,
     give them back so nothing is lost."""
     try:
         out = sys.stdout
-        for d in taken:
-            out.write(_render(d, as_json))
+        for msg in messages:
+            out.write(_render(msg.delivered, as_json))
         out.flush()
     except (BrokenPipeError, OSError):
-        give_back()
+        for msg in messages:
+            msg.release()
         # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None

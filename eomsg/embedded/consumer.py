@@ -1,15 +1,19 @@
 """The local consumer: a flow bound to a queue of a node in this process, read from a
 thread as :class:`~eomsg.client.sync.Consumer` is read (the same
-:class:`~eomsg.client.blocking.BlockingConsumer`).
+:class:`~eomsg.client.blocking.BlockingConsumer`), with the same contracts.
 
-Nothing is pushed: when its buffer is empty, the consumer takes up to ``prefetch`` less
-what the application holds from the node itself, under its flow's epoch. The deletes
-the application makes meanwhile are gathered and go to the node as one call just before
-that take, so they share its group commit (and :meth:`LocalConsumer.close` sends what is
-left). Waiting on a delete's future sends the gathered ones at once.
-A buffered delivery the application did not get to before its hand-out-by time
-(see :mod:`eomsg.client.prefetch`) is given back unseen at the next take; the changes of
-the flow's activity come from the node's ``notify``, as they happen.
+Nothing is pushed: when its buffer is empty, the consumer takes from the node itself,
+under its flow's epoch, as many as its prefetch window has room for — the window counts
+the deliveries it took and that are not settled yet (deleted, released, or held by a
+transaction), as a served node's session counts them. Deletes go to the node from a
+thread of the consumer's own (:mod:`eomsg.embedded.deleter`), as the client over the
+wire sends them from its loop: each future resolves without being waited on, and the
+deletes made meanwhile share one call and one commit. A buffered delivery the
+application did not get to before its hand-out-by time (see
+:mod:`eomsg.client.prefetch`) is given back unseen at the next take. The flow's changes
+of activity come from the node's ``notify`` as they happen; an administrator's unbind
+(or the queue's deletion) ends the iteration with Unbound, and the client's closing
+with Unavailable.
 """
 
 from __future__ import annotations
@@ -18,18 +22,21 @@ import contextlib
 import queue as queuelib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.consumer import Item, Pushed
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key
-from eomsg.errors import EomsgError, StaleDelivery
+from eomsg.embedded.deleter import Deleter
+from eomsg.errors import EomsgError, Unbound
 
 if TYPE_CHECKING:
     from eomsg.embedded.local import LocalClient
+
+T = TypeVar("T")
 
 POLL = 1.0  # seconds an idle consumer waits before looking for redeliveries come due
 
@@ -40,10 +47,11 @@ class LocalConsumer(BlockingConsumer):
     def __init__(self, client: LocalClient, queue: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(queue, *args, **kwargs)
         self.client = client
-        self._woken = threading.Condition()
+        self._woken = threading.Condition()  # guards the next three
         self._wakes = 0
-        self._deletes: list[tuple[int, Key, Future[bool]]] = []  # epoch, key, its future
-        self._deletes_lock = threading.Lock()
+        self._held: dict[int, int] = {}  # seq -> attempt: taken, not settled
+        self._closing = False
+        self._deleter: Deleter | None = None
 
     def __enter__(self) -> LocalConsumer:
         self._start_caller()
@@ -57,6 +65,7 @@ class LocalConsumer(BlockingConsumer):
             self._stop_caller()
             raise
         self._subscription = flow.flow
+        self._deleter = Deleter(self.client, self.queue)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -67,57 +76,97 @@ class LocalConsumer(BlockingConsumer):
         messages handed out and not deleted go back to the queue, for the next active
         flow (those never handed out un-counted). Idempotent."""
         try:
-            self._send_deletes()
+            if self._deleter is not None:
+                self._deleter.stop()
             self.flush()
         finally:
-            if self._subscription is not None:
+            with self._woken:
+                self._closing = True  # its own unbind is not news to anyone
                 flow, self._subscription = self._subscription, None
+            if flow is not None:
                 with contextlib.suppress(EomsgError):  # unbound already, or node closed
                     self.client.node.unbind(self.queue, flow, seen=self._buffer.seen())
             self.client._detach(self)
             self._stop_caller()
 
+    def lost(self, error: EomsgError) -> None:
+        """The client closed under this consumer: an iteration under way raises
+        ``error``; then unbind."""
+        self._inbox.put(error)
+        self.poke()
+        self.close()
+
     def poke(self) -> None:
-        """Something changed for this consumer (messages ready, or its activity): stop
-        waiting and look again."""
+        """Something changed for this consumer (messages ready, its activity, its
+        window): stop waiting and look again."""
         with self._woken:
             self._wakes += 1
             self._woken.notify_all()
 
+    def settled(self, keys: Iterable[Key]) -> None:
+        """These deliveries were settled: they leave the prefetch window."""
+        with self._woken:
+            for seq, attempt in keys:
+                if self._held.get(seq) == attempt:
+                    del self._held[seq]
+            self._wakes += 1
+            self._woken.notify_all()
+
     def _sink(self, event: FlowEvent) -> None:
-        """The node's notify, under its lock: note the change and hand it on. A flow
-        that is bound starts active or inactive; one unbound by an administrator is
-        inactive from now on."""
-        active = event.active and event.kind != "unbound"
-        epoch = event.epoch if event.kind != "unbound" else self.activity.epoch
-        kind = "active" if active else "inactive"
-        change = FlowEvent(event.queue, event.flow, kind, active, epoch)
-        if not active:
-            self._buffer.drop()  # the node took them back for the next active flow
-        self._noted(change)
-        self._inbox.put(change)
+        """The node's notify, under its lock: note the change and hand it on, as the
+        client over the wire applies a subscription's (each change once, in epoch
+        order; an administrator's unbind is an inactive change, then Unbound)."""
+        with self._woken:
+            if self._closing:
+                return
+            if not event.active or event.kind == "unbound":
+                self._held.clear()  # the node gave them back for the next active flow
+        activity = self.activity
+        if event.kind == "bound":
+            change: FlowEvent | None = self._change(event.flow, event.active, event.epoch)
+        elif event.kind == "unbound":
+            change = self._change(event.flow, False, activity.epoch) if activity.active else None
+        elif event.epoch > activity.epoch or (
+            event.epoch == activity.epoch and activity.active and not event.active
+        ):
+            change = self._change(event.flow, event.active, event.epoch)
+        else:
+            change = None
+        if change is not None:
+            if not change.active:
+                self._buffer.drop()
+            self._noted(change)
+            self._inbox.put(change)
+        if event.kind == "unbound":
+            self._inbox.put(
+                Unbound(f"flow {event.flow} of queue {self.queue!r}: unbound by an administrator")
+            )
         self.poke()
 
+    def _change(self, flow: int, active: bool, epoch: int) -> FlowEvent:
+        kind = "active" if active else "inactive"
+        return FlowEvent(self.queue, flow, kind, active, epoch)
+
     def _next_item(self) -> Item | None:
-        """The next change of activity, else what the node has for this consumer now;
-        waits (up to ``idle_timeout``) while there is neither — unless ``until_empty``,
-        which ends at the first take that finds nothing."""
+        """The next change of activity or error, else what the node has for this
+        consumer now; waits (up to ``idle_timeout``) while there is neither — unless
+        ``until_empty``, which ends at the first take that finds nothing."""
         node = self.client.node
         deadline = None if self.idle_timeout is None else time.monotonic() + self.idle_timeout
         while True:
             with self._woken:
                 wakes = self._wakes
+                room = self.prefetch - len(self._held)
+                flow = self._subscription
             with contextlib.suppress(queuelib.Empty):
                 return self._inbox.get_nowait()
             self._give_back_late()
-            self._send_deletes()
-            room = self.prefetch - len(self._buffer.seen())
             taken: list[Delivered] = []
-            if self.activity.active and room > 0 and self._subscription is not None:
-                taken, _ = node.take(
-                    self.queue, room, flow=self._subscription, holder=self.client.holder
-                )
-            if taken or self.until_empty:
+            if flow is not None and self.activity.active and room > 0:
+                taken, _ = node.take(self.queue, room, flow=flow, holder=self.client.holder)
+                with self._woken:
+                    self._held.update(d.key for d in taken)
+            if taken or (self.until_empty and room > 0):
                 node_now, now = node.clock(), time.monotonic()
                 self._buffer.arrived(taken, node_now, now, node_now - now)
                 return Pushed(taken, node_now)
@@ -144,81 +193,39 @@ class LocalConsumer(BlockingConsumer):
                 self.client.node.return_unseen(
                     self.queue, late, epoch=self.activity.epoch, holder=self.client.holder
                 )
+            self.settled(late)
 
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Future[Any]:
+        """Delete (through the consumer's deleter) or release (now) one received
+        message, through the client, so the window and the client's records follow; a
+        refusal is the future's error."""
         self._buffer.settled(d.key)
         future: Future[Any]
-        if how == "delete":
-            future = _Deletion(self)
-            with self._deletes_lock:
-                self._deletes.append((d.epoch, d.key, future))
-        else:
-            future = Future()
-            try:
-                self.client.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
-            except EomsgError as e:
-                future.set_exception(e)
+        try:
+            if how == "delete":
+                assert self._deleter is not None  # bound: _check_bound ran before the hand-out
+                future = self._deleter.delete(d)
             else:
+                self.client.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
+                future = Future()
                 future.set_result(None)
+        except EomsgError as e:
+            future = Future()
+            future.set_exception(e)
         self._track(future)
         return future
 
-    def _send_deletes(self) -> None:
-        """Send the gathered deletes, one call per epoch; a call refused for a stale
-        delivery is sent again one message at a time, so each gets its own verdict."""
-        with self._deletes_lock:
-            gathered, self._deletes = self._deletes, []
-        by_epoch: dict[int, list[tuple[Key, Future[bool]]]] = {}
-        for epoch, key, future in gathered:
-            by_epoch.setdefault(epoch, []).append((key, future))
-        for epoch, items in by_epoch.items():
-            self._delete(epoch, items)
 
-    def _delete(self, epoch: int, items: list[tuple[Key, Future[bool]]]) -> None:
-        client = self.client
-        try:
-            committed = client.node.delete_async(
-                self.queue, [k for k, _ in items], epoch=epoch, holder=client.holder
-            )
-        except StaleDelivery as e:
-            if len(items) == 1:
-                items[0][1].set_exception(e)
-                return
-            for item in items:
-                self._delete(epoch, [item])
-            return
-        except EomsgError as e:
-            for _, future in items:
-                future.set_exception(e)
-            return
-        committed.add_done_callback(_fan_out([f for _, f in items]))
+def first(batch: Future[list[T]]) -> Future[T]:
+    """The future of a one-item batch's result (the node answers batches)."""
+    one: Future[T] = Future()
 
-
-class _Deletion(Future[bool]):
-    """The future of a gathered delete: waiting on it sends what is gathered first."""
-
-    def __init__(self, consumer: LocalConsumer) -> None:
-        super().__init__()
-        self._consumer = consumer
-
-    def result(self, timeout: float | None = None) -> bool:
-        self._consumer._send_deletes()
-        return super().result(timeout)
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._consumer._send_deletes()
-        return super().exception(timeout)
-
-
-def _fan_out(futures: list[Future[bool]]) -> Callable[[Future[list[bool]]], None]:
-    """The callback that gives each message its part of a batch's outcome."""
-
-    def done(f: Future[list[bool]]) -> None:
+    def done(f: Future[list[T]]) -> None:
         error = f.exception()
-        for i, future in enumerate(futures):
-            if error is not None:
-                future.set_exception(error)
-            else:
-                future.set_result(f.result()[i])
+        if error is not None:
+            one.set_exception(error)
+        else:
+            one.set_result(f.result()[0])
 
-    return done
+    batch.add_done_callback(done)
+    return one

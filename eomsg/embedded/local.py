@@ -13,8 +13,9 @@ while it is open.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -23,24 +24,30 @@ from eomsg.client.broker import Broker
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
-from eomsg.embedded.consumer import LocalConsumer
-from eomsg.errors import EomsgError
+from eomsg.embedded.consumer import LocalConsumer, first
+from eomsg.errors import EomsgError, Unavailable
 from eomsg.node.node import Node, NodeSettings
+
+_holders = itertools.count(1 << 40)  # apart from the server's sessions, which count from 1
 
 
 class LocalClient(Broker):
     """A broker over ``node``; closing it closes the node only if it ``owns`` it (see
-    :meth:`open`). ``holder`` names this client's deliveries, as a connection's do on a
-    served node; ``name`` is the owner of the transactions it prepares. Thread-safe."""
+    :meth:`open`). Like a connection to a served node, each client is a holder of its
+    own (only it settles the deliveries made to it) and the owner of the transactions it
+    prepares; closing it gives back what it fetched and did not settle, and leaves its
+    prepared transactions in doubt (for recovery), as a connection that ends does.
+    Thread-safe."""
 
-    def __init__(self, node: Node, *, name: str = "", holder: int = 0, owns: bool = False):
+    def __init__(self, node: Node, *, name: str | None = None, owns: bool = False):
         self.node = node
-        self.name = name
-        self.holder = holder
+        self.holder = next(_holders)
+        self.name = name if name is not None else f"local-{self.holder}"
         self._owns = owns
         self._closed = False
+        self._lock = threading.Lock()  # guards the next two
         self._consumers: set[LocalConsumer] = set()
-        self._consumers_lock = threading.Lock()
+        self._fetched: dict[str, dict[int, int]] = {}  # queue -> seq -> attempt, unsettled
         node.add_listener(self._on_ready)
 
     @classmethod
@@ -50,7 +57,7 @@ class LocalClient(Broker):
         settings: NodeSettings | None = None,
         *,
         create: bool = True,
-        name: str = "",
+        name: str | None = None,
     ) -> LocalClient:
         """Open the node of ``data_dir`` in this process (see :meth:`Node.open`), owned
         by the client: closing the client closes it."""
@@ -66,18 +73,27 @@ class LocalClient(Broker):
         return True
 
     def close(self) -> None:
-        """Close this client's consumers still open (as a connection that ends cancels
-        its subscriptions), then the node if this client owns it. Idempotent."""
+        """End this client as a connection ends: its consumers still open are unbound
+        (an iteration under way raises Unavailable), what it fetched and did not settle
+        is given back, its prepared transactions are in doubt from now on; then the node
+        is closed if this client owns it. Idempotent."""
         if self._closed:
             return
-        self._closed = True
         try:
-            with self._consumers_lock:
+            with self._lock:
                 consumers = list(self._consumers)
-            for consumer in consumers:
-                with contextlib.suppress(EomsgError):
-                    consumer.close()
+            for consumer in consumers:  # each sends its deletes, then unbinds
+                consumer.lost(Unavailable("the client is closed"))
+            with self._lock:
+                self._closed = True
+                fetched, self._fetched = self._fetched, {}
+            with contextlib.suppress(EomsgError):  # the node may be closed already
+                for queue, held in fetched.items():
+                    self.node.release_held(queue, list(held.items()), self.holder)
+                self.node.disown_txns(self.name)
         finally:
+            self._closed = True
+            self.node.remove_listener(self._on_ready)
             if self._owns:
                 self.node.close()
 
@@ -88,10 +104,15 @@ class LocalClient(Broker):
         self.close()
 
     def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
-        """Run a declared operation as the node's method of the same name."""
+        """Run a declared operation as the node's method of the same name, with the
+        arguments the server would add for a connection."""
+        self._check_open()
         caller = {"holder": self.holder, "owner": self.name}
         method = getattr(self.node, op.name)
-        return method(**args, **op.node_args, **{c: caller[c] for c in op.caller})
+        value = method(**args, **op.node_args, **{c: caller[c] for c in op.caller})
+        for queue, seq, _, attempt in args.get("deletes", ()) if op.caller else ():
+            self._settled(queue, [(seq, attempt)])  # held by a transaction, or deleted
+        return value
 
     # -- publishing ------------------------------------------------------------------------
 
@@ -105,6 +126,7 @@ class LocalClient(Broker):
         headers: dict[str, str] | None = None,
     ) -> PublishResult:
         """Publish one message; returns once it is durable."""
+        self._check_open()
         return self.node.publish(topic, payload, id=id, ttl=ttl, headers=headers)
 
     def publish_async(
@@ -118,48 +140,53 @@ class LocalClient(Broker):
     ) -> Future[PublishResult]:
         """Queue one message for the next group commit; the future resolves once it is
         durable. Invalid input raises here."""
-        batch = self.node.publish_batch_async([Outgoing(topic, payload, id, ttl, headers or {})])
-        one: Future[PublishResult] = Future()
-
-        def done(f: Future[list[PublishResult]]) -> None:
-            error = f.exception()
-            if error is not None:
-                one.set_exception(error)
-            else:
-                one.set_result(f.result()[0])
-
-        batch.add_done_callback(done)
-        return one
+        self._check_open()
+        return first(
+            self.node.publish_batch_async([Outgoing(topic, payload, id, ttl, headers or {})])
+        )
 
     def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
         """Publish messages atomically; durable on return."""
+        self._check_open()
         return self.node.publish_batch(messages)
 
     def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
         """Queue a batch; the future resolves once all of it is durable."""
+        self._check_open()
         return self.node.publish_batch_async(messages)
 
     # -- consuming -------------------------------------------------------------------------
 
     def fetch(self, queue: str, max_messages: int = 100, wait: float = 0.0) -> list[Delivered]:
         """Take up to ``max_messages`` from ``queue``, waiting up to ``wait`` seconds for
-        the first. Delete (or release) each before its deadline."""
-        return self.node.fetch(queue, max_messages, wait, holder=self.holder)
+        the first. Delete (or release) each before its deadline; what is neither when
+        this client closes is given back."""
+        self._check_open()
+        taken = self.node.fetch(queue, max_messages, wait, holder=self.holder)
+        if taken:
+            with self._lock:
+                self._fetched.setdefault(queue, {}).update(d.key for d in taken)
+        return taken
 
     def delete(self, queue: str, keys: Sequence[Key], *, epoch: int = 0) -> list[bool]:
         """Delete deliveries made to this client; durable on return."""
-        return self.node.delete(queue, keys, epoch=epoch, holder=self.holder)
+        return self.delete_async(queue, keys, epoch=epoch).result()
 
     def delete_async(
         self, queue: str, keys: Sequence[Key], *, epoch: int = 0
     ) -> Future[list[bool]]:
-        return self.node.delete_async(queue, keys, epoch=epoch, holder=self.holder)
+        self._check_open()
+        done = self.node.delete_async(queue, keys, epoch=epoch, holder=self.holder)
+        self._settled(queue, keys)
+        return done
 
     def release(
         self, queue: str, keys: Sequence[Key], delay: float = 0.0, *, epoch: int = 0
     ) -> None:
         """Give deliveries back for redelivery after ``delay`` seconds."""
+        self._check_open()
         self.node.release(queue, keys, delay, epoch=epoch, holder=self.holder)
+        self._settled(queue, keys)
 
     def consumer(
         self,
@@ -178,20 +205,38 @@ class LocalClient(Broker):
             self, queue, prefetch, idle_timeout, priority, on_active, on_inactive, until_empty
         )
 
-    # -- the consumers' wake-ups -----------------------------------------------------------
+    # -- what this client holds, as a connection's session keeps it ------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise Unavailable("the client is closed")
 
     def _attach(self, consumer: LocalConsumer) -> None:
-        with self._consumers_lock:
+        with self._lock:
+            self._check_open()
             self._consumers.add(consumer)
 
     def _detach(self, consumer: LocalConsumer) -> None:
-        with self._consumers_lock:
+        with self._lock:
             self._consumers.discard(consumer)
+
+    def _settled(self, queue: str, keys: Iterable[Key]) -> None:
+        """Settled deliveries (deleted, released, held by a transaction) are no longer
+        this client's to give back, nor count against its consumers' prefetch."""
+        keys = list(keys)
+        with self._lock:
+            fetched = self._fetched.get(queue)
+            for seq, attempt in keys if fetched else ():
+                if fetched is not None and fetched.get(seq) == attempt:
+                    del fetched[seq]
+            consumers = [c for c in self._consumers if c.queue == queue]
+        for c in consumers:
+            c.settled(keys)
 
     def _on_ready(self, queue: str) -> None:
         """The node made messages ready in ``queue``: wake its consumers (on whichever
         thread made them ready, so this only hands the news on)."""
-        with self._consumers_lock:
+        with self._lock:
             waiting = [c for c in self._consumers if c.queue == queue]
         for c in waiting:
             c.poke()

@@ -168,7 +168,12 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
         released, dead-lettered into it). It runs on whichever thread made them ready,
         so it must be quick and must not call the node; redeliveries that come due by
         time are not announced — poll for those."""
-        self._listeners.append(callback)
+        self._listeners = [*self._listeners, callback]  # replaced, never changed: see _notify
+
+    def remove_listener(self, callback: Callable[[str], None]) -> None:
+        """Stop calling ``callback`` (see :meth:`add_listener`); nothing if it was not
+        listening."""
+        self._listeners = [c for c in self._listeners if c is not callback]
 
     def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
         """Call ``callback(cause)`` once, on the writer's thread, if the store stops
