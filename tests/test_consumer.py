@@ -10,9 +10,11 @@ from collections.abc import Callable
 
 import pytest
 
+from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.broker import Broker, require_served
+from eomsg.client.consumer import Item, Pushed
 from eomsg.core.election import FlowEvent
-from eomsg.core.message import Outgoing
+from eomsg.core.message import Delivered, Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import StaleDelivery, Unbound, UsageError
 
@@ -170,6 +172,75 @@ def test_a_client_that_goes_away_gives_back_what_it_fetched_and_leaves_its_trans
     (txn,) = q.txns()
     assert (txn.txid, txn.connected) == ("t1", False)
     assert q.abort_txn("t1") is True
+
+
+class _Scripted(BlockingConsumer):
+    """A consumer whose inbox is a script of items, as a connection's loop would queue
+    them; it notes in ``log`` each time it would wait for the node."""
+
+    def __init__(self, script: list[Item], log: list[object]) -> None:
+        super().__init__("q", 100, None)
+        self._script = script
+        self.log = log
+        self._subscription = 1
+
+    def _next_item(self) -> Item | None:
+        if not self._script:
+            self.log.append("wait")
+            return None  # the idle timeout: the iteration ends
+        item = self._script.pop(0)
+        if isinstance(item, FlowEvent):
+            self._noted(item)
+        elif isinstance(item, Pushed):
+            self._buffer.arrived(item.deliveries, item.node_now, time.monotonic())
+        return item
+
+    def _more_arrived(self) -> bool:
+        return bool(self._script)
+
+    def _renew_lease(self) -> None:
+        raise AssertionError("the lease is always valid here")
+
+    def _lease_valid(self) -> bool:
+        return True
+
+    def _settle(self, how: str, d: Delivered, delay: float | None) -> None:
+        raise AssertionError("nothing is settled here")
+
+
+def _pushed(*seqs: int) -> Pushed:
+    now = time.time()
+    return Pushed([Delivered("q", Message(s, "q/x", b""), 1, now + 30, 7) for s in seqs], now)
+
+
+def test_a_batch_goes_out_before_the_consumer_waits() -> None:
+    """What arrived goes out as a batch before the consumer waits for more, even when
+    the node's "nothing more for now" came right behind it: a batch held across the
+    wait would be handed out after its deliveries are over (seen as a served `consume
+    --follow` whose last printed messages were never deleted)."""
+    log: list[object] = []
+    script: list[Item] = [FlowEvent("q", 1, "bound", True, 7), _pushed(1, 2), _pushed()]
+    for item in _Scripted(script, log).batches(100):
+        log.append(item.kind if isinstance(item, FlowEvent) else [r.seq for r in item])
+    assert log == ["bound", [1, 2], "wait"]
+
+
+@pytest.mark.parametrize(
+    ("max_messages", "limit", "batches"),
+    [(2, None, [[1, 2], [3, 4], [5, 6]]), (2, 3, [[1, 2], [3]]), (10, None, [[1, 2, 3, 4, 5, 6]])],
+)
+def test_batches_are_at_most_max_messages_and_end_at_the_limit(
+    max_messages: int, limit: int | None, batches: list[list[int]]
+) -> None:
+    """A batch takes in what had arrived, across the node's pushes, up to its size."""
+    log: list[object] = []
+    script: list[Item] = [FlowEvent("q", 1, "bound", True, 7), _pushed(1, 2, 3, 4, 5), _pushed(6)]
+    got = [
+        [r.seq for r in item]
+        for item in _Scripted(script, log).batches(max_messages, limit)
+        if not isinstance(item, FlowEvent)
+    ]
+    assert got == batches
 
 
 def _eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:

@@ -83,22 +83,19 @@ def consume(
         _into(open_sink(into), data, queue, batch, priority, follow, max, json)
         return
     size = 1 if exec_ is not None else batch
-    remaining = max
     with open_broker(data) as broker, _bound(broker, queue, size, priority, follow) as consumer:
-        for item in consumer.events():
+        for item in consumer.batches(size, max):
             if isinstance(item, FlowEvent):
                 _announce(item, json)
                 continue
             with _Stop.deferred():
                 if exec_ is not None:
-                    _run_handler(exec_, item.delivered, item.delete, item.release)
+                    (msg,) = item
+                    _run_handler(exec_, msg.delivered, msg.delete, msg.release)
                 else:
-                    _write([item], json)
-                    item.delete()  # durable before the consumer's exit returns
-            if remaining is not None:
-                remaining -= 1
-                if remaining == 0:
-                    break
+                    _write(item, json)
+                    for msg in item:
+                        msg.delete()  # durable before the consumer's exit returns
 
 
 class _Stop:

@@ -82,13 +82,52 @@ class BlockingConsumer(BaseConsumer):
 
     def events(self) -> Iterator[Received | FlowEvent]:
         """Messages and changes of activity, in the order the node made them."""
+        for item in self._items():
+            if item is not None:
+                yield item
+
+    def batches(
+        self, max_messages: int, limit: int | None = None
+    ) -> Iterator[list[Received] | FlowEvent]:
+        """:meth:`events` with the messages in lists of at most ``max_messages``: each
+        list holds what had arrived when it was handed out — it goes out before the
+        consumer would wait for anything more, never held while it waits — so a batch
+        costs no latency, and none of its deliveries grows old in it. Ends after
+        ``limit`` messages, if given (the rest stay unseen in the buffer)."""
+        batch: list[Received] = []
+        left = limit
+        for item in self._items():
+            if isinstance(item, Received):
+                batch.append(item)
+                if left is not None:
+                    left -= 1
+                if len(batch) < max_messages and left != 0:
+                    continue
+            if batch:
+                yield batch
+                batch = []
+            if left == 0:
+                return
+            if isinstance(item, FlowEvent):
+                yield item
+        if batch:
+            yield batch
+
+    def _items(self) -> Iterator[Received | FlowEvent | None]:
+        """:meth:`events`, with None each time the next item may have to be waited for:
+        the buffer is empty and nothing more has arrived, or the lease must be renewed
+        first. What a caller gathers must go out then (a batch held across a wait would
+        hand out deliveries that may be over by the time it ends)."""
         self._check_bound()
         while True:
             while (d := self._next_buffered()) is not None:
                 if d is Renew.LEASE:
+                    yield None
                     self._renew_lease()
                     continue
                 yield Received(d, self._settle)
+            if not self._more_arrived():
+                yield None
             item = self._next_item()
             if item is None:
                 return
@@ -97,33 +136,6 @@ class BlockingConsumer(BaseConsumer):
                 return
             if isinstance(step, FlowEvent):
                 yield step
-
-    def batches(
-        self, max_messages: int, limit: int | None = None
-    ) -> Iterator[list[Received] | FlowEvent]:
-        """:meth:`events` with the messages in lists of at most ``max_messages``: each
-        list holds what had arrived when it was handed out — it waits for the first
-        message only, never to fill up — so a batch costs no latency. Ends after
-        ``limit`` messages, if given (the rest stay unseen in the buffer)."""
-        batch: list[Received] = []
-        left = limit
-        for item in self.events():
-            if isinstance(item, FlowEvent):
-                if batch:
-                    yield batch
-                    batch = []
-                yield item
-                continue
-            batch.append(item)
-            if left is not None:
-                left -= 1
-            if left == 0 or len(batch) >= max_messages or not (self._batch or self._more_arrived()):
-                yield batch
-                batch = []
-            if left == 0:
-                return
-        if batch:
-            yield batch
 
     def _noted(self, event: FlowEvent) -> None:
         """Apply a change of activity at once, waking :meth:`wait_active`."""
