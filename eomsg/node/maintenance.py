@@ -25,7 +25,6 @@ class Maintenance(NodeState):
         collect the log past retention. Runs every ``tick`` seconds and at close."""
         if self._closed:
             return
-        self.store.refresh_disk_free()
         now = self.clock()
         self._poll(now)
         with self._lock:

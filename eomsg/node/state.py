@@ -168,12 +168,14 @@ class NodeState:
     def _check_room(self) -> None:
         """DiskFull unless the data directory's disk has the reserve free: below it the
         node takes no new messages (settlements, which keep the backlog from growing,
-        go on), so a checkpoint and a restart always find the room they need. Looks
-        again before refusing, so publishing resumes as soon as there is room."""
+        go on), so a checkpoint and a restart always find the room they need. Reads the
+        free space afresh at each call (a publish batch, not a message), so a disk that
+        just filled up is refused at once and publishing resumes as soon as there is
+        room."""
         reserve = self.settings.disk_reserve
-        if not reserve or self.store.disk_free >= reserve:
+        if not reserve:
             return
-        free = self.store.refresh_disk_free()
+        free = self.store.disk_free()
         if free < reserve:
             raise DiskFull(
                 f"the disk holding {self.store.data_dir} has {free / (1 << 20):.1f} MiB "

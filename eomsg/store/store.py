@@ -106,12 +106,6 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _disk_free(path: Path) -> int:
-    """Bytes an unprivileged writer may still use on the disk holding ``path``."""
-    st = os.statvfs(path)
-    return st.f_bavail * st.f_frsize
-
-
 class Store:
     """A data directory opened read-write by this process (see the module docstring).
 
@@ -142,7 +136,6 @@ class Store:
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._cursors_lock = threading.Lock()
         self._private()
-        self.disk_free = _disk_free(data_dir)
         last = self.last_seq()
         self._mark.write(Mark(_size(self.wal_path), last))
         self.failure_listeners: list[Callable[[BaseException], None]] = []
@@ -212,11 +205,12 @@ class Store:
         for listener in self.failure_listeners:
             listener(cause)
 
-    def refresh_disk_free(self) -> int:
-        """Look at the free space of the data directory's disk again (it is otherwise
-        noted after each commit)."""
-        self.disk_free = _disk_free(self.data_dir)
-        return self.disk_free
+    def disk_free(self) -> int:
+        """Bytes an unprivileged writer may still use now on the data directory's disk
+        (one statvfs, about a microsecond: read afresh by each caller, never a stale
+        note of it)."""
+        st = os.statvfs(self.data_dir)
+        return st.f_bavail * st.f_frsize
 
     def _private(self) -> None:
         """Narrow every file of the data directory to its owner (DuckDB makes its files
@@ -225,10 +219,10 @@ class Store:
             owner_only(entry)
 
     def _committed(self, last_seq: int) -> bool:
-        """After each commit, on the writer thread (a stat, a statvfs and a small
-        pwrite): mark how long the WAL is and the last seq stored; narrow a WAL that
-        DuckDB made anew (after a checkpoint) to its owner; note the free disk space.
-        True asks for a checkpoint: the WAL outgrew :attr:`wal_limit`."""
+        """After each commit, on the writer thread (a stat and a small pwrite): mark how
+        long the WAL is and the last seq stored; narrow a WAL that DuckDB made anew
+        (after a checkpoint) to its owner. True asks for a checkpoint: the WAL outgrew
+        :attr:`wal_limit`."""
         try:
             st = os.stat(self.wal_path)
         except FileNotFoundError:
@@ -238,7 +232,6 @@ class Store:
             if st.st_mode & 0o077:  # made anew by DuckDB with the process's umask
                 owner_only(self.wal_path)
         self._mark.write(Mark(size, last_seq))
-        self.disk_free = _disk_free(self.data_dir)
         return size > self.wal_limit
 
     def _reader(self) -> duckdb.DuckDBPyConnection:
