@@ -8,6 +8,7 @@ message lines."""
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import dataclasses
 import json as jsonlib
@@ -15,8 +16,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any
 
 import typer
@@ -24,7 +24,6 @@ import typer
 from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_broker
 from eomsg.client.broker import BoundConsumer, Broker, require_served
 from eomsg.client.consumer import Received
-from eomsg.client.inbox import Settleable
 from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered
@@ -74,28 +73,27 @@ def consume(
     """Consume messages until the queue has none ready for this consumer (or --max is
     reached); with --follow, until interrupted, waiting on standby while others are
     active."""
-    # SIGTERM ends the command as Ctrl-C does: what was printed is deleted, the rest is
+    # SIGTERM ends the command as Ctrl-C does: what was handled is deleted, the rest is
     # given back, and the flow is unbound — not left to the ack timeout.
     signal.signal(signal.SIGTERM, _Stop.on_sigterm)
+    if into is not None and exec_ is not None:
+        raise UsageError("--into and --exec do not combine (use one)")
+    handler: _Handler
     if into is not None:
-        if exec_ is not None:
-            raise UsageError("--into and --exec do not combine (use one)")
-        _into(open_sink(into), data, queue, batch, priority, follow, max, json)
-        return
-    size = 1 if exec_ is not None else batch
-    with open_broker(data) as broker, _bound(broker, queue, size, priority, follow) as consumer:
-        for item in consumer.batches(size, max):
-            if isinstance(item, FlowEvent):
-                _announce(item, json)
-                continue
-            with _Stop.deferred():
-                if exec_ is not None:
-                    (msg,) = item
-                    _run_handler(exec_, msg.delivered, msg.delete, msg.release)
-                else:
-                    _write(item, json)
-                    for msg in item:
-                        msg.delete()  # durable before the consumer's exit returns
+        handler = _Land(open_sink(into), json)
+    elif exec_ is not None:
+        handler, batch = _Exec(exec_), 1
+    else:
+        handler = _Print(json)
+    with handler:
+        with open_broker(data) as broker, _bound(broker, queue, batch, priority, follow) as c:
+            for item in c.batches(batch, max):
+                if isinstance(item, FlowEvent):
+                    _announce(item, json)
+                    continue
+                with _Stop.deferred():
+                    handler(item)
+        handler.report()
 
 
 class _Stop:
@@ -132,39 +130,71 @@ def _bound(broker: Broker, queue: str, prefetch: int, priority: int, follow: boo
     return broker.consumer(queue, prefetch, priority=priority, until_empty=not follow)
 
 
-def _into(
-    sink: TableSink,
-    data: Path,
-    queue: str,
-    size: int,
-    priority: int,
-    follow: bool,
-    remaining: int | None,
-    as_json: bool,
-) -> None:
-    total = Written(0, 0, 0)
+class _Handler(abc.ABC):
+    """What ``consume`` does with each batch it takes: settles every message of it
+    before it returns (deleted once handled, or given back), SIGTERM deferred meanwhile.
+    Used as a context manager around the consumer; :meth:`report` says what was done."""
 
-    def write(messages: Sequence[Settleable]) -> None:
-        nonlocal total
-        with _Stop.deferred():
-            total += sink.write(messages)
+    @abc.abstractmethod
+    def __call__(self, batch: list[Received]) -> None: ...
 
-    try:
-        with open_broker(data) as broker, _bound(broker, queue, size, priority, follow) as c:
-            for item in c.batches(size, remaining):
-                if isinstance(item, FlowEvent):
-                    _announce(item, as_json)
-                    continue
-                write(item)
-    finally:
-        sink.conn.close()
-    if as_json:
-        print(jsonlib.dumps({"table": sink.table, **dataclasses.asdict(total)}))
-    else:
-        print(
-            f"inserted {total.inserted} messages into {sink.table} "
-            f"({total.duplicates} already there, {total.expired} expired)"
-        )
+    def report(self) -> None:  # noqa: B027  (a hook: most handlers have nothing to add)
+        """After the last batch: what was done, where the messages do not say it."""
+
+    def __enter__(self) -> _Handler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+class _Print(_Handler):
+    """Each batch written to stdout and flushed, then deleted."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+
+    def __call__(self, batch: list[Received]) -> None:
+        _write(batch, self.as_json)
+        for msg in batch:
+            msg.delete()  # durable before the consumer's exit returns
+
+
+class _Exec(_Handler):
+    """A shell command run on each message (batches of one); deleted if it exits 0."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __call__(self, batch: list[Received]) -> None:
+        (msg,) = batch
+        _run_handler(self.command, msg.delivered, msg.delete, msg.release)
+
+
+class _Land(_Handler):
+    """Each batch inserted into the application's table exactly once, in one of its
+    transactions (see :class:`~eomsg.client.sink.TableSink`)."""
+
+    def __init__(self, sink: TableSink, as_json: bool) -> None:
+        self.sink = sink
+        self.as_json = as_json
+        self.total = Written(0, 0, 0)
+
+    def __call__(self, batch: list[Received]) -> None:
+        self.total += self.sink.write(batch)
+
+    def __exit__(self, *exc: object) -> None:
+        self.sink.conn.close()
+
+    def report(self) -> None:
+        total = self.total
+        if self.as_json:
+            print(jsonlib.dumps({"table": self.sink.table, **dataclasses.asdict(total)}))
+        else:
+            print(
+                f"inserted {total.inserted} messages into {self.sink.table} "
+                f"({total.duplicates} already there, {total.expired} expired)"
+            )
 
 
 def _announce(event: FlowEvent, as_json: bool) -> None:
