@@ -4,7 +4,7 @@
     python scripts/bench.py --scenario embedded-publish-batch --n 200000 --json
     python scripts/bench.py --scenario embedded-consume --n 200000 --log-size 1000000
 
-Scenarios in this process (embedded node):
+Scenarios in this process (an embedded node, through ``LocalClient``):
   embedded-publish        one message per publish call (one commit each)
   embedded-publish-batch  --batch messages per publish call (group commit)
   embedded-consume        fetch --batch, then delete them (consume+delete), until empty
@@ -66,9 +66,11 @@ import bench_txn
 import bench_wal
 import duckdb
 
+from eomsg.client.broker import Broker
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.node.node import Node, NodeSettings
+from eomsg.embedded import LocalClient
+from eomsg.node.node import NodeSettings
 
 SCENARIOS = (
     "embedded-publish",
@@ -92,12 +94,12 @@ def _messages(n: int, payload: bytes, start: int) -> list[Outgoing]:
     return [Outgoing("bench/orders/eu", payload, f"m{start + i}") for i in range(n)]
 
 
-def _publish_all(node: Node, n: int, payload: bytes, batch: int, start: int) -> None:
+def _publish_all(broker: Broker, n: int, payload: bytes, batch: int, start: int) -> None:
     """Publish as ``eomsg publish --stdin`` does: the next batch is prepared while the
     previous one commits; each is acknowledged only after its commit."""
     previous = None
     for i in range(0, n, batch):
-        future = node.publish_batch_async(_messages(min(batch, n - i), payload, start + i))
+        future = broker.publish_batch_async(_messages(min(batch, n - i), payload, start + i))
         if previous is not None:
             previous.result()
         previous = future
@@ -105,13 +107,13 @@ def _publish_all(node: Node, n: int, payload: bytes, batch: int, start: int) -> 
         previous.result()
 
 
-def _drain(node: Node, batch: int) -> int:
+def _drain(broker: Broker, batch: int) -> int:
     """Consume as ``eomsg consume`` does: deliveries recorded durably before they are
     handed out; each batch's deletion commits together with the next fetch."""
     count = 0
     pending = []
-    while taken := node.fetch("bench", batch):
-        pending.append(node.delete_async("bench", [d.key for d in taken]))
+    while taken := broker.fetch("bench", batch):
+        pending.append(broker.delete_async("bench", [d.key for d in taken]))
         count += len(taken)
     for deleted in pending:
         deleted.result()
@@ -126,30 +128,30 @@ def run(
     with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
         # Long retention and rare GC: the prefilled log must stay for the measurement.
         settings = NodeSettings(tick=None, retention=10 * 86400, gc_interval=10 * 86400)
-        with Node.open(Path(tmp) / "data", settings) as node:
-            node.create_queue(QueueConfig.create("bench", ["bench/>"]))
+        with LocalClient.open(Path(tmp) / "data", settings) as client:
+            client.create_queue(QueueConfig.create("bench", ["bench/>"]))
             start = 0
             if log_size:
-                _publish_all(node, log_size, payload, FILL_BATCH, 0)
-                _drain(node, FILL_BATCH)
-                node.maintain()
+                _publish_all(client, log_size, payload, FILL_BATCH, 0)
+                _drain(client, FILL_BATCH)
+                client.node.maintain()  # compaction between rounds, as the ticker would
                 start = log_size
             for _ in range(rounds):  # each round leaves the queue empty again
                 if scenario == "embedded-consume":
-                    _publish_all(node, n, payload, FILL_BATCH, start)
+                    _publish_all(client, n, payload, FILL_BATCH, start)
                 t0 = time.perf_counter()
                 if scenario == "embedded-publish":
                     for m in _messages(n, payload, start):
-                        node.publish_batch([m])
+                        client.publish_batch([m])
                 elif scenario == "embedded-publish-batch":
-                    _publish_all(node, n, payload, batch, start)
+                    _publish_all(client, n, payload, batch, start)
                 else:
-                    consumed = _drain(node, batch)
+                    consumed = _drain(client, batch)
                     assert consumed == n, f"consumed {consumed} of {n}"
                 timings.append(time.perf_counter() - t0)
                 if scenario != "embedded-consume":
-                    _drain(node, FILL_BATCH)
-                node.maintain()
+                    _drain(client, FILL_BATCH)
+                client.node.maintain()  # compaction between rounds, as the ticker would
                 start += n
     seconds = statistics.median(timings)
     return {

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.node.node import Node, NodeSettings
+from eomsg.embedded import LocalClient
+from eomsg.node.node import NodeSettings
 
 SCENARIOS = ("wal",)
 
@@ -27,8 +28,8 @@ def run(n: int, batch: int, payload: bytes, rounds: int, tmp: Path) -> dict[str,
     latencies: list[float] = []
     per_round: list[float] = []
     largest = checkpoints = previous = 0
-    with Node.open(tmp / "data", NodeSettings(tick=None)) as node:
-        node.create_queue(QueueConfig.create("bench", ["bench/>"]))
+    with LocalClient.open(tmp / "data", NodeSettings(tick=None)) as client:
+        client.create_queue(QueueConfig.create("bench", ["bench/>"]))
         seq = 0
         for _ in range(rounds):
             t0 = time.perf_counter()
@@ -38,7 +39,7 @@ def run(n: int, batch: int, payload: bytes, rounds: int, tmp: Path) -> dict[str,
                 ]
                 seq += len(messages)
                 start = time.perf_counter()
-                node.publish_batch(messages)
+                client.publish_batch(messages)
                 latencies.append(time.perf_counter() - start)
                 size = wal.stat().st_size if wal.exists() else 0
                 checkpoints += size < previous  # a checkpoint emptied it
