@@ -8,7 +8,15 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 bash scripts/java.sh >/dev/null   # Spark (the replay at the end) needs Java 17+
 export EOMSG_DATA="${EOMSG_DATA:-$(mktemp -d)/eomsg-data}"
-run() { printf '\n$ %s\n' "$*"; "$@"; }
+# Each command is shown as it could be typed again: a word with shell characters quoted.
+shown() {
+  local a
+  for a in "$@"; do
+    if [[ $a =~ ^[A-Za-z0-9_./:=@%+,-]+$ ]]; then printf ' %s' "$a"
+    else printf " '%s'" "${a//\'/\'\\\'\'}"; fi
+  done
+}
+run() { printf '\n$'; shown "$@"; printf '\n'; "$@"; }
 run eomsg queue create orders --subscribe 'orders/>' --max-redeliveries 5 --dead-letter orders-dlq
 run eomsg publish orders/eu/new '{"order": 1}' --id order-1 --ttl 1h
 run eomsg publish orders/eu/new '{"order": 1}' --id order-1
@@ -21,7 +29,7 @@ run eomsg inspect log --topic 'orders/>' --from-seq 10 --limit 5
 run eomsg inspect sql "SELECT topic, count(*) AS messages FROM messages GROUP BY 1 ORDER BY 1"
 
 # -- an exclusive queue through a node: one consumer active, one on standby -------------
-lines() { wc -l < "$1" 2>/dev/null || echo 0; }
+lines() { { wc -l < "$1"; } 2>/dev/null || echo 0; }
 wait_lines() { for _ in $(seq 100); do [ "$(lines "$1")" -ge "$2" ] && return; sleep 0.1; done; }
 run eomsg queue create billing --subscribe 'billing/>' --max-active 1
 printf '
