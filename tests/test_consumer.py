@@ -16,7 +16,7 @@ from eomsg.client.consumer import Item, Pushed
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Message, Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import StaleDelivery, Unbound, UsageError
+from eomsg.errors import StaleDelivery, StaleEpoch, Unavailable, Unbound, UsageError
 
 
 @pytest.fixture
@@ -129,6 +129,25 @@ def test_a_delete_completes_without_being_waited_on(q: Broker) -> None:
         assert _eventually(deleted.done)  # while the application holds the next one
         assert deleted.result() is True and q.stats()[0].deleted == 1
         next(it).delete()
+
+
+def test_a_message_settled_after_its_consumer_closed_gets_a_verdict_not_a_wait(
+    q: Broker,
+) -> None:
+    q.publish("q/x", b"1")
+    q.publish("q/x", b"2")
+    with q.consumer("q", until_empty=True) as consumer:
+        kept, released = list(consumer)
+    # the consumer's exit gave both back: its epoch is over, so both are refused
+    with pytest.raises(StaleEpoch):
+        kept.delete().result(10)
+    with pytest.raises(StaleEpoch):
+        released.release().result(10)
+    q.close()
+    with pytest.raises(Unavailable):
+        kept.delete().result(10)
+    with pytest.raises(Unavailable):
+        released.release().result(10)
 
 
 def test_an_administrators_unbind_ends_the_iteration(q: Broker) -> None:

@@ -99,8 +99,10 @@ class Received:
         """Delete the message from its queue. Returns a future (of the flavour of the
         client) that resolves once the deletion is durable — or fails with StaleDelivery
         (StaleEpoch) if this delivery is over: it timed out and was handed out again, or
-        this consumer lost activity since and the message went to another. The
-        consumer's exit waits for all of them."""
+        this consumer lost activity since and the message went to another (so is a
+        delete made after the consumer's exit, which gave the message back), or with
+        Unavailable once the client is closed. The consumer's exit waits for all of
+        them."""
         return self._settle("delete", self.delivered, None)
 
     def release(self, delay: float = 0.0) -> Any:

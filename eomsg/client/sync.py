@@ -402,14 +402,21 @@ class Consumer(RemoteConsumer, BlockingConsumer):
         self._inbox.put(item)
 
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Ack[Any] | Future[Any]:
+        """Delete (batched by the loop) or release one received message; a refusal —
+        the client closed, too — is the future's error, as on the embedded backend."""
         self._buffer.settled(d.key)
         future: Ack[Any] | Future[Any]
-        if how == "delete":
-            future = self.client._delete_later(self.queue, d.key, d.epoch)
-        else:
-            future = self.client._submit(
-                self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
-            )
+        try:
+            if how == "delete":
+                future = self.client._delete_later(self.queue, d.key, d.epoch)
+            else:
+                self.client._check()
+                future = self.client._submit(
+                    self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
+                )
+        except EomsgError as e:
+            future = Future()
+            future.set_exception(e)
         self._track(future)
         return future
 

@@ -20,7 +20,9 @@ if TYPE_CHECKING:
 
 class Deleter:
     """The deletes of one consumer of ``queue``; :meth:`stop` sends what is queued and
-    ends the thread."""
+    ends the thread. A delete made after that (a message kept past its consumer's exit)
+    is sent at once, from the caller's thread, so it gets the node's verdict — as it
+    would over the wire — rather than waiting for a thread that is gone."""
 
     def __init__(self, client: LocalClient, queue: str) -> None:
         self._client = client
@@ -28,6 +30,7 @@ class Deleter:
         self._outbox: deque[tuple[int, Key, Future[bool]]] = deque()
         self._scheduled = False
         self._stopping = False
+        self._stopped = False
         self._kick = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"eomsg-deletes-{queue}", daemon=True
@@ -41,7 +44,9 @@ class Deleter:
         self._outbox.append((d.epoch, d.key, future))  # deque.append: atomic
         # Append first, look at the flag second; the thread clears it before it drains:
         # so whatever is appended is either drained by a pass under way or kicks the next.
-        if not self._scheduled:
+        if self._stopped:  # set before stop's last drain: this one is drained by it or here
+            self._send()
+        elif not self._scheduled:
             self._scheduled = True
             self._kick.set()
         return future
@@ -52,6 +57,8 @@ class Deleter:
         self._kick.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
+        self._stopped = True
+        self._send()  # anything appended after the thread's last pass
 
     def _run(self) -> None:
         while True:
@@ -67,7 +74,10 @@ class Deleter:
         outbox = self._outbox
         by_epoch: dict[int, list[tuple[Key, Future[bool]]]] = {}
         for _ in range(len(outbox)):
-            epoch, key, future = outbox.popleft()
+            try:
+                epoch, key, future = outbox.popleft()
+            except IndexError:  # another drain (stop's, or a late delete's) took it
+                break
             by_epoch.setdefault(epoch, []).append((key, future))
         for epoch, items in by_epoch.items():
             try:
