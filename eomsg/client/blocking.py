@@ -41,7 +41,8 @@ class BlockingConsumer(BaseConsumer):
 
     def __init__(self, queue: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(queue, *args, **kwargs)
-        self._inbox: queuelib.SimpleQueue[Item] = queuelib.SimpleQueue()
+        # None: the consumer was closed, an iteration under way on another thread ends
+        self._inbox: queuelib.SimpleQueue[Item | None] = queuelib.SimpleQueue()
         self._changed = threading.Condition()
         self._callbacks: queuelib.SimpleQueue[tuple[Callable[[FlowEvent], Any], FlowEvent] | None]
         self._callbacks = queuelib.SimpleQueue()
@@ -50,7 +51,8 @@ class BlockingConsumer(BaseConsumer):
 
     @abc.abstractmethod
     def _next_item(self) -> Item | None:
-        """Wait for the next item; None once ``idle_timeout`` passed without one."""
+        """Wait for the next item; None once ``idle_timeout`` passed without one, or
+        the consumer was closed."""
 
     @abc.abstractmethod
     def _more_arrived(self) -> bool:
@@ -59,6 +61,11 @@ class BlockingConsumer(BaseConsumer):
     @abc.abstractmethod
     def _renew_lease(self) -> None:
         """Hear from the node before handing anything more out (see ``Renew``)."""
+
+    def _end_iterations(self) -> None:
+        """Closed: an iteration under way on another thread ends (the next item it
+        reads is the end), rather than waiting for what will never come."""
+        self._inbox.put(None)
 
     def wait_active(self, timeout: float | None = None) -> bool:
         """Block until the flow is active; False if ``timeout`` passed first."""

@@ -178,8 +178,10 @@ class BaseConsumer(abc.ABC):
 
     @property
     def active(self) -> bool:
-        """Whether this consumer's flow is active (False once the connection is lost)."""
-        return self.activity.active
+        """Whether this consumer's flow is active: False once the connection is lost,
+        and once the consumer is closed (leaving an election is not losing it — no
+        ``on_inactive`` — but a leader that left leads no more)."""
+        return self.activity.active and self._subscription is not None
 
     @property
     def epoch(self) -> int:
@@ -318,7 +320,8 @@ class AsyncConsumer(RemoteConsumer):
     def __init__(self, client: AsyncClient, queue: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(queue, *args, **kwargs)
         self.client = client
-        self._inbox: asyncio.Queue[Item] = asyncio.Queue()
+        # None: the consumer was closed, an iteration under way in another task ends
+        self._inbox: asyncio.Queue[Item | None] = asyncio.Queue()
         self._became_active = asyncio.Event()
         self._pending: set[asyncio.Future[Any]] = set()
 
@@ -365,6 +368,7 @@ class AsyncConsumer(RemoteConsumer):
             with contextlib.suppress(EomsgError):
                 await self.client.cancel(self._subscription, seen)
             self._subscription = None
+        self._inbox.put_nowait(None)
 
     def __aiter__(self) -> AsyncIterator[Received]:
         self._check_bound()
@@ -388,6 +392,8 @@ class AsyncConsumer(RemoteConsumer):
             try:
                 item = await asyncio.wait_for(self._inbox.get(), self.idle_timeout)
             except TimeoutError:
+                return
+            if item is None:
                 return
             step = self._step(item)
             if step is False:

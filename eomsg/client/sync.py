@@ -83,10 +83,19 @@ class Client(Broker):
         return False
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._submit(coro).result()
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Run ``coro`` on the loop. Unavailable once the client is closed (then the
+        loop is gone, and nothing would ever answer)."""
+        if self._closed:
+            coro.close()
+            raise Unavailable("the client is closed")
+        try:
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+        except RuntimeError as e:  # closed by another thread since the check
+            coro.close()
+            raise Unavailable("the client is closed") from e
 
     def close(self) -> None:
         """Send what is queued, wait for every answer, and disconnect. Idempotent."""
@@ -94,7 +103,7 @@ class Client(Broker):
             return
         self._closed = True
         with contextlib.suppress(EomsgError):
-            self._run(self._close())
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result()
         self._stop_loop()
 
     async def _close(self) -> None:
@@ -174,7 +183,19 @@ class Client(Broker):
         is either drained by a flush under way or schedules the next one."""
         if not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon_threadsafe(self._flush)
+            try:
+                self._loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # the loop closed since the caller's check: nothing sends
+                self._fail_queued(Unavailable("the client is closed"))
+
+    def _fail_queued(self, error: EomsgError) -> None:
+        """Fail what the outboxes hold: it was never sent."""
+        for _ in range(len(self._outbox)):
+            with contextlib.suppress(IndexError):
+                self._outbox.popleft()[1].set_exception(error)
+        for _ in range(len(self._deletes)):
+            with contextlib.suppress(IndexError):
+                self._deletes.popleft()[3].set_exception(error)
 
     def _flush(self) -> None:
         """On the loop: move the outboxes into the asyncio client's, which sends them
@@ -373,6 +394,7 @@ class Consumer(RemoteConsumer, BlockingConsumer):
                 self.client._wake()
                 with contextlib.suppress(EomsgError):
                     self.client._run(self._cancel(subscription))
+            self._end_iterations()
             self._stop_caller()
 
     async def _cancel(self, subscription: int) -> None:
@@ -410,7 +432,6 @@ class Consumer(RemoteConsumer, BlockingConsumer):
             if how == "delete":
                 future = self.client._delete_later(self.queue, d.key, d.epoch)
             else:
-                self.client._check()
                 future = self.client._submit(
                     self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
                 )

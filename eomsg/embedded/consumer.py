@@ -12,8 +12,9 @@ deletes made meanwhile share one call and one commit. A buffered delivery the
 application did not get to before its hand-out-by time (see
 :mod:`eomsg.client.prefetch`) is given back unseen at the next take. The flow's changes
 of activity come from the node's ``notify`` as they happen; an administrator's unbind
-(or the queue's deletion) ends the iteration with Unbound, and the client's closing
-with Unavailable.
+(or the queue's deletion) ends the iteration with Unbound, the client's closing with
+Unavailable (after an inactive change), and the node's closing with NodeClosed — within
+a poll for a consumer that is not active.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class LocalConsumer(BlockingConsumer):
             )
         except BaseException:
             self.client._detach(self)
+            self._end_iterations()
+            self.poke()
             self._stop_caller()
             raise
         self._subscription = flow.flow
@@ -87,11 +90,18 @@ class LocalConsumer(BlockingConsumer):
                 with contextlib.suppress(EomsgError):  # unbound already, or node closed
                     self.client.node.unbind(self.queue, flow, seen=self._buffer.seen())
             self.client._detach(self)
+            self._end_iterations()
+            self.poke()
             self._stop_caller()
 
     def lost(self, error: EomsgError) -> None:
-        """The client closed under this consumer: an iteration under way raises
-        ``error``; then unbind."""
+        """The client closed under this consumer, which counts as losing activity (as
+        losing its connection does for a served one): if active, it becomes inactive
+        at once — nothing more is handed out, ``on_inactive`` hears it — then an
+        iteration under way raises ``error``; then unbind."""
+        activity = self.activity
+        if activity.active:
+            self._apply(self._change(activity.flow, False, activity.epoch))
         self._inbox.put(error)
         self.poke()
         self.close()
@@ -133,15 +143,20 @@ class LocalConsumer(BlockingConsumer):
         else:
             change = None
         if change is not None:
-            if not change.active:
-                self._buffer.drop()
-            self._noted(change)
-            self._inbox.put(change)
+            self._apply(change)
         if event.kind == "unbound":
             self._inbox.put(
                 Unbound(f"flow {event.flow} of queue {self.queue!r}: unbound by an administrator")
             )
         self.poke()
+
+    def _apply(self, change: FlowEvent) -> None:
+        """Note a change of activity at once and queue it for the iteration; an
+        inactive one forgets what the buffer holds (the node takes it back)."""
+        if not change.active:
+            self._buffer.drop()
+        self._noted(change)
+        self._inbox.put(change)
 
     def _change(self, flow: int, active: bool, epoch: int) -> FlowEvent:
         kind = "active" if active else "inactive"
@@ -173,6 +188,7 @@ class LocalConsumer(BlockingConsumer):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
+            node.check_open()  # a standby consumer never calls the node: it looks here
             with self._woken:
                 if self._wakes == wakes:
                     self._woken.wait(POLL if left is None else min(POLL, left))
@@ -210,10 +226,17 @@ class LocalConsumer(BlockingConsumer):
                 future = Future()
                 future.set_result(None)
         except EomsgError as e:
-            future = Future()
-            future.set_exception(e)
+            future = failed(e)
         self._track(future)
         return future
+
+
+def failed(error: BaseException) -> Future[Any]:
+    """A future that has failed with ``error``: a refusal given as the client over the
+    wire gives it, in the future rather than raised."""
+    future: Future[Any] = Future()
+    future.set_exception(error)
+    return future
 
 
 def first(batch: Future[list[T]]) -> Future[T]:

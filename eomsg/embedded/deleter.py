@@ -91,7 +91,7 @@ class Deleter:
         """One call for ``items``; refused for a stale delivery, one call per message,
         so that each gets its own verdict."""
         try:
-            committed = self._client.delete_async(self._queue, [k for k, _ in items], epoch=epoch)
+            committed = self._client._delete(self._queue, [k for k, _ in items], epoch)
         except StaleDelivery as e:
             if len(items) == 1:
                 items[0][1].set_exception(e)

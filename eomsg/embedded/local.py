@@ -24,8 +24,8 @@ from eomsg.client.broker import Broker
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
-from eomsg.embedded.consumer import LocalConsumer, first
-from eomsg.errors import EomsgError, Unavailable
+from eomsg.embedded.consumer import LocalConsumer, failed, first
+from eomsg.errors import EomsgError, InvalidInput, Unavailable
 from eomsg.node.node import Node, NodeSettings
 
 _holders = itertools.count(1 << 40)  # apart from the server's sessions, which count from 1
@@ -82,14 +82,18 @@ class LocalClient(Broker):
         try:
             with self._lock:
                 consumers = list(self._consumers)
+            # Each step alone: one that fails (a queue deleted meanwhile, a delete
+            # refused — its future says so —, the node closed) must not skip the rest.
             for consumer in consumers:  # each sends its deletes, then unbinds
-                consumer.lost(Unavailable("the client is closed"))
+                with contextlib.suppress(EomsgError):
+                    consumer.lost(Unavailable("the client is closed"))
             with self._lock:
                 self._closed = True
                 fetched, self._fetched = self._fetched, {}
-            with contextlib.suppress(EomsgError):  # the node may be closed already
-                for queue, held in fetched.items():
+            for queue, held in fetched.items():
+                with contextlib.suppress(EomsgError):
                     self.node.release_held(queue, list(held.items()), self.holder)
+            with contextlib.suppress(EomsgError):
                 self.node.disown_txns(self.name)
         finally:
             self._closed = True
@@ -139,11 +143,9 @@ class LocalClient(Broker):
         headers: dict[str, str] | None = None,
     ) -> Future[PublishResult]:
         """Queue one message for the next group commit; the future resolves once it is
-        durable. Invalid input raises here."""
-        self._check_open()
-        return first(
-            self.node.publish_batch_async([Outgoing(topic, payload, id, ttl, headers or {})])
-        )
+        durable, or fails with the node's refusal (DiskFull, …). Invalid input raises
+        here."""
+        return first(self.publish_batch_async([Outgoing(topic, payload, id, ttl, headers or {})]))
 
     def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
         """Publish messages atomically; durable on return."""
@@ -151,9 +153,15 @@ class LocalClient(Broker):
         return self.node.publish_batch(messages)
 
     def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
-        """Queue a batch; the future resolves once all of it is durable."""
+        """Queue a batch; the future resolves once all of it is durable, or fails with
+        the node's refusal. Invalid input raises here."""
         self._check_open()
-        return self.node.publish_batch_async(messages)
+        try:
+            return self.node.publish_batch_async(messages)
+        except InvalidInput:
+            raise
+        except EomsgError as e:
+            return failed(e)
 
     # -- consuming -------------------------------------------------------------------------
 
@@ -175,6 +183,18 @@ class LocalClient(Broker):
     def delete_async(
         self, queue: str, keys: Sequence[Key], *, epoch: int = 0
     ) -> Future[list[bool]]:
+        """Queue the deletion of ``keys``; the future resolves once it is durable, or
+        fails with the node's refusal (StaleDelivery, QueueNotFound, …)."""
+        try:
+            return self._delete(queue, keys, epoch)
+        except Unavailable:
+            raise
+        except EomsgError as e:
+            return failed(e)
+
+    def _delete(self, queue: str, keys: Sequence[Key], epoch: int) -> Future[list[bool]]:
+        """:meth:`delete_async`, with what the node refuses at once raised here (a
+        consumer's deleter splits a batch refused as stale)."""
         self._check_open()
         done = self.node.delete_async(queue, keys, epoch=epoch, holder=self.holder)
         self._settled(queue, keys)

@@ -83,6 +83,11 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
             self._closed = True
             self.store.close()
 
+    def check_open(self) -> None:
+        """NodeClosed once the node is closed (for a caller that waits on its own, as a
+        standby consumer does, rather than in a node call that would say so)."""
+        self._check_open()
+
     def __enter__(self) -> Node:
         return self
 
