@@ -128,6 +128,35 @@ def test_a_leader_that_left_leads_no_more(q: Broker) -> None:
     with q.elect("leader") as leader:
         assert leader.wait_active(10) and leader.active
     assert not leader.active
+    assert not leader.wait_active(30)  # at once: it will not be elected again
+
+
+def test_an_on_active_callback_sees_its_consumer_active(q: Broker) -> None:
+    seen: list[bool] = []
+    elected = threading.Event()
+
+    def on_active(event: object) -> None:
+        seen.append(consumer.active)
+        elected.set()
+
+    consumer = q.consumer("q", on_active=on_active)
+    with consumer:
+        assert elected.wait(30)
+    assert seen == [True]
+
+
+def test_a_consumer_closed_can_be_entered_again(q: Broker) -> None:
+    q.publish("q/x", b"a")
+    consumer = q.consumer("q", until_empty=True)
+    with consumer:
+        (a,) = list(consumer)
+        a.delete()
+    q.publish("q/x", b"b")
+    with consumer:
+        got = list(consumer)
+        assert [m.payload for m in got] == [b"b"]  # not the end of the last iteration
+        got[0].delete()
+    assert q.stats()[0].depth == 0
 
 
 def test_closing_the_client_under_an_iteration_hands_out_nothing_more(
@@ -176,8 +205,12 @@ def test_closing_an_asyncio_consumer_ends_an_iteration_in_another_task(
                     got.append(msg.payload)
 
             reader = asyncio.ensure_future(read())
-            while not got:
-                await asyncio.sleep(0.01)
+
+            async def first() -> None:
+                while not got:
+                    await asyncio.sleep(0.01)
+
+            await asyncio.wait_for(first(), 30)
             await consumer.__aexit__(None, None, None)
             await asyncio.wait_for(reader, 30)
             return got
@@ -242,12 +275,16 @@ def test_a_standby_consumer_ends_when_the_embedded_node_closes(data_dir: Path) -
     holder = LocalClient.open(data_dir, NodeSettings())
     holder.create_queue(QueueConfig.create("q", ["q/>"], max_active=1))
     standby_client = LocalClient(holder.node)
-    with holder.consumer("q") as active:
-        assert active.wait_active(10)
-        standby = standby_client.consumer("q").__enter__()
-        assert not standby.active
-        reader = _Reader(standby)
-        holder.node.close()
-        assert reader.ended()
+    try:
+        with holder.consumer("q") as active:
+            assert active.wait_active(10)
+            with standby_client.consumer("q") as standby:
+                assert not standby.active
+                reader = _Reader(standby)
+                holder.node.close()
+                assert reader.ended()
+    finally:
+        standby_client.close()
+        holder.close()
     error, end = reader.got
     assert isinstance(error, NodeClosed) and end == "ended"

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from eomsg.client.consumer import BaseConsumer, Item, Received, Renew
+from eomsg.client.prefetch import Prefetch
 from eomsg.core.election import FlowEvent
 from eomsg.errors import StaleDelivery
 
@@ -62,15 +63,26 @@ class BlockingConsumer(BaseConsumer):
     def _renew_lease(self) -> None:
         """Hear from the node before handing anything more out (see ``Renew``)."""
 
-    def _end_iterations(self) -> None:
-        """Closed: an iteration under way on another thread ends (the next item it
-        reads is the end), rather than waiting for what will never come."""
+    def _entering(self) -> None:
+        """Entered — again, perhaps, after a close: afresh, without what the last
+        binding left (its buffer, the end of its iteration)."""
+        self._left, self._buffer, self._inbox = False, Prefetch(), queuelib.SimpleQueue()
+
+    def _leave(self) -> None:
+        """Closed: :attr:`active` is False from now on, a :meth:`wait_active` under way
+        returns, and an iteration under way on another thread ends (the next item it
+        reads is the end) rather than waiting for what will never come."""
+        with self._changed:
+            self._left = True
+            self._changed.notify_all()
         self._inbox.put(None)
 
     def wait_active(self, timeout: float | None = None) -> bool:
-        """Block until the flow is active; False if ``timeout`` passed first."""
+        """Block until the flow is active; False if ``timeout`` passed first, or once
+        the consumer is closed."""
         with self._changed:
-            return self._changed.wait_for(lambda: self.activity.active, timeout)
+            self._changed.wait_for(lambda: self.activity.active or self._left, timeout)
+            return self.active
 
     def flush(self) -> None:
         """Block until every deletion so far is durable; raise the first that failed.

@@ -175,13 +175,14 @@ class BaseConsumer(abc.ABC):
         self._batch: list[Delivered] = []
         self._subscription: int | None = None
         self._buffer = Prefetch()
+        self._left = False  # closed (by the application, or with its client)
 
     @property
     def active(self) -> bool:
         """Whether this consumer's flow is active: False once the connection is lost,
         and once the consumer is closed (leaving an election is not losing it — no
         ``on_inactive`` — but a leader that left leads no more)."""
-        return self.activity.active and self._subscription is not None
+        return self.activity.active and not self._left
 
     @property
     def epoch(self) -> int:
@@ -333,12 +334,13 @@ class AsyncConsumer(RemoteConsumer):
         return self.client
 
     async def wait_active(self, timeout: float | None = None) -> bool:
-        """Wait until the flow is active; False if ``timeout`` passed first."""
+        """Wait until the flow is active; False if ``timeout`` passed first, or once the
+        consumer is closed."""
         try:
             await asyncio.wait_for(self._became_active.wait(), timeout)
         except TimeoutError:
             return False
-        return True
+        return self.active
 
     def _sink(self, item: Item) -> None:
         self._on_loop(item)
@@ -351,6 +353,9 @@ class AsyncConsumer(RemoteConsumer):
         self._inbox.put_nowait(item)
 
     async def __aenter__(self) -> AsyncConsumer:
+        # entered again after a close: afresh, without the last iteration's end
+        self._left, self._buffer, self._inbox = False, Prefetch(), asyncio.Queue()
+        self._became_active.clear()
         self._subscription = await self.client.subscribe_raw(
             self.queue, self.prefetch, self._sink, self.priority
         )
@@ -368,7 +373,9 @@ class AsyncConsumer(RemoteConsumer):
             with contextlib.suppress(EomsgError):
                 await self.client.cancel(self._subscription, seen)
             self._subscription = None
-        self._inbox.put_nowait(None)
+        self._left = True
+        self._became_active.set()  # a wait_active under way returns (False)
+        self._inbox.put_nowait(None)  # an iteration under way in another task ends
 
     def __aiter__(self) -> AsyncIterator[Received]:
         self._check_bound()

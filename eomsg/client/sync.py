@@ -114,6 +114,10 @@ class Client(Broker):
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
+        # What was queued after the last flush (by a thread that passed the closed
+        # check just before the close) gets its answer; from now on _wake fails it.
+        self._scheduled = False
+        self._fail_queued(Unavailable("the client is closed"))
 
     def __enter__(self) -> Client:
         return self
@@ -186,6 +190,7 @@ class Client(Broker):
             try:
                 self._loop.call_soon_threadsafe(self._flush)
             except RuntimeError:  # the loop closed since the caller's check: nothing sends
+                self._scheduled = False
                 self._fail_queued(Unavailable("the client is closed"))
 
     def _fail_queued(self, error: EomsgError) -> None:
@@ -366,6 +371,7 @@ class Consumer(RemoteConsumer, BlockingConsumer):
         return self.client._ac
 
     def __enter__(self) -> Consumer:
+        self._entering()
         self._start_caller()
         try:
             self._subscription = self.client._run(
@@ -394,7 +400,7 @@ class Consumer(RemoteConsumer, BlockingConsumer):
                 self.client._wake()
                 with contextlib.suppress(EomsgError):
                     self.client._run(self._cancel(subscription))
-            self._end_iterations()
+            self._leave()
             self._stop_caller()
 
     async def _cancel(self, subscription: int) -> None:

@@ -55,6 +55,10 @@ class LocalConsumer(BlockingConsumer):
         self._deleter: Deleter | None = None
 
     def __enter__(self) -> LocalConsumer:
+        self._entering()
+        with self._woken:
+            self._closing = False
+            self._held.clear()
         self._start_caller()
         try:
             self.client._attach(self)
@@ -63,8 +67,6 @@ class LocalConsumer(BlockingConsumer):
             )
         except BaseException:
             self.client._detach(self)
-            self._end_iterations()
-            self.poke()
             self._stop_caller()
             raise
         self._subscription = flow.flow
@@ -90,7 +92,7 @@ class LocalConsumer(BlockingConsumer):
                 with contextlib.suppress(EomsgError):  # unbound already, or node closed
                     self.client.node.unbind(self.queue, flow, seen=self._buffer.seen())
             self.client._detach(self)
-            self._end_iterations()
+            self._leave()
             self.poke()
             self._stop_caller()
 
@@ -178,7 +180,12 @@ class LocalConsumer(BlockingConsumer):
             self._give_back_late()
             taken: list[Delivered] = []
             if flow is not None and self.activity.active and room > 0:
-                taken, _ = node.take(self.queue, room, flow=flow, holder=self.client.holder)
+                try:
+                    taken, _ = node.take(self.queue, room, flow=flow, holder=self.client.holder)
+                except EomsgError:
+                    if self._subscription is None:
+                        continue  # closed meanwhile: its inbox says how the iteration ends
+                    raise
                 with self._woken:
                     self._held.update(d.key for d in taken)
             if taken or (self.until_empty and room > 0):

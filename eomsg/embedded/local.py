@@ -45,7 +45,8 @@ class LocalClient(Broker):
         self.name = name if name is not None else f"local-{self.holder}"
         self._owns = owns
         self._closed = False
-        self._lock = threading.Lock()  # guards the next two
+        self._closing = False
+        self._lock = threading.Lock()  # guards _closing and the next two
         self._consumers: set[LocalConsumer] = set()
         self._fetched: dict[str, dict[int, int]] = {}  # queue -> seq -> attempt, unsettled
         node.add_listener(self._on_ready)
@@ -81,6 +82,7 @@ class LocalClient(Broker):
             return
         try:
             with self._lock:
+                self._closing = True  # no consumer is attached from now on
                 consumers = list(self._consumers)
             # Each step alone: one that fails (a queue deleted meanwhile, a delete
             # refused — its future says so —, the node closed) must not skip the rest.
@@ -233,7 +235,8 @@ class LocalClient(Broker):
 
     def _attach(self, consumer: LocalConsumer) -> None:
         with self._lock:
-            self._check_open()
+            if self._closing:
+                raise Unavailable("the client is closed")
             self._consumers.add(consumer)
 
     def _detach(self, consumer: LocalConsumer) -> None:
