@@ -11,6 +11,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,17 @@ def brokers(
 def broker(brokers: Callable[[], Broker]) -> Broker:
     """One client of a node, embedded or served (see :func:`brokers`)."""
     return brokers()
+
+
+def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
+    """Whether ``condition`` holds within ``timeout`` seconds (looked at every 10 ms): for
+    what happens on another thread or in another process, never a measure of how fast."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def messages(out: str | bytes) -> list[dict[str, Any]]:

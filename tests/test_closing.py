@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,17 +30,7 @@ from eomsg.errors import (
     Unavailable,
 )
 from eomsg.node.node import NodeSettings
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Whether ``condition`` holds within ``timeout`` seconds: for what happens on another
-    thread or in the node's process, never a measure of how fast."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+from tests.conftest import eventually
 
 
 class _Reader:
@@ -119,7 +108,7 @@ def test_closing_the_client_makes_its_leader_inactive(brokers: Callable[[], Brok
     assert leader.wait_active(10)
     leaving.close()
     assert not leader.active
-    assert _eventually(lambda: heard == ["inactive"])  # on the consumer's callback thread
+    assert eventually(lambda: heard == ["inactive"])  # on the consumer's callback thread
     with staying.elect("leader") as successor:
         assert successor.wait_active(10)
 
@@ -173,7 +162,7 @@ def test_closing_the_client_under_an_iteration_hands_out_nothing_more(
     first, error, end = reader.got
     assert (first, end) == (b"0", "ended") and isinstance(error, Unavailable)
     other = brokers()
-    assert _eventually(lambda: other.stats()[0].depth == 5 and other.stats()[0].in_flight == 0)
+    assert eventually(lambda: other.stats()[0].depth == 5 and other.stats()[0].in_flight == 0)
 
 
 def test_closing_a_consumer_ends_an_iteration_on_another_thread(q: Broker) -> None:
@@ -238,8 +227,8 @@ def test_a_client_closing_gives_back_and_disowns_even_when_a_queue_it_used_is_go
     leaving.close()
     # the prepared transaction is in doubt (for recovery), and the message fetched and
     # not settled went back: only the transaction's is in flight
-    assert _eventually(lambda: [(t.txid, t.connected) for t in admin.txns()] == [("t1", False)])
-    assert _eventually(lambda: (admin.stats()[0].depth, admin.stats()[0].in_flight) == (2, 1))
+    assert eventually(lambda: [(t.txid, t.connected) for t in admin.txns()] == [("t1", False)])
+    assert eventually(lambda: (admin.stats()[0].depth, admin.stats()[0].in_flight) == (2, 1))
     assert admin.abort_txn("t1") is True
 
 

@@ -17,6 +17,7 @@ from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import StaleDelivery, StaleEpoch, Unavailable, Unbound, UsageError
+from tests.conftest import eventually
 
 
 @pytest.fixture
@@ -126,7 +127,7 @@ def test_a_delete_completes_without_being_waited_on(q: Broker) -> None:
     with q.consumer("q", prefetch=2) as consumer:
         it = iter(consumer)
         deleted = next(it).delete()
-        assert _eventually(deleted.done)  # while the application holds the next one
+        assert eventually(deleted.done)  # while the application holds the next one
         assert deleted.result() is True and q.stats()[0].deleted == 1
         next(it).delete()
 
@@ -162,7 +163,7 @@ def test_an_administrators_unbind_ends_the_iteration(q: Broker) -> None:
 
         reader = threading.Thread(target=read)
         reader.start()
-        assert _eventually(lambda: len(seen) == 1)  # told it is active
+        assert eventually(lambda: len(seen) == 1)  # told it is active
         q.unbind("q", consumer.flow)
         reader.join(30)
         assert not reader.is_alive()
@@ -260,14 +261,3 @@ def test_batches_are_at_most_max_messages_and_end_at_the_limit(
         if not isinstance(item, FlowEvent)
     ]
     assert got == batches
-
-
-def _eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
-    """Whether ``condition`` holds within ``timeout`` seconds (looked at every 10 ms): for
-    what happens on another thread, never a measure of how fast."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
