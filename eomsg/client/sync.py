@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, connect_async
 from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.broker import Broker
-from eomsg.client.consumer import Item, RemoteConsumer
+from eomsg.client.consumer import Item, RemoteConsumer, failed
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
@@ -442,8 +442,7 @@ class Consumer(RemoteConsumer, BlockingConsumer):
                     self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
                 )
         except EomsgError as e:
-            future = Future()
-            future.set_exception(e)
+            future = failed(e)
         self._track(future)
         return future
 

@@ -28,7 +28,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from eomsg.client.blocking import BlockingConsumer
-from eomsg.client.consumer import Item, Pushed
+from eomsg.client.consumer import Item, Pushed, failed
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key
 from eomsg.embedded.deleter import Deleter
@@ -236,14 +236,6 @@ class LocalConsumer(BlockingConsumer):
             future = failed(e)
         self._track(future)
         return future
-
-
-def failed(error: BaseException) -> Future[Any]:
-    """A future that has failed with ``error``: a refusal given as the client over the
-    wire gives it, in the future rather than raised."""
-    future: Future[Any] = Future()
-    future.set_exception(error)
-    return future
 
 
 def first(batch: Future[list[T]]) -> Future[T]:

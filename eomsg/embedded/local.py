@@ -21,10 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from eomsg.client.broker import Broker
+from eomsg.client.consumer import failed
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
-from eomsg.embedded.consumer import LocalConsumer, failed, first
+from eomsg.embedded.consumer import LocalConsumer, first
 from eomsg.errors import EomsgError, InvalidInput, Unavailable
 from eomsg.node.node import Node, NodeSettings
 
