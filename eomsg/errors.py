@@ -97,6 +97,12 @@ class PayloadTooLarge(InvalidInput):
     code = "payload_too_large"
 
 
+class Unprintable(InvalidInput):
+    """A message cannot be written whole in the chosen output format; it was given back."""
+
+    code = "unprintable"
+
+
 class InvalidConfig(InvalidInput):
     """A queue or node setting is out of range or contradicts another setting."""
 

@@ -94,6 +94,34 @@ def cli_env(data_dir: Path) -> dict[str, str]:
     return env
 
 
+Cli = Callable[..., "subprocess.CompletedProcess[bytes]"]
+
+
+@pytest.fixture
+def cli(eomsg_bin: str, cli_env: dict[str, str]) -> Cli:
+    """Run ``eomsg ARGS…`` as a real process on ``data_dir``: ``cli(*args, input=b"…",
+    code=N)`` asserts its exit code (0 unless told) and returns it, output as bytes."""
+
+    def run(
+        *args: str | bytes,
+        input: bytes | None = None,
+        code: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        done = subprocess.run(
+            [eomsg_bin, *args],
+            input=input,
+            capture_output=True,
+            timeout=120,
+            env={**cli_env, **(env or {})},
+            check=False,
+        )
+        assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+        return done
+
+    return run
+
+
 class NodeProcess:
     """``eomsg serve`` on a data directory, in a real process of its own."""
 

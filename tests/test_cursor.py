@@ -159,12 +159,13 @@ class CursorMachine(RuleBasedStateMachine):
                 assert got == [Settlement(seq, Outcome.EXPIRED)]
                 self.model._settle(seq, Outcome.EXPIRED)
             else:
-                assert got == []
+                assert got == [Release(seq, m.attempt, self.now, unseen=True)]
                 m.state, m.due = "parked", self.now
+        elif mine and m.state == "parked" and m.due <= self.now and self._ready(seq):
+            m.attempt -= 1
+            assert got == [Release(seq, m.attempt, self.cursor._delivered[seq].due, unseen=True)]
         else:
             assert got == []
-            if mine and m.state == "parked" and m.due <= self.now and self._ready(seq):
-                m.attempt -= 1
 
     def _ready(self, seq: int) -> bool:
         """Whether the cursor made a parked message ready (its timer fired)."""

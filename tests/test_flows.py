@@ -442,8 +442,14 @@ def test_consume_without_follow_on_standby_stops_at_once(
     r = subprocess.run(
         [eomsg_bin, "consume", "ex"], env=cli_env, capture_output=True, text=True, timeout=30
     )
-    assert (r.returncode, r.stdout) == (0, "")
-    assert r.stderr.startswith("standby: flow ")
+    flow = int(r.stderr.split()[2])
+    assert (r.returncode, r.stdout, r.stderr) == (
+        ExitCode.CONFLICT,  # not the exit 0 of an empty queue: this one is not its turn
+        "",
+        f"standby: flow {flow} on ex\n"
+        f"Error: flow {flow} on ex is on standby: another consumer is active (use --follow "
+        "to wait for its turn)\n",
+    )
     r = subprocess.run(
         [eomsg_bin, "consume", "ex", "--json"],
         env=cli_env,
@@ -451,6 +457,7 @@ def test_consume_without_follow_on_standby_stops_at_once(
         text=True,
         timeout=30,
     )
+    assert r.returncode == ExitCode.CONFLICT
     assert [a["event"] for a in activity(r.stdout)] == ["inactive"] and messages(r.stdout) == []
 
 

@@ -337,6 +337,39 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
         node.unbind("ex", low.flow)
 
 
+def test_a_delivery_given_back_unseen_stays_uncounted_across_restarts(
+    open_node: NodeFactory,
+) -> None:
+    """What a consumer took ahead and never handed out (its prefetch) does not count,
+    after a restart too: a command-line consumer opening the store for each run must
+    not push the messages it never showed toward the dead-letter queue."""
+    node = open_node()
+    orders(node, max_redeliveries=1, dead_letter="dlq")
+    for i in range(3):
+        node.publish("orders/a", str(i).encode())
+    for _ in range(2):  # seq 1 handed out (attempt 1) and given back unseen, twice
+        taken = node.fetch("orders", 3, holder=7)
+        assert [(d.seq, d.attempt) for d in taken][:1] == [(1, 1)]
+        node.return_unseen("orders", [d.key for d in taken], holder=7)
+    (d1,) = node.fetch("orders", 1, holder=7)  # attempt 1 a third time: in flight at the stop
+    assert d1.key == (1, 1)
+    node.close()
+
+    node = open_node()  # seq 1 counts once (in flight at the stop); 2 and 3 never did
+    assert [(d.seq, d.attempt) for d in node.fetch("orders", 3, holder=7)] == [
+        (1, 2),
+        (2, 1),
+        (3, 1),
+    ]
+    node.return_unseen("orders", [(2, 1), (3, 1)], holder=7)
+    node.close()
+
+    node = open_node()  # seq 1 had its last attempt; 2 and 3 are still at their first
+    assert [(d.seq, d.attempt) for d in node.fetch("orders", 3)] == [(2, 1), (3, 1)]
+    assert [d.seq for d in node.fetch("dlq", 10)] == [1]
+    node.close()
+
+
 def test_epochs_never_repeat_across_restarts(open_node: NodeFactory) -> None:
     seen = []
     for _ in range(3):

@@ -8,7 +8,9 @@ from typing import Annotated
 import typer
 
 from eomsg.cli import config, inspect, queue
-from eomsg.cli.common import Target
+from eomsg.cli.common import (
+    Target,
+)
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.recover import recover

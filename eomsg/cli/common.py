@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import Annotated, ParamSpec, TypeVar
 
 import typer
-from rich.console import Console
 
+from eomsg.cli.output import say
 from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
 from eomsg.embedded import LocalClient
@@ -38,14 +36,10 @@ DataOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
 
-# Piped output is not squeezed into 80 columns: a table is read whole or parsed.
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 200)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
-
 
 def fail(message: str, code: ExitCode) -> typer.Exit:
-    """Print ``Error: message`` on stderr and return the Exit to raise."""
-    err_console.print(f"Error: {message}", markup=False)
+    """Print ``Error: message`` on stderr, literally, and return the Exit to raise."""
+    say(f"Error: {message}", err=True)
     return typer.Exit(int(code))
 
 
@@ -90,8 +84,3 @@ def open_broker(data: Path, *, create: bool = True) -> Iterator[Broker]:
         return
     with LocalClient.open(data, NodeSettings(tick=None), create=create, name=name) as local:
         yield local
-
-
-def print_json(obj: Any) -> None:
-    """One JSON document on one line of stdout."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")

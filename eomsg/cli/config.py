@@ -5,17 +5,15 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import LiteralTable, console, print_json, say
 
 app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
 
@@ -30,7 +28,7 @@ def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json(settings)
         return
-    table = Table("setting", "value")
+    table = LiteralTable("setting", "value")
     for name, value in settings.items():
         table.add_row(name, value)
     console.print(table)
@@ -57,4 +55,4 @@ def set_(
     if json:
         print_json({name: canonical})
     else:
-        console.print(f"{name} = {canonical}", markup=False)
+        say(f"{name} = {canonical}")

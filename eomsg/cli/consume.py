@@ -21,13 +21,21 @@ from typing import Annotated, Any
 
 import typer
 
-from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_broker
+from eomsg.cli import formats
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    handles_errors,
+    open_broker,
+)
+from eomsg.cli.output import print_json, say
 from eomsg.client.broker import BoundConsumer, Broker, require_served
 from eomsg.client.consumer import Received
 from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered
-from eomsg.errors import HandlerFailed, UsageError
+from eomsg.errors import HandlerFailed, NotActive, Unprintable, UsageError
 
 
 @handles_errors
@@ -67,33 +75,86 @@ def consume(
             "per transaction, instead of printing it.",
         ),
     ] = None,
+    raw: Annotated[
+        bool,
+        typer.Option(
+            "--raw",
+            help="Write each payload's bytes exactly, followed by --delimiter, instead of "
+            "SEQ TOPIC PAYLOAD lines.",
+        ),
+    ] = False,
+    delimiter: Annotated[
+        str,
+        typer.Option(
+            help="With --raw: what follows each payload, with escapes (\\n, \\0, \\x1e); a "
+            "payload holding it is given back and stops the command.",
+        ),
+    ] = "\\n",
+    activity: Annotated[
+        bool | None,
+        typer.Option(
+            "--activity/--no-activity",
+            help="Report changes of this consumer's activity (default: on exclusive and "
+            "limited queues only).",
+        ),
+    ] = None,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
     """Consume messages until the queue has none ready for this consumer (or --max is
     reached); with --follow, until interrupted, waiting on standby while others are
-    active."""
+    active. A message that cannot be printed whole (a binary or multi-line payload as
+    a text line) is given back, not deleted, and stops the command (exit 3).
+
+    Examples: eomsg consume orders --max 10 --json;
+    eomsg consume images --raw --delimiter '\\0' > dump;
+    eomsg consume orders --exec './handle.sh'"""
     # SIGTERM ends the command as Ctrl-C does: what was handled is deleted, the rest is
     # given back, and the flow is unbound — not left to the ack timeout.
     signal.signal(signal.SIGTERM, _Stop.on_sigterm)
     if into is not None and exec_ is not None:
         raise UsageError("--into and --exec do not combine (use one)")
+    if raw and (json or into is not None or exec_ is not None):
+        raise UsageError(
+            "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
+        )
     handler: _Handler
     if into is not None:
         handler = _Land(open_sink(into), json)
     elif exec_ is not None:
         handler, batch = _Exec(exec_), 1
+    elif raw:
+        handler = _Print(formats.raw(_delimiter(delimiter, max)))
     else:
-        handler = _Print(json)
+        handler = _Print(formats.json_line if json else formats.text_line)
+    last: FlowEvent | None = None
     with handler:
-        with open_broker(data) as broker, _bound(broker, queue, batch, priority, follow) as c:
-            for item in c.batches(batch, max):
-                if isinstance(item, FlowEvent):
-                    _announce(item, json)
-                    continue
-                with _Stop.deferred():
-                    handler(item)
+        with open_broker(data) as broker:
+            if activity is None:
+                activity = broker.queue_config(queue).max_active > 0
+            with _bound(broker, queue, batch, priority, follow) as c:
+                for item in c.batches(batch, max):
+                    if isinstance(item, FlowEvent):
+                        last = item
+                        if activity:
+                            _announce(item, json)
+                        continue
+                    with _Stop.deferred():
+                        handler(item)
         handler.report()
+    if last is not None and not last.active:
+        raise NotActive(
+            f"flow {last.flow} on {queue} is on standby: another consumer is active "
+            "(use --follow to wait for its turn)"
+        )
+
+
+def _delimiter(text: str, max: int | None) -> bytes:
+    """The --raw delimiter: empty only for one message, whose end the output's end is."""
+    delimiter = formats.parse_delimiter(text)
+    if not delimiter and max != 1:
+        raise UsageError("an empty --delimiter cannot separate payloads (use --max 1)")
+    return delimiter
 
 
 class _Stop:
@@ -149,15 +210,21 @@ class _Handler(abc.ABC):
 
 
 class _Print(_Handler):
-    """Each batch written to stdout and flushed, then deleted."""
+    """Each batch written to stdout in a format and flushed, then deleted. A message the
+    format cannot carry whole stops the command: it and the rest of the batch are given
+    back, what was written before it is deleted."""
 
-    def __init__(self, as_json: bool) -> None:
-        self.as_json = as_json
+    def __init__(self, fmt: formats.Format) -> None:
+        self.format = fmt
 
     def __call__(self, batch: list[Received]) -> None:
-        _write(batch, self.as_json)
-        for msg in batch:
+        written, refused = _write(batch, self.format)
+        for msg in batch[:written]:
             msg.delete()  # durable before the consumer's exit returns
+        if refused is not None:
+            for msg in batch[written:]:
+                msg.return_unseen()  # not acted on: it does not count as an attempt
+            raise refused
 
 
 class _Exec(_Handler):
@@ -189,9 +256,9 @@ class _Land(_Handler):
     def report(self) -> None:
         total = self.total
         if self.as_json:
-            print(jsonlib.dumps({"table": self.sink.table, **dataclasses.asdict(total)}))
+            print_json({"table": self.sink.table, **dataclasses.asdict(total)})
         else:
-            print(
+            say(
                 f"inserted {total.inserted} messages into {self.sink.table} "
                 f"({total.duplicates} already there, {total.expired} expired)"
             )
@@ -201,21 +268,30 @@ def _announce(event: FlowEvent, as_json: bool) -> None:
     """A change of this consumer's activity: a JSON line among the messages, or a note
     on stderr (so that stdout carries only messages)."""
     if as_json:
-        sys.stdout.write(jsonlib.dumps(event.to_json()) + "\n")
+        print_json(event.to_json())
         sys.stdout.flush()
     elif event.active:
-        print(f"active: flow {event.flow} on {event.queue} (epoch {event.epoch})", file=sys.stderr)
+        say(f"active: flow {event.flow} on {event.queue} (epoch {event.epoch})", err=True)
     else:
-        print(f"standby: flow {event.flow} on {event.queue}", file=sys.stderr)
+        say(f"standby: flow {event.flow} on {event.queue}", err=True)
 
 
-def _write(messages: list[Received], as_json: bool) -> None:
-    """Write messages to stdout and flush, before they are deleted; if stdout fails,
-    give them back so nothing is lost."""
+def _write(messages: list[Received], fmt: formats.Format) -> tuple[int, Unprintable | None]:
+    """Write messages to stdout and flush, before they are deleted: how many were
+    written, and the refusal of the first the format could not carry. If stdout fails,
+    give them all back so nothing is lost."""
+    sys.stdout.flush()  # an activity line written as text goes before these bytes
+    chunks: list[bytes] = []
+    refused = None
+    for msg in messages:
+        try:
+            chunks.append(fmt(msg.delivered))
+        except Unprintable as e:
+            refused = e
+            break
     try:
-        out = sys.stdout
-        for msg in messages:
-            out.write(_render(msg.delivered, as_json))
+        out = sys.stdout.buffer
+        out.write(b"".join(chunks))
         out.flush()
     except (BrokenPipeError, OSError):
         for msg in messages:
@@ -223,14 +299,7 @@ def _write(messages: list[Received], as_json: bool) -> None:
         # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise typer.Exit(1) from None
-
-
-def _render(d: Delivered, as_json: bool) -> str:
-    if as_json:
-        return jsonlib.dumps(d.to_json(), ensure_ascii=False) + "\n"
-    body = d.message.payload_json_fields()
-    text = body.get("payload", f"<{len(d.message.payload)} bytes>")
-    return f"{d.seq} {d.message.topic} {text}\n"
+    return len(chunks), refused
 
 
 def _run_handler(

@@ -9,17 +9,15 @@ import time
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import LiteralTable, console, print_json, styled
 from eomsg.core.durations import format_duration
 
 app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help=True)
@@ -34,7 +32,7 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([s.to_json() for s in stats])
         return
-    table = Table(
+    table = LiteralTable(
         "queue",
         "subscriptions",
         "depth",
@@ -72,14 +70,16 @@ def flows(
     if json:
         print_json([f.to_json() for f in bound])
         return
-    table = Table("queue", "flow", "consumer", "priority", "state", "epoch", "in flight", "bound")
+    table = LiteralTable(
+        "queue", "flow", "consumer", "priority", "state", "epoch", "in flight", "bound"
+    )
     for f in bound:
         table.add_row(
             f.queue,
             str(f.flow),
             f.owner or "-",
             str(f.priority),
-            "[green]active[/]" if f.active else "standby",
+            styled("active", "green") if f.active else "standby",
             str(f.epoch) if f.active else "-",
             str(f.in_flight),
             format_duration(max(0.0, now - f.bound_at)) + " ago",
@@ -98,11 +98,11 @@ def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([t.to_json() for t in prepared])
         return
-    table = Table("txid", "state", "age", "coordinator", "publishes", "holds")
+    table = LiteralTable("txid", "state", "age", "coordinator", "publishes", "holds")
     for t in prepared:
         table.add_row(
             t.txid,
-            "prepared" if t.connected else "[yellow]in doubt[/]",
+            "prepared" if t.connected else styled("in doubt", "yellow"),
             format_duration(max(0.0, now - t.prepared_at)),
             t.coordinator,
             str(t.publishes),
@@ -120,7 +120,7 @@ def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([j.to_json() for j in found])
         return
-    table = Table("job", "status", "range", "rows", "digest", "recorded")
+    table = LiteralTable("job", "status", "range", "rows", "digest", "recorded")
     for j in found:
         table.add_row(
             j.job_id,
@@ -155,7 +155,7 @@ def log(
         for m in messages:
             print_json(m.to_json())
         return
-    table = Table("seq", "published (UTC)", "topic", "id", "bytes", "payload")
+    table = LiteralTable("seq", "published (UTC)", "topic", "id", "bytes", "payload")
     for m in messages:
         text = m.payload_json_fields().get("payload", "<binary>")
         table.add_row(
@@ -193,7 +193,7 @@ def sql(
     if json:
         print_json([{c: _cell(v) for c, v in zip(columns, row, strict=True)} for row in rows])
         return
-    table = Table(*columns)
+    table = LiteralTable(*columns)
     for row in rows:
         table.add_row(*("NULL" if v is None else str(_cell(v)) for v in row))
     console.print(table)

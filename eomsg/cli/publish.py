@@ -15,13 +15,11 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
-    err_console,
     fail,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import print_json, say
 from eomsg.core.durations import parse_duration
 from eomsg.core.message import Outgoing, PublishResult
 from eomsg.errors import ExitCode, InvalidHeader
@@ -144,15 +142,13 @@ def _publish_lines(
             acknowledge(in_flight.popleft().result())
     if not as_json:
         span = f" (seq {first}..{last})" if first is not None else ""
-        console.print(f"published {published} messages{span}, {duplicates} duplicates")
+        say(f"published {published} messages{span}, {duplicates} duplicates")
 
 
 def _say(result: PublishResult, topic: str) -> None:
     if result.duplicate:
-        console.print(f"duplicate of seq {result.seq} (id {result.id}): stored once")
+        say(f"duplicate of seq {result.seq} (id {result.id}): stored once")
         return
-    console.print(f"published seq {result.seq}")
+    say(f"published seq {result.seq}")
     if result.queues == 0:
-        err_console.print(
-            f"warning: no queue subscribes to {topic}; the message is only in the log"
-        )
+        say(f"warning: no queue subscribes to {topic}; the message is only in the log", err=True)

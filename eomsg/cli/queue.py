@@ -6,17 +6,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import LiteralTable, console, print_json, say
 from eomsg.client.broker import require_served
 from eomsg.core.durations import parse_duration
 from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
@@ -76,7 +74,7 @@ def create(
     if json:
         print_json({**config.to_json(), "created": created})
     else:
-        console.print(f"{'created' if created else 'exists:'} queue {name}", markup=False)
+        say(f"{'created' if created else 'exists:'} queue {name}")
 
 
 @app.command("list")
@@ -88,7 +86,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([c.to_json() for c in configs])
         return
-    table = Table(
+    table = LiteralTable(
         "queue",
         "subscriptions",
         "max redeliveries",
@@ -138,15 +136,9 @@ def _change_subscription(name: str, pattern: str, data: Path, as_json: bool, *, 
     if as_json:
         print_json({"queue": name, "pattern": pattern, "changed": changed})
     elif add:
-        console.print(
-            f"{'subscribed' if changed else 'already subscribed:'} {name} to {pattern}",
-            markup=False,
-        )
+        say(f"{'subscribed' if changed else 'already subscribed:'} {name} to {pattern}")
     else:
-        console.print(
-            f"{'unsubscribed' if changed else 'was not subscribed:'} {name} from {pattern}",
-            markup=False,
-        )
+        say(f"{'unsubscribed' if changed else 'was not subscribed:'} {name} from {pattern}")
 
 
 @app.command()
@@ -162,7 +154,7 @@ def purge(
     if json:
         print_json({"queue": name, "purged": count})
         return
-    console.print(f"purged {count} messages from {name}", markup=False)
+    say(f"purged {count} messages from {name}")
 
 
 @app.command()
@@ -181,7 +173,7 @@ def delete(
     if json:
         print_json({"queue": name, "deleted": True, "dropped": dropped})
         return
-    console.print(f"deleted queue {name} ({dropped} messages dropped)", markup=False)
+    say(f"deleted queue {name} ({dropped} messages dropped)")
 
 
 def _active_limit(c: QueueConfig) -> str:
@@ -206,7 +198,4 @@ def unbind(
     if json:
         print_json({"queue": name, "flow": flow, "unbound": True, "released": released})
         return
-    console.print(
-        f"unbound flow {flow} from {name} ({released} messages go to the next consumer)",
-        markup=False,
-    )
+    say(f"unbound flow {flow} from {name} ({released} messages go to the next consumer)")

@@ -11,12 +11,10 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
-    err_console,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import print_json, say
 from eomsg.client.recovery import Step, execute, plan
 from eomsg.client.resources import DEFAULT_MARKERS
 from eomsg.core.durations import format_duration, parse_duration
@@ -74,7 +72,7 @@ def recover(
 
 def _report(steps: list[Step], dry_run: bool) -> None:
     if not steps:
-        console.print("nothing in doubt")
+        say("nothing in doubt")
         return
     now = time.time()
     for s in steps:
@@ -87,12 +85,12 @@ def _report(steps: list[Step], dry_run: bool) -> None:
         t = s.txn
         held = f", {t.publishes} to publish, {t.deletes} held" if s.node else ""
         line = f"{t.txid}: {said} ({s.reason}; prepared {age} ago{held})"
-        (err_console if s.verdict is Verdict.WAIT else console).print(line, markup=False)
+        say(line, err=s.verdict is Verdict.WAIT)
     waiting = sum(s.verdict is Verdict.WAIT for s in steps)
     if waiting:
-        err_console.print(
+        say(
             f"Error: {waiting} transaction(s) in doubt: free their database (stop the "
             "application that holds it) and run recover again, or decide with "
             "--abort-older-than",
-            markup=False,
+            err=True,
         )

@@ -15,12 +15,10 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
-    err_console,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import err_console, print_json, say, shown
 from eomsg.core.replay import Action
 
 
@@ -115,17 +113,16 @@ def spark_replay(
             print_json(p.to_json())
         else:
             for line in p.lines():
-                console.print(line, markup=False)
+                say(line)
         return
     if p.action is Action.SKIP:
         assert p.previous is not None
         if json:
             print_json({"job_id": p.job_id, "status": "skipped", "rows": p.previous.rows})
         else:
-            console.print(
+            say(
                 f"job {p.job_id} is already done ({p.previous.rows} rows): nothing to do "
-                "(use --force to run it again)",
-                markup=False,
+                "(use --force to run it again)"
             )
         return
     with _progress(quiet=json) as (report, spark_started):
@@ -147,10 +144,7 @@ def spark_replay(
     if json:
         print_json(result.to_json())
     else:
-        console.print(
-            f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})",
-            markup=False,
-        )
+        say(f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})")
 
 
 @contextmanager
@@ -172,7 +166,7 @@ def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
     bar = progress.add_task("Spark tasks", total=None, visible=False)
 
     def report(message: str) -> None:
-        progress.console.print(f"[{time.monotonic() - start:6.1f}s] {message}", markup=False)
+        progress.console.print(shown(f"[{time.monotonic() - start:6.1f}s] {message}"))
 
     def watch(session: Any) -> None:
         tracker = session.sparkContext.statusTracker()

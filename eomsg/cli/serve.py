@@ -12,10 +12,9 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
     handles_errors,
-    print_json,
 )
+from eomsg.cli.output import print_json, say
 from eomsg.core.limits import parse_size
 from eomsg.node.node import Node, NodeSettings
 from eomsg.server.server import ServerSettings
@@ -82,12 +81,9 @@ def serve(
         if json:
             print_json({"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where})
         else:
-            console.print(
-                f"eomsg node (pid {os.getpid()}) serving {data} on {', '.join(where)}",
-                markup=False,
-            )
+            say(f"eomsg node (pid {os.getpid()}) serving {data} on {', '.join(where)}")
             if len(addresses) > 1:
-                console.print(f"TCP clients need the token in {token_path(data)}", markup=False)
+                say(f"TCP clients need the token in {token_path(data)}")
 
     os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
     with Node.open(data, NodeSettings()) as node:
@@ -95,4 +91,4 @@ def serve(
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})
     else:
-        console.print("stopped")
+        say("stopped")

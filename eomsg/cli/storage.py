@@ -14,10 +14,9 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
     handles_errors,
-    print_json,
 )
+from eomsg.cli.output import print_json, say
 from eomsg.errors import DataDirLocked
 from eomsg.store import compact as compaction
 from eomsg.store import salvage as salvaging
@@ -39,10 +38,9 @@ def compact(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json(done.to_json())
     else:
-        console.print(
+        say(
             f"compacted {data}: {_mib(done.before)} -> {_mib(done.after)} "
-            f"({_mib(done.before - done.after)} given back)",
-            markup=False,
+            f"({_mib(done.before - done.after)} given back)"
         )
 
 
@@ -65,7 +63,7 @@ def salvage(
                 print_json(p.to_json())
             else:
                 for line in p.lines():
-                    console.print(line, markup=False)
+                    say(line)
             return
         done = salvaging.execute(p)
     except DataDirLocked as e:
@@ -74,20 +72,15 @@ def salvage(
         print_json(done.to_json())
         return
     kept = sum(done.tables.values())
-    console.print(
-        f"salvaged {data}: {kept} rows kept; the damaged files are in {done.backup}", markup=False
-    )
+    say(f"salvaged {data}: {kept} rows kept; the damaged files are in {done.backup}")
     for table, lost in sorted(done.lost_rows.items()):
-        console.print(f"lost       {lost} rows of {table} (unreadable blocks)", markup=False)
+        say(f"lost       {lost} rows of {table} (unreadable blocks)")
     if done.wal_dropped:
-        console.print(
-            f"lost       {done.wal_dropped} bytes of the WAL after its damage", markup=False
-        )
+        say(f"lost       {done.wal_dropped} bytes of the WAL after its damage")
     if done.acknowledged_seq is not None and done.acknowledged_seq > done.last_seq:
-        console.print(
+        say(
             f"lost       messages {done.last_seq + 1} .. {done.acknowledged_seq} at least, "
-            "which had been acknowledged",
-            markup=False,
+            "which had been acknowledged"
         )
 
 

@@ -10,17 +10,15 @@ from typing import Annotated, Any
 import typer
 from rich.console import Group
 from rich.live import Live
-from rich.table import Table
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
-    console,
     handles_errors,
     open_broker,
-    print_json,
 )
+from eomsg.cli.output import LiteralTable, console, print_json, styled
 from eomsg.client.broker import Broker
 from eomsg.core.election import FlowInfo
 from eomsg.core.queues import QueueStats
@@ -71,7 +69,7 @@ def take_frame(broker: Broker, previous: Frame | None) -> Frame:
 
 
 def render(frame: Frame) -> Group:
-    queues = Table(
+    queues = LiteralTable(
         "queue", "kind", "depth", "in flight", "in/s", "out/s", "consumers", title="queues"
     )
     bound: dict[str, list[FlowInfo]] = {}
@@ -91,7 +89,7 @@ def render(frame: Frame) -> Group:
             f"{out_rate:,.0f}",
             f"{active} active, {len(flows) - active} standby" if flows else "-",
         )
-    flows_table = Table(
+    flows_table = LiteralTable(
         "queue", "flow", "consumer", "priority", "state", "epoch", "in flight", title="flows"
     )
     for f in frame.flows:
@@ -100,7 +98,7 @@ def render(frame: Frame) -> Group:
             str(f.flow),
             f.owner or "-",
             str(f.priority),
-            "[green]active[/]" if f.active else "[yellow]standby[/]",
+            styled("active", "green") if f.active else styled("standby", "yellow"),
             str(f.epoch) if f.active else "-",
             str(f.in_flight),
         )

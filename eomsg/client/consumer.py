@@ -118,6 +118,13 @@ class Received:
         """Give the message back, to be delivered again after ``delay`` seconds."""
         return self._settle("release", self.delivered, delay)
 
+    def return_unseen(self) -> Any:
+        """Give the message back as if it had never been handed out: its attempt is not
+        counted (so it does not move toward the dead-letter queue). For a message nothing
+        acted on — one the application could not even take, as ``eomsg consume`` a
+        payload its output format cannot carry; a message a handler tried is released."""
+        return self._settle("unseen", self.delivered, None)
+
     def __repr__(self) -> str:
         return f"Received(queue={self.queue!r}, seq={self.seq}, topic={self.topic!r})"
 
@@ -252,7 +259,8 @@ class BaseConsumer(abc.ABC):
 
     @abc.abstractmethod
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Any:
-        """Delete or release one received message, as this flavour's client does."""
+        """Delete, release or give back unseen one received message, as this flavour's
+        client does."""
 
 
 class RemoteConsumer(BaseConsumer):
@@ -422,6 +430,10 @@ class AsyncConsumer(RemoteConsumer):
         future: asyncio.Future[Any]
         if how == "delete":
             future = self.client.delete_later(self.queue, d.key, d.epoch)
+        elif how == "unseen":
+            future = asyncio.ensure_future(
+                self.client.return_unseen(self.queue, [d.key], epoch=d.epoch)
+            )
         else:
             future = asyncio.ensure_future(
                 self.client.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)

@@ -437,6 +437,10 @@ class Consumer(RemoteConsumer, BlockingConsumer):
         try:
             if how == "delete":
                 future = self.client._delete_later(self.queue, d.key, d.epoch)
+            elif how == "unseen":
+                future = self.client._submit(
+                    self.client._ac.return_unseen(self.queue, [d.key], epoch=d.epoch)
+                )
             else:
                 future = self.client._submit(
                     self.client._ac.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)

@@ -85,11 +85,14 @@ class Settlement:
 
 @dataclass(frozen=True, slots=True)
 class Release:
-    """A delivery given back: ready again at ``due`` (its attempt count is kept)."""
+    """A delivery given back: ready again at ``due`` (its attempt count is kept) — or,
+    ``unseen``, given back un-counted: its consumer never handed it out, and ``attempt``
+    is the count after taking that delivery back."""
 
     seq: int
     attempt: int
     due: float
+    unseen: bool = False
 
 
 @dataclass(slots=True)
@@ -248,7 +251,8 @@ class Cursor:
     def restore(
         self, seq: int, attempt: int, due: float, in_flight: bool, expires_at: float | None
     ) -> None:
-        """Rebuild a delivered-before message on recovery (``attempt`` >= 1); nobody
+        """Rebuild a delivered-before message on recovery (``attempt`` 0 if every
+        delivery of it was given back unseen); nobody
         holds it (:data:`ORPHAN`) until it is handed out again."""
         self._count += 1
         entry = _Delivered(attempt, due, in_flight, holder=ORPHAN)
@@ -334,17 +338,14 @@ class Cursor:
 
     def return_unseen(
         self, keys: Sequence[Key], now: float, epoch: int = 0, holder: int = 0
-    ) -> list[Settlement]:
+    ) -> list[Release | Settlement]:
         """Take back deliveries their consumer never handed to its application (they
         sat in its prefetch buffer): ready again at once, and un-counted — the attempt
         is the number of times the message was handed out. A delivery that is no
         longer the caller's (settled, or handed out again since) is left alone;
-        idempotent. Returns the messages that expired meanwhile (to record).
-
-        The un-counting is not recorded (the deliveries table keys attempts by their
-        number, which only grows): after a crash the count is the higher one, as for
-        any delivery whose fate a crash hid."""
-        out: list[Settlement] = []
+        idempotent. Returns what to record: the un-counted (``unseen``) releases, so a
+        restart keeps the count, and the messages that expired meanwhile."""
+        out: list[Release | Settlement] = []
         for seq, attempt in sorted(set(keys)):
             entry = self._delivered.get(seq)
             if (
@@ -354,12 +355,10 @@ class Cursor:
             ):
                 continue
             if entry.in_flight:
-                entry.attempt -= 1
-                given = self._give_back(seq, entry, now, now)
-                if isinstance(given, Settlement):
-                    out.append(given)
+                out.append(self._give_back_unseen(seq, entry, now))
             elif entry.ready:  # timed out meanwhile, not handed out again yet
                 entry.attempt -= 1
+                out.append(Release(seq, entry.attempt, entry.due, unseen=True))
         return out
 
     def release_holder(
@@ -470,8 +469,9 @@ class Cursor:
         for s in held:
             entry = self._delivered[s]
             if seen is not None and (s, entry.attempt) not in seen:
-                entry.attempt -= 1
-            out.append(self._give_back(s, entry, now, now))
+                out.append(self._give_back_unseen(s, entry, now))
+            else:
+                out.append(self._give_back(s, entry, now, now))
         return out
 
     def poll(self, now: float) -> list[Settlement]:
@@ -519,6 +519,14 @@ class Cursor:
         self._in_flight -= 1
         self._park(seq, entry, ready=due <= now, due=due)
         return Release(seq, entry.attempt, due)
+
+    def _give_back_unseen(self, seq: int, entry: _Delivered, now: float) -> Release | Settlement:
+        """Take back an in-flight delivery nobody handed out: un-counted, ready now."""
+        entry.attempt -= 1
+        given = self._give_back(seq, entry, now, now)
+        return (
+            Release(seq, given.attempt, now, unseen=True) if isinstance(given, Release) else given
+        )
 
     def _park(self, seq: int, entry: _Delivered, *, ready: bool, due: float = 0.0) -> None:
         entry.due = due

@@ -228,6 +228,12 @@ class LocalConsumer(BlockingConsumer):
             if how == "delete":
                 assert self._deleter is not None  # bound: _check_bound ran before the hand-out
                 future = self._deleter.delete(d)
+            elif how == "unseen":
+                self.client.node.return_unseen(
+                    self.queue, [d.key], epoch=d.epoch, holder=self.client.holder
+                )
+                future = Future()
+                future.set_result(None)
             else:
                 self.client.release(self.queue, [d.key], delay or 0.0, epoch=d.epoch)
                 future = Future()

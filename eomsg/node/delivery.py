@@ -188,8 +188,8 @@ class Delivery(NodeState):
         with self._lock:
             self._check_open()
             q = self._queue(queue)
-            expired = q.cursor.return_unseen(keys, now, epoch, holder)
-            future = self._write_releases(q, list(expired), now)
+            outcomes = q.cursor.return_unseen(keys, now, epoch, holder)
+            future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(keys))
 
     def release_held(self, queue: str, held: Iterable[Key], holder: int) -> int:

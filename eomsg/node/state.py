@@ -261,7 +261,9 @@ class NodeState:
         ``batch``. Call with ``_lock`` held."""
         settlements = []
         for r in outcomes:
-            if isinstance(r, Release):
+            if isinstance(r, Release) and r.unseen:
+                batch.add("returned", q.id, r.seq, r.attempt + 1, to_us(now))
+            elif isinstance(r, Release):
                 batch.add("deliveries", q.id, r.seq, r.attempt, to_us(r.due), True)
             else:
                 settlements.append(r)

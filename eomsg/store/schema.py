@@ -122,6 +122,21 @@ MIGRATIONS: tuple[Migration, ...] = (
                    recorded_at TIMESTAMP NOT NULL)""",
         ),
     ),
+    Migration(
+        4,
+        "deliveries given back unseen (seed 003)",
+        (
+            # A delivery its consumer gave back without handing it out: it does not
+            # count. One row per such give-back of (queue, seq, attempt); an attempt
+            # number is reused by the next delivery, so recovery compares how many
+            # times each attempt was handed out with how many times it came back.
+            """CREATE TABLE returned (
+                   queue_id INTEGER NOT NULL,
+                   seq BIGINT NOT NULL,
+                   attempt INTEGER NOT NULL,
+                   returned_at TIMESTAMP NOT NULL)""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -150,6 +165,14 @@ ROW_TABLES: dict[str, pa.Schema] = {
             ("attempt", pa.int32()),
             ("due", TIMESTAMP),
             ("released", pa.bool_()),
+        ]
+    ),
+    "returned": pa.schema(
+        [
+            ("queue_id", pa.int32()),
+            ("seq", pa.int64()),
+            ("attempt", pa.int32()),
+            ("returned_at", TIMESTAMP),
         ]
     ),
     "txn_log": pa.schema(

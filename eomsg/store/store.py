@@ -288,7 +288,11 @@ class Store:
 
     def load_pending(self) -> Iterator[PendingRow]:
         """Every unsettled (queue, message) pair with its latest delivery attempt, ordered
-        by queue then seq. Reads only the hot tables and the log range they point into."""
+        by queue then seq. Reads only the hot tables and the log range they point into.
+
+        A latest attempt given back unseen as many times as it was handed out does not
+        count: the message is ready again, since its last return, at the attempt
+        before (0: handed out never, as the cursor keeps it in memory)."""
         sql = """
             WITH hot AS (
                 SELECT d.queue_id, d.seq FROM destinations d
@@ -296,13 +300,28 @@ class Store:
             ), latest AS (
                 SELECT queue_id, seq, max(attempt) AS attempt,
                        arg_max(epoch_us(due), attempt * 2 + released::INTEGER) AS due,
-                       arg_max(released, attempt * 2 + released::INTEGER) AS released
-                FROM deliveries GROUP BY queue_id, seq
+                       arg_max(released, attempt * 2 + released::INTEGER) AS released,
+                       count(*) FILTER (NOT released AND attempt = top) AS handed
+                FROM (SELECT *, max(attempt) OVER (PARTITION BY queue_id, seq) AS top
+                      FROM deliveries)
+                GROUP BY queue_id, seq
+            ), back AS (
+                SELECT queue_id, seq, attempt, count(*) AS n,
+                       max(epoch_us(returned_at)) AS at
+                FROM returned GROUP BY queue_id, seq, attempt
+            ), counted AS (
+                SELECT l.*, b.at, coalesce(b.n >= l.handed, false) AS undone
+                FROM latest l
+                LEFT JOIN back b
+                    ON b.queue_id = l.queue_id AND b.seq = l.seq AND b.attempt = l.attempt
             )
-            SELECT h.queue_id, h.seq, epoch_us(m.expires_at), l.attempt, l.due, l.released
+            SELECT h.queue_id, h.seq, epoch_us(m.expires_at),
+                   CASE WHEN c.undone THEN c.attempt - 1 ELSE c.attempt END,
+                   CASE WHEN c.undone THEN c.at ELSE c.due END,
+                   c.undone OR c.released
             FROM hot h
             JOIN messages m ON m.seq = h.seq
-            LEFT JOIN latest l ON l.queue_id = h.queue_id AND l.seq = h.seq
+            LEFT JOIN counted c ON c.queue_id = h.queue_id AND c.seq = h.seq
             WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
             ORDER BY h.queue_id, h.seq
         """
@@ -520,7 +539,14 @@ class Store:
         """Remove a queue and every record of it, atomically."""
 
         def job(conn: duckdb.DuckDBPyConnection) -> None:
-            for table in ("destinations", "deliveries", "settled", "queue_stats", "queues"):
+            for table in (
+                "destinations",
+                "deliveries",
+                "returned",
+                "settled",
+                "queue_stats",
+                "queues",
+            ):
                 conn.execute(f"DELETE FROM {table} WHERE queue_id = ?", [queue_id])
 
         return job
@@ -568,7 +594,7 @@ class Store:
                        dead_lettered = dead_lettered + excluded.dead_lettered,
                        purged = purged + excluded.purged"""
             )
-            for table in ("destinations", "deliveries"):
+            for table in ("destinations", "deliveries", "returned"):
                 conn.execute(
                     f"""DELETE FROM {table} t USING settled s
                         WHERE t.queue_id = s.queue_id AND t.seq = s.seq"""

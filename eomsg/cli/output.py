@@ -1,0 +1,73 @@
+"""What the command line writes, and the one rule it keeps: every string that came from a
+user or a message is data, shown literally.
+
+Rich would otherwise read ``[/]`` as markup (and raise), ``:x:`` as an emoji and
+``[bold red]`` as a style; a terminal would act on an escape sequence, a carriage return
+or a bidirectional override inside a payload. So the consoles here interpret nothing
+(no markup, no emoji, no highlighting), every table cell and line goes through
+:func:`shown`, and styles come only from this code, as :class:`rich.text.Text`."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+# Piped output is not squeezed into 80 columns: a table is read whole or parsed.
+console = Console(
+    markup=False,
+    emoji=False,
+    highlight=False,
+    soft_wrap=True,
+    width=None if sys.stdout.isatty() else 200,
+)
+err_console = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
+
+# What a terminal acts on instead of showing: C0 and C1 controls, DEL, line and paragraph
+# separators, and the bidirectional embeddings, overrides and isolates.
+_ACTED_ON = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    char = match.group()
+    return {"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(char) or (
+        f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}"
+    )
+
+
+def shown(text: str) -> str:
+    """``text`` as it is, except the characters a terminal would act on rather than show,
+    which are written as Python escapes (``\\x1b``, ``\\n``, ``\\u202e``): so one value is
+    one line, and what is on the screen is what is in the store."""
+    return _ACTED_ON.sub(_escape, text)
+
+
+def say(text: str, *, err: bool = False) -> None:
+    """One line on stdout (or stderr), shown literally."""
+    (err_console if err else console).print(shown(text))
+
+
+def styled(text: str, style: str) -> Text:
+    """A word of this program's own, in a style (never for user data)."""
+    return Text(text, style=style)
+
+
+class LiteralTable(Table):
+    """A rich table whose headers and string cells are shown literally (they may come
+    from a user's query or a message); cells given as Text keep this program's style."""
+
+    def __init__(self, *headers: str, **kwargs: Any) -> None:
+        super().__init__(*(shown(h) for h in headers), **kwargs)
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> None:
+        super().add_row(*(shown(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+
+def print_json(obj: Any) -> None:
+    """One JSON document on one line of stdout."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
