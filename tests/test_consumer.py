@@ -4,9 +4,13 @@ and its exit settle, and what it gives back."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,3 +265,52 @@ def test_batches_are_at_most_max_messages_and_end_at_the_limit(
         if not isinstance(item, FlowEvent)
     ]
     assert got == batches
+
+
+SCRIPT = """
+import asyncio, sys, eomsg
+from eomsg.errors import UsageError
+
+def sync(client):
+    for msg in client.consumer("q"):
+        print("received", msg.seq)
+
+async def asyncio_client(target):
+    async with await eomsg.connect_async(target) as client:
+        async for msg in client.consumer("q"):
+            print("received", msg.seq)
+
+kind, target = sys.argv[1], sys.argv[2]
+try:
+    if kind == "embedded":
+        with eomsg.LocalClient.open(target) as client:
+            client.create_queue(eomsg.QueueConfig.create("q", ["q/>"]))
+            client.publish("q/x", b"waiting")
+            sync(client)
+    elif kind == "served":
+        with eomsg.connect(target) as client:
+            sync(client)
+    else:
+        asyncio.run(asyncio_client(target))
+except UsageError as e:
+    print(e)
+"""
+
+
+def test_iterating_a_consumer_outside_with_raises_at_once(
+    data_dir: Path, serve: Callable[..., Any]
+) -> None:
+    """``for msg in client.consumer(q)`` (and ``async for``) without entering it: a
+    one-line UsageError at once, on every client, never a wait for ever."""
+    said = (
+        "the consumer of 'q' is not open: use it in a `with` block (`async with` for the "
+        "asyncio client) before iterating\n"
+    )
+    for kind in ("embedded", "served", "asyncio"):
+        if kind == "served":
+            serve()
+        done = subprocess.run(
+            [sys.executable, "-c", SCRIPT, kind, str(data_dir)],
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        assert (done.stdout, done.stderr) == (said, ""), kind

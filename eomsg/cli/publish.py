@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections import deque
 from collections.abc import Iterator
@@ -89,7 +90,9 @@ def publish(
         raise fail("--id-prefix goes with --stdin (use --id for one message)", ExitCode.USAGE)
     if payload is None:
         raise fail("give a payload, '-' to read stdin, or --stdin for one per line", ExitCode.USAGE)
-    body = sys.stdin.buffer.read() if payload == "-" else payload.encode()
+    # The argument's bytes as given: os.fsencode undoes the decoding of argv, so a payload
+    # that is not UTF-8 (printf 'p\xff') is published exactly, never refused or altered.
+    body = sys.stdin.buffer.read() if payload == "-" else os.fsencode(payload)
     with open_broker(data) as broker:
         result = broker.publish_batch([Outgoing(topic, body, id, ttl_s, headers)])[0]
     if json:

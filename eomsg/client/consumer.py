@@ -212,7 +212,7 @@ class BaseConsumer(abc.ABC):
         if self._subscription is None:
             raise UsageError(
                 f"the consumer of {self.queue!r} is not open: use it in a `with` block "
-                "(or call open()) before iterating"
+                "(`async with` for the asyncio client) before iterating"
             )
 
     def _next_buffered(self) -> Delivered | Renew | None:

@@ -136,6 +136,9 @@ def open_sink(target: str) -> TableSink:
         raise InvalidConfig(f"--into {target!r}: cannot open the database: {why}") from e
     try:
         return TableSink(conn, table)
+    except (duckdb.Error, sqlite3.Error) as e:
+        conn.close()
+        raise InvalidConfig(f"--into {target!r}: cannot use the database: {one_line(e)}") from e
     except BaseException:
         conn.close()
         raise

@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from eomsg.core.message import Outgoing
+from eomsg.core.text import is_text
 from eomsg.core.topics import validate_topic
 from eomsg.errors import (
     InvalidConfig,
@@ -92,8 +93,8 @@ def check_outgoing(msg: Outgoing, limits: Limits) -> Outgoing:
                 raise InvalidHeader(
                     f"header name {name!r} must be 1-128 letters, digits, '_', '.' or '-'"
                 )
-            if not isinstance(value, str):
-                raise InvalidHeader(f"header {name!r} must have a text value")
+            if not is_text(value):
+                raise InvalidHeader(f"header {name!r} must have a UTF-8 text value")
             size += len(name) + len(value)
         if size > MAX_HEADERS_BYTES:
             raise InvalidHeader(f"headers exceed {MAX_HEADERS_BYTES} bytes")

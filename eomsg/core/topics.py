@@ -18,6 +18,7 @@ from collections.abc import Hashable
 from functools import lru_cache
 from typing import Generic, TypeVar
 
+from eomsg.core.text import is_text
 from eomsg.errors import InvalidPattern, InvalidTopic
 
 MAX_TOPIC_LENGTH = 255
@@ -36,6 +37,8 @@ def _check_common(
 ) -> list[str]:
     if not isinstance(text, str) or not text:
         raise error(f"{what} must be non-empty text, e.g. 'orders/eu/new'")
+    if not is_text(text):
+        raise error(f"{what} {text!r} is not UTF-8 text")
     if len(text) > MAX_TOPIC_LENGTH:
         raise error(f"{what} {text[:40]!r}… is longer than {MAX_TOPIC_LENGTH} characters")
     levels = text.split("/")

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
+from eomsg.core.text import is_text
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import InvalidConfig, InvalidInput, TxnNotFound
 from eomsg.failpoints import failpoint
@@ -50,6 +51,8 @@ class Participant(Ingress):
         on any error nothing is held or recorded.
         Idempotent: preparing a prepared transaction again does nothing."""
         check_txid(txid)
+        if not is_text(coordinator):
+            raise InvalidConfig("the coordinator descriptor is not UTF-8 text")
         if len(coordinator) > 1024:
             raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
         self._check_messages(messages)

@@ -24,6 +24,7 @@ from typing import Any
 
 import duckdb
 
+from eomsg.core.text import is_text
 from eomsg.errors import InvalidQuery, one_line
 
 READ_ONLY_TABLE_FUNCTIONS = frozenset(
@@ -70,6 +71,8 @@ READ_ONLY_TABLE_FUNCTIONS = frozenset(
 def check(cursor: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Raise InvalidQuery unless ``sql`` is one plain SELECT calling only table functions
     that read (walls 1 and 2). Runs nothing of it."""
+    if not is_text(sql):
+        raise InvalidQuery("the query is not UTF-8 text")
     try:
         statements = duckdb.extract_statements(sql)
     except duckdb.Error as e:
