@@ -7,18 +7,68 @@
 changes the application's database atomically.
 """
 
-from eomsg.client import AsyncClient, Client, Received, connect, connect_async
-from eomsg.client.broker import Broker
-from eomsg.client.inbox import Inbox
-from eomsg.client.resources import DuckDBResource, PostgresResource, SQLiteResource
-from eomsg.client.sink import TableSink
-from eomsg.client.transaction import Transaction, recover_resource
-from eomsg.core.election import FlowEvent, FlowInfo
-from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
-from eomsg.core.queues import QueueConfig
-from eomsg.core.txn import TxnInfo
-from eomsg.embedded import LocalClient
-from eomsg.node.node import Node, NodeSettings
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Where each public name lives. Imported on first use (PEP 562): ``import eomsg`` — and
+# every command through a running node — loads neither the store (DuckDB, Arrow) nor the
+# application databases' drivers.
+_HOMES = {
+    "AsyncClient": "eomsg.client.aio",
+    "Broker": "eomsg.client.broker",
+    "Client": "eomsg.client.sync",
+    "Delivered": "eomsg.core.message",
+    "DuckDBResource": "eomsg.client.resources",
+    "FlowEvent": "eomsg.core.election",
+    "FlowInfo": "eomsg.core.election",
+    "Inbox": "eomsg.client.inbox",
+    "LocalClient": "eomsg.embedded.local",
+    "Message": "eomsg.core.message",
+    "Node": "eomsg.node.node",
+    "NodeSettings": "eomsg.node.node",
+    "Outgoing": "eomsg.core.message",
+    "PostgresResource": "eomsg.client.resources",
+    "PublishResult": "eomsg.core.message",
+    "QueueConfig": "eomsg.core.queues",
+    "Received": "eomsg.client.consumer",
+    "SQLiteResource": "eomsg.client.resources",
+    "TableSink": "eomsg.client.sink",
+    "Transaction": "eomsg.client.transaction",
+    "TxnInfo": "eomsg.core.txn",
+    "connect": "eomsg.client.sync",
+    "connect_async": "eomsg.client.aio",
+    "recover_resource": "eomsg.client.transaction",
+}
+
+if TYPE_CHECKING:
+    from eomsg.client.aio import AsyncClient, connect_async
+    from eomsg.client.broker import Broker
+    from eomsg.client.consumer import Received
+    from eomsg.client.inbox import Inbox
+    from eomsg.client.resources import DuckDBResource, PostgresResource, SQLiteResource
+    from eomsg.client.sink import TableSink
+    from eomsg.client.sync import Client, connect
+    from eomsg.client.transaction import Transaction, recover_resource
+    from eomsg.core.election import FlowEvent, FlowInfo
+    from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+    from eomsg.core.queues import QueueConfig
+    from eomsg.core.txn import TxnInfo
+    from eomsg.embedded.local import LocalClient
+    from eomsg.node.node import Node, NodeSettings
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'eomsg' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOMES])
+
 
 __all__ = [
     "AsyncClient",

@@ -37,6 +37,10 @@ Replay through Spark (scripts/bench_replay.py): ``replay`` replays a log of ``--
 messages into Parquet on ``--master`` (local[2]) with ``--transform`` none, rows or sql;
 reports rows/s, the SparkSession start-up and the fixed cost of a job.
 
+Start-up of the command line (scripts/bench_cli.py): ``cli`` times whole ``eomsg``
+processes — ``--help``, ``publish`` and ``inspect queues`` through a node — ``--n`` runs
+each (20 unless given), median wall time; ``--eomsg PROGRAM`` times another install.
+
 Messages carry ids (deduplicated) unless ``--no-ids``. ``--log-size L`` first fills
 the log with L messages that have already been consumed (retained for replay, not
 pending), so the measured messages land on a log of that size: compare L = 10^4 and
@@ -60,6 +64,7 @@ import time
 from pathlib import Path
 
 import bench_broker  # scripts/ is on the path when this file runs as a script
+import bench_cli
 import bench_failover
 import bench_replay
 import bench_txn
@@ -81,6 +86,7 @@ SCENARIOS = (
     *bench_txn.SCENARIOS,
     *bench_replay.SCENARIOS,
     *bench_wal.SCENARIOS,
+    *bench_cli.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -213,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--transform", choices=bench_replay.TRANSFORMS, default="none", help="replay: transform"
     )
+    parser.add_argument("--eomsg", default=None, help="cli: the eomsg program to time")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.batch is None:
@@ -225,6 +232,23 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
     global IDS
     IDS = not args.no_ids
+    if args.scenario in bench_cli.SCENARIOS:
+        n = args.n if "--n" in (argv if argv is not None else sys.argv) else 20
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            cli = bench_cli.run(n, args.eomsg or bench_cli.default_program(), Path(tmp))
+        cli["machine"] = machine()
+        if args.json:
+            print(json.dumps(cli))
+        else:
+            print(
+                ", ".join(f"{c} {cli[f'{c} ms']} ms" for c in bench_cli.COMMANDS)
+                + f" (median of {n}); heavy modules loaded: "
+                + "; ".join(
+                    f"{c}: {', '.join(cli[f'{c} loaded']) or 'none'}"  # type: ignore[arg-type]
+                    for c in bench_cli.COMMANDS
+                )
+            )
+        return 0
     if args.scenario in bench_replay.SCENARIOS:
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
             replay = bench_replay.run(

@@ -17,7 +17,7 @@ shown() {
   done
 }
 run() { printf '\n$'; shown "$@"; printf '\n'; "$@"; }
-run eomsg queue create orders --subscribe 'orders/>' --max-redeliveries 5 --dead-letter orders-dlq
+run eomsg --init queue create orders --subscribe 'orders/>' --max-redeliveries 5 --dead-letter orders-dlq
 run eomsg publish orders/eu/new '{"order": 1}' --id order-1 --ttl 1h
 run eomsg publish orders/eu/new '{"order": 1}' --id order-1
 printf '\n$ seq 1000 | eomsg publish orders/us/new --stdin\n'

@@ -91,6 +91,7 @@ def cli_env(data_dir: Path) -> dict[str, str]:
     """Environment for subprocess runs of ``eomsg`` against ``data_dir``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("EOMSG_")}
     env["EOMSG_DATA"] = str(data_dir)
+    env["EOMSG_INIT"] = "1"  # create it as needed (tests/test_cli_habits.py shows without)
     return env
 
 

@@ -18,8 +18,9 @@ from tests.conftest import messages
 def run(data_dir: Path):  # type: ignore[no-untyped-def]
     runner = CliRunner()
 
-    def invoke(*args: str, input: str | bytes | None = None, code: int = 0):  # type: ignore[no-untyped-def]
-        result = runner.invoke(app, [*args], input=input, env={"EOMSG_DATA": str(data_dir)})
+    def invoke(*args: str, input: str | bytes | None = None, code: int = 0, init: bool = True):  # type: ignore[no-untyped-def]
+        env = {"EOMSG_DATA": str(data_dir), "EOMSG_INIT": "1" if init else "0"}
+        result = runner.invoke(app, [*args], input=input, env=env)
         assert result.exit_code == code, (result.output, result.stderr)
         return result
 
@@ -149,10 +150,14 @@ def test_bad_input_is_one_clear_line(run, args, code, message) -> None:  # type:
     assert r.stderr.count("\n") == 1
 
 
-def test_read_only_commands_do_not_create_data(run, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
-    r = run("inspect", "queues", code=ExitCode.DATA_DIR)
-    assert r.stderr == f"Error: no eomsg data in {data_dir} yet (check --data)\n"
-    assert not data_dir.exists()
+def test_only_init_or_serve_creates_a_data_directory(run, data_dir: Path) -> None:  # type: ignore[no-untyped-def]
+    for args in (["inspect", "queues"], ["publish", "t/x", "p"], ["queue", "create", "q"]):
+        r = run(*args, code=ExitCode.DATA_DIR, init=False)
+        assert r.stderr == (
+            f"Error: no eomsg data in {data_dir} yet (check --data; `eomsg serve` or --init "
+            "creates it)\n"
+        )
+        assert not data_dir.exists()
 
 
 def test_inspect_sql_is_read_only(run) -> None:  # type: ignore[no-untyped-def]

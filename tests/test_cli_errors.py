@@ -94,7 +94,7 @@ def test_hostile_values_get_a_one_line_error_or_work(command: list[str], data_di
     """Every hostile value in every place: a documented exit code and at most one line on
     stderr — never a traceback (exit 1) — and the store still takes writes after it."""
     runner = CliRunner()
-    env = {"EOMSG_DATA": str(data_dir)}
+    env = {"EOMSG_DATA": str(data_dir), "EOMSG_INIT": "1"}
     assert runner.invoke(app, ["queue", "create", "q", "-s", "t/>"], env=env).exit_code == 0
     for value in HOSTILE:
         args = [a.replace("{}", value) for a in command]

@@ -25,7 +25,7 @@ def run(data_dir: Path) -> Callable[..., Any]:
     runner = CliRunner()
 
     def invoke(*args: str, code: int = 0) -> Any:
-        result = runner.invoke(cli, [*args], env={"EOMSG_DATA": str(data_dir)})
+        result = runner.invoke(cli, [*args], env={"EOMSG_DATA": str(data_dir), "EOMSG_INIT": "1"})
         assert result.exit_code == code, (result.output, result.stderr)
         return result
 

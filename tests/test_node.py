@@ -29,7 +29,7 @@ from eomsg.errors import (
     StorageError,
 )
 from eomsg.node.node import Node
-from eomsg.store.store import DB_NAME
+from eomsg.store.files import DB_NAME
 
 from .conftest import FakeClock, NodeFactory
 

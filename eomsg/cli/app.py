@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-from importlib.metadata import version
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from eomsg.cli import config, inspect, queue
-from eomsg.cli.common import (
-    Target,
-)
+from eomsg.cli.common import DEFAULT_DATA, Globals
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.recover import recover
 from eomsg.cli.replay import spark_replay
+from eomsg.cli.root import BROKER_HELP, INIT_HELP, TOKEN_HELP, EomsgGroup
 from eomsg.cli.serve import serve
 from eomsg.cli.storage import compact, salvage
 from eomsg.cli.top import top
 
 app = typer.Typer(
+    cls=EomsgGroup,
     help="Durable, exactly-once messaging for applications that keep their own databases.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
-    add_completion=False,
+    rich_markup_mode=None,  # help as plain text: nothing in it is markup
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 app.command()(publish)
 app.command()(consume)
@@ -40,6 +41,8 @@ app.add_typer(config.app, name="config")
 
 def _version(value: bool) -> None:
     if value:
+        from importlib.metadata import version
+
         typer.echo(f"eomsg {version('eomsg')}")
         raise typer.Exit()
 
@@ -50,19 +53,28 @@ def root(
         bool,
         typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
     ] = False,
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data", envvar="EOMSG_DATA", metavar="DIR", help="Data directory (env EOMSG_DATA)."
+        ),
+    ] = DEFAULT_DATA,
     broker: Annotated[
         str | None,
-        typer.Option(
-            "--broker",
-            envvar="EOMSG_BROKER",
-            help="Talk to the node at unix://PATH or tcp://HOST:PORT (env EOMSG_BROKER; "
-            "TCP needs env EOMSG_TOKEN). Default: the node serving --data, if any, else "
-            "the data directory in-process.",
-        ),
+        typer.Option("--broker", envvar="EOMSG_BROKER", metavar="URL", help=BROKER_HELP),
     ] = None,
+    token: Annotated[
+        str | None,
+        typer.Option("--token", envvar="EOMSG_TOKEN", metavar="TOKEN", help=TOKEN_HELP),
+    ] = None,
+    init: Annotated[bool, typer.Option("--init", envvar="EOMSG_INIT", help=INIT_HELP)] = False,
+    json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")] = False,
 ) -> None:
-    """Durable, exactly-once messaging for applications that keep their own databases."""
-    Target.broker = broker
+    """Durable, exactly-once messaging for applications that keep their own databases.
+
+    The options above may also follow the command's name (eomsg queue list --data d);
+    given in both places, the one after the name counts."""
+    Globals.broker, Globals.token, Globals.init = broker, token, init
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
-"""What every command shares: the ``--data`` and ``--json`` options, opening the node,
-and turning eomsg errors into ``Error: …`` on stderr with the error's exit code."""
+"""What every command shares: the global options (``--data``, ``--json``, ``--broker``,
+``--token``, ``--init``), opening the node, and turning eomsg errors into ``Error: …`` on
+stderr with the error's exit code."""
 
 from __future__ import annotations
 
@@ -8,16 +9,15 @@ import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, ParamSpec, TypeVar
+from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
 from eomsg.cli.output import say
 from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
-from eomsg.embedded import LocalClient
-from eomsg.errors import EomsgError, ExitCode, Unavailable
-from eomsg.node.node import NodeSettings
+from eomsg.errors import DataDirError, EomsgError, ExitCode, Unavailable
+from eomsg.store.files import holds_store
 from eomsg.wire.address import socket_path
 
 P = ParamSpec("P")
@@ -25,16 +25,36 @@ R = TypeVar("R")
 
 DEFAULT_DATA = Path("eomsg-data")
 
+
+def before_the_name(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
+    """A global option's value in a command: as given after the command's name, else as
+    given before it (``eomsg --data d queue list``), else its environment or default."""
+    name, root = param.name or "", ctx.find_root()
+    if _given(ctx, name) or name not in root.params or not _given(root, name):
+        return value
+    return root.params[name]
+
+
+def _given(ctx: Any, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
+
+
 DataOption = Annotated[
     Path,
     typer.Option(
         "--data",
         envvar="EOMSG_DATA",
+        metavar="DIR",
+        callback=before_the_name,
         help="Data directory (env EOMSG_DATA).",
         show_default=True,
     ),
 ]
-JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")]
+JsonOption = Annotated[
+    bool,
+    typer.Option("--json", callback=before_the_name, help="Machine-readable JSON output."),
+]
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:
@@ -56,31 +76,44 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-class Target:
-    """Where commands find their node: ``--broker`` (env EOMSG_BROKER) if given, set by
-    the root command; else the data directory's socket, else the embedded store."""
+class Globals:
+    """What the global options without a parameter of their own said — before the
+    command's name or after it (after wins): where the node is (``--broker``, env
+    EOMSG_BROKER), its token for TCP (``--token``, env EOMSG_TOKEN), and whether a
+    missing data directory may be created (``--init``)."""
 
     broker: str | None = None
+    token: str | None = None
+    init: bool = False
 
 
 @contextlib.contextmanager
-def open_broker(data: Path, *, create: bool = True) -> Iterator[Broker]:
+def open_broker(data: Path) -> Iterator[Broker]:
     """The node for one command: a client of the running node when there is one (the
     ``--broker`` or the data directory's socket), else the node of ``data`` embedded in
-    this process for the command's duration. A named broker that does not answer is an
-    error, never a reason to fall back."""
+    this process for the command's duration — created if missing only with ``--init``
+    (a mistyped --data is an error, not a new directory). A named broker that does not
+    answer is an error, never a reason to fall back."""
     name = f"eomsg-cli:{os.getpid()}"
-    if Target.broker is not None:
-        with connect(Target.broker, name=name) as named:
+    if Globals.broker is not None:
+        with connect(Globals.broker, token=Globals.token, name=name) as named:
             yield named
         return
     client: Client | None = None
     if socket_path(data).exists():
         with contextlib.suppress(Unavailable):  # a socket left by a node that died
-            client = connect(data, name=name)
+            client = connect(data, token=Globals.token, name=name)
     if client is not None:
         with client:
             yield client
         return
-    with LocalClient.open(data, NodeSettings(tick=None), create=create, name=name) as local:
+    if not Globals.init and not holds_store(data):
+        raise DataDirError(
+            f"no eomsg data in {data} yet (check --data; `eomsg serve` or --init creates it)"
+        )
+    # Only now the store (DuckDB, Arrow): a command through a running node never loads it.
+    from eomsg.embedded.local import LocalClient
+    from eomsg.node.node import NodeSettings
+
+    with LocalClient.open(data, NodeSettings(tick=None), create=Globals.init, name=name) as local:
         yield local

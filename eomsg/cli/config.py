@@ -23,7 +23,7 @@ app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
 def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Show every setting: retention and gc-interval (seconds), max-payload and
     disk-reserve (bytes)."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         settings = broker.saved_settings()
     if json:
         print_json(settings)
@@ -34,7 +34,8 @@ def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     console.print(table)
 
 
-@app.command("set")
+# A value may start with '-' (retention -1 is refused as a bad value, not as an option).
+@app.command("set", context_settings={"ignore_unknown_options": True})
 @handles_errors
 def set_(
     name: Annotated[
@@ -49,7 +50,13 @@ def set_(
     """Save a setting: `retention 7d` keeps consumed messages in the log for replay;
     `gc-interval 5m` sets how often the log is collected; `max-payload 4MiB` is the
     largest payload a publish may carry; `disk-reserve 1GiB` is the free disk space
-    below which publishes are refused (0: never refuse)."""
+    below which publishes are refused (0: never refuse).
+
+    \b
+    Examples:
+      eomsg config set retention 7d
+      eomsg config set max-payload 4MiB
+    """
     with open_broker(data) as broker:
         canonical = broker.configure(name, value)
     if json:

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -32,10 +32,12 @@ from eomsg.cli.common import (
 from eomsg.cli.output import print_json, say
 from eomsg.client.broker import BoundConsumer, Broker, require_served
 from eomsg.client.consumer import Received
-from eomsg.client.sink import TableSink, Written, open_sink
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered
 from eomsg.errors import HandlerFailed, NotActive, Unprintable, UsageError
+
+if TYPE_CHECKING:
+    from eomsg.client.sink import TableSink
 
 
 @handles_errors
@@ -106,9 +108,12 @@ def consume(
     active. A message that cannot be printed whole (a binary or multi-line payload as
     a text line) is given back, not deleted, and stops the command (exit 3).
 
-    Examples: eomsg consume orders --max 10 --json;
-    eomsg consume images --raw --delimiter '\\0' > dump;
-    eomsg consume orders --exec './handle.sh'"""
+    \b
+    Examples:
+      eomsg consume orders --max 10 --json
+      eomsg consume images --raw --delimiter '\\0' > dump
+      eomsg consume orders --exec './handle.sh'
+      eomsg consume orders --into duckdb:app.duckdb:orders"""
     # SIGTERM ends the command as Ctrl-C does: what was handled is deleted, the rest is
     # given back, and the flow is unbound — not left to the ack timeout.
     signal.signal(signal.SIGTERM, _Stop.on_sigterm)
@@ -120,6 +125,8 @@ def consume(
         )
     handler: _Handler
     if into is not None:
+        from eomsg.client.sink import open_sink  # the application database's driver
+
         handler = _Land(open_sink(into), json)
     elif exec_ is not None:
         handler, batch = _Exec(exec_), 1
@@ -243,6 +250,8 @@ class _Land(_Handler):
     transactions (see :class:`~eomsg.client.sink.TableSink`)."""
 
     def __init__(self, sink: TableSink, as_json: bool) -> None:
+        from eomsg.client.sink import Written
+
         self.sink = sink
         self.as_json = as_json
         self.total = Written(0, 0, 0)

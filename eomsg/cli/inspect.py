@@ -26,8 +26,14 @@ app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help
 @app.command()
 @handles_errors
 def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
-    """Depth, in flight, deleted, expired, dead-lettered and oldest age per queue."""
-    with open_broker(data, create=False) as broker:
+    """Depth, in flight, deleted, expired, dead-lettered and oldest age per queue.
+
+    \b
+    Examples:
+      eomsg inspect queues
+      eomsg inspect queues --json | jq '.[].depth'
+    """
+    with open_broker(data) as broker:
         stats = broker.stats()
     if json:
         print_json([s.to_json() for s in stats])
@@ -64,7 +70,7 @@ def flows(
     json: JsonOption = False,
 ) -> None:
     """Consumers bound to queues: priority, active or standby, epoch, messages held."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         bound = broker.flows(queue)
         now = time.time()
     if json:
@@ -92,7 +98,7 @@ def flows(
 def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Prepared transactions: age, coordinator (where the outcome is recorded), whether it
     is still connected or in doubt, and what each would publish and holds."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         prepared = broker.txns()
         now = time.time()
     if json:
@@ -115,7 +121,7 @@ def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 @handles_errors
 def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Replay jobs (eomsg spark-replay): status, sequence range, rows, output digest."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         found = broker.replay_jobs()
     if json:
         print_json([j.to_json() for j in found])
@@ -148,8 +154,14 @@ def log(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Messages in the retained log, oldest first."""
-    with open_broker(data, create=False) as broker:
+    """Messages in the retained log, oldest first.
+
+    \b
+    Examples:
+      eomsg inspect log --topic 'orders/>' --from-seq 10 --limit 20
+      eomsg inspect log --json | jq .topic
+    """
+    with open_broker(data) as broker:
         messages = broker.log(topic, from_seq, limit)
     if json:
         for m in messages:
@@ -187,8 +199,13 @@ def sql(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Run a read-only SQL query against the store (tables: messages, queues, ...)."""
-    with open_broker(data, create=False) as broker:
+    """Run a read-only SQL query against the store (tables: messages, queues, ...).
+
+    \b
+    Examples:
+      eomsg inspect sql "SELECT topic, count(*) FROM messages GROUP BY 1"
+    """
+    with open_broker(data) as broker:
         columns, rows = broker.query(query)
     if json:
         print_json([{c: _cell(v) for c, v in zip(columns, row, strict=True)} for row in rows])

@@ -76,7 +76,14 @@ def publish(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Publish a message; prints its sequence number once it is durable."""
+    """Publish a message; prints its sequence number once it is durable.
+
+    \b
+    Examples:
+      eomsg publish orders/eu/new '{"order": 1}' --id order-1 --ttl 1h
+      seq 1000 | eomsg publish orders/us/new --stdin --id-prefix batch7-
+      eomsg publish images/raw - < photo.jpg
+    """
     ttl_s = None if ttl is None else parse_duration(ttl)
     headers = parse_headers(header or [])
     if stdin:

@@ -59,7 +59,14 @@ def create(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Create a queue (a no-op if an identical one exists)."""
+    """Create a queue (a no-op if an identical one exists).
+
+    \b
+    Examples:
+      eomsg queue create orders --subscribe 'orders/>'
+      eomsg queue create billing -s 'billing/*' --max-active 1
+      eomsg queue create jobs -s 'jobs/>' --max-redeliveries 5 --dead-letter jobs-dlq
+    """
     config = QueueConfig.create(
         name,
         subscribe or [],
@@ -81,7 +88,7 @@ def create(
 @handles_errors
 def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """List queues and their settings."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         configs = [broker.queue_config(n) for n in broker.queue_names()]
     if json:
         print_json([c.to_json() for c in configs])
@@ -131,7 +138,7 @@ def unsubscribe(
 
 
 def _change_subscription(name: str, pattern: str, data: Path, as_json: bool, *, add: bool) -> None:
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         changed = broker.subscribe(name, pattern) if add else broker.unsubscribe(name, pattern)
     if as_json:
         print_json({"queue": name, "pattern": pattern, "changed": changed})
@@ -149,7 +156,7 @@ def purge(
     json: JsonOption = False,
 ) -> None:
     """Drop every message waiting in the queue (they stay in the log)."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         count = broker.purge(name)
     if json:
         print_json({"queue": name, "purged": count})
@@ -168,7 +175,7 @@ def delete(
     json: JsonOption = False,
 ) -> None:
     """Delete a queue (refused while it holds messages, unless --force)."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         dropped = broker.delete_queue(name, force=force)
     if json:
         print_json({"queue": name, "deleted": True, "dropped": dropped})
@@ -192,7 +199,7 @@ def unbind(
 ) -> None:
     """Unbind a consumer from the queue as an administrator: it is told so, and the next
     consumer in line becomes active and receives what it held."""
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         require_served(broker, "unbind")  # flows live in a running node
         released = broker.unbind(name, flow)
     if json:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -15,11 +15,12 @@ from eomsg.cli.common import (
     open_broker,
 )
 from eomsg.cli.output import print_json, say
-from eomsg.client.recovery import Step, execute, plan
-from eomsg.client.resources import DEFAULT_MARKERS
 from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.txn import Verdict
 from eomsg.errors import ExitCode
+
+if TYPE_CHECKING:
+    from eomsg.client.recovery import Step
 
 _SAID = {
     Verdict.COMMIT: "committed",
@@ -55,10 +56,19 @@ def recover(
     json: JsonOption = False,
 ) -> None:
     """Commit the in-doubt transactions their coordinator decided, abort those it did not,
-    and list those whose outcome cannot be read (exit 12) — never silently."""
+    and list those whose outcome cannot be read (exit 12) — never silently.
+
+    \b
+    Examples:
+      eomsg recover --dry-run
+      eomsg recover --abort-older-than 10m
+    """
     limit = None if abort_older_than is None else parse_duration(abort_older_than, allow_zero=True)
+    from eomsg.client.recovery import execute, plan  # the application databases' drivers
+    from eomsg.client.resources import DEFAULT_MARKERS
+
     apps = [a if "#" in a else f"{a}#{DEFAULT_MARKERS}" for a in app or []]
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         steps = plan(broker, now=time.time(), abort_older_than=limit, apps=apps)
         if not dry_run:
             steps = execute(broker, steps)

@@ -85,7 +85,13 @@ def spark_replay(
     json: JsonOption = False,
 ) -> None:
     """Replay messages from the log through Spark into a sink; a re-run never duplicates
-    output (a finished job does nothing unless --force)."""
+    output (a finished job does nothing unless --force).
+
+    \b
+    Examples:
+      eomsg spark-replay --topic 'orders/>' --sink parquet:out/orders
+      eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
+    """
     from eomsg.spark.job import ReplaySpec, execute, plan
     from eomsg.spark.session import java_version, parse_conf, start
 
@@ -106,7 +112,7 @@ def spark_replay(
     settings = parse_conf(conf or [])
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
-    with open_broker(data, create=False) as broker:
+    with open_broker(data) as broker:
         p = plan(spec, broker, data=data, force=force)
     if dry_run:
         if json:
@@ -135,7 +141,7 @@ def spark_replay(
 
         result = execute(
             p,
-            lambda: open_broker(data, create=False),
+            lambda: open_broker(data),
             spark,
             report,
             force=force,

@@ -16,9 +16,6 @@ from eomsg.cli.common import (
 )
 from eomsg.cli.output import print_json, say
 from eomsg.core.limits import parse_size
-from eomsg.node.node import Node, NodeSettings
-from eomsg.server.server import ServerSettings
-from eomsg.server.server import serve as run_server
 from eomsg.wire.address import Address, parse_address, token_path
 
 
@@ -60,11 +57,21 @@ def serve(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Serve the data directory to clients until SIGTERM or Ctrl-C."""
+    """Serve the data directory to clients until SIGTERM or Ctrl-C.
+
+    \b
+    Examples:
+      eomsg serve --data ./eomsg-data &
+      eomsg serve --listen tcp://127.0.0.1:7420   # TCP clients need DIR/eomsg.token
+    """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from eomsg.node.node import Node, NodeSettings
+    from eomsg.server.server import ServerSettings
+    from eomsg.server.server import serve as run_server
+
     settings = ServerSettings(
         listen=tuple(parse_address(a) for a in listen or ()),
         allow_remote=allow_remote,

@@ -18,8 +18,6 @@ from eomsg.cli.common import (
 )
 from eomsg.cli.output import print_json, say
 from eomsg.errors import DataDirLocked
-from eomsg.store import compact as compaction
-from eomsg.store import salvage as salvaging
 
 
 def _offline(e: DataDirLocked, what: str) -> DataDirLocked:
@@ -32,6 +30,8 @@ def compact(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     just what it holds and swap it in, atomically (killed at any point, the store is
     the old one or the new one, whole). Needs the node stopped."""
     try:
+        from eomsg.store import compact as compaction
+
         done = compaction.compact(data)
     except DataDirLocked as e:
         raise _offline(e, "compaction") from e
@@ -57,6 +57,8 @@ def salvage(
     into a new store skipping unreadable blocks, and what was lost is reported. Needs
     the node stopped; a salvage that was killed is finished by running it again."""
     try:
+        from eomsg.store import salvage as salvaging
+
         p = salvaging.plan(data)
         if dry_run or not p.needed:
             if json:

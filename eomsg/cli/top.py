@@ -118,8 +118,14 @@ def top(
     json: JsonOption = False,
 ) -> None:
     """Watch queues (depth, in and out rates) and their consumers (active or standby)
-    live, until Ctrl-C or --count refreshes; --json prints one line per refresh."""
-    with open_broker(data, create=False) as broker:
+    live, until Ctrl-C or --count refreshes; --json prints one line per refresh.
+
+    \b
+    Examples:
+      eomsg top
+      eomsg top --count 5 --json
+    """
+    with open_broker(data) as broker:
         frame = take_frame(broker, None)
         shown = 0
         if json:

@@ -15,16 +15,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from eomsg.client.consumer import Received
-from eomsg.client.resources import Resource
-from eomsg.client.transaction import DEFAULT_TIMEOUT, Transaction
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation, Operations
 from eomsg.core.queues import QueueConfig
+from eomsg.core.txn import DEFAULT_TIMEOUT
 from eomsg.errors import QueueExists, UsageError
+
+if TYPE_CHECKING:  # they load the application databases' drivers: only when used
+    from eomsg.client.resources import Resource
+    from eomsg.client.transaction import Transaction
 
 T_co = TypeVar("T_co", covariant=True)
 
@@ -164,6 +167,8 @@ class Broker(Operations, Protocol):
     ) -> Transaction:
         """A transaction over this node and at most one application database: use it as
         a context manager (see :mod:`eomsg.client.transaction`)."""
+        from eomsg.client.transaction import Transaction
+
         return Transaction(self, resources, timeout=timeout)
 
     def close(self) -> None: ...

@@ -38,7 +38,7 @@ from typing import Any, NoReturn
 from eomsg.client.recovery import Participant, Step, execute, plan, settle
 from eomsg.client.resources import MarkerTable, Resource
 from eomsg.core.message import Delivered, Outgoing, PublishResult
-from eomsg.core.txn import TxnMove, TxnState, move
+from eomsg.core.txn import DEFAULT_TIMEOUT, TxnMove, TxnState, move
 from eomsg.errors import (
     EomsgError,
     InDoubt,
@@ -56,9 +56,6 @@ log = logging.getLogger("eomsg.transaction")
 # transaction's commit: one DELETE per transaction would cost DuckDB a third of its
 # commit time. A crash leaves at most this many behind (harmless: never read again).
 FORGET_BATCH = 128
-# A transaction not decided this long after it began is rolled back: it must not hold
-# the messages it deletes, its locks and its prepared work for ever.
-DEFAULT_TIMEOUT = 60.0
 
 
 class Transaction:

@@ -31,6 +31,10 @@ from typing import Any
 
 from eomsg.errors import HeuristicOutcome, InvalidInput, TxnConflict
 
+# A transaction not decided this long after it began is rolled back: it must not hold
+# the messages it deletes, its locks and its prepared work for ever.
+DEFAULT_TIMEOUT = 60.0
+
 
 class TxnState(enum.Enum):
     ACTIVE = "active"  # work being gathered; nothing durable yet

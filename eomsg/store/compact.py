@@ -19,10 +19,10 @@ import duckdb
 from eomsg.errors import DataDirError, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store import integrity
-from eomsg.store.files import owner_only, sync
+from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
-from eomsg.store.schema import DB_NAME, migrate
+from eomsg.store.schema import migrate
 from eomsg.store.watermark import Mark, Watermark
 
 COMPACT_SUFFIX = ".compact"  # the copy's name while it is written

@@ -9,6 +9,12 @@ from pathlib import Path
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
+DB_NAME = "eomsg.duckdb"  # the database file in a data directory
+
+
+def holds_store(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds an eomsg store (without opening or importing it)."""
+    return (data_dir / DB_NAME).exists()
 
 
 def owner_only(path: Path) -> None:

@@ -24,8 +24,9 @@ import pyarrow.compute as pc
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import Selection
 from eomsg.errors import DataDirError, DataDirLocked, QueueNotFound, StorageError, one_line
+from eomsg.store.files import DB_NAME
 from eomsg.store.lock import LOCK_NAME
-from eomsg.store.schema import DB_NAME, ROW_TABLES
+from eomsg.store.schema import ROW_TABLES
 
 LOG_SCHEMA: pa.Schema = ROW_TABLES["messages"]
 _COLUMNS = ", ".join(LOG_SCHEMA.names)

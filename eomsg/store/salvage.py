@@ -37,10 +37,10 @@ import duckdb
 from eomsg.errors import DataDirDamaged, DataDirError, UsageError, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store import integrity, wal
-from eomsg.store.files import owner_only, sync
+from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
-from eomsg.store.schema import DB_NAME, migrate
+from eomsg.store.schema import migrate
 from eomsg.store.watermark import MARK_NAME, Mark, Watermark
 
 JOURNAL = "eomsg.salvage"

@@ -140,7 +140,6 @@ MIGRATIONS: tuple[Migration, ...] = (
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
-DB_NAME = "eomsg.duckdb"  # the database file in a data directory
 
 # Column order and Arrow types of the insert-only tables the writer appends to.
 TIMESTAMP = pa.timestamp("us")

@@ -28,9 +28,9 @@ from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, JobStatus, Selection
 from eomsg.errors import DataDirDamaged, DataDirError, InvalidQuery, StorageError, one_line
 from eomsg.store import compact, integrity, logread, salvage, sandbox
-from eomsg.store.files import owner_only
+from eomsg.store.files import DB_NAME, owner_only
 from eomsg.store.lock import DataDirLock
-from eomsg.store.schema import DB_NAME, migrate
+from eomsg.store.schema import migrate
 from eomsg.store.watermark import Mark, Watermark
 from eomsg.store.writer import Writer
 

@@ -3,13 +3,18 @@ reader (Spark's included) takes without copying rows through Python objects."""
 
 from __future__ import annotations
 
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from eomsg.errors import RemoteProtocolError
+
+if TYPE_CHECKING:  # imported when a table is carried: a client that never does starts fast
+    import pyarrow as pa
 
 
 def to_ipc(table: pa.Table) -> bytes:
     """``table`` as one Arrow IPC stream."""
+    import pyarrow as pa
+
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -18,6 +23,8 @@ def to_ipc(table: pa.Table) -> bytes:
 
 def from_ipc(data: bytes) -> pa.Table:
     """The table ``to_ipc`` wrote; RemoteProtocolError if ``data`` is not an Arrow IPC stream."""
+    import pyarrow as pa
+
     if not isinstance(data, bytes):
         raise RemoteProtocolError("expected Arrow IPC bytes")
     try:

@@ -1,0 +1,123 @@
+"""The ``eomsg`` command group: the global options every command takes, before its name
+or after it, and usage errors said as every other error is — one line, ``Error: …``,
+exit 2 — rather than as a box."""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import typer
+from typer.core import TyperArgument, TyperGroup, TyperOption
+
+from eomsg.cli.common import Globals
+from eomsg.cli.output import say
+from eomsg.errors import ExitCode
+
+BROKER_HELP = (
+    "Talk to the node at unix://PATH or tcp://HOST:PORT (env EOMSG_BROKER). Default: the "
+    "node serving --data, if any, else the data directory in-process."
+)
+TOKEN_HELP = "The node's token, for TCP (env EOMSG_TOKEN; it is in DIR/eomsg.token)."
+INIT_HELP = (
+    "Create the data directory if it does not exist (env EOMSG_INIT=1); without it only "
+    "`eomsg serve` does, so a mistyped --data is an error, not a new directory."
+)
+# Commands that work on the data directory itself, never through a node (serve creates
+# it; compact and salvage need one that exists).
+OFFLINE = {"serve", "compact", "salvage"}
+
+
+def _set(attribute: str) -> Any:
+    def remember(ctx: Any, param: Any, value: Any) -> Any:
+        if value is not None and ctx.get_parameter_source(param.name).name != "DEFAULT":
+            setattr(Globals, attribute, value)
+        return value
+
+    return remember
+
+
+def _as_command_option(root_option: Any) -> Any:
+    """A copy of a root option for a command: no environment variable (the root read
+    it), its value given to :class:`Globals`, none of its own for the command."""
+    option = copy.copy(root_option)
+    option.envvar, option.expose_value = None, False
+    option.callback = _set(option.name)
+    return option
+
+
+_METAVARS = {
+    "subscribe": "PATTERN",
+    "topic": "PATTERN",
+    "ttl": "DURATION",
+    "ack_timeout": "DURATION",
+    "abort_older_than": "DURATION",
+    "header": "NAME=VALUE",
+    "dead_letter": "QUEUE",
+    "queue": "QUEUE",
+    "interval": "SECONDS",
+    "from_seq": "SEQ",
+    "to_seq": "SEQ",
+    "exec_": "COMMAND",
+}
+
+
+def _plain_help(param: Any) -> None:
+    """Help that names values as Unix tools do — ``TOPIC``, ``[PAYLOAD]``, ``--ttl TTL``
+    — rather than typer's ``{topic} <str>`` and ``--ttl <str>``."""
+    if isinstance(param, TyperArgument):
+        name = param.metavar = param.metavar or (param.name or "").upper()
+        usage = name if param.required else f"[{name}]"
+        param.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
+        param._usage_display_name = lambda: usage + ("..." if param.nargs != 1 else "")  # type: ignore[method-assign]
+    elif isinstance(param, TyperOption) and not param.is_flag and param.metavar is None:
+        name = param.name or ""
+        param.metavar = _METAVARS.get(name) or ("N" if param.bare_type() == "int" else name.upper())
+
+
+def _leaves(group: TyperGroup) -> Iterator[tuple[str, Any]]:
+    for name, command in group.commands.items():
+        if isinstance(command, TyperGroup):
+            yield from _leaves(command)
+        else:
+            yield name, command
+
+
+class EomsgGroup(TyperGroup):
+    """The root group: gives every command that opens a data directory the global
+    options, names arguments in capitals in help, and turns usage errors into one line."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        shared = [p for p in self.params if p.name in ("broker", "token", "init")]
+        for name, command in _leaves(self):
+            for param in command.params:
+                _plain_help(param)
+            if any(p.name == "data" for p in command.params):
+                ours = {p.name for p in command.params}
+                wanted = [] if name in OFFLINE else ["broker", "token", "init"]
+                extra = [
+                    _as_command_option(p) for p in shared if p.name in wanted and p.name not in ours
+                ]
+                # before --json, which ends every command's own options
+                at = next((i for i, p in enumerate(command.params) if p.name == "json"), None)
+                at = len(command.params) if at is None else at
+                command.params[at:at] = extra
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the command line; a usage error is ``Error: …`` on one line, exit 2."""
+        standalone = kwargs.pop("standalone_mode", True)
+        try:
+            code = super().main(*args, **{**kwargs, "standalone_mode": False})
+        except typer.TyperException as e:  # click's ClickException: a usage error
+            ctx = getattr(e, "ctx", None)
+            where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            say(f"Error: {' '.join(e.format_message().split())}{where}", err=True)
+            code = e.exit_code
+        except typer.Abort:
+            code = 130  # Ctrl-C at a prompt
+        if not standalone:
+            return code
+        sys.exit(code if isinstance(code, int) else ExitCode.OK)
