@@ -42,6 +42,29 @@ def test_command_has_help_and_docs(name: str, command: Any) -> None:
             assert param.help, f"eomsg {name} {param.name} has no help text"
 
 
+GLOBAL = {"--data", "--json", "--broker", "--token", "--init", "--help"}
+
+
+def section(name: str) -> str:
+    """The part of docs/cli.md about ``eomsg name``: from its heading to the next one."""
+    start = CLI_DOC.index(f"## eomsg {name}\n")
+    end = CLI_DOC.find("\n#", start + 1)
+    return CLI_DOC[start : end if end >= 0 else None]
+
+
+@pytest.mark.parametrize(("name", "command"), commands(), ids=[n for n, _ in commands()])
+def test_every_option_is_documented_with_its_command(name: str, command: Any) -> None:
+    """Each option of a command is in its section of docs/cli.md; the global ones in the
+    table at the top."""
+    text = section(name)
+    for param in command.params:
+        for opt in [*getattr(param, "opts", []), *getattr(param, "secondary_opts", [])]:
+            if not opt.startswith("--"):
+                continue
+            where = CLI_DOC.split("\n## ")[0] if opt in GLOBAL else text
+            assert opt in where, f"docs/cli.md does not describe {opt} of eomsg {name}"
+
+
 def test_readme_names_the_two_setup_commands() -> None:
     readme = (ROOT / "README.md").read_text()
     assert "bash scripts/demo.sh" in readme and "bash scripts/test.sh" in readme

@@ -31,7 +31,10 @@ def serve(
     ] = None,
     allow_remote: Annotated[
         bool,
-        typer.Option(help="Allow --listen on a non-loopback address (clients need the token)."),
+        typer.Option(
+            "--allow-remote",
+            help="Allow --listen on a non-loopback address (clients need the token).",
+        ),
     ] = False,
     max_frame: Annotated[
         str, typer.Option(help="Largest frame accepted from a client, e.g. 4MiB.")
