@@ -179,12 +179,12 @@ def test_queue_commands(run) -> None:  # type: ignore[no-untyped-def]
     run("queue", "create", "q", "-s", "b", code=ExitCode.CONFLICT)
     assert run("queue", "subscribe", "q", "b/>").stdout == "subscribed q to b/>\n"
     run("publish", "b/1", "x")
-    r = run("queue", "delete", "q", code=ExitCode.CONFLICT)
+    r = run("queue", "delete", "q", "--yes", code=ExitCode.CONFLICT)
     assert r.stderr == "Error: queue 'q' holds 1 messages; purge it or use --force\n"
-    assert run("queue", "purge", "q").stdout == "purged 1 messages from q\n"
+    assert run("queue", "purge", "q", "--yes").stdout == "purged 1 messages from q\n"
     assert json.loads(run("queue", "list", "--json").stdout)[0]["subscriptions"] == ["a", "b/>"]
     assert run("queue", "unsubscribe", "q", "a").stdout == "unsubscribed q from a\n"
-    assert run("queue", "delete", "q").stdout == "deleted queue q (0 messages dropped)\n"
+    assert run("queue", "delete", "q", "-y").stdout == "deleted queue q (0 messages dropped)\n"
 
 
 def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untyped-def]

@@ -6,6 +6,10 @@ loads neither the store nor Spark when a node runs."""
 from __future__ import annotations
 
 import json
+import os
+import pty
+import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,3 +143,109 @@ def test_a_command_through_a_node_loads_no_store_spark_or_driver(
     loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()}
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
     assert "eomsg.cli.app" in loaded  # the import log is there to read
+
+
+def test_version_and_shell_completion(cli: Cli) -> None:
+    from importlib.metadata import version
+
+    assert cli("--version").stdout == f"eomsg {version('eomsg')}\n".encode()
+    script = cli("--show-completion", "bash", env={"SHELL": "/bin/bash"}).stdout.decode()
+    assert "_EOMSG_COMPLETE=complete_bash" in script and "complete " in script
+    done = cli(
+        env={"_EOMSG_COMPLETE": "complete_bash", "COMP_WORDS": "eomsg que", "COMP_CWORD": "1"}
+    )
+    assert done.stdout.decode().split() == ["queue"]
+
+
+def test_browse_peeks_without_consuming(cli: Cli) -> None:
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    for payload in ("one", "[bold]two[/]", "three"):
+        cli("publish", "t/x", payload)
+    r = cli("browse", "q", "--from-seq", "2", "--json")
+    assert [(m["seq"], m["payload"]) for m in map(json.loads, r.stdout.splitlines())] == [
+        (2, "[bold]two[/]"),
+        (3, "three"),
+    ]
+    table = cli("browse", "q", "--limit", "2").stdout.decode()
+    assert [line.split("│")[6].strip() for line in table.splitlines() if "│ t/x" in line] == [
+        "one",
+        "[bold]two[/]",
+    ]
+    r = cli("consume", "q", "--json")  # all three, none counted by the looks
+    assert [(m["seq"], m["attempt"]) for m in map(json.loads, r.stdout.splitlines())] == [
+        (1, 1),
+        (2, 1),
+        (3, 1),
+    ]
+    assert cli("browse", "nosuch", code=ExitCode.NOT_FOUND).stderr.startswith(
+        b"Error: queue 'nosuch' does not exist"
+    )
+
+
+def test_requeue_moves_a_dead_letter_queue_back(cli: Cli) -> None:
+    cli("queue", "create", "q", "-s", "t/>", "--max-redeliveries", "0", "--dead-letter", "q-dlq")
+    for payload in ("one", "two"):
+        cli("publish", "t/x", payload)
+    cli("consume", "q", "--exec", "exit 1", code=ExitCode.HANDLER_FAILED)
+    cli("consume", "q", "--exec", "exit 1", code=ExitCode.HANDLER_FAILED)
+    assert cli("browse", "q-dlq", "--json").stdout.count(b"\n") == 2
+    assert cli("queue", "requeue", "q-dlq").stdout == b"requeued 2 messages from q-dlq to q\n"
+    r = cli("consume", "q", "--json")
+    lines = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [(m["payload"], m["headers"]["eomsg-requeued-from"]) for m in lines] == [
+        ("one", "1"),
+        ("two", "2"),
+    ]
+    r = cli("queue", "requeue", "q", code=ExitCode.INVALID_INPUT)
+    assert r.stderr == (
+        b"Error: no queue dead-letter into 'q': say where its messages go (use --to)\n"
+    )
+
+
+def test_purge_and_delete_ask_first(cli: Cli, eomsg_bin: str, cli_env: dict[str, str]) -> None:
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    cli("publish", "t/x", "kept until asked")
+    r = cli("queue", "purge", "q", code=ExitCode.USAGE)
+    assert r.stderr == b"Error: purge drops every message waiting in q: confirm with --yes\n"
+    r = cli("queue", "delete", "q", "--force", code=ExitCode.USAGE)
+    assert r.stderr == b"Error: delete queue q and its records: confirm with --yes\n"
+    assert json.loads(cli("inspect", "queues", "--json").stdout)[0]["depth"] == 1
+    # At a terminal the question is asked: "n" changes nothing, "y" goes on.
+    for answer, code, depth in ((b"n\n", ExitCode.USAGE, 1), (b"y\n", ExitCode.OK, 0)):
+        controller, terminal = pty.openpty()
+        os.write(controller, answer)
+        done = subprocess.run(
+            [eomsg_bin, "queue", "purge", "q"], stdin=terminal, capture_output=True,
+            env=cli_env, timeout=60, check=False,
+        )  # fmt: skip
+        os.close(controller)
+        os.close(terminal)
+        assert done.returncode == code, done.stderr
+        assert done.stdout == b"purge drops every message waiting in q? [y/N]: " + (
+            b"purged 1 messages from q\n" if answer == b"y\n" else b""
+        )
+        assert json.loads(cli("inspect", "queues", "--json").stdout)[0]["depth"] == depth
+    assert cli("queue", "delete", "q", "-y").stdout == b"deleted queue q (0 messages dropped)\n"
+
+
+def test_inspect_log_follows_the_log(
+    cli: Cli, serve: Callable[..., Any], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    serve()
+    cli("publish", "t/x", "before")
+    follower = subprocess.Popen(
+        [eomsg_bin, "inspect", "log", "--follow", "--topic", "t/>"], env=cli_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert follower.stdout is not None
+        assert follower.stdout.readline() == b"1 t/x before\n"
+        cli("publish", "u/x", "not followed")
+        cli("publish", "t/x", "-", input=b"two\nlines")
+        cli("publish", "t/y", "-", input=b"\xff")
+        assert follower.stdout.readline() == b"3 t/x two\\nlines\n"
+        assert follower.stdout.readline() == b"4 t/y <1 bytes>\n"
+    finally:
+        follower.send_signal(signal.SIGTERM)
+        out, err = follower.communicate(timeout=30)
+    assert (follower.returncode, out, err) == (0, b"", b"")

@@ -17,6 +17,7 @@ from eomsg.errors import (
     DataDirError,
     DataDirLocked,
     FlowNotFound,
+    InvalidConfig,
     InvalidTopic,
     NotActive,
     NotInFlight,
@@ -388,3 +389,59 @@ def test_deleting_a_queue_unbinds_its_flows(node: Node) -> None:
     node.bind("q", notify=lambda e: heard.append(e.kind))
     node.delete_queue("q")
     assert heard == ["bound", "unbound"]
+
+
+def test_browse_shows_what_waits_without_taking_it(broker: Broker) -> None:
+    orders(broker)
+    for i in range(1, 6):
+        broker.publish("orders/a", f"m{i}".encode())
+    held = broker.fetch("orders", 2)
+    broker.delete("orders", [held[0].key])
+    assert [m.seq for m in broker.browse("orders")] == [2, 3, 4, 5]  # in flight included
+    assert [(m.seq, m.payload) for m in broker.browse("orders", 4, 1)] == [(4, b"m4")]
+    assert [m.seq for m in broker.browse("orders", from_seq=6)] == []
+    # Nothing was taken or counted: the next fetch hands out 3, 4, 5 at their first attempt.
+    assert [(d.seq, d.attempt) for d in broker.fetch("orders", 10)] == [(3, 1), (4, 1), (5, 1)]
+    with pytest.raises(QueueNotFound):
+        broker.browse("nosuch")
+
+
+def test_requeue_moves_dead_letters_back_once_and_only_there(broker: Broker) -> None:
+    orders(broker, max_redeliveries=0, dead_letter="orders-dlq")
+    broker.create_queue(QueueConfig.create("audit", ["orders/>"]))
+    for i in range(1, 4):
+        broker.publish("orders/a", f"m{i}".encode(), id=f"id-{i}", headers={"k": "v"})
+    for d in broker.fetch("orders", 3):  # released past the last attempt: dead-lettered
+        broker.release("orders", [d.key])
+    assert broker.stats()[2].depth == 3  # orders-dlq
+    with pytest.raises(InvalidConfig, match="cannot be requeued into itself"):
+        broker.requeue("orders-dlq", "orders-dlq")
+    with pytest.raises(InvalidConfig, match="no queue dead-letter into 'audit'"):
+        broker.requeue("audit")
+    assert broker.requeue("orders-dlq", max_messages=2) == (2, "orders")
+    assert broker.requeue("orders-dlq") == (1, "orders")
+    assert broker.requeue("orders-dlq") == (0, "orders")
+    got = broker.fetch("orders", 10)
+    assert [(d.seq, d.attempt, d.message.payload, d.message.id) for d in got] == [
+        (4, 1, b"m1", None),
+        (5, 1, b"m2", None),
+        (6, 1, b"m3", None),
+    ]
+    assert got[0].message.headers == {"k": "v", "eomsg-requeued-from": "1"}
+    stats = {s.name: s for s in broker.stats()}
+    assert (stats["orders-dlq"].depth, stats["orders-dlq"].deleted) == (0, 3)
+    assert stats["audit"].depth == 3  # the first publish only: requeued copies go to orders
+
+
+def test_requeued_messages_survive_a_restart(open_node: NodeFactory) -> None:
+    node = open_node()
+    orders(node, max_redeliveries=0, dead_letter="orders-dlq")
+    node.publish("orders/a", b"m1")
+    (d,) = node.fetch("orders", 1)
+    node.release("orders", [d.key])
+    assert node.requeue("orders-dlq") == (1, "orders")
+    node.close()
+    node = open_node()
+    assert [(d.seq, d.message.payload) for d in node.fetch("orders", 10)] == [(2, b"m1")]
+    assert node.stats()[1].depth == 0
+    node.close()

@@ -40,6 +40,8 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "subscribe": ({"name": "q", "pattern": "a/>"}, False),
     "unsubscribe": ({"name": "q", "pattern": "a/>"}, True),
     "purge": ({"name": "q"}, 0),
+    "requeue": ({"name": "q-dlq", "to": None, "max_messages": 10}, (3, "q")),
+    "browse": ({"name": "q", "from_seq": 2, "limit": 5}, [MSG]),
     "queue_config": ({"name": "q"}, CONFIG),
     "queue_names": ({}, ["a", "q"]),
     "stats": (

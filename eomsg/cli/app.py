@@ -28,6 +28,7 @@ app = typer.Typer(
 )
 app.command()(publish)
 app.command()(consume)
+app.command()(inspect.browse)
 app.command()(serve)
 app.command()(top)
 app.command()(recover)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import signal
+import sys
 import time
 from typing import Annotated, Any
 
@@ -17,8 +19,10 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import LiteralTable, console, print_json, styled
+from eomsg.cli.output import LiteralTable, console, print_json, say, styled
+from eomsg.client.broker import Broker, require_served
 from eomsg.core.durations import format_duration
+from eomsg.core.message import Message
 
 app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help=True)
 
@@ -151,6 +155,15 @@ def log(
     topic: Annotated[str | None, typer.Option(help="Only topics matching this pattern.")] = None,
     from_seq: Annotated[int, typer.Option(min=0, help="First sequence number.")] = 0,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "--follow",
+            "-f",
+            help="Then print each new message as it is logged, until "
+            "interrupted (needs a running node).",
+        ),
+    ] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
@@ -160,10 +173,72 @@ def log(
     Examples:
       eomsg inspect log --topic 'orders/>' --from-seq 10 --limit 20
       eomsg inspect log --json | jq .topic
-    """
+      eomsg inspect log --follow --topic 'orders/>'"""
     with open_broker(data) as broker:
+        if follow:
+            require_served(broker, "--follow")  # nothing else can log while this holds it
         messages = broker.log(topic, from_seq, limit)
-    if json:
+        if not follow:
+            _show_messages(messages, json)
+            return
+        _follow(broker, topic, messages, from_seq, json)
+
+
+FOLLOW_POLL = 0.2  # seconds between looks at the log while following it
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends following as Ctrl-C does
+
+
+def _follow(
+    broker: Broker, topic: str | None, first: list[Message], from_seq: int, as_json: bool
+) -> None:
+    """Print ``first``, then each message logged after it, one per line, until Ctrl-C or
+    SIGTERM: a view of the log, so payloads are shown, not written raw."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    messages, after = first, from_seq
+    try:
+        while True:
+            for m in messages:
+                if as_json:
+                    print_json(m.to_json())
+                else:
+                    body = m.payload_json_fields().get("payload", f"<{len(m.payload)} bytes>")
+                    say(f"{m.seq} {m.topic} {body}")
+                after = m.seq + 1
+            sys.stdout.flush()
+            if not messages:
+                time.sleep(FOLLOW_POLL)
+            messages = broker.log(topic, after, 1000)
+    except KeyboardInterrupt:
+        return
+
+
+@handles_errors
+def browse(
+    queue: Annotated[str, typer.Argument(help="Queue to look into.")],
+    from_seq: Annotated[int, typer.Option(min=0, help="First sequence number.")] = 0,
+    limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Peek at the messages waiting in a queue (in flight included), oldest first, without
+    consuming them: nothing is taken, counted or deleted.
+
+    \b
+    Examples:
+      eomsg browse orders
+      eomsg browse orders-dlq --from-seq 1200 --limit 5 --json"""
+    with open_broker(data) as broker:
+        messages = broker.browse(queue, from_seq, limit)
+    _show_messages(messages, json)
+
+
+def _show_messages(messages: list[Message], as_json: bool) -> None:
+    """Messages as JSON lines, or as a table with their payloads shown literally (cut at
+    60 characters; a payload that is not text as <binary>)."""
+    if as_json:
         for m in messages:
             print_json(m.to_json())
         return

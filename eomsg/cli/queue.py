@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -14,10 +15,11 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import LiteralTable, console, print_json, say
+from eomsg.cli.output import LiteralTable, console, print_json, say, shown
 from eomsg.client.broker import require_served
 from eomsg.core.durations import parse_duration
 from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
+from eomsg.errors import ExitCode, UsageError
 
 app = typer.Typer(help="Create, list, subscribe, purge and delete queues.", no_args_is_help=True)
 
@@ -148,15 +150,34 @@ def _change_subscription(name: str, pattern: str, data: Path, as_json: bool, *, 
         say(f"{'unsubscribed' if changed else 'was not subscribed:'} {name} from {pattern}")
 
 
+YesOption = Annotated[
+    bool, typer.Option("--yes", "-y", help="Do it without asking (needed when not at a terminal).")
+]
+
+
+def _confirm(question: str, yes: bool) -> None:
+    """Go on if ``yes``, or if the person at the terminal says so; else stop (exit 2)."""
+    if yes:
+        return
+    if not sys.stdin.isatty():
+        raise UsageError(f"{question}: confirm with --yes")
+    if not typer.confirm(shown(question) + "?", default=False):
+        raise typer.Exit(int(ExitCode.USAGE))
+
+
 @app.command()
 @handles_errors
 def purge(
     name: Annotated[str, typer.Argument(help="Queue name.")],
+    yes: YesOption = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Drop every message waiting in the queue (they stay in the log)."""
+    """Drop every message waiting in the queue (they stay in the log). Asks first, unless
+    --yes."""
     with open_broker(data) as broker:
+        broker.queue_config(name)  # QueueNotFound before the question
+        _confirm(f"purge drops every message waiting in {name}", yes)
         count = broker.purge(name)
     if json:
         print_json({"queue": name, "purged": count})
@@ -171,16 +192,54 @@ def delete(
     force: Annotated[
         bool, typer.Option("--force", help="Delete even if it holds messages.")
     ] = False,
+    yes: YesOption = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Delete a queue (refused while it holds messages, unless --force)."""
+    """Delete a queue (refused while it holds messages, unless --force). Asks first,
+    unless --yes."""
     with open_broker(data) as broker:
+        broker.queue_config(name)  # QueueNotFound before the question
+        _confirm(f"delete queue {name} and its records", yes)
         dropped = broker.delete_queue(name, force=force)
     if json:
         print_json({"queue": name, "deleted": True, "dropped": dropped})
         return
     say(f"deleted queue {name} ({dropped} messages dropped)")
+
+
+@app.command()
+@handles_errors
+def requeue(
+    name: Annotated[
+        str, typer.Argument(help="Queue to move messages out of (a dead-letter queue).")
+    ],
+    to: Annotated[
+        str | None,
+        typer.Option(
+            metavar="QUEUE",
+            help="Queue to move them into (default: the one that dead-letters into NAME).",
+        ),
+    ] = None,
+    max: Annotated[int | None, typer.Option("--max", min=1, help="Move at most this many.")] = None,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Move the messages waiting in a queue — a dead-letter queue, usually — back into
+    another, oldest first: each is published again into that queue alone (same topic,
+    payload and headers, plus eomsg-requeued-from) and leaves this one in the same
+    commit, so none is lost or doubled. Messages in flight stay.
+
+    \b
+    Examples:
+      eomsg queue requeue orders-dlq
+      eomsg queue requeue orders-dlq --to orders-retry --max 100"""
+    with open_broker(data) as broker:
+        moved, target = broker.requeue(name, to, max)
+    if json:
+        print_json({"queue": name, "to": target, "requeued": moved})
+        return
+    say(f"requeued {moved} messages from {name} to {target}")
 
 
 def _active_limit(c: QueueConfig) -> str:

@@ -36,6 +36,7 @@ stays the number of times the application saw the message.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from array import array
@@ -121,6 +122,10 @@ class _SeqQueue:
 
     def last(self) -> int:
         return self._seqs[-1]
+
+    def since(self, seq: int) -> Iterator[int]:
+        """The queued seqs from ``seq`` on (the queue is ascending: found by bisection)."""
+        return islice(self._seqs, bisect.bisect_left(self._seqs, seq, lo=self._head), None)
 
     def append(self, seq: int) -> None:
         self._seqs.append(seq)
@@ -215,6 +220,30 @@ class Cursor:
         """All unsettled sequence numbers, ascending (for tests and inspection)."""
         live = [s for s in self._unread if s not in self._dropped]
         return sorted([*live, *self._delivered])
+
+    def pending_from(self, from_seq: int, limit: int) -> list[int]:
+        """Up to ``limit`` unsettled sequence numbers from ``from_seq`` on, ascending,
+        without sorting the whole queue: the unread ones are kept in order."""
+        live = []
+        for seq in self._unread.since(from_seq):
+            if seq not in self._dropped:
+                live.append(seq)
+                if len(live) >= limit:
+                    break
+        delivered = heapq.nsmallest(limit, (s for s in self._delivered if s >= from_seq))
+        return sorted([*live, *delivered])[:limit]
+
+    def take_out(self, limit: int | None = None) -> list[Settlement]:
+        """Settle, as DELETED, up to ``limit`` of the messages waiting here (not in
+        flight), lowest seq first: they leave this queue for another (a requeue)."""
+        taken = []
+        for seq in self.pending():
+            entry = self._delivered.get(seq)
+            if entry is None or not entry.in_flight:
+                taken.append(self._settle(seq, Outcome.DELETED))
+                if limit is not None and len(taken) >= limit:
+                    break
+        return taken
 
     # -- filling -----------------------------------------------------------------------
 

@@ -164,6 +164,24 @@ class Operations(Protocol):
         raise Declaration
 
     @operation()
+    def requeue(
+        name: str, to: str | None = None, max_messages: int | None = None
+    ) -> tuple[int, str]:
+        """Move up to ``max_messages`` (None: all) of the messages waiting in a queue —
+        a dead-letter queue, usually — into ``to`` (default: the one queue that
+        dead-letters into it), atomically: each is published again into that queue
+        alone and leaves this one in the same commit. Messages in flight stay. How
+        many moved, and where. QueueNotFound; InvalidConfig when ``to`` is this queue
+        or cannot be told."""
+        raise Declaration
+
+    @operation(sized_by="limit")
+    def browse(name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
+        """Messages waiting in the queue (in flight included) from ``from_seq``, oldest
+        first, without taking them. QueueNotFound."""
+        raise Declaration
+
+    @operation()
     def queue_config(name: str) -> QueueConfig:
         """The queue's settings. QueueNotFound."""
         raise Declaration

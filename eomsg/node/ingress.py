@@ -13,12 +13,15 @@ import json
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, PublishResult
+from eomsg.errors import InvalidConfig
 from eomsg.failpoints import failpoint
 from eomsg.node.state import NodeState, QueueState, to_us
 from eomsg.store.writer import RowBatch
 
+REQUEUED_FROM = "eomsg-requeued-from"  # the header a requeued message carries: its old seq
 Fresh = tuple[int, str | None, float | None, tuple[QueueState, ...]]  # seq, id, expiry, route
 
 
@@ -83,6 +86,57 @@ class Ingress(NodeState):
         committed.add_done_callback(on_commit)
         return acked
 
+    def requeue(
+        self, name: str, to: str | None = None, max_messages: int | None = None
+    ) -> tuple[int, str]:
+        """Move up to ``max_messages`` (None: all) of the messages waiting in queue
+        ``name`` — a dead-letter queue, usually — into ``to`` (default: the one queue
+        that dead-letters into it). Atomic: each is published again (a new seq; topic,
+        payload, headers and remaining time to live kept, plus the header
+        ``eomsg-requeued-from`` naming its old seq) into ``to`` alone, and settled here
+        as deleted, in one commit. Messages in flight stay where they are. Returns how
+        many moved, and the queue they went to."""
+        if max_messages is not None and max_messages < 1:
+            raise InvalidConfig("--max must be at least 1")
+        now = self.clock()
+        self._check_room()
+        with self._lock:
+            self._check_open()
+            q = self._queue(name)
+            target = self._queue(to) if to is not None else self._dead_lettering_into(q)
+            if target is q:
+                raise InvalidConfig(f"queue {name!r} cannot be requeued into itself")
+            found = self.store.fetch([s.seq for s in q.cursor.take_out(max_messages)])
+            moved = [found[seq] for seq in sorted(found)]
+            again = [
+                Outgoing(
+                    m.topic,
+                    m.payload,
+                    None,  # the id stays with the original (it is deduplicated against it)
+                    None if m.expires_at is None else max(m.expires_at - now, 1e-6),
+                    {**m.headers, REQUEUED_FROM: str(m.seq)},
+                )
+                for m in moved
+            ]
+            batch = RowBatch()
+            first_seq = self._next_seq
+            _, fresh = self._stage(batch, again, now, route=(target,))
+            settled = [Settlement(m.seq, Outcome.DELETED) for m in moved]
+            self._record_settlements(batch, q, settled, now)
+            future = self._write_staged(batch, first_seq, fresh) if moved else None
+        self._await_commit(future)
+        return len(moved), target.config.name
+
+    def _dead_lettering_into(self, q: QueueState) -> QueueState:
+        """The one queue whose dead-letter queue ``q`` is; InvalidConfig if none or many."""
+        sources = [s for s in self._queues.values() if s.config.dead_letter == q.config.name]
+        if len(sources) != 1:
+            said = "no queue" if not sources else f"{len(sources)} queues"
+            raise InvalidConfig(
+                f"{said} dead-letter into {q.config.name!r}: say where its messages go (use --to)"
+            )
+        return sources[0]
+
     def _check_messages(self, messages: Sequence[Outgoing]) -> None:
         """Validate every message of a transaction and, if it publishes any, make sure
         the disk has room for them — before anything is staged."""
@@ -92,11 +146,16 @@ class Ingress(NodeState):
             self._check_room()
 
     def _stage(
-        self, batch: RowBatch, messages: Sequence[Outgoing], now: float
+        self,
+        batch: RowBatch,
+        messages: Sequence[Outgoing],
+        now: float,
+        route: tuple[QueueState, ...] | None = None,
     ) -> tuple[list[PublishResult], list[Fresh]]:
         """Dedup ``messages`` by id, give the new ones the next sequence numbers and
-        route them, adding their rows to ``batch`` (with the after-commit step that
-        makes them deliverable). Call with ``_lock`` held, then :meth:`_write_staged`."""
+        route them (by topic, or all to ``route``), adding their rows to ``batch`` (with
+        the after-commit step that makes them deliverable). Call with ``_lock`` held,
+        then :meth:`_write_staged`."""
         now_us = to_us(now)
         results: list[PublishResult] = []
         fresh: list[Fresh] = []
@@ -113,7 +172,7 @@ class Ingress(NodeState):
                 uncommitted[msg_id] = seq
             expires = None if m.ttl is None else now + m.ttl
             expires_us = None if expires is None else to_us(expires)
-            queues = self._route(m.topic)
+            queues = self._route(m.topic) if route is None else route
             headers = json.dumps(m.headers) if m.headers else None
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:

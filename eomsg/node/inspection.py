@@ -82,6 +82,17 @@ class Inspection(Maintenance):
         regex = None if pattern is None else pattern_regex(pattern)
         return self.store.log(regex, from_seq, limit)
 
+    def browse(self, name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
+        """Messages waiting in the queue (in flight included) from ``from_seq``, oldest
+        first, without taking them: a look, which changes nothing."""
+        if limit < 1:
+            raise InvalidConfig("limit must be at least 1")
+        with self._lock:
+            self._check_open()
+            seqs = self._queue(name).cursor.pending_from(from_seq, limit)
+        found = self.store.fetch(seqs)
+        return [found[s] for s in seqs if s in found]  # settled meanwhile: gone from view
+
     # -- replay (read by eomsg.spark) -------------------------------------------------------
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
