@@ -35,10 +35,6 @@ def run(n: int, program: str, tmp: Path) -> dict[str, object]:
     data = tmp / "data"
     env = {k: v for k, v in os.environ.items() if not k.startswith("EOMSG_")}
     env["EOMSG_DATA"] = str(data)
-    subprocess.run(
-        [program, "--init", "queue", "create", "bench", "--subscribe", "bench/>"],
-        env=env, check=True, capture_output=True,
-    )  # fmt: skip
     node = subprocess.Popen(
         [program, "serve", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True,
@@ -47,6 +43,10 @@ def run(n: int, program: str, tmp: Path) -> dict[str, object]:
         assert node.stdout is not None
         if json.loads(node.stdout.readline())["event"] != "ready":
             raise RuntimeError("eomsg serve did not start")
+        subprocess.run(  # through the node, which made the data directory
+            [program, "queue", "create", "bench", "--subscribe", "bench/>"],
+            env=env, check=True, capture_output=True,
+        )  # fmt: skip
         result: dict[str, object] = {"scenario": "cli", "n": n, "program": program}
         for name, args in COMMANDS.items():
             times = []
