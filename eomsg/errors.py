@@ -28,6 +28,7 @@ class ExitCode(IntEnum):
     UNBOUND = 11
     IN_DOUBT = 12
     DAMAGED = 13
+    INTERRUPTED = 130
 
 
 class EomsgError(Exception):
@@ -387,6 +388,13 @@ class LogCollected(EomsgError):
 
     code = "log_collected"
     exit_code = ExitCode.NOT_FOUND
+
+
+class Interrupted(EomsgError):
+    """Ctrl-C or SIGTERM stopped the command; what it had done is as it says."""
+
+    code = "interrupted"
+    exit_code = ExitCode.INTERRUPTED
 
 
 class SinkConflict(EomsgError):

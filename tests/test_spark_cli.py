@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -37,14 +38,130 @@ def filled(data_dir: Path) -> Path:
 
 
 def replay(
-    eomsg_bin: str, env: dict[str, str], *args: str, failpoints: str = ""
+    eomsg_bin: str, env: dict[str, str], *args: str, failpoints: str = "", cwd: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {**env, "EOMSG_FAILPOINTS": failpoints} if failpoints else env
     return subprocess.run(
         [eomsg_bin, "spark-replay", "--master", "local[2]", "--conf", "spark.ui.enabled=false",
          *args],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env, capture_output=True, text=True, timeout=300, cwd=cwd,
     )  # fmt: skip
+
+
+def staging_left(*dirs: Path) -> list[str]:
+    """Staging directories of replays left in ``dirs``."""
+    return [p.name for d in dirs if d.exists() for p in d.iterdir() if "staging" in p.name]
+
+
+# What a run prints on stderr: its own timestamped steps, and nothing of Spark's.
+STEP = re.compile(r"^\[ *\d+\.\ds\] \S")
+
+
+def test_a_run_that_fails_is_recorded_failed_and_leaves_nothing_behind(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    with Node.open(filled, NodeSettings(tick=None)) as node:
+        node.publish("orders/0", b"p\xce\x01")  # seq N + 1: not text
+    (tmp_path / "ident.py").write_text("def same(row):\n    return row\n")
+    out, db = tmp_path / "out", tmp_path / "app.duckdb"
+    for args in (
+        ["--transform", "ident:same", "--sink", f"parquet:{out}", "--job-id", "rows"],
+        ["--sink", f"duckdb:{db}:t", "--job-id", "plain"],
+    ):
+        r = replay(eomsg_bin, cli_env, "--topic", "orders/>", *args, cwd=tmp_path)
+        assert (r.returncode, r.stdout) == (3, ""), r.stderr
+        assert r.stderr.splitlines()[-1] == (
+            f"Error: the payload of message {N + 1} is not UTF-8 text: replay with --decode binary"
+        )
+        assert all(STEP.match(line) for line in r.stderr.splitlines()[:-1]), r.stderr
+    assert {k: v["status"] for k, v in jobs(eomsg_bin, cli_env).items()} == {
+        "rows": "failed",
+        "plain": "failed",
+    }
+    assert staging_left(tmp_path, filled) == [] and not out.exists()
+    r = replay(eomsg_bin, cli_env, "--topic", "orders/>", "--decode", "binary",
+               "--sink", f"duckdb:{db}:t", "--json")  # fmt: skip
+    assert json.loads(r.stdout)["rows"] == N + 1, r.stderr
+
+
+def test_a_sink_that_cannot_take_the_output_is_refused_before_spark(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    db = tmp_path / "app.duckdb"
+    with duckdb.connect(str(db)) as conn:
+        conn.execute("CREATE TABLE orders (seq BIGINT, note VARCHAR)")
+    started = time.monotonic()
+    r = replay(eomsg_bin, cli_env, "--topic", "orders/>", "--sink", f"duckdb:{db}:orders")
+    assert (r.returncode, r.stderr) == (
+        3,
+        f"Error: sink 'duckdb:{db}:orders': table orders lacks id, topic, replay_job, which a "
+        "replay writes; name another table (it is created) or add them\n",
+    )
+    r = replay(eomsg_bin, cli_env, "--topic", "orders/>", "--sink", "topic:orders/replayed")
+    assert (r.returncode, r.stderr) == (
+        3,
+        "Error: sink 'topic:orders/replayed': the job reads orders/>, which takes in "
+        "orders/replayed, so a run again would replay its own output; publish to a topic it "
+        "does not read\n",
+    )
+    r = replay(eomsg_bin, cli_env, "--sink", "topic:anything/else")
+    assert r.returncode == 3 and "the job reads every topic" in r.stderr
+    assert time.monotonic() - started < 60  # no Spark was started for any of them
+    assert jobs(eomsg_bin, cli_env) == {}
+
+
+def test_an_unreachable_master_is_one_line_at_once(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    sink = ["--sink", f"parquet:{tmp_path / 'out'}"]
+    for master, why in (
+        ("spark://no-such-host.invalid:7077", "no-such-host.invalid:7077: unknown host ("),
+        ("spark://127.0.0.1:9", "127.0.0.1:9: Connection refused)"),
+    ):
+        r = subprocess.run(
+            [eomsg_bin, "spark-replay", "--master", master, *sink], env=cli_env,
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert r.returncode == 9 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert r.stderr.startswith(f"Error: cannot reach the Spark master ({why.split(' (')[0]}")
+    assert jobs(eomsg_bin, cli_env) == {} and not (tmp_path / "out").exists()
+
+
+def test_an_interrupted_run_is_recorded_failed_and_a_look_does_not_stop_it(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT) mid-run: exit 130, one line, staging gone, the job failed; and
+    ``eomsg inspect jobs`` while a run holds the data directory only waits its turn."""
+    (tmp_path / "slow.py").write_text(SLOW_TRANSFORM)
+    out = tmp_path / "out"
+    args = [eomsg_bin, "spark-replay", "--master", "local[2]", "--topic", "orders/>",
+            "--transform", "slow:slow", "--sink", f"parquet:{out}", "--job-id", "slow"]  # fmt: skip
+    run = subprocess.Popen(args, env=cli_env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+    try:
+        assert run.stderr is not None
+        for line in run.stderr:
+            if "reading seq" in line:
+                break
+        looked = subprocess.run(
+            [eomsg_bin, "inspect", "jobs", "--json"], env=cli_env, capture_output=True,
+            text=True, timeout=120,
+        )  # fmt: skip
+        assert looked.returncode == 0, looked.stderr
+        assert [j["status"] for j in json.loads(looked.stdout)] == ["running"]
+        time.sleep(1)
+        run.send_signal(signal.SIGINT)
+        rest = run.stderr.read()
+        assert run.wait(120) == 130
+    finally:
+        run.kill()
+    assert rest.splitlines()[-1] == (
+        "Error: interrupted: job slow was recorded failed; run the same command again to redo it"
+    )
+    assert jobs(eomsg_bin, cli_env)["slow"]["status"] == "failed"
+    assert staging_left(tmp_path, filled) == [] and not out.exists()
+    r = subprocess.run(args, env=cli_env, cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout == f"replayed {N} rows into parquet:{out} (job slow)\n"
+    assert all(STEP.match(line) for line in r.stderr.splitlines()), r.stderr  # no Spark noise
 
 
 def test_dry_run_json_and_a_bad_transform(

@@ -137,6 +137,8 @@ def consume(
     last: FlowEvent | None = None
     with handler:
         with open_broker(data) as broker:
+            if follow:  # waiting for others' publishes needs a node they can reach
+                require_served(broker, "--follow")
             if activity is None:
                 activity = broker.queue_config(queue).max_active > 0
             with _bound(broker, queue, batch, priority, follow) as c:
@@ -192,9 +194,7 @@ class _Stop:
 
 def _bound(broker: Broker, queue: str, prefetch: int, priority: int, follow: bool) -> BoundConsumer:
     """This command's consumer of ``queue``: until the queue has nothing ready for it,
-    or with ``follow`` until interrupted (which needs a node others can publish to)."""
-    if follow:
-        require_served(broker, "--follow")
+    or with ``follow`` until interrupted."""
     return broker.consumer(queue, prefetch, priority=priority, until_empty=not follow)
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -20,6 +22,7 @@ from eomsg.cli.common import (
 )
 from eomsg.cli.output import err_console, print_json, say, shown
 from eomsg.core.replay import Action
+from eomsg.errors import ReplayFailed
 
 
 @handles_errors
@@ -93,7 +96,7 @@ def spark_replay(
       eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
     """
     from eomsg.spark.job import ReplaySpec, execute, plan
-    from eomsg.spark.session import java_version, parse_conf, start
+    from eomsg.spark.session import check_master, java_version, parse_conf, start
 
     spec = ReplaySpec(
         sink,
@@ -112,6 +115,7 @@ def spark_replay(
     settings = parse_conf(conf or [])
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
+        check_master(master)  # … nor does a cluster that cannot be reached
     with open_broker(data) as broker:
         p = plan(spec, broker, data=data, force=force)
     if dry_run:
@@ -131,34 +135,55 @@ def spark_replay(
                 "(use --force to run it again)"
             )
         return
+    log: list[Path] = []  # Spark's own log, once it started: kept only if the run failed
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the run as Ctrl-C does
     with _progress(quiet=json) as (report, spark_started):
 
         def spark() -> Any:
             report(f"starting Spark on {master}")
             session = start(master, settings)
+            log.append(Path(session.eomsg_log))
             spark_started(session)
             return session
 
-        result = execute(
-            p,
-            lambda: open_broker(data),
-            spark,
-            report,
-            force=force,
-            allow_fewer=allow_fewer,
-        )
+        try:
+            result = execute(
+                p,
+                lambda: open_broker(data),
+                spark,
+                report,
+                force=force,
+                allow_fewer=allow_fewer,
+            )
+        except ReplayFailed as e:
+            raise ReplayFailed(f"{e.message} (Spark's log: {log[0]})" if log else e.message) from e
+    for path in log:
+        path.unlink(missing_ok=True)
     if json:
         print_json(result.to_json())
     else:
         say(f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})")
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+STARVED = 30.0  # seconds without a running task after which a waiting job says so
+
+
 @contextmanager
 def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
-    """A report function for stages and a Spark task bar, on stderr (none with --json)."""
+    """A report function for the run's steps, and a watch on Spark's tasks once it has
+    started, all on stderr (nothing with --json): a bar at a terminal, a line at each
+    change of the count elsewhere; a job that no executor takes up says so after
+    STARVED seconds (a resource request no worker can meet would wait silently)."""
     if quiet:
         yield (lambda _msg: None), (lambda _session: None)
         return
+    start = time.monotonic()
+    stop = threading.Event()
+    bar_shown = err_console.is_terminal
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -166,9 +191,8 @@ def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
+        disable=not bar_shown,
     )
-    start = time.monotonic()
-    stop = threading.Event()
     bar = progress.add_task("Spark tasks", total=None, visible=False)
 
     def report(message: str) -> None:
@@ -176,13 +200,30 @@ def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
 
     def watch(session: Any) -> None:
         tracker = session.sparkContext.statusTracker()
+        last: tuple[int, int] | None = None
+        idle_since, warned = time.monotonic(), False
         while not stop.wait(0.5):
             stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
             stages = [s for s in stages if s is not None]
-            if stages:
-                done = sum(s.numCompletedTasks for s in stages)
-                total = sum(s.numTasks for s in stages)
+            if not stages:
+                idle_since = time.monotonic()
+                continue
+            done = sum(s.numCompletedTasks for s in stages)
+            total = sum(s.numTasks for s in stages)
+            running = sum(s.numActiveTasks for s in stages)
+            if running or done:
+                idle_since = time.monotonic()
+            elif not warned and time.monotonic() - idle_since > STARVED:
+                warned = True
+                report(
+                    f"no executor has taken a task for {STARVED:g} s: can a worker give what "
+                    "the job asks (spark.executor.memory, spark.executor.cores)? Ctrl-C stops it"
+                )
+            if bar_shown:
                 progress.update(bar, completed=done, total=total, visible=True)
+            elif (done, total) != last:
+                report(f"tasks {done}/{total}")
+            last = (done, total)
 
     def spark_started(session: Any) -> None:
         threading.Thread(target=watch, args=(session,), daemon=True).start()

@@ -11,9 +11,11 @@ staging starts afresh, and each sink's commit notices output already in place.
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,9 @@ from eomsg.core.replay import (
     validate_job_id,
 )
 from eomsg.errors import (
+    DataDirLocked,
     EomsgError,
+    Interrupted,
     InvalidInput,
     ReplayFailed,
     SinkConflict,
@@ -204,6 +208,7 @@ def plan(
         lo, hi = (found[0], found[1] + 1) if found else (0, 0)
     check_retained(f"job {job_id}", sel, lo, hi, node.log_horizon())
     count = spec.partitions or max(1, -(-(hi - lo) // ROWS_PER_PARTITION))
+    sink.check(patterns)  # before Spark: a sink that cannot take the output changes nothing
     committed = sink.committed(job_id)
     action = plan_action(
         previous.status if previous else None, sink_committed=committed is not None, force=force
@@ -219,22 +224,64 @@ def plan(
         _route(node, data, token),
         sink,
         transform,
-        sink.staging(job_id, data.resolve() if node.embedded else Path.cwd()),
+        sink.staging(job_id, data.resolve() if node.embedded or data.is_dir() else Path.cwd()),
         previous,
         committed,
     )
 
 
-def _spark_error(e: Exception) -> EomsgError:
-    """A Spark failure as one line; a transform's own error keeps its type."""
+# Java exceptions whose message is the cause a person can act on, deepest first.
+_CAUSE = re.compile(
+    r"^(?:Caused by: )?((?:java|javax|org|py4j|scala)\.[\w.$]+(?:Exception|Error)\b.*)$"
+)
+
+
+def _spark_error(e: BaseException) -> EomsgError:
+    """A Spark failure as one line naming its cause: a transform's own error keeps its
+    type; else the deepest ``Caused by`` of the Java trace (an unknown host, a refused
+    connection), not the trace's last frame."""
     text = str(e)
     marker = "TransformError: "
     if marker in text:
-        return TransformError(text[text.rindex(marker) + len(marker) :].splitlines()[0])
-    for line in reversed(text.strip().splitlines()):
-        if line.strip() and not line.startswith(" "):
+        said = text[text.rindex(marker) + len(marker) :].splitlines()[0]
+        return TransformError(re.sub(r"\s+SQLSTATE: \w+$", "", said))
+    causes = [m.group(1).strip() for line in text.splitlines() if (m := _CAUSE.match(line.strip()))]
+    if causes:
+        return ReplayFailed(f"the Spark job failed: {causes[-1]}")
+    for line in text.strip().splitlines():
+        if line.strip() and not line.startswith((" ", "\t")):
             return ReplayFailed(f"the Spark job failed: {line.strip()}")
     return ReplayFailed(f"the Spark job failed: {one_line(e)}")
+
+
+LOCK_WAIT = 60.0  # seconds a replay waits for a data directory another command holds
+
+
+@contextlib.contextmanager
+def _store(open_broker: OpenBroker) -> Iterator[Broker]:
+    """The log's node for a moment. Another command holding the data directory for a
+    moment of its own (``eomsg inspect jobs``) is waited for, up to LOCK_WAIT: a replay
+    is not lost to a look at it."""
+    deadline = time.monotonic() + LOCK_WAIT
+    delay = 0.05
+    while True:
+        try:
+            opened = open_broker()
+            node = opened.__enter__()
+        except DataDirLocked:
+            if time.monotonic() + delay > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            continue
+        break
+    try:
+        yield node
+    except BaseException:
+        if not opened.__exit__(*sys.exc_info()):
+            raise
+    else:
+        opened.__exit__(None, None, None)
 
 
 def execute(
@@ -249,45 +296,78 @@ def execute(
     """Carry out ``p``. ``open_broker`` opens the log's node for a moment (an embedded
     node must not be open while Spark reads its file); ``spark`` gives the session.
     Output the sink already holds for the job is replaced by fewer rows only with
-    ``allow_fewer`` (else SinkConflict, the old output kept and the job failed)."""
+    ``allow_fewer`` (else SinkConflict, the old output kept and the job failed).
+
+    However the run ends short of done — an error, Spark failing, Ctrl-C or SIGTERM
+    (KeyboardInterrupt) — its staging is removed and the job recorded ``failed``
+    before the error is raised, so no job stays ``running`` and nothing is left behind;
+    an interruption is raised as Interrupted."""
     if p.action is Action.SKIP:
         assert p.previous is not None
         return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
     record = JobRecord(p.job_id, JobStatus.RUNNING, p.spec.identity(), p.lo, p.hi)
-    with open_broker() as node:
+    with _store(open_broker) as node:
         node.record_replay(record, JobEvent.START)
-    if p.action is Action.RECORD:
-        assert p.committed is not None
-        rows, digest = p.committed
-        report(f"output already committed ({rows} rows)")
-    else:
-        try:
-            staged = _run_spark(p, spark(), report) if p.hi > p.lo else empty(p.staging)
-        except Exception as e:
-            error = e if isinstance(e, EomsgError) else _spark_error(e)
-            with open_broker() as node:
-                node.record_replay(record, JobEvent.FAIL)
-            raise error from e
-        failpoint("replay.staged")
-        if p.committed is not None and staged.rows < p.committed[0] and not allow_fewer:
-            shutil.rmtree(staged.path, ignore_errors=True)
-            with open_broker() as node:
-                node.record_replay(record, JobEvent.FAIL)
-            raise SinkConflict(
-                f"{p.sink.text} holds {p.committed[0]} rows of job {p.job_id}; this run made "
-                f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
-            )
-        report(f"staged {staged.rows} rows; committing to {p.sink.text}")
-        with open_broker() as node:
-            p.sink.commit(p.job_id, staged, force=force, node=node)
-        failpoint("replay.committed")
-        rows, digest = staged.rows, staged.digest
-    with open_broker() as node:
+    try:
+        rows, digest = _carry_out(p, open_broker, spark, report, force, allow_fewer)
+    except BaseException as e:
+        shutil.rmtree(p.staging, ignore_errors=True)
+        recorded = _record_failed(open_broker, record)
+        if isinstance(e, KeyboardInterrupt):
+            raise Interrupted(
+                f"interrupted: job {p.job_id} was "
+                + ("recorded failed" if recorded else "left running (its store was busy)")
+                + "; run the same command again to redo it"
+            ) from e
+        if isinstance(e, EomsgError):
+            raise
+        if isinstance(e, Exception):
+            raise _spark_error(e) from e
+        raise
+    with _store(open_broker) as node:
         node.record_replay(
             JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi, rows, digest),
             JobEvent.FINISH,
         )
     return ReplayResult(p.job_id, "done", rows, digest)
+
+
+def _carry_out(
+    p: ReplayPlan,
+    open_broker: OpenBroker,
+    spark: Callable[[], Any],
+    report: Report,
+    force: bool,
+    allow_fewer: bool,
+) -> tuple[int, str]:
+    """Stage the job's output with Spark and commit it to the sink (or, when the sink
+    holds it already, only say so): its rows and digest."""
+    if p.action is Action.RECORD:
+        assert p.committed is not None
+        report(f"output already committed ({p.committed[0]} rows)")
+        return p.committed
+    staged = _run_spark(p, spark(), report) if p.hi > p.lo else empty(p.staging)
+    failpoint("replay.staged")
+    if p.committed is not None and staged.rows < p.committed[0] and not allow_fewer:
+        raise SinkConflict(
+            f"{p.sink.text} holds {p.committed[0]} rows of job {p.job_id}; this run made "
+            f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
+        )
+    report(f"staged {staged.rows} rows; committing to {p.sink.text}")
+    with _store(open_broker) as node:
+        p.sink.commit(p.job_id, staged, force=force, node=node)
+    failpoint("replay.committed")
+    return staged.rows, staged.digest
+
+
+def _record_failed(open_broker: OpenBroker, record: JobRecord) -> bool:
+    """Record the job failed, if its store can be had; whether it was."""
+    try:
+        with _store(open_broker) as node:
+            node.record_replay(record, JobEvent.FAIL)
+    except (EomsgError, KeyboardInterrupt):
+        return False
+    return True
 
 
 def _run_spark(p: ReplayPlan, spark: Any, report: Report) -> Staged:

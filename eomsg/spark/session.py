@@ -4,17 +4,21 @@ chatter turned down."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping
 from typing import Any
 
 from eomsg.errors import InvalidInput, SparkUnavailable
 
 MIN_JAVA = 17
+MASTER_TIMEOUT = 5.0  # seconds to wait for a standalone master to accept a connection
 DEFAULT_MASTER = "local[*]"
 _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
@@ -48,6 +52,33 @@ def java_version() -> int:
     return major
 
 
+def check_master(master: str) -> None:
+    """For a standalone cluster (``spark://HOST:PORT[,HOST:PORT…]``), that a master
+    answers, before anything is recorded: a wrong host is one line at once, not a minute
+    of Spark's retries ending in a Java trace. SparkUnavailable if none answers."""
+    if not master.startswith("spark://"):
+        return
+    reasons = []
+    for hostport in master.removeprefix("spark://").split(","):
+        host, _, port = hostport.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidInput(f"--master {master!r}: expected spark://HOST:PORT")
+        try:
+            socket.create_connection((host, int(port)), timeout=MASTER_TIMEOUT).close()
+            return
+        except OSError as e:
+            reasons.append(f"{host}:{port}: {_why(e)}")
+    raise SparkUnavailable(f"cannot reach the Spark master ({'; '.join(reasons)})")
+
+
+def _why(e: OSError) -> str:
+    if isinstance(e, socket.gaierror):
+        return f"unknown host ({e.strerror})"
+    if isinstance(e, TimeoutError):
+        return f"no answer in {MASTER_TIMEOUT:g} s"
+    return e.strerror or str(e)
+
+
 def start(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None) -> Any:
     """A SparkSession on ``master`` with ``conf``, the ``eomsg`` source registered."""
     java_version()
@@ -57,16 +88,28 @@ def start(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None) -
         raise SparkUnavailable(
             "PySpark is not installed: pip install 'eomsg[spark]' (PySpark 4.2+)"
         ) from e
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
+
     from eomsg.spark.source import register
 
     # Executors run this interpreter (it has eomsg), unless the user chose another.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(master).appName("eomsg")
+    if master.startswith("local"):  # one machine: no guessing at a network address
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or {})}
-    for key, value in settings.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark_conf = SparkConf().setMaster(master).setAppName("eomsg").setAll(list(settings.items()))
+    # The JVM's own output (log4j's start-up lines, its warnings) goes to a log of its own,
+    # named in errors; the terminal gets eomsg's lines only.
+    with tempfile.NamedTemporaryFile(prefix="eomsg-spark-", suffix=".log", delete=False) as log:
+        gateway = launch_gateway(  # type: ignore[no-untyped-call]
+            spark_conf, popen_kwargs={"stdout": log, "stderr": log}
+        )
+    context = SparkContext(conf=spark_conf, gateway=gateway)
+    context.setLogLevel("ERROR")
+    spark = SparkSession(context)
+    spark.eomsg_log = log.name  # type: ignore[attr-defined]
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)  # its tracebacks at Ctrl-C
     register(spark)
     return spark
 

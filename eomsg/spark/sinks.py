@@ -42,8 +42,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from eomsg.client.broker import Broker
 from eomsg.core.message import Outgoing
 from eomsg.core.replay import digest, replay_id
-from eomsg.core.topics import validate_topic
+from eomsg.core.topics import Matcher, validate_topic
 from eomsg.errors import InvalidInput, SinkConflict, StorageError, one_line
+from eomsg.spark.transform import KEY_COLUMNS
 
 MANIFEST = "_eomsg_job.json"
 SCHEMA_FILE = "_schema.parquet"
@@ -122,6 +123,10 @@ class Sink(ABC):
     def committed(self, job_id: str) -> tuple[int, str] | None:
         """``(rows, digest)`` if this job's output is already in place, else None."""
 
+    def check(self, patterns: tuple[str, ...]) -> None:  # noqa: B027  (most need none)
+        """Refuse, before Spark starts, what this sink could only refuse after the run:
+        InvalidInput saying why. ``patterns`` is what the job reads (empty: every topic)."""
+
     @abstractmethod
     def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
         """Put the staged output in place, atomically; a no-op if it already is."""
@@ -188,6 +193,26 @@ class DuckDBSink(Sink):
             return duckdb.connect(str(self.path))
         except duckdb.Error as e:
             raise StorageError(f"cannot open {self.path}: {one_line(e)}") from e
+
+    def check(self, patterns: tuple[str, ...]) -> None:
+        """An existing table must take the replay's rows: seq, id, topic and the job
+        column, which its commit writes by name."""
+        if not self.path.exists():
+            return
+        with self._connect() as conn:
+            found = {
+                name
+                for (name,) in conn.execute(
+                    "SELECT column_name FROM information_schema.columns WHERE table_name = ?",
+                    [self.table],
+                ).fetchall()
+            }
+        missing = [c for c in (*KEY_COLUMNS, JOB_COLUMN) if found and c not in found]
+        if missing:
+            raise InvalidInput(
+                f"sink {self.text!r}: table {self.table} lacks {', '.join(missing)}, which a "
+                "replay writes; name another table (it is created) or add them"
+            )
 
     def committed(self, job_id: str) -> tuple[int, str] | None:
         if not self.path.exists():
@@ -267,6 +292,19 @@ class TopicSink(Sink):
 
     def staging(self, job_id: str, default_dir: Path) -> Path:
         return default_dir / f"replay-staging-{job_id}"
+
+    def check(self, patterns: tuple[str, ...]) -> None:
+        """The output topic must lie outside what the job reads: else a run again would
+        replay its own earlier output, and each run add to the next."""
+        matcher: Matcher[int] = Matcher()
+        for pattern in patterns:
+            matcher.add(pattern, 0)
+        if not patterns or matcher.match(self.topic):
+            read = ", ".join(patterns) if patterns else "every topic"
+            raise InvalidInput(
+                f"sink {self.text!r}: the job reads {read}, which takes in {self.topic}, so "
+                "a run again would replay its own output; publish to a topic it does not read"
+            )
 
     def committed(self, job_id: str) -> tuple[int, str] | None:
         return None  # the node's dedup makes publishing again harmless

@@ -133,11 +133,15 @@ class Route:
                 yield _NodeAccess(client)
         else:
             assert self.data is not None
-            with FileLog(self.data) as log:
+            # A command holding the directory for a moment (eomsg inspect) is waited for.
+            with FileLog(self.data, wait=READ_WAIT) as log:
                 yield _FileAccess(log)
 
     def describe(self) -> str:
         return f"node {self.broker}" if self.broker else f"file {self.data}"
+
+
+READ_WAIT = 30.0  # seconds a task waits for a data directory another command holds
 
 
 class LogPartition(InputPartition):

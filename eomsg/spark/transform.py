@@ -107,8 +107,22 @@ class Transform:
     def apply(self, spark: SparkSession, df: DataFrame) -> DataFrame:
         """The output DataFrame: ``seq``, ``id``, ``topic`` first, then the rest."""
         df = df.select(*INPUT_COLUMNS)
-        if self.decode != "binary":
-            df = df.withColumn("payload", F.col("payload").cast("string"))
+        if self.decode != "binary":  # text, checked: never a string that is not UTF-8
+            text = F.col("payload").cast("string")
+            df = df.withColumn(
+                "payload",
+                F.when(
+                    text.isNull() | F.expr("is_valid_utf8(CAST(payload AS STRING))"), text
+                ).otherwise(
+                    F.raise_error(
+                        F.concat(
+                            F.lit("TransformError: the payload of message "),
+                            F.col("seq").cast("string"),
+                            F.lit(" is not UTF-8 text: replay with --decode binary"),
+                        )
+                    )
+                ),
+            )
         if self.kind == "none":
             out = df
         elif self.kind == "sql":
@@ -152,10 +166,36 @@ def _outputs(fn: Callable[..., Any], ref: str, row: dict[str, Any]) -> list[dict
 
 
 def _decoded(batch: pa.RecordBatch, decode: str) -> Iterator[dict[str, Any]]:
-    for row in batch.to_pylist():
+    """The batch's rows as dicts, the payload decoded; a payload that is not what
+    ``decode`` says is a TransformError naming its message and the way out."""
+    try:
+        rows = batch.to_pylist()
+    except UnicodeDecodeError:
+        seqs = batch.column("seq").to_pylist()
+        payloads = batch.column("payload").cast(pa.binary()).to_pylist()
+        bad = next(s for s, p in zip(seqs, payloads, strict=True) if not _is_utf8(p))
+        raise TransformError(
+            f"the payload of message {bad} is not UTF-8 text: replay with --decode binary"
+        ) from None
+    for row in rows:
         if decode == "json" and row["payload"] is not None:
-            row["payload"] = json.loads(row["payload"])
+            try:
+                row["payload"] = json.loads(row["payload"])
+            except ValueError as e:
+                raise TransformError(
+                    f"the payload of message {row['seq']} is not JSON ({one_line(e)}): "
+                    "replay with --decode text or binary"
+                ) from e
         yield row
+
+
+def _is_utf8(payload: bytes | None) -> bool:
+    try:
+        if payload is not None:
+            payload.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _over_rows(fn: Callable[..., Any], ref: str, decode: str, df: DataFrame) -> DataFrame:

@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -152,19 +153,30 @@ class FileLog:
     DuckDB replays a leftover WAL in memory; nothing on disk changes.
     """
 
-    def __init__(self, data_dir: Path | str) -> None:
+    def __init__(self, data_dir: Path | str, wait: float = 0.0) -> None:
+        """Open the log read-only; a data directory held by another process is waited
+        for up to ``wait`` seconds (a command's moment), then DataDirLocked names it."""
         self.data_dir = Path(data_dir)
         path = self.data_dir / DB_NAME
         if not path.exists():
             raise DataDirError(f"no eomsg data in {self.data_dir} (check --data)")
         self._fd = os.open(self.data_dir / LOCK_NAME, os.O_RDONLY | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError as e:
-            os.close(self._fd)
-            raise DataDirLocked(
-                f"a node holds {self.data_dir}: read through it (its socket or --broker)"
-            ) from e
+        deadline, delay = time.monotonic() + wait, 0.05
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                break
+            except BlockingIOError as e:
+                if time.monotonic() + delay <= deadline:
+                    time.sleep(delay)
+                    delay = min(2 * delay, 1.0)
+                    continue
+                holder = os.pread(self._fd, 256, 0).decode(errors="replace").strip()
+                os.close(self._fd)
+                raise DataDirLocked(
+                    f"data directory {self.data_dir} is in use by {holder or 'another process'}"
+                    ": read through its node (its socket or --broker), or when it is done"
+                ) from e
         try:
             self.conn = duckdb.connect(
                 str(path), read_only=True, config={"enable_external_access": False}
