@@ -109,9 +109,28 @@ def start(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None) -
     context.setLogLevel("ERROR")
     spark = SparkSession(context)
     spark.eomsg_log = log.name  # type: ignore[attr-defined]
-    logging.getLogger("py4j").setLevel(logging.CRITICAL)  # its tracebacks at Ctrl-C
+    _quiet_py4j()
     register(spark)
     return spark
+
+
+class _NotPy4J(logging.Filter):
+    """Drops what Py4J logs through the root logger (its connection's tracebacks when
+    Ctrl-C cuts a call short): the interruption is reported once, as one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "py4j" not in record.pathname
+
+
+def _quiet_py4j() -> None:
+    """Give the root logger a stderr handler that drops Py4J's records (so Python does
+    not make its default one, which would print them); everyone else's warnings stay."""
+    logging.getLogger("py4j").setLevel(logging.CRITICAL)
+    if not any(isinstance(f, _NotPy4J) for h in logging.root.handlers for f in h.filters):
+        handler = logging.StreamHandler()
+        handler.setLevel(logging.WARNING)
+        handler.addFilter(_NotPy4J())
+        logging.root.addHandler(handler)
 
 
 def parse_conf(pairs: list[str]) -> dict[str, str]:
