@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from eomsg.cli import output
-from eomsg.cli.output import LiteralTable, shown
+from eomsg.cli.output import shown, table
 from tests.conftest import Cli
 
 HOSTILE = ["[/]", "[bold red]alarm[/bold red]", ":x:", "a\x1b[31mred", "tab\there", "r\u202eev"]
@@ -133,9 +133,9 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069
 def test_the_renderers_never_raise_and_show_any_text_literally(header: str, text: str) -> None:
     out = io.StringIO()
     console = Console(file=out, width=4000, markup=False, emoji=False, highlight=False)
-    table = LiteralTable(header, "n")
-    table.add_row(text, "1")
-    console.print(table)
+    grid = table(header, "n")
+    grid.add_row(text, "1")
+    console.print(grid)
     console.print(shown(text))
     assert shown(text) in out.getvalue() and shown(header) in out.getvalue()
     assert not _CONTROL.search(shown(text))  # nothing a terminal would act on
@@ -144,5 +144,5 @@ def test_the_renderers_never_raise_and_show_any_text_literally(header: str, text
 
 
 def test_the_command_line_consoles_interpret_nothing() -> None:
-    for console in (output.console, output.err_console):
+    for console in (output.console(), output.console(err=True)):
         assert (console._markup, console._emoji, console._highlight) == (False, False, False)

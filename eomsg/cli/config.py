@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from eomsg.cli import output
 from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
@@ -13,7 +14,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import LiteralTable, console, print_json, say
+from eomsg.cli.output import print_json, say, table
 
 app = typer.Typer(help="Show and change node settings.", no_args_is_help=True)
 
@@ -28,10 +29,10 @@ def show(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json(settings)
         return
-    table = LiteralTable("setting", "value")
+    grid = table("setting", "value")
     for name, value in settings.items():
-        table.add_row(name, value)
-    console.print(table)
+        grid.add_row(name, value)
+    output.show(grid)
 
 
 # A value may start with '-' (retention -1 is refused as a bad value, not as an option).

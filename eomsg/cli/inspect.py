@@ -19,7 +19,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import LiteralTable, console, print_json, say, styled
+from eomsg.cli.output import print_json, say, show, styled, table
 from eomsg.client.broker import Broker, require_served
 from eomsg.core.durations import format_duration
 from eomsg.core.message import Message
@@ -42,7 +42,7 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([s.to_json() for s in stats])
         return
-    table = LiteralTable(
+    grid = table(
         "queue",
         "subscriptions",
         "depth",
@@ -53,7 +53,7 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
         "oldest",
     )
     for s in stats:
-        table.add_row(
+        grid.add_row(
             s.name,
             " ".join(s.subscriptions) or "-",
             str(s.depth),
@@ -63,7 +63,7 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             str(s.dead_lettered),
             "-" if s.oldest_age is None else format_duration(s.oldest_age),
         )
-    console.print(table)
+    show(grid)
 
 
 @app.command()
@@ -80,11 +80,9 @@ def flows(
     if json:
         print_json([f.to_json() for f in bound])
         return
-    table = LiteralTable(
-        "queue", "flow", "consumer", "priority", "state", "epoch", "in flight", "bound"
-    )
+    grid = table("queue", "flow", "consumer", "priority", "state", "epoch", "in flight", "bound")
     for f in bound:
-        table.add_row(
+        grid.add_row(
             f.queue,
             str(f.flow),
             f.owner or "-",
@@ -94,7 +92,7 @@ def flows(
             str(f.in_flight),
             format_duration(max(0.0, now - f.bound_at)) + " ago",
         )
-    console.print(table)
+    show(grid)
 
 
 @app.command()
@@ -108,9 +106,9 @@ def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([t.to_json() for t in prepared])
         return
-    table = LiteralTable("txid", "state", "age", "coordinator", "publishes", "holds")
+    grid = table("txid", "state", "age", "coordinator", "publishes", "holds")
     for t in prepared:
-        table.add_row(
+        grid.add_row(
             t.txid,
             "prepared" if t.connected else styled("in doubt", "yellow"),
             format_duration(max(0.0, now - t.prepared_at)),
@@ -118,7 +116,7 @@ def txns(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             str(t.publishes),
             str(t.deletes),
         )
-    console.print(table)
+    show(grid)
 
 
 @app.command()
@@ -130,9 +128,9 @@ def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([j.to_json() for j in found])
         return
-    table = LiteralTable("job", "status", "range", "rows", "digest", "recorded")
+    grid = table("job", "status", "range", "rows", "digest", "recorded")
     for j in found:
-        table.add_row(
+        grid.add_row(
             j.job_id,
             j.status.value,
             f"{j.lo}..{j.hi - 1}" if j.hi > j.lo else "empty",
@@ -140,7 +138,7 @@ def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             (j.digest or "")[:12],
             _time(j.recorded_at),
         )
-    console.print(table)
+    show(grid)
 
 
 def _time(seconds: float | None) -> str:
@@ -242,10 +240,10 @@ def _show_messages(messages: list[Message], as_json: bool) -> None:
         for m in messages:
             print_json(m.to_json())
         return
-    table = LiteralTable("seq", "published (UTC)", "topic", "id", "bytes", "payload")
+    grid = table("seq", "published (UTC)", "topic", "id", "bytes", "payload")
     for m in messages:
         text = m.payload_json_fields().get("payload", "<binary>")
-        table.add_row(
+        grid.add_row(
             str(m.seq),
             _time(m.published_at),
             m.topic,
@@ -253,7 +251,7 @@ def _show_messages(messages: list[Message], as_json: bool) -> None:
             str(len(m.payload)),
             text if len(text) <= 60 else text[:57] + "...",
         )
-    console.print(table)
+    show(grid)
 
 
 def _cell(value: Any) -> Any:
@@ -285,7 +283,7 @@ def sql(
     if json:
         print_json([{c: _cell(v) for c, v in zip(columns, row, strict=True)} for row in rows])
         return
-    table = LiteralTable(*columns)
+    grid = table(*columns)
     for row in rows:
-        table.add_row(*("NULL" if v is None else str(_cell(v)) for v in row))
-    console.print(table)
+        grid.add_row(*("NULL" if v is None else str(_cell(v)) for v in row))
+    show(grid)

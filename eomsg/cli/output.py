@@ -9,24 +9,16 @@ or a bidirectional override inside a payload. So the consoles here interpret not
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
-# Piped output is not squeezed into 80 columns: a table is read whole or parsed.
-console = Console(
-    markup=False,
-    emoji=False,
-    highlight=False,
-    soft_wrap=True,
-    width=None if sys.stdout.isatty() else 200,
-)
-err_console = Console(stderr=True, markup=False, emoji=False, highlight=False, soft_wrap=True)
+if TYPE_CHECKING:  # rich is loaded when a table or a bar is drawn, not to say one line
+    from rich.console import Console, RenderableType
+    from rich.table import Table
+    from rich.text import Text
 
 # What a terminal acts on instead of showing: C0 and C1 controls, DEL, line and paragraph
 # separators, and the bidirectional embeddings, overrides and isolates.
@@ -49,25 +41,55 @@ def shown(text: str) -> str:
 
 def say(text: str, *, err: bool = False) -> None:
     """One line on stdout (or stderr), shown literally."""
-    (err_console if err else console).print(shown(text))
-
-
-def styled(text: str, style: str) -> Text:
-    """A word of this program's own, in a style (never for user data)."""
-    return Text(text, style=style)
-
-
-class LiteralTable(Table):
-    """A rich table whose headers and string cells are shown literally (they may come
-    from a user's query or a message); cells given as Text keep this program's style."""
-
-    def __init__(self, *headers: str, **kwargs: Any) -> None:
-        super().__init__(*(shown(h) for h in headers), **kwargs)
-
-    def add_row(self, *cells: Any, **kwargs: Any) -> None:
-        super().add_row(*(shown(c) if isinstance(c, str) else c for c in cells), **kwargs)
+    (sys.stderr if err else sys.stdout).write(shown(text) + "\n")
 
 
 def print_json(obj: Any) -> None:
     """One JSON document on one line of stdout."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+@functools.cache
+def console(*, err: bool = False) -> Console:
+    """The rich console of stdout (or stderr): it interprets nothing — no markup, no
+    emoji, no highlighting. Piped output is not squeezed into 80 columns: a table is
+    read whole or parsed."""
+    from rich.console import Console
+
+    sys.stdout.flush()  # what say() wrote goes first
+    wide = None if (sys.stderr if err else sys.stdout).isatty() else 200
+    return Console(
+        stderr=err, markup=False, emoji=False, highlight=False, soft_wrap=True, width=wide
+    )
+
+
+def show(renderable: RenderableType) -> None:
+    """Draw a table (or any rich renderable) on stdout."""
+    console().print(renderable)
+
+
+def table(*headers: str, **kwargs: Any) -> Table:
+    """A rich table whose headers and string cells are shown literally (they may come
+    from a user's query or a message); cells given as :func:`styled` keep their style."""
+    return _literal_table()(*headers, **kwargs)
+
+
+@functools.cache
+def _literal_table() -> type[Table]:
+    from rich.table import Table
+
+    class LiteralTable(Table):
+        def __init__(self, *headers: str, **kwargs: Any) -> None:
+            super().__init__(*(shown(h) for h in headers), **kwargs)
+
+        def add_row(self, *cells: Any, **kwargs: Any) -> None:
+            super().add_row(*(shown(c) if isinstance(c, str) else c for c in cells), **kwargs)
+
+    return LiteralTable
+
+
+def styled(text: str, style: str) -> Text:
+    """A word of this program's own, in a style (never for user data)."""
+    from rich.text import Text
+
+    return Text(text, style=style)

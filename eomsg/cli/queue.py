@@ -15,7 +15,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import LiteralTable, console, print_json, say, shown
+from eomsg.cli.output import print_json, say, show, shown, table
 from eomsg.client.broker import require_served
 from eomsg.core.durations import parse_duration
 from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
@@ -95,7 +95,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([c.to_json() for c in configs])
         return
-    table = LiteralTable(
+    grid = table(
         "queue",
         "subscriptions",
         "max redeliveries",
@@ -104,7 +104,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
         "active consumers",
     )
     for c in configs:
-        table.add_row(
+        grid.add_row(
             c.name,
             " ".join(c.subscriptions) or "-",
             "-" if c.max_redeliveries is None else str(c.max_redeliveries),
@@ -112,7 +112,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             f"{c.ack_timeout:g}s",
             _active_limit(c),
         )
-    console.print(table)
+    show(grid)
 
 
 @app.command()

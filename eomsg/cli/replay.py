@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
@@ -20,7 +19,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import err_console, print_json, say, shown
+from eomsg.cli.output import console, print_json, say, shown
 from eomsg.core.replay import Action
 from eomsg.errors import ReplayFailed
 
@@ -181,8 +180,17 @@ def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
     if quiet:
         yield (lambda _msg: None), (lambda _session: None)
         return
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     start = time.monotonic()
     stop = threading.Event()
+    err_console = console(err=True)
     bar_shown = err_console.is_terminal
     progress = Progress(
         TextColumn("{task.description}"),

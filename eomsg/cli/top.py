@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Group
-from rich.live import Live
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
@@ -18,10 +16,13 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import LiteralTable, console, print_json, styled
+from eomsg.cli.output import console, print_json, styled, table
 from eomsg.client.broker import Broker
 from eomsg.core.election import FlowInfo
 from eomsg.core.queues import QueueStats
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ def take_frame(broker: Broker, previous: Frame | None) -> Frame:
 
 
 def render(frame: Frame) -> Group:
-    queues = LiteralTable(
+    from rich.console import Group
+
+    queues = table(
         "queue", "kind", "depth", "in flight", "in/s", "out/s", "consumers", title="queues"
     )
     bound: dict[str, list[FlowInfo]] = {}
@@ -89,7 +92,7 @@ def render(frame: Frame) -> Group:
             f"{out_rate:,.0f}",
             f"{active} active, {len(flows) - active} standby" if flows else "-",
         )
-    flows_table = LiteralTable(
+    flows_table = table(
         "queue", "flow", "consumer", "priority", "state", "epoch", "in flight", title="flows"
     )
     for f in frame.flows:
@@ -136,7 +139,9 @@ def top(
                 shown += 1
                 if count is not None and shown >= count:
                     return
-        with Live(render(frame), console=console, auto_refresh=False) as live:
+        from rich.live import Live
+
+        with Live(render(frame), console=console(), auto_refresh=False) as live:
             try:
                 while count is None or shown < count:
                     time.sleep(interval)
@@ -145,4 +150,4 @@ def top(
                     shown += 1
             except KeyboardInterrupt:
                 pass
-        console.line()
+        console().line()
