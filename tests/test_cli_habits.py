@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from eomsg.errors import ExitCode
-from tests.conftest import Cli
+from tests.conftest import Cli, eventually
 
 HEAVY = ("duckdb", "pyarrow", "psycopg", "pyspark", "pandas")
 
@@ -249,3 +249,21 @@ def test_inspect_log_follows_the_log(
         follower.send_signal(signal.SIGTERM)
         out, err = follower.communicate(timeout=30)
     assert (follower.returncode, out, err) == (0, b"", b"")
+
+
+def test_inspect_queues_and_top_show_bytes_and_rates(cli: Cli, serve: Callable[..., Any]) -> None:
+    serve()
+    cli("queue", "create", "q", "--subscribe", "t/>")
+
+    def stats() -> dict[str, Any]:
+        return dict(json.loads(cli("inspect", "queues", "--json").stdout)[0])
+
+    assert eventually(lambda: stats()["in_rate"] is not None)  # the node has noted a second
+    cli("publish", "t/x", "--stdin", input=b"".join(b"%05d\n" % i for i in range(40)))
+    assert eventually(lambda: (stats()["in_rate"] or 0) > 0)
+    now = stats()
+    assert (now["depth"], now["bytes"], now["out_rate"]) == (40, 200, 0.0)
+    header = cli("inspect", "queues").stdout.decode().splitlines()[1]
+    assert [c.strip() for c in header.split("┃")[-4:-1]] == ["bytes", "in/s", "out/s"]
+    frame = json.loads(cli("top", "-n", "1", "--json", "--interval", "0.1").stdout)
+    assert frame["queues"][0]["bytes"] == 200

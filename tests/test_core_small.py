@@ -91,3 +91,18 @@ def test_outgoing_checks() -> None:
         check_outgoing(Outgoing("a/b", b"", id=""), limits)
     with pytest.raises(InvalidInput):
         check_outgoing(Outgoing("a/b", "text"), limits)  # type: ignore[arg-type]
+
+
+def test_rates_are_the_change_since_the_oldest_note_within_a_minute() -> None:
+    from eomsg.core.rates import WINDOW, Rates
+
+    r = Rates()
+    assert r.rates(0.0, {"a": (0, 0)}) == {}  # nothing noted yet
+    r.note(0.0, {"a": (0, 0)})
+    r.note(0.5, {"a": (50, 0)})  # within a second of the last note: not kept
+    assert r.rates(0.5, {"a": (50, 0)}) == {}  # no note a second old yet
+    assert r.rates(10.0, {"a": (100, 40), "b": (5, 5)}) == {"a": (10.0, 4.0)}  # b: not noted
+    for t in range(1, 200):
+        r.note(float(t), {"a": (t * 3, t)})
+    assert r.rates(200.0, {"a": (600, 200)}) == {"a": (3.0, 1.0)}
+    assert r.rates(200.0 + WINDOW + 5, {"a": (600, 200)}) == {}  # every note too old now

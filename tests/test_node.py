@@ -445,3 +445,16 @@ def test_requeued_messages_survive_a_restart(open_node: NodeFactory) -> None:
     assert [(d.seq, d.message.payload) for d in node.fetch("orders", 10)] == [(2, b"m1")]
     assert node.stats()[1].depth == 0
     node.close()
+
+
+def test_stats_count_the_bytes_each_queue_holds(broker: Broker) -> None:
+    orders(broker)
+    broker.create_queue(QueueConfig.create("eu", ["orders/eu"]))
+    for size in (10, 20, 30):
+        broker.publish("orders/eu", b"x" * size)
+    broker.publish("orders/us", b"y" * 100)
+    assert {s.name: s.bytes for s in broker.stats()} == {"eu": 60, "orders": 160}
+    (d,) = broker.fetch("orders", 1)
+    broker.delete("orders", [d.key])
+    broker.purge("eu")
+    assert {s.name: s.bytes for s in broker.stats()} == {"eu": 0, "orders": 150}

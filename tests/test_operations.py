@@ -46,7 +46,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "queue_names": ({}, ["a", "q"]),
     "stats": (
         {},
-        [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1)],
+        [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
     "flows": ({"queue": None}, [FlowInfo("q", 4, "c:1", -2, True, 77, 1.5, 3)]),
     "unbind": ({"queue": "q", "flow": 4}, 3),

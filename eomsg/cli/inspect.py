@@ -22,6 +22,7 @@ from eomsg.cli.common import (
 from eomsg.cli.output import print_json, say, show, styled, table
 from eomsg.client.broker import Broker, require_served
 from eomsg.core.durations import format_duration
+from eomsg.core.limits import format_bytes
 from eomsg.core.message import Message
 
 app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help=True)
@@ -30,7 +31,9 @@ app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help
 @app.command()
 @handles_errors
 def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
-    """Depth, in flight, deleted, expired, dead-lettered and oldest age per queue.
+    """Depth, in flight, deleted, expired, dead-lettered, oldest age, bytes held, and
+    messages in and out per second over the last minute (through a running node) per
+    queue.
 
     \b
     Examples:
@@ -51,6 +54,9 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
         "expired",
         "dead-lettered",
         "oldest",
+        "bytes",
+        "in/s",
+        "out/s",
     )
     for s in stats:
         grid.add_row(
@@ -62,8 +68,15 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             str(s.expired),
             str(s.dead_lettered),
             "-" if s.oldest_age is None else format_duration(s.oldest_age),
+            format_bytes(s.bytes),
+            _rate(s.in_rate),
+            _rate(s.out_rate),
         )
     show(grid)
+
+
+def _rate(per_second: float | None) -> str:
+    return "-" if per_second is None else f"{per_second:,.1f}"
 
 
 @app.command()

@@ -19,6 +19,7 @@ from eomsg.cli.common import (
 from eomsg.cli.output import console, print_json, styled, table
 from eomsg.client.broker import Broker
 from eomsg.core.election import FlowInfo
+from eomsg.core.limits import format_bytes
 from eomsg.core.queues import QueueStats
 
 if TYPE_CHECKING:
@@ -73,7 +74,15 @@ def render(frame: Frame) -> Group:
     from rich.console import Group
 
     queues = table(
-        "queue", "kind", "depth", "in flight", "in/s", "out/s", "consumers", title="queues"
+        "queue",
+        "kind",
+        "depth",
+        "bytes",
+        "in flight",
+        "in/s",
+        "out/s",
+        "consumers",
+        title="queues",
     )
     bound: dict[str, list[FlowInfo]] = {}
     for f in frame.flows:
@@ -87,6 +96,7 @@ def render(frame: Frame) -> Group:
             q.name,
             kind,
             str(q.depth),
+            format_bytes(q.bytes),
             str(q.in_flight),
             f"{in_rate:,.0f}",
             f"{out_rate:,.0f}",

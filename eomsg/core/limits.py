@@ -49,6 +49,14 @@ def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
     return size
 
 
+def format_bytes(size: int) -> str:
+    """A size as people read it: ``812 B``, ``12.3 KiB``, ``4.0 MiB``."""
+    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+        if size >= unit:
+            return f"{size / unit:.1f} {name}"
+    return f"{size} B"
+
+
 def _show(size: int) -> str:
     for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
         if size >= unit and size % unit == 0:

@@ -149,6 +149,9 @@ class QueueStats:
     max_active: int = 0
     flows: int = 0  # consumers bound
     active: int = 0  # of them active
+    bytes: int = 0  # payload bytes of the messages it holds
+    in_rate: float | None = None  # messages in per second lately (None: not known yet)
+    out_rate: float | None = None  # messages deleted per second lately
 
     @property
     def kind(self) -> str:
@@ -170,6 +173,9 @@ class QueueStats:
             "max_active": self.max_active,
             "flows": self.flows,
             "active": self.active,
+            "bytes": self.bytes,
+            "in_rate": self.in_rate,
+            "out_rate": self.out_rate,
         }
 
     @classmethod

@@ -48,12 +48,15 @@ class Inspection(Maintenance):
                     q.cursor.lowest_pending(),
                     len(q.election),
                     len(q.live_epochs),
+                    q.id,
                 )
                 for q in sorted(self._queues.values(), key=lambda q: q.config.name)
             ]
+            rates = self._rates.rates(now, self._totals())
         published = self.store.published_at([s[4] for s in snapshot if s[4] is not None])
+        sizes = self.store.pending_bytes()
         out = []
-        for config, depth, in_flight, counts, low, flows, active in snapshot:
+        for config, depth, in_flight, counts, low, flows, active, queue_id in snapshot:
             oldest = published.get(low) if low is not None else None
             out.append(
                 QueueStats(
@@ -71,6 +74,8 @@ class Inspection(Maintenance):
                     config.max_active,
                     flows,
                     active,
+                    sizes.get(queue_id, 0),
+                    *rates.get(config.name, (None, None)),
                 )
             )
         return out

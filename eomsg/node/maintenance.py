@@ -28,6 +28,7 @@ class Maintenance(NodeState):
         now = self.clock()
         self._poll(now)
         with self._lock:
+            self._rates.note(now, self._totals())
             compact = self._settled_since_compaction >= self.settings.compact_every
             if compact:
                 self._settled_since_compaction = 0

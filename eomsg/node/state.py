@@ -53,6 +53,7 @@ from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Election, Epochs, FlowEvent
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
+from eomsg.core.rates import Rates, Totals
 from eomsg.core.topics import Matcher
 from eomsg.core.txn import TxnState
 from eomsg.errors import DiskFull, FlowNotFound, NodeClosed, QueueNotFound, StaleEpoch
@@ -158,6 +159,7 @@ class NodeState:
         self._listeners: list[Callable[[str], None]] = []
         self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
         self._ready_generation = 0
+        self._rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
 
     # -- checks -------------------------------------------------------------------------
 
@@ -208,6 +210,13 @@ class NodeState:
                 f"epoch {epoch} of queue {q.config.name!r} is over: that consumer is no longer "
                 "active, and its messages go to the active one; do not apply them"
             )
+
+    def _totals(self) -> Totals:
+        """Each queue's messages arrived and deleted, ever (for rates). Under ``_lock``."""
+        return {
+            name: (q.cursor.depth + sum(q.counts.values()), q.counts[Outcome.DELETED])
+            for name, q in self._queues.items()
+        }
 
     # -- writing ------------------------------------------------------------------------
 

@@ -496,6 +496,22 @@ class Store:
         )
         return {seq: us / US for seq, us in rows}
 
+    def pending_bytes(self) -> dict[int, int]:
+        """Payload bytes of the messages each queue still holds, by queue id. Reads the
+        hot tables and the log range they point into: its cost grows with the backlog,
+        not with the log (an operator's look, not a per-message path)."""
+        rows = self._query(
+            """WITH hot AS (
+                   SELECT d.queue_id, d.seq FROM destinations d
+                   ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+               )
+               SELECT h.queue_id, sum(octet_length(m.payload))::BIGINT
+               FROM hot h JOIN messages m ON m.seq = h.seq
+               WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
+               GROUP BY h.queue_id"""
+        )
+        return {queue_id: int(total) for queue_id, total in rows}
+
     def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
         """Expiry times of the messages among ``seqs`` that have one, by seq."""
         rows = self._query(

@@ -1,0 +1,44 @@
+"""Messages in and out per second, per queue, over the last minute: what ``inspect
+queues`` shows beside the counts (as ``rabbitmqctl list_queues`` and ``nats stream info``
+do). Pure: the node's ticker notes the queues' running totals, with the time, and a rate
+is the change since the oldest note within the window."""
+
+from __future__ import annotations
+
+from collections import deque
+
+WINDOW = 60.0  # seconds a rate looks back over
+EVERY = 1.0  # seconds between two notes kept
+
+Totals = dict[str, tuple[int, int]]  # queue -> (messages arrived, messages deleted), ever
+
+
+class Rates:
+    """Running totals noted over time, and the rates they give."""
+
+    def __init__(self) -> None:
+        self._notes: deque[tuple[float, Totals]] = deque()
+
+    def note(self, now: float, totals: Totals) -> None:
+        """Keep ``totals`` as of ``now`` (at most one note per EVERY seconds), and drop
+        those older than the window."""
+        if self._notes and now - self._notes[-1][0] < EVERY:
+            return
+        self._notes.append((now, totals))
+        while len(self._notes) > 1 and now - self._notes[1][0] >= WINDOW:
+            self._notes.popleft()
+
+    def rates(self, now: float, totals: Totals) -> dict[str, tuple[float, float]]:
+        """In and out per second for each queue in ``totals``, since the oldest note
+        (at most a window ago, at least EVERY seconds ago); none for a queue not noted
+        then, or when nothing was noted long enough ago."""
+        past = next((n for n in self._notes if EVERY <= now - n[0] <= WINDOW + EVERY), None)
+        if past is None:
+            return {}
+        then, old = past
+        span = now - then
+        return {
+            name: (max(0, arrived - old[name][0]) / span, max(0, deleted - old[name][1]) / span)
+            for name, (arrived, deleted) in totals.items()
+            if name in old
+        }
