@@ -267,3 +267,33 @@ def test_inspect_queues_and_top_show_bytes_and_rates(cli: Cli, serve: Callable[.
     assert [c.strip() for c in header.split("┃")[-4:-1]] == ["bytes", "in/s", "out/s"]
     frame = json.loads(cli("top", "-n", "1", "--json", "--interval", "0.1").stdout)
     assert frame["queues"][0]["bytes"] == 200
+
+
+def test_a_command_holding_the_directory_lets_others_look_but_not_change(
+    cli: Cli, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    cli("publish", "t/x", "waiting")
+    holder = subprocess.Popen(  # no node runs: top holds the directory in-process
+        [eomsg_bin, "top", "--interval", "0.2"], env=cli_env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert eventually(lambda: (data_dir / "eomsg.sock").exists())
+        stats = json.loads(cli("inspect", "queues", "--json").stdout)
+        assert [(s["name"], s["depth"]) for s in stats] == [("q", 1)]
+        assert json.loads(cli("browse", "q", "--json").stdout)["payload"] == "waiting"
+        assert cli("queue", "list").stdout.count(b"\n") == 5
+        said = (
+            f"Error: data directory {data_dir} is in use by pid {holder.pid} (eomsg top), which "
+            "lets other commands look at it but not change it; wait for it to finish\n"
+        ).encode()
+        for change in (("publish", "t/x", "p"), ("queue", "purge", "q", "--yes"), ("consume", "q")):
+            r = cli(*change, code=ExitCode.DATA_DIR)
+            assert (r.stdout, r.stderr) == (b"", said), change
+    finally:
+        holder.send_signal(signal.SIGINT)
+        _, err = holder.communicate(timeout=60)
+    assert (holder.returncode, err) == (0, b"")
+    assert not (data_dir / "eomsg.sock").exists()  # lending ended with the command
+    assert cli("publish", "t/x", "p").stdout == b"published seq 2\n"

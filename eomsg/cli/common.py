@@ -114,6 +114,20 @@ def open_broker(data: Path) -> Iterator[Broker]:
     # Only now the store (DuckDB, Arrow): a command through a running node never loads it.
     from eomsg.embedded.local import LocalClient
     from eomsg.node.node import NodeSettings
+    from eomsg.server.lend import lending
 
-    with LocalClient.open(data, NodeSettings(tick=None), create=Globals.init, name=name) as local:
+    with (
+        LocalClient.open(data, NodeSettings(tick=None), create=Globals.init, name=name) as local,
+        lending(data, local.node, _lent(data)),  # others may look meanwhile, through its socket
+    ):
         yield local
+
+
+def _lent(data: Path) -> str:
+    """What a command that would change a directory this one lends for looking is told."""
+    from eomsg.store.lock import holder_of
+
+    return (
+        f"data directory {data} is in use by {holder_of(data)}, which lets other commands "
+        "look at it but not change it; wait for it to finish"
+    )

@@ -60,6 +60,7 @@ class Operation(Generic[P, R]):
     caller: tuple[str, ...] = ()
     node_args: Mapping[str, Any] = field(default_factory=dict)
     sized_by: str | None = None
+    reads_only: bool = False
 
     @property
     def name(self) -> str:
@@ -108,6 +109,7 @@ def operation(
     caller: tuple[str, ...] = (),
     node_args: Mapping[str, Any] | None = None,
     sized_by: str | None = None,
+    reads_only: bool = False,
 ) -> Callable[[Callable[P, R]], Operation[P, R]]:
     """Declare an operation from a signature.
 
@@ -116,10 +118,11 @@ def operation(
     transaction is the caller's, in doubt once it goes away); the server fills them in
     from the connection. ``node_args``: arguments the node's method gets on every call.
     ``sized_by``: the argument that bounds the answer's size (None: as much as one
-    answer may carry), which the server caps at what one frame carries."""
+    answer may carry), which the server caps at what one frame carries. ``reads_only``:
+    it changes nothing (a data directory lent for looking serves only these)."""
 
     def declare(signature: Callable[P, R]) -> Operation[P, R]:
-        return Operation(signature, caller, dict(node_args or {}), sized_by)
+        return Operation(signature, caller, dict(node_args or {}), sized_by, reads_only)
 
     return declare
 
@@ -175,30 +178,30 @@ class Operations(Protocol):
         or cannot be told."""
         raise Declaration
 
-    @operation(sized_by="limit")
+    @operation(sized_by="limit", reads_only=True)
     def browse(name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages waiting in the queue (in flight included) from ``from_seq``, oldest
         first, without taking them. QueueNotFound."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def queue_config(name: str) -> QueueConfig:
         """The queue's settings. QueueNotFound."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def queue_names() -> list[str]:
         """Every queue's name, sorted."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def stats() -> list[QueueStats]:
         """A snapshot of every queue, by name."""
         raise Declaration
 
     # -- flows (seed 002) ---------------------------------------------------------------
 
-    @operation()
+    @operation(reads_only=True)
     def flows(queue: str | None = None) -> list[FlowInfo]:
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
         raise Declaration
@@ -212,7 +215,7 @@ class Operations(Protocol):
 
     # -- the log, settings and inspection --------------------------------------------------
 
-    @operation()
+    @operation(reads_only=True)
     def log(pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages still in the retained log from ``from_seq``, oldest first."""
         raise Declaration
@@ -223,12 +226,12 @@ class Operations(Protocol):
         InvalidConfig."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def saved_settings() -> dict[str, str]:
         """Every setting and its value, saved or default, in canonical form."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def query(sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """One plain read-only SELECT on the store: column names and rows (exotic
         values as text over the wire). InvalidInput for anything else."""
@@ -236,18 +239,18 @@ class Operations(Protocol):
 
     # -- replay (eomsg.spark reads the log through these) -----------------------------------
 
-    @operation()
+    @operation(reads_only=True)
     def log_bounds(sel: Selection) -> tuple[int, int] | None:
         """The first and last committed seq that ``sel`` selects, or None."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def log_horizon() -> tuple[int, int | None]:
         """The first seq the log still holds, and the latest publish time (µs) of what
         garbage collection dropped (None if nothing)."""
         raise Declaration
 
-    @operation(sized_by="max_bytes")
+    @operation(sized_by="max_bytes", reads_only=True)
     def read_log(
         sel: Selection, lo: int, hi: int, max_bytes: int | None = None
     ) -> tuple[ArrowTable, int]:
@@ -256,7 +259,7 @@ class Operations(Protocol):
         as much as one answer carries), and the seq to read on from."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def replay_jobs(job_id: str | None = None) -> list[JobRecord]:
         """The replay jobs recorded against this log (or the one named), newest first."""
         raise Declaration
@@ -301,7 +304,7 @@ class Operations(Protocol):
         one-phase commit). StaleDelivery, and nothing changed."""
         raise Declaration
 
-    @operation()
+    @operation(reads_only=True)
     def txns() -> list[TxnInfo]:
         """The prepared transactions, oldest first."""
         raise Declaration

@@ -114,9 +114,13 @@ class Server:
         data_dir: Path,
         settings: ServerSettings,
         reopen: Callable[[], Node] | None = None,
+        looking_only: str | None = None,
     ) -> None:
         settings.check()
         self.node = node
+        # Lent by a command that holds the directory: only what changes nothing is
+        # served, and the rest refused as DataDirLocked with this message.
+        self.looking_only = looking_only
         self.reopen = reopen
         self.down: str | None = None  # why the node is not serving now, while it is not
         self.failure: EomsgError | None = None  # why it stopped serving for good

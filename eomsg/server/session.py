@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, PublishResult
+from eomsg.core.operations import OPERATIONS
 from eomsg.errors import (
     AuthenticationFailed,
+    DataDirLocked,
     EomsgError,
     InvalidConfig,
     LocalProtocolError,
@@ -190,6 +192,10 @@ class Session(asyncio.Protocol):
                 return
 
     def _dispatch(self, event: ev.Event) -> None:
+        if self.server.looking_only is not None and not _looks(event):
+            error = DataDirLocked(self.server.looking_only)
+            self._send(ev.Error(getattr(event, "rid", 0), error.code, error.message))
+            return
         match event:
             case ev.Publish():
                 self._publish(event)
@@ -738,3 +744,12 @@ class Session(asyncio.Protocol):
         with contextlib.suppress(ProtocolError):
             self._send(ev.Goodbye(goodbye))
         self._close()
+
+
+def _looks(event: ev.Event) -> bool:
+    """Whether ``event`` changes nothing: the handshake, keep-alives, and the calls of
+    operations declared reads_only (what a data directory lent for looking serves)."""
+    if isinstance(event, ev.Call):
+        op = OPERATIONS.get(event.op)
+        return op is not None and op.reads_only
+    return isinstance(event, ev.Hello | ev.Goodbye | ev.Ping | ev.Pong)

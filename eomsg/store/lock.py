@@ -22,6 +22,16 @@ from eomsg.store.files import PRIVATE_DIR, PRIVATE_FILE, owner_only
 LOCK_NAME = "eomsg.lock"
 
 
+def holder_of(data_dir: Path) -> str:
+    """Who holds ``data_dir``, as its holder wrote it in the lock file (``pid 4242
+    (eomsg consume)``), or ``another process``."""
+    try:
+        said = (data_dir / LOCK_NAME).read_bytes()[:256].decode(errors="replace").strip()
+    except OSError:
+        said = ""
+    return said or "another process"
+
+
 class DataDirLock:
     """An exclusive, non-blocking lock on a data directory, held until :meth:`release`."""
 
@@ -50,14 +60,15 @@ class DataDirLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError as e:
-            holder = os.pread(fd, 256, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
+            holder = holder_of(d)
             raise DataDirLocked(
                 f"data directory {d} is in use by {holder}; wait for it to finish or "
                 "point --data elsewhere"
             ) from e
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} ({' '.join(sys.argv[:2])})".encode(), 0)
+        command = " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:2]])
+        os.pwrite(fd, f"pid {os.getpid()} ({command})".encode(), 0)
         self._fd = fd
 
     def release(self) -> None:

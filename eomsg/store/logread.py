@@ -26,7 +26,7 @@ from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import Selection
 from eomsg.errors import DataDirError, DataDirLocked, QueueNotFound, StorageError, one_line
 from eomsg.store.files import DB_NAME
-from eomsg.store.lock import LOCK_NAME
+from eomsg.store.lock import LOCK_NAME, holder_of
 from eomsg.store.schema import ROW_TABLES
 
 LOG_SCHEMA: pa.Schema = ROW_TABLES["messages"]
@@ -171,10 +171,9 @@ class FileLog:
                     time.sleep(delay)
                     delay = min(2 * delay, 1.0)
                     continue
-                holder = os.pread(self._fd, 256, 0).decode(errors="replace").strip()
                 os.close(self._fd)
                 raise DataDirLocked(
-                    f"data directory {self.data_dir} is in use by {holder or 'another process'}"
+                    f"data directory {self.data_dir} is in use by {holder_of(self.data_dir)}"
                     ": read through its node (its socket or --broker), or when it is done"
                 ) from e
         try:
