@@ -335,3 +335,31 @@ def jobs(eomsg_bin: str, env: dict[str, str]) -> dict[str, dict[str, object]]:
         check=True,
     ).stdout  # fmt: skip
     return {j["job_id"]: j for j in json.loads(out)}
+
+
+def test_at_a_terminal_the_tasks_show_as_a_bar(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    import pty
+
+    controller, terminal = pty.openpty()
+    run = subprocess.Popen(
+        [eomsg_bin, "spark-replay", "--master", "local[2]", "--topic", "orders/>",
+         "--partitions", "4", "--sink", f"parquet:{tmp_path / 'out'}"],
+        env={**cli_env, "COLUMNS": "100"}, stdout=subprocess.PIPE, stderr=terminal,
+    )  # fmt: skip
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal's other end closed: the run is over
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(controller)
+    assert run.wait(300) == 0
+    text = seen.decode(errors="replace")
+    assert "Spark tasks" in text and "/4" in text, text  # the bar, counting the 4 tasks
+    assert "WARN" not in text and "log4j" not in text, text
