@@ -108,3 +108,46 @@ def test_hostile_values_get_a_one_line_error_or_work(command: list[str], data_di
         if r.exit_code:
             assert r.stderr.startswith("Error: "), (args, r.stderr)
     assert runner.invoke(app, ["publish", "t/x", "still works"], env=env).exit_code == 0
+
+
+def test_query_values_json_has_no_form_for_come_as_text(cli: Cli) -> None:
+    cli("queue", "create", "q")
+    query = (
+        "SELECT 1.5::DECIMAL(10,2) AS d, 'nan'::DOUBLE AS n, INTERVAL 2 HOUR AS i, "
+        "['\\xFF'::BLOB] AS l, 170141183460469231731687303715884105727::HUGEINT AS h, "
+        "'00000000-0000-0000-0000-000000000001'::UUID AS u"
+    )
+    (row,) = json.loads(cli("inspect", "sql", query, "--json").stdout)
+    assert row == {
+        "d": "1.50",
+        "n": "nan",
+        "i": "2:00:00",
+        "l": ["/w=="],
+        "h": "170141183460469231731687303715884105727",
+        "u": "00000000-0000-0000-0000-000000000001",
+    }
+
+
+def test_more_hostile_places_are_one_line_errors(cli: Cli, tmp_path: Path) -> None:
+    cli("queue", "create", "q")
+    r = cli("publish", "z/\u202eabc", "x", code=ExitCode.INVALID_INPUT)
+    assert r.stderr.startswith(b"Error: topic 'z/\\u202eabc': level '\\u202eabc' may not contain")
+    r = cli("--broker", f"tcp://{'a' * 64}:1", "queue", "list", code=ExitCode.INVALID_INPUT)
+    assert r.stderr.startswith(b"Error: address 'tcp://aaaa") and r.stderr.count(b"\n") == 1
+    odd = tmp_path / os.fsdecode(b"d\xff")
+    r = cli("--data", str(odd), "--init", "queue", "list", code=ExitCode.DATA_DIR)
+    assert r.stderr.startswith(b"Error: data directory ") and b"is not a UTF-8 path" in r.stderr
+    assert not odd.exists()
+    r = cli("browse", "q", "--from-seq", str(1 << 64), code=ExitCode.USAGE)
+    assert r.stderr.count(b"\n") == 1
+    r = cli("queue", code=ExitCode.USAGE)  # a group alone: its help, as it is
+    assert r.stdout.startswith(b"Usage: eomsg queue [OPTIONS] COMMAND [ARGS]...\n") and not r.stderr
+
+
+def test_consume_max_takes_ahead_no_more_than_it_hands_out(cli: Cli) -> None:
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    cli("publish", "t/x", "--stdin", input=b"".join(b"%d\n" % i for i in range(500)))
+    for _ in range(3):
+        cli("consume", "q", "--max", "1")
+    r = cli("inspect", "sql", "SELECT count(*) AS n FROM deliveries", "--json")
+    assert json.loads(r.stdout) == [{"n": 3}]

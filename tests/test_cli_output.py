@@ -125,7 +125,9 @@ def test_prefetched_messages_never_shown_do_not_count_as_attempts(cli: Cli) -> N
     ]
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 
 
 @settings(max_examples=300, deadline=None)

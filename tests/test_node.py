@@ -4,10 +4,15 @@ served by ``eomsg serve``."""
 
 from __future__ import annotations
 
+import contextlib
+import random
+import tempfile
 import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eomsg import failpoints
 from eomsg.client.broker import Broker
@@ -16,6 +21,7 @@ from eomsg.core.queues import QueueConfig
 from eomsg.errors import (
     DataDirError,
     DataDirLocked,
+    EomsgError,
     FlowNotFound,
     InvalidConfig,
     InvalidTopic,
@@ -29,7 +35,7 @@ from eomsg.errors import (
     StaleEpoch,
     StorageError,
 )
-from eomsg.node.node import Node
+from eomsg.node.node import Node, NodeSettings
 from eomsg.store.files import DB_NAME
 
 from .conftest import FakeClock, NodeFactory
@@ -458,3 +464,85 @@ def test_stats_count_the_bytes_each_queue_holds(broker: Broker) -> None:
     broker.delete("orders", [d.key])
     broker.purge("eu")
     assert {s.name: s.bytes for s in broker.stats()} == {"eu": 0, "orders": 150}
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.randoms(use_true_random=False), st.booleans(), st.sampled_from([3, 50_000]))
+def test_attempts_after_a_restart_are_those_in_memory(
+    rnd: random.Random, flows: bool, compact_every: int
+) -> None:
+    """Random deliveries, unseen and counted give-backs (stale ones too), deletes,
+    timeouts, flows bound and unbound, compactions and restarts: after each restart every
+    pending message has the attempt count it had in memory (in flight: ready again)."""
+    clock = FakeClock()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "data"
+
+        def opened() -> Node:
+            return Node.open(data, NodeSettings(tick=None, compact_every=compact_every), clock)
+
+        def attempts(node: Node) -> tuple[dict[int, tuple[int, str]], list[int]]:
+            cursor = node._queues["q"].cursor
+            return {
+                s: (
+                    e.attempt,
+                    "flight"
+                    if e.in_flight
+                    else ("ready" if e.ready or e.due <= clock() else "parked"),
+                )
+                for s, e in cursor._delivered.items()
+            }, cursor.pending()
+
+        node = opened()
+        try:
+            node.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=10))
+            for i in range(6):
+                node.publish("t/a", str(i).encode())
+            held: dict[int, list[tuple[tuple[int, int], int]]] = {}
+            bound: dict[int, int] = {}
+            ops = ["fetch", "fetch", "unseen", "unseen", "stale", "release", "later", "delete",
+                   "advance", "reopen"] + (["bind", "unbind"] if flows else [])  # fmt: skip
+            for _ in range(40):
+                op, h = rnd.choice(ops), rnd.choice([1, 2])
+                mine = held.setdefault(h, [])
+                if op == "fetch":
+                    with contextlib.suppress(NotActive):
+                        got = node.fetch("q", rnd.randint(1, 3), holder=h, flow=bound.get(h))
+                        mine.extend((d.key, d.epoch) for d in got)
+                elif op in ("unseen", "stale") and mine:
+                    picked = rnd.sample(mine, rnd.randint(1, len(mine)))
+                    for key, epoch in picked:
+                        node.return_unseen("q", [key], epoch=epoch, holder=h)
+                    if op == "unseen":  # a stale one is given back again later
+                        held[h] = [x for x in mine if x not in picked]
+                elif op in ("release", "later", "delete") and mine:
+                    key, epoch = mine.pop(rnd.randrange(len(mine)))
+                    with contextlib.suppress(EomsgError):
+                        if op == "delete":
+                            node.delete("q", [key], epoch=epoch, holder=h)
+                        else:
+                            node.release(
+                                "q", [key], 0 if op == "release" else 5, epoch=epoch, holder=h
+                            )
+                elif op == "advance":
+                    clock.advance(rnd.choice([3, 11]))
+                    node.maintain()
+                elif op == "bind" and h not in bound:
+                    bound[h] = node.bind("q").flow
+                elif op == "unbind" and h in bound:
+                    seen = [k for k, _ in rnd.sample(mine, rnd.randint(0, len(mine)))]
+                    node.unbind("q", bound.pop(h), seen=seen)
+                    held[h] = []
+                elif op == "reopen":
+                    before, pending = attempts(node)
+                    node.close()
+                    node = opened()
+                    node.maintain()
+                    after, pending_after = attempts(node)
+                    held, bound = {}, {}
+                    assert pending_after == pending
+                    for seq, (attempt, state) in before.items():
+                        expected = (attempt, "ready") if state == "flight" else (attempt, state)
+                        assert after.get(seq, (0, "ready")) == expected, (seq, before, after)
+        finally:
+            node.close()

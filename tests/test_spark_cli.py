@@ -363,3 +363,28 @@ def test_at_a_terminal_the_tasks_show_as_a_bar(
     text = seen.decode(errors="replace")
     assert "Spark tasks" in text and "/4" in text, text  # the bar, counting the 4 tasks
     assert "WARN" not in text and "log4j" not in text, text
+
+
+def test_a_replay_waits_for_a_directory_another_command_lends_for_looking(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    """While ``eomsg top`` holds the directory (lending it for looking only), the replay
+    plans through it, then waits to record the job — and runs once top is gone."""
+    from tests.conftest import eventually
+
+    holder = subprocess.Popen([eomsg_bin, "top", "--interval", "0.2"], env=cli_env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    try:
+        assert eventually(lambda: (filled / "eomsg.sock").exists())
+        run = subprocess.Popen(
+            [eomsg_bin, "spark-replay", "--master", "local[2]", "--topic", "orders/>",
+             "--sink", f"parquet:{tmp_path / 'out'}", "--json"],
+            env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        time.sleep(3)
+        assert run.poll() is None  # waiting, not failed
+    finally:
+        holder.send_signal(signal.SIGINT)
+        holder.wait(60)
+    out, err = run.communicate(timeout=300)
+    assert (run.returncode, json.loads(out or "{}").get("rows")) == (0, N), err

@@ -24,12 +24,14 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_DATA = Path("eomsg-data")
+SEQ_MAX = (1 << 63) - 1  # the largest sequence number or count a command takes
 
 
 def before_the_name(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:
     """A global option's value in a command: as given after the command's name, else as
     given before it (``eomsg --data d queue list``), else its environment or default."""
     name, root = param.name or "", ctx.find_root()
+    Globals.command = ctx.command_path  # what this process is, if it holds a directory
     if _given(ctx, name) or name not in root.params or not _given(root, name):
         return value
     return root.params[name]
@@ -85,6 +87,7 @@ class Globals:
     broker: str | None = None
     token: str | None = None
     init: bool = False
+    command: str | None = None  # the command running ("eomsg queue purge")
 
 
 @contextlib.contextmanager
@@ -115,6 +118,9 @@ def open_broker(data: Path) -> Iterator[Broker]:
     from eomsg.embedded.local import LocalClient
     from eomsg.node.node import NodeSettings
     from eomsg.server.lend import lending
+    from eomsg.store import lock
+
+    lock.PURPOSE = Globals.command
 
     with (
         LocalClient.open(data, NodeSettings(tick=None), create=Globals.init, name=name) as local,

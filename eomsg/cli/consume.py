@@ -24,6 +24,7 @@ import typer
 from eomsg.cli import formats
 from eomsg.cli.common import (
     DEFAULT_DATA,
+    SEQ_MAX,
     DataOption,
     JsonOption,
     handles_errors,
@@ -44,7 +45,7 @@ if TYPE_CHECKING:
 def consume(
     queue: Annotated[str, typer.Argument(help="Queue to consume from.")],
     max: Annotated[
-        int | None, typer.Option("--max", min=1, help="Stop after this many messages.")
+        int | None, typer.Option("--max", min=1, max=SEQ_MAX, help="Stop after this many messages.")
     ] = None,
     exec_: Annotated[
         str | None,
@@ -123,6 +124,8 @@ def consume(
         raise UsageError(
             "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
         )
+    if max is not None:  # take ahead no more than will be handed out
+        batch = min(batch, max)
     handler: _Handler
     if into is not None:
         from eomsg.client.sink import open_sink  # the application database's driver

@@ -18,7 +18,9 @@ Format = Callable[[Delivered], bytes]
 """A message to the bytes that carry it whole; raises Unprintable when they cannot."""
 
 # What would break a text line or be acted on by a terminal (tab is kept: it is text).
-_NOT_ONE_LINE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NOT_ONE_LINE = re.compile(
+    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def text_line(d: Delivered) -> bytes:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import math
 import signal
 import sys
 import time
@@ -14,6 +15,7 @@ import typer
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
+    SEQ_MAX,
     DataOption,
     JsonOption,
     handles_errors,
@@ -164,7 +166,7 @@ def _time(seconds: float | None) -> str:
 @handles_errors
 def log(
     topic: Annotated[str | None, typer.Option(help="Only topics matching this pattern.")] = None,
-    from_seq: Annotated[int, typer.Option(min=0, help="First sequence number.")] = 0,
+    from_seq: Annotated[int, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")] = 0,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
     follow: Annotated[
         bool,
@@ -229,7 +231,7 @@ def _follow(
 @handles_errors
 def browse(
     queue: Annotated[str, typer.Argument(help="Queue to look into.")],
-    from_seq: Annotated[int, typer.Option(min=0, help="First sequence number.")] = 0,
+    from_seq: Annotated[int, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")] = 0,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -268,14 +270,25 @@ def _show_messages(messages: list[Message], as_json: bool) -> None:
 
 
 def _cell(value: Any) -> Any:
+    """A query's value as JSON carries it: text as is, bytes as UTF-8 text or base64,
+    times in ISO form, lists and structs cell by cell, and what JSON has no form for —
+    decimals, UUIDs, intervals, NaN and infinities — as its text."""
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
     if isinstance(value, bytes):
         try:
             return value.decode("utf-8")
         except UnicodeDecodeError:
             return base64.b64encode(value).decode("ascii")
-    if isinstance(value, dt.datetime | dt.date):
+    if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
-    return value
+    if isinstance(value, dict):
+        return {str(k): _cell(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cell(v) for v in value]
+    return str(value)
 
 
 @app.command()

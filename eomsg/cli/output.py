@@ -21,8 +21,10 @@ if TYPE_CHECKING:  # rich is loaded when a table or a bar is drawn, not to say o
     from rich.text import Text
 
 # What a terminal acts on instead of showing: C0 and C1 controls, DEL, line and paragraph
-# separators, and the bidirectional embeddings, overrides and isolates.
-_ACTED_ON = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# separators, and the bidirectional marks, embeddings, overrides and isolates.
+_ACTED_ON = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
+)
 
 
 def _escape(match: re.Match[str]) -> str:

@@ -10,6 +10,7 @@ import typer
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
+    SEQ_MAX,
     DataOption,
     JsonOption,
     handles_errors,
@@ -208,6 +209,9 @@ def delete(
     say(f"deleted queue {name} ({dropped} messages dropped)")
 
 
+REQUEUE_BATCH = 10_000  # messages moved per commit by `queue requeue`
+
+
 @app.command()
 @handles_errors
 def requeue(
@@ -221,7 +225,9 @@ def requeue(
             help="Queue to move them into (default: the one that dead-letters into NAME).",
         ),
     ] = None,
-    max: Annotated[int | None, typer.Option("--max", min=1, help="Move at most this many.")] = None,
+    max: Annotated[
+        int | None, typer.Option("--max", min=1, max=SEQ_MAX, help="Move at most this many.")
+    ] = None,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
@@ -234,8 +240,14 @@ def requeue(
     Examples:
       eomsg queue requeue orders-dlq
       eomsg queue requeue orders-dlq --to orders-retry --max 100"""
+    moved = 0
     with open_broker(data) as broker:
-        moved, target = broker.requeue(name, to, max)
+        while True:  # in commits of REQUEUE_BATCH: a long dead-letter queue is no one commit
+            ask = REQUEUE_BATCH if max is None else min(REQUEUE_BATCH, max - moved)
+            n, target = broker.requeue(name, to, ask)
+            moved += n
+            if n < ask or moved == max:
+                break
     if json:
         print_json({"queue": name, "to": target, "requeued": moved})
         return

@@ -14,6 +14,7 @@ import typer
 
 from eomsg.cli.common import (
     DEFAULT_DATA,
+    SEQ_MAX,
     DataOption,
     JsonOption,
     handles_errors,
@@ -37,8 +38,12 @@ def spark_replay(
         str | None, typer.Option(help="Topic pattern(s) to replay, comma-separated.")
     ] = None,
     queue: Annotated[str | None, typer.Option(help="Replay what this queue subscribes to.")] = None,
-    from_seq: Annotated[int | None, typer.Option(help="First sequence number.")] = None,
-    to_seq: Annotated[int | None, typer.Option(help="Last sequence number (inclusive).")] = None,
+    from_seq: Annotated[
+        int | None, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")
+    ] = None,
+    to_seq: Annotated[
+        int | None, typer.Option(min=1, max=SEQ_MAX, help="Last sequence number (inclusive).")
+    ] = None,
     since: Annotated[
         str | None,
         typer.Option(help="Published at or after: ISO date/time (UTC unless given) or 2d ago."),

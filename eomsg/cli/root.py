@@ -113,11 +113,18 @@ class EomsgGroup(TyperGroup):
             code = super().main(*args, **{**kwargs, "standalone_mode": False})
         except typer.TyperException as e:  # click's ClickException: a usage error
             ctx = getattr(e, "ctx", None)
+            if type(e).__name__ == "NoArgsIsHelpError" and ctx is not None:  # `eomsg queue`
+                sys.stdout.write(ctx.get_help() + "\n")
+                return self._exit(e.exit_code, standalone)
             where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
             say(f"Error: {' '.join(e.format_message().split())}{where}", err=True)
             code = e.exit_code
         except typer.Abort:
             code = 130  # Ctrl-C at a prompt
+        return self._exit(code, standalone)
+
+    @staticmethod
+    def _exit(code: Any, standalone: bool) -> Any:
         if not standalone:
             return code
         sys.exit(code if isinstance(code, int) else ExitCode.OK)

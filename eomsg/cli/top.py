@@ -3,6 +3,8 @@ them (active or on standby), refreshed until Ctrl-C."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Any
@@ -141,14 +143,15 @@ def top(
     with open_broker(data) as broker:
         frame = take_frame(broker, None)
         shown = 0
-        if json:
-            while True:
-                time.sleep(interval)
-                frame = take_frame(broker, frame)
-                print_json(frame.to_json())
-                shown += 1
-                if count is not None and shown >= count:
-                    return
+        if json:  # Ctrl-C ends it as it ends the live view: exit 0
+            with contextlib.suppress(KeyboardInterrupt):
+                while count is None or shown < count:
+                    time.sleep(interval)
+                    frame = take_frame(broker, frame)
+                    print_json(frame.to_json())
+                    sys.stdout.flush()
+                    shown += 1
+            return
         from rich.live import Live
 
         with Live(render(frame), console=console(), auto_refresh=False) as live:

@@ -233,17 +233,21 @@ class Cursor:
         delivered = heapq.nsmallest(limit, (s for s in self._delivered if s >= from_seq))
         return sorted([*live, *delivered])[:limit]
 
-    def take_out(self, limit: int | None = None) -> list[Settlement]:
-        """Settle, as DELETED, up to ``limit`` of the messages waiting here (not in
-        flight), lowest seq first: they leave this queue for another (a requeue)."""
-        taken = []
+    def waiting(self, limit: int | None = None) -> list[int]:
+        """Up to ``limit`` of the messages waiting here (not in flight), lowest seq first."""
+        found = []
         for seq in self.pending():
             entry = self._delivered.get(seq)
             if entry is None or not entry.in_flight:
-                taken.append(self._settle(seq, Outcome.DELETED))
-                if limit is not None and len(taken) >= limit:
+                found.append(seq)
+                if limit is not None and len(found) >= limit:
                     break
-        return taken
+        return found
+
+    def take_out(self, seqs: Sequence[int]) -> list[Settlement]:
+        """Settle, as DELETED, the waiting messages ``seqs`` (from :meth:`waiting`): they
+        leave this queue for another (a requeue)."""
+        return [self._settle(seq, Outcome.DELETED) for seq in seqs]
 
     # -- filling -----------------------------------------------------------------------
 

@@ -26,8 +26,9 @@ MAX_LEVELS = 32
 ONE_LEVEL = "*"
 TRAILING = ">"
 
-# A level is printable text without the separator, wildcards or white space.
-_LEVEL = re.compile(r"[^\s/*>\x00-\x1f\x7f]+")
+# A level is printable text without the separator, wildcards or white space — nor the
+# controls and direction marks a terminal would act on when it shows the topic.
+_LEVEL = re.compile(r"[^\s/*>\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]+")
 
 K = TypeVar("K", bound=Hashable)
 
@@ -55,8 +56,8 @@ def validate_topic(topic: str) -> str:
     for level in _check_common(topic, "topic", InvalidTopic):
         if not _LEVEL.fullmatch(level):
             raise InvalidTopic(
-                f"topic {topic!r}: level {level!r} may not contain '*', '>', spaces or "
-                "control characters (wildcards belong in subscription patterns)"
+                f"topic {topic!r}: level {level!r} may not contain '*', '>', spaces, control "
+                "characters or direction marks (wildcards belong in subscription patterns)"
             )
     return topic
 

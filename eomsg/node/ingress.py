@@ -13,7 +13,6 @@ import json
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, PublishResult
 from eomsg.errors import InvalidConfig
@@ -106,7 +105,10 @@ class Ingress(NodeState):
             target = self._queue(to) if to is not None else self._dead_lettering_into(q)
             if target is q:
                 raise InvalidConfig(f"queue {name!r} cannot be requeued into itself")
-            found = self.store.fetch([s.seq for s in q.cursor.take_out(max_messages)])
+            batch = RowBatch()
+            # What expired by now expires, rather than being moved with a moment to live.
+            self._record_settlements(batch, q, q.cursor.poll(now), now)
+            found = self.store.fetch(q.cursor.waiting(max_messages))  # before any change
             moved = [found[seq] for seq in sorted(found)]
             again = [
                 Outgoing(
@@ -118,12 +120,11 @@ class Ingress(NodeState):
                 )
                 for m in moved
             ]
-            batch = RowBatch()
             first_seq = self._next_seq
             _, fresh = self._stage(batch, again, now, route=(target,))
-            settled = [Settlement(m.seq, Outcome.DELETED) for m in moved]
+            settled = q.cursor.take_out([m.seq for m in moved])
             self._record_settlements(batch, q, settled, now)
-            future = self._write_staged(batch, first_seq, fresh) if moved else None
+            future = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
         self._await_commit(future)
         return len(moved), target.config.name
 

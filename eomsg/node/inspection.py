@@ -30,9 +30,11 @@ class Inspection(Maintenance):
     """Reads for people and for replay."""
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
-        """Run one read-only SQL query on the store: column names and rows."""
+        """Run one read-only SQL query on the store: column names and rows. An integer
+        wider than 64 bits (a HUGEINT) comes as its text, as the wire could not carry it."""
         self._check_open()
-        return self.store.query(sql)
+        columns, rows = self.store.query(sql)
+        return columns, [tuple(_narrow(v) for v in row) for row in rows]
 
     def stats(self) -> list[QueueStats]:
         """A snapshot of every queue, by name."""
@@ -143,3 +145,9 @@ class Inspection(Maintenance):
             new = replace(record, status=status, recorded_at=self.clock())
             self.store.writer.run(Store.record_replay_job(new)).result()
             return new
+
+
+def _narrow(value: Any) -> Any:
+    if isinstance(value, int) and not -(1 << 63) <= value < (1 << 64):
+        return str(value)
+    return value

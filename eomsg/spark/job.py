@@ -13,12 +13,11 @@ from __future__ import annotations
 import contextlib
 import re
 import shutil
-import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from eomsg.client.broker import Broker
 from eomsg.core.replay import (
@@ -50,6 +49,7 @@ from eomsg.spark.sinks import Sink, Staged, empty, parse_sink, stage
 from eomsg.spark.source import NAME, ROWS_PER_PARTITION, Route
 from eomsg.spark.transform import Transform
 
+T = TypeVar("T")
 OpenBroker = Callable[[], contextlib.AbstractContextManager[Broker]]
 Report = Callable[[str], None]
 
@@ -93,6 +93,8 @@ class ReplayPlan:
     staging: Path
     previous: JobRecord | None = None
     committed: tuple[int, str] | None = field(default=None)
+    data: Path = Path()  # the log's data directory, and the token of its node: for
+    token: str | None = None  # the route, decided again when the run starts
 
     def lines(self) -> list[str]:
         """The plan for people (``--dry-run``)."""
@@ -227,6 +229,8 @@ def plan(
         sink.staging(job_id, data.resolve() if node.embedded or data.is_dir() else Path.cwd()),
         previous,
         committed,
+        data,
+        token,
     )
 
 
@@ -257,31 +261,23 @@ def _spark_error(e: BaseException) -> EomsgError:
 LOCK_WAIT = 60.0  # seconds a replay waits for a data directory another command holds
 
 
-@contextlib.contextmanager
-def _store(open_broker: OpenBroker) -> Iterator[Broker]:
-    """The log's node for a moment. Another command holding the data directory for a
-    moment of its own (``eomsg inspect jobs``) is waited for, up to LOCK_WAIT: a replay
-    is not lost to a look at it."""
+def _on_store(open_broker: OpenBroker, work: Callable[[Broker], T]) -> T:
+    """``work`` done on the log's node, opened for a moment. Another command holding the
+    data directory — for a moment of its own (``eomsg inspect jobs``), or lending it for
+    looking only while it runs — is waited for, up to LOCK_WAIT, and ``work`` done again
+    (each step of a replay may be: its records and commits are idempotent); a replay is
+    not lost to a look at it."""
     deadline = time.monotonic() + LOCK_WAIT
     delay = 0.05
     while True:
         try:
-            opened = open_broker()
-            node = opened.__enter__()
+            with open_broker() as node:
+                return work(node)
         except DataDirLocked:
             if time.monotonic() + delay > deadline:
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-            continue
-        break
-    try:
-        yield node
-    except BaseException:
-        if not opened.__exit__(*sys.exc_info()):
-            raise
-    else:
-        opened.__exit__(None, None, None)
 
 
 def execute(
@@ -306,11 +302,29 @@ def execute(
         assert p.previous is not None
         return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
     record = JobRecord(p.job_id, JobStatus.RUNNING, p.spec.identity(), p.lo, p.hi)
-    with _store(open_broker) as node:
+
+    def begin(node: Broker) -> Route:
         node.record_replay(record, JobEvent.START)
+        return _route(node, p.data, p.token)
+
+    # The route as the run finds the log: planned through a command that lent the
+    # directory for looking, it is read from the file or a node once that is gone.
+    p = replace(p, route=_on_store(open_broker, begin))
+    done = JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi)
+    sessions: list[Any] = []
+
+    def started() -> Any:
+        sessions.append(spark())
+        return sessions[-1]
+
     try:
-        rows, digest = _carry_out(p, open_broker, spark, report, force, allow_fewer)
+        rows, digest = _carry_out(p, open_broker, started, report, force, allow_fewer)
+        done = replace(done, rows=rows, digest=digest)
+        _on_store(open_broker, lambda node: node.record_replay(done, JobEvent.FINISH))
     except BaseException as e:
+        for session in sessions:  # its tasks stop writing before their staging goes
+            with contextlib.suppress(Exception):
+                session.sparkContext.cancelAllJobs()
         shutil.rmtree(p.staging, ignore_errors=True)
         recorded = _record_failed(open_broker, record)
         if isinstance(e, KeyboardInterrupt):
@@ -324,11 +338,6 @@ def execute(
         if isinstance(e, Exception):
             raise _spark_error(e) from e
         raise
-    with _store(open_broker) as node:
-        node.record_replay(
-            JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi, rows, digest),
-            JobEvent.FINISH,
-        )
     return ReplayResult(p.job_id, "done", rows, digest)
 
 
@@ -354,8 +363,7 @@ def _carry_out(
             f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
         )
     report(f"staged {staged.rows} rows; committing to {p.sink.text}")
-    with _store(open_broker) as node:
-        p.sink.commit(p.job_id, staged, force=force, node=node)
+    _on_store(open_broker, lambda node: p.sink.commit(p.job_id, staged, force=force, node=node))
     failpoint("replay.committed")
     return staged.rows, staged.digest
 
@@ -363,8 +371,7 @@ def _carry_out(
 def _record_failed(open_broker: OpenBroker, record: JobRecord) -> bool:
     """Record the job failed, if its store can be had; whether it was."""
     try:
-        with _store(open_broker) as node:
-            node.record_replay(record, JobEvent.FAIL)
+        _on_store(open_broker, lambda node: node.record_replay(record, JobEvent.FAIL))
     except (EomsgError, KeyboardInterrupt):
         return False
     return True

@@ -16,10 +16,20 @@ import os
 import sys
 from pathlib import Path
 
+from eomsg.core.text import is_text
 from eomsg.errors import DataDirError, DataDirLocked
 from eomsg.store.files import PRIVATE_DIR, PRIVATE_FILE, owner_only
 
 LOCK_NAME = "eomsg.lock"
+
+
+# What this process is, as other processes are told when it holds a data directory: the
+# command line sets it (``eomsg queue purge``); else the program and its first argument.
+PURPOSE: str | None = None
+
+
+def _command() -> str:
+    return " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:2]])
 
 
 def holder_of(data_dir: Path) -> str:
@@ -42,6 +52,8 @@ class DataDirLock:
 
     def _acquire(self, create: bool) -> None:
         d = self.data_dir
+        if not is_text(str(d)):  # DuckDB takes UTF-8 paths only: refuse before making it
+            raise DataDirError(f"data directory {str(d)!r} is not a UTF-8 path (check --data)")
         if d.exists() and not d.is_dir():
             raise DataDirError(f"{d} is not a directory (check --data)")
         try:
@@ -67,8 +79,7 @@ class DataDirLock:
                 "point --data elsewhere"
             ) from e
         os.ftruncate(fd, 0)
-        command = " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:2]])
-        os.pwrite(fd, f"pid {os.getpid()} ({command})".encode(), 0)
+        os.pwrite(fd, f"pid {os.getpid()} ({PURPOSE or _command()})".encode(errors="replace"), 0)
         self._fd = fd
 
     def release(self) -> None:

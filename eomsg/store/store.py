@@ -290,37 +290,41 @@ class Store:
         """Every unsettled (queue, message) pair with its latest delivery attempt, ordered
         by queue then seq. Reads only the hot tables and the log range they point into.
 
-        A latest attempt given back unseen as many times as it was handed out does not
-        count: the message is ready again, since its last return, at the attempt
-        before (0: handed out never, as the cursor keeps it in memory)."""
+        An attempt counts while it was handed out more often than it was given back
+        unseen (the number is reused by the next delivery, so the two are counted): the
+        attempt restored is the highest that counts (0: none did). When that is below
+        the highest ever made, the message is ready again since its last return, as the
+        cursor keeps it in memory."""
         sql = """
             WITH hot AS (
                 SELECT d.queue_id, d.seq FROM destinations d
                 ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
             ), latest AS (
-                SELECT queue_id, seq, max(attempt) AS attempt,
+                SELECT queue_id, seq, max(attempt) AS top,
                        arg_max(epoch_us(due), attempt * 2 + released::INTEGER) AS due,
-                       arg_max(released, attempt * 2 + released::INTEGER) AS released,
-                       count(*) FILTER (NOT released AND attempt = top) AS handed
-                FROM (SELECT *, max(attempt) OVER (PARTITION BY queue_id, seq) AS top
-                      FROM deliveries)
-                GROUP BY queue_id, seq
+                       arg_max(released, attempt * 2 + released::INTEGER) AS released
+                FROM deliveries GROUP BY queue_id, seq
+            ), handed AS (
+                SELECT queue_id, seq, attempt, count(*) FILTER (NOT released) AS n
+                FROM deliveries GROUP BY queue_id, seq, attempt
             ), back AS (
                 SELECT queue_id, seq, attempt, count(*) AS n,
                        max(epoch_us(returned_at)) AS at
                 FROM returned GROUP BY queue_id, seq, attempt
             ), counted AS (
-                SELECT l.*, b.at, coalesce(b.n >= l.handed, false) AS undone
-                FROM latest l
-                LEFT JOIN back b
-                    ON b.queue_id = l.queue_id AND b.seq = l.seq AND b.attempt = l.attempt
+                SELECT h.queue_id, h.seq,
+                       coalesce(max(h.attempt) FILTER (WHERE h.n > coalesce(b.n, 0)), 0)
+                           AS attempt,
+                       max(b.at) AS at
+                FROM handed h LEFT JOIN back b USING (queue_id, seq, attempt)
+                GROUP BY h.queue_id, h.seq
             )
-            SELECT h.queue_id, h.seq, epoch_us(m.expires_at),
-                   CASE WHEN c.undone THEN c.attempt - 1 ELSE c.attempt END,
-                   CASE WHEN c.undone THEN c.at ELSE c.due END,
-                   c.undone OR c.released
+            SELECT h.queue_id, h.seq, epoch_us(m.expires_at), c.attempt,
+                   CASE WHEN c.attempt < l.top THEN c.at ELSE l.due END,
+                   c.attempt < l.top OR l.released
             FROM hot h
             JOIN messages m ON m.seq = h.seq
+            LEFT JOIN latest l ON l.queue_id = h.queue_id AND l.seq = h.seq
             LEFT JOIN counted c ON c.queue_id = h.queue_id AND c.seq = h.seq
             WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
             ORDER BY h.queue_id, h.seq

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from eomsg.core.text import is_text
 from eomsg.errors import InvalidInput
 
 SOCKET_NAME = "eomsg.sock"
@@ -66,7 +67,10 @@ def unix_address(path: Path) -> Address:
 
 
 def parse_address(text: str) -> Address:
-    """``unix://PATH`` or ``tcp://HOST:PORT`` (IPv6 hosts in brackets)."""
+    """``unix://PATH`` or ``tcp://HOST:PORT`` (IPv6 hosts in brackets); InvalidInput for
+    anything else, a host no resolver could take included."""
+    if not is_text(text):
+        raise InvalidInput(f"address {text!r} is not UTF-8 text")
     if text.startswith("unix://"):
         rest = text[len("unix://") :]
         if not rest:
@@ -81,4 +85,8 @@ def parse_address(text: str) -> Address:
         raise InvalidInput(f"address {text!r} is malformed: {e}") from e
     if not host or port is None or parts.path or parts.query or parts.username:
         raise InvalidInput(f"address {text!r} must be tcp://HOST:PORT")
+    try:
+        host.encode("idna")  # what the resolver is handed: a label over 63 octets fails here
+    except UnicodeError as e:
+        raise InvalidInput(f"address {text!r}: host {host!r} is not a valid name ({e})") from e
     return Address("tcp", host=host, port=port)

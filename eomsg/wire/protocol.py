@@ -26,7 +26,13 @@ from typing import Final
 
 import msgpack
 
-from eomsg.errors import FrameTooLarge, LocalProtocolError, ProtocolError, RemoteProtocolError
+from eomsg.errors import (
+    FrameTooLarge,
+    InvalidInput,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+)
 from eomsg.wire.events import (
     Call,
     Cancel,
@@ -192,9 +198,9 @@ class Connection:
 
     def send(self, event: Event) -> bytes:
         """The bytes that carry ``event`` to the peer. Raises LocalProtocolError if we may
-        not send it now, FrameTooLarge if it exceeds the peer's limit; either changes
-        nothing."""
-        data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
+        not send it now, FrameTooLarge if it exceeds the peer's limit, InvalidInput if
+        a value has no msgpack form (an integer beyond 64 bits); each changes nothing."""
+        data = _packed(event)
         if len(data) > self.peer_max_frame:
             raise FrameTooLarge(
                 f"{type(event).__name__} frame of {len(data)} bytes exceeds the peer's limit "
@@ -209,7 +215,7 @@ class Connection:
         if self.our_role is not Role.SERVER or event.rid != 0:
             raise LocalProtocolError("only the node ends a connection with an error, with rid 0")
         self.state = State.CLOSED
-        data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
+        data = _packed(event)
         return _HEADER.pack(len(data)) + data
 
     def send_failed(self) -> None:
@@ -228,3 +234,13 @@ class Connection:
             self.peer_max_frame = event.max_frame
             self.max_frame = max(self.max_frame, event.max_frame)
         self.state = new
+
+
+def _packed(event: Event) -> bytes:
+    """``event``'s frame body; InvalidInput if a value cannot travel (msgpack carries
+    integers of 64 bits), so the caller's mistake is its own error, not the connection's."""
+    try:
+        data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
+    except (OverflowError, ValueError, TypeError) as e:
+        raise InvalidInput(f"{type(event).__name__}: a value cannot be sent: {e}") from e
+    return data
