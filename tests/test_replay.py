@@ -136,7 +136,7 @@ def test_file_log_reads_a_slice_in_order_and_refuses_a_held_directory(
     node = open_node()
     _fill(node, clock)
     start = clock.now - 300
-    with pytest.raises(DataDirLocked, match="is in use by pid .*: read through its node"):
+    with pytest.raises(DataDirLocked, match=r"is in use by pid .*: read through its node"):
         FileLog(node.store.data_dir)  # at once: no wait asked for
     expected = [m for m in node.log("orders/>", 1, 1000) if 10 <= m.seq <= 200]
     node.close()
