@@ -24,16 +24,18 @@ from eomsg.store import wal
 
 WAL = "eomsg.duckdb.wal"
 
-# Publish N messages with ids m0..m{N-1} (one commit each), then die without a checkpoint.
+# Publish N messages with ids m0..m{N-1} (one DuckDB commit each: applied from the journal
+# at once), then die without a checkpoint.
 CRASHING_PUBLISHER = textwrap.dedent(
     """
     import os, signal, sys
     from eomsg.core.queues import QueueConfig
     from eomsg.node.node import Node, NodeSettings
-    node = Node.open(sys.argv[1], NodeSettings(tick=None))
+    node = Node.open(sys.argv[1], NodeSettings(tick=None, apply_delay=0))
     node.create_queue(QueueConfig("q", ("t/>",)))
     for i in range(int(sys.argv[2])):
         node.publish("t/x", os.urandom(int(sys.argv[3])), id=f"m{i}")
+        node.store.writer.sync()
     node.store.writer.close()  # every mark written
     os.kill(os.getpid(), signal.SIGKILL)
     """

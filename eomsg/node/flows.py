@@ -19,7 +19,6 @@ from eomsg.core.election import Change, FlowEvent, FlowInfo
 from eomsg.core.message import Key, check_keys
 from eomsg.errors import InvalidConfig
 from eomsg.node.state import FlowState, NodeState, Notify, QueueState
-from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
@@ -125,7 +124,9 @@ class Flows(NodeState):
         need = self._epochs.last + bound + 1
         if need > self._epochs_reserved:
             reserved = need + EPOCH_BLOCK
-            self.store.writer.run(Store.save_meta_job("epochs_reserved", str(reserved))).result()
+            batch = RowBatch()
+            batch.set_meta("epochs_reserved", str(reserved))
+            self.store.writer.write(batch).result()  # journaled: no wait for DuckDB
             self._epochs_reserved = reserved
 
     def _apply(

@@ -62,7 +62,13 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
         """Open the data directory (creating it unless ``create`` is False) and rebuild
         the in-memory state from it."""
         settings = settings or NodeSettings()
-        store = Store(Path(data_dir), create=create, wal_limit=settings.wal_limit)
+        store = Store(
+            Path(data_dir),
+            create=create,
+            wal_limit=settings.wal_limit,
+            journal_segment=settings.journal_segment,
+            apply_delay=settings.apply_delay,
+        )
         try:
             return cls(store, settings, clock)
         except BaseException:

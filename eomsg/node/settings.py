@@ -7,7 +7,9 @@ from dataclasses import dataclass, field, replace
 
 from eomsg.core.durations import parse_duration
 from eomsg.core.limits import Limits, parse_size
+from eomsg.store.journal import SEGMENT_BYTES
 from eomsg.store.store import WAL_LIMIT
+from eomsg.store.writer import APPLY_DELAY
 
 DEFAULT_DISK_RESERVE = 128 << 20
 
@@ -17,7 +19,9 @@ class NodeSettings:
     """Tunables of a node. ``retention`` keeps fully consumed messages in the log for
     replay; ``compact_every`` settled records trigger a compaction of the hot tables;
     below ``disk_reserve`` bytes free on its disk the node refuses publishes (0: never),
-    so that a checkpoint and a restart always find room; ``wal_limit`` bounds the WAL."""
+    so that a checkpoint and a restart always find room; ``wal_limit`` bounds the WAL,
+    ``journal_segment`` the journal's files; ``apply_delay`` is how long a write
+    journaled alone waits for others before DuckDB gets it (0: at once)."""
 
     limits: Limits = field(default_factory=Limits)
     retention: float = 86400.0
@@ -26,6 +30,8 @@ class NodeSettings:
     tick: float | None = 1.0  # maintenance period in seconds; None: only on demand
     disk_reserve: int = DEFAULT_DISK_RESERVE
     wal_limit: int = WAL_LIMIT  # the WAL is checkpointed when it grows past this
+    journal_segment: int = SEGMENT_BYTES  # a journal segment ends past this size
+    apply_delay: float = APPLY_DELAY  # seconds a journaled write waits to go to DuckDB
 
 
 # Settings a data directory can save (``eomsg config set``): name -> (parse to the

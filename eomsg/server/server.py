@@ -323,11 +323,13 @@ class Server:
 
 def room_to_reopen(data_dir: Path) -> tuple[int, int]:
     """Free bytes on the data directory's disk, and what reopening needs: DuckDB replays
-    its WAL and checkpoints it, which takes about the WAL's size again, plus a margin."""
+    its WAL and checkpoints it, which takes about the WAL's size again, the journal's
+    records DuckDB does not hold yet go into the WAL, plus a margin."""
     st = os.statvfs(data_dir)
     wal = data_dir / "eomsg.duckdb.wal"
     size = wal.stat().st_size if wal.exists() else 0
-    return st.f_bavail * st.f_frsize, size + (16 << 20)
+    journal = sum(p.stat().st_size for p in (data_dir / "journal").glob("*.seg"))
+    return st.f_bavail * st.f_frsize, size + journal + (16 << 20)
 
 
 def serve(

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import Selection
 from eomsg.errors import DataDirError, DataDirLocked, QueueNotFound, StorageError, one_line
+from eomsg.store import journal
 from eomsg.store.files import DB_NAME
 from eomsg.store.lock import LOCK_NAME, holder_of
 from eomsg.store.schema import ROW_TABLES
@@ -150,7 +151,9 @@ class FileLog:
     Any number of processes (Spark tasks) may hold one at once: each takes a *shared*
     lock on the directory's lock file, so a node cannot start meanwhile (it needs the
     exclusive lock) and a running node makes opening fail at once with DataDirLocked.
-    DuckDB replays a leftover WAL in memory; nothing on disk changes.
+    DuckDB replays a leftover WAL in memory; nothing on disk changes. A directory whose
+    journal holds records (its node was killed) is refused: only opening the store
+    applies them, and the log read without them would miss acknowledged messages.
     """
 
     def __init__(self, data_dir: Path | str, wait: float = 0.0) -> None:
@@ -176,6 +179,13 @@ class FileLog:
                     f"data directory {self.data_dir} is in use by {holder_of(self.data_dir)}"
                     ": read through its node (its socket or --broker), or when it is done"
                 ) from e
+        if journal.pending(self.data_dir):
+            os.close(self._fd)
+            raise DataDirError(
+                f"{self.data_dir} holds acknowledged messages its log file does not have yet "
+                "(its node stopped without closing): open it with eomsg once (any command, "
+                "e.g. `eomsg inspect queues`), which applies them, then read it again"
+            )
         try:
             self.conn = duckdb.connect(
                 str(path), read_only=True, config={"enable_external_access": False}

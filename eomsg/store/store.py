@@ -27,12 +27,21 @@ from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, JobStatus, Selection
 from eomsg.errors import DataDirDamaged, DataDirError, InvalidQuery, StorageError, one_line
-from eomsg.store import compact, integrity, logread, salvage, sandbox
+from eomsg.store import compact, integrity, journal, logread, salvage, sandbox
 from eomsg.store.files import DB_NAME, owner_only
+from eomsg.store.journal import Journal
 from eomsg.store.lock import DataDirLock
 from eomsg.store.schema import migrate
 from eomsg.store.watermark import Mark, Watermark
-from eomsg.store.writer import Writer
+from eomsg.store.writer import (
+    APPLY_BYTES,
+    APPLY_DELAY,
+    APPLY_ROWS,
+    RowBatch,
+    Writer,
+    applied_lsn,
+    insert_rows,
+)
 
 US = 1_000_000
 WAL_LIMIT = 16 << 20  # the WAL's default bound: past it the writer checkpoints
@@ -114,9 +123,18 @@ class Store:
     write a crash cut off. Each of :attr:`failure_listeners` hears, once and on the
     writer's thread, that the writer stopped taking work (the store must be reopened)."""
 
-    def __init__(self, data_dir: Path, *, create: bool = True, wal_limit: int = WAL_LIMIT) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        create: bool = True,
+        wal_limit: int = WAL_LIMIT,
+        journal_segment: int = journal.SEGMENT_BYTES,
+        apply_delay: float = APPLY_DELAY,
+    ) -> None:
         self.data_dir = data_dir
         self.wal_limit = wal_limit
+        self.journal_segment = journal_segment
         self.path = data_dir / DB_NAME
         self.wal_path = data_dir / f"{DB_NAME}.wal"
         self._lock = DataDirLock(data_dir, create=create)
@@ -140,7 +158,13 @@ class Store:
         self._mark.write(Mark(_size(self.wal_path), last))
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self.writer = Writer(
-            self._db.cursor(), last, self._committed, self._checkpoint, self._writer_failed
+            self._db.cursor(),
+            self._journal,
+            last,
+            self._committed,
+            self._checkpoint,
+            self._writer_failed,
+            apply_delay,
         )
 
     def _open(self) -> duckdb.DuckDBPyConnection:
@@ -162,6 +186,7 @@ class Store:
             # `inspect sql` runs cannot turn fsync or checkpoints off, whatever it is.
             db.execute("SET lock_configuration = true")
             integrity.after_open(self.data_dir, mark, logread.stored_seq(db))
+            self._journal = self._replay_journal(db)
         except duckdb.Error as e:
             db.close()
             raise DataDirError(f"cannot open {self.path}: {one_line(e)}") from e
@@ -169,6 +194,36 @@ class Store:
             db.close()
             raise
         return db
+
+    def _replay_journal(self, db: duckdb.DuckDBPyConnection) -> Journal:
+        """Apply the journal's records DuckDB does not hold yet (a node stopped without
+        closing), then start it afresh. A tail a crash cut off is dropped with a warning
+        (it was never acknowledged); a bad record with valid ones after it refuses the
+        open: serving what follows would skip an acknowledged write."""
+        directory = self.data_dir / journal.DIR_NAME
+        applied = applied_lsn(db)
+        found = journal.scan(directory, applied)
+        if found.damage:
+            raise integrity.damaged(self.data_dir, f"its journal is damaged ({found.damage})")
+        if found.torn:
+            self.warnings.append(
+                f"the journal ended with a write that a crash cut off, never acknowledged "
+                f"({found.torn}): dropped"
+            )
+        batch, last, size = RowBatch(), applied, 0
+        for record in found.records:
+            batch.merge(RowBatch.decode(record.payload))
+            last, size = record.lsn, size + len(record.payload)
+            if batch.size >= APPLY_ROWS or size >= APPLY_BYTES or record is found.records[-1]:
+                db.execute("BEGIN TRANSACTION")
+                insert_rows(db, batch, last)
+                db.execute("COMMIT")
+                batch, size = RowBatch(), 0
+                if _size(self.wal_path) > self.wal_limit:  # as the writer would
+                    self._checkpoint(db, logread.stored_seq(db))
+        for _, path in journal.segments(directory):
+            path.unlink()
+        return Journal(directory, max(last, found.last_lsn), self.journal_segment)
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, close the database and drop the lock."""
@@ -253,6 +308,7 @@ class Store:
         """Run one plain SELECT in a read-only transaction: column names, rows. Anything
         else — several statements, a write, a setting, a checkpoint, a file — is
         InvalidQuery, refused before it runs (see :mod:`eomsg.store.sandbox`)."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         cursor = self._db.cursor()
         try:
             sandbox.check(cursor, sql)
@@ -347,6 +403,7 @@ class Store:
 
     def finished_txns(self) -> dict[str, str]:
         """The final state of every finished transaction still recorded, by txid."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         return dict(self._query("SELECT txid, state FROM txn_log WHERE state <> 'prepared'"))
 
     def load_prepared(self, finished: set[str]) -> list[PreparedRow]:
@@ -383,6 +440,7 @@ class Store:
 
     def load_counts(self) -> dict[int, SettledCounts]:
         """Settled totals per queue: compacted totals plus records not yet compacted."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         rows = self._query(
             """SELECT queue_id, sum(deleted), sum(expired), sum(dead_lettered), sum(purged)
                FROM (
@@ -397,26 +455,41 @@ class Store:
     # -- reading messages ----------------------------------------------------------------
 
     def fetch(self, seqs: Sequence[int]) -> dict[int, Message]:
-        """The messages with these sequence numbers (ascending), by seq."""
-        if not seqs:
-            return {}
-        low, high = min(seqs), max(seqs)
-        if high - low < 4 * len(seqs):  # dense, the usual case: a plain range scan
-            wanted = set(seqs)
+        """The messages with these sequence numbers (ascending), by seq: those DuckDB
+        does not hold yet from the writer's overlay, the rest from DuckDB (a message
+        leaves the overlay only after DuckDB committed it, so looking there first never
+        misses one)."""
+        found: dict[int, Message] = {}
+        overlay = self.writer.overlay
+        rest = []
+        for seq in seqs:
+            row = overlay.get(seq)
+            if row is None:
+                rest.append(seq)
+            else:
+                found[seq] = _message(row)
+        if not rest:
+            return found
+        low, high = rest[0], rest[-1]
+        if high - low < 4 * len(rest):  # dense, the usual case: a plain range scan
+            wanted = set(rest)
             rows = self._query(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
                 [low, high],
             )
-            return {row[0]: _message(row) for row in rows if row[0] in wanted}
+            found.update((row[0], _message(row)) for row in rows if row[0] in wanted)
+            return found
         rows = self._query(
             f"""SELECT {_MESSAGE_COLUMNS} FROM messages
                 WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
-            [low, high, list(seqs)],
+            [low, high, rest],
         )
-        return {row[0]: _message(row) for row in rows}
+        found.update((row[0], _message(row)) for row in rows)
+        return found
 
     def log(self, topic_regex: str | None, from_seq: int, limit: int) -> list[Message]:
         """Retained messages from ``from_seq`` on, optionally filtered by a topic regex."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         where = "seq >= ?"
         params: list[Any] = [from_seq]
         if topic_regex is not None:
@@ -430,6 +503,7 @@ class Store:
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
         """The first and last seq ``sel`` selects (see :mod:`eomsg.store.logread`)."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         try:
             return logread.bounds(self._reader(), sel)
         except duckdb.Error as e:
@@ -437,6 +511,7 @@ class Store:
 
     def log_horizon(self) -> tuple[int, int | None]:
         """See :func:`eomsg.store.logread.horizon`."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         try:
             return logread.horizon(self._reader())
         except duckdb.Error as e:
@@ -445,6 +520,7 @@ class Store:
     def log_chunk(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
         """Up to about ``max_bytes`` of ``sel`` in ``[lo, hi)`` as an Arrow table, and
         the seq to go on from."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         try:
             return logread.read_chunk(self._reader(), sel, lo, hi, max_bytes)
         except duckdb.Error as e:
@@ -491,19 +567,13 @@ class Store:
 
     def published_at(self, seqs: Sequence[int]) -> dict[int, float]:
         """Publish times of a few messages, by seq."""
-        if not seqs:
-            return {}
-        rows = self._query(
-            "SELECT seq, epoch_us(published_at) FROM messages "
-            "WHERE seq IN (SELECT unnest(?::BIGINT[]))",
-            [list(seqs)],
-        )
-        return {seq: us / US for seq, us in rows}
+        return {seq: us / US for seq, us in self._columns(seqs, 3, "published_at").items()}
 
     def pending_bytes(self) -> dict[int, int]:
         """Payload bytes of the messages each queue still holds, by queue id. Reads the
         hot tables and the log range they point into: its cost grows with the backlog,
         not with the log (an operator's look, not a per-message path)."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         rows = self._query(
             """WITH hot AS (
                    SELECT d.queue_id, d.seq FROM destinations d
@@ -518,15 +588,34 @@ class Store:
 
     def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
         """Expiry times of the messages among ``seqs`` that have one, by seq."""
-        rows = self._query(
-            "SELECT seq, epoch_us(expires_at) FROM messages "
-            "WHERE expires_at IS NOT NULL AND seq IN (SELECT unnest(?::BIGINT[]))",
-            [list(seqs)],
-        )
-        return {seq: us / US for seq, us in rows}
+        found = self._columns(seqs, 4, "expires_at")
+        return {seq: us / US for seq, us in found.items() if us is not None}
+
+    def _columns(self, seqs: Sequence[int], index: int, column: str) -> dict[int, Any]:
+        """One timestamp column of ``messages`` (``index`` in its rows) for ``seqs``, in
+        microseconds: from the writer's overlay, else DuckDB (see :meth:`fetch`)."""
+        overlay = self.writer.overlay
+        found: dict[int, Any] = {}
+        rest = []
+        for seq in seqs:
+            row = overlay.get(seq)
+            if row is None:
+                rest.append(seq)
+            else:
+                found[seq] = row[index]
+        if rest:
+            found.update(
+                self._query(
+                    f"SELECT seq, epoch_us({column}) FROM messages "
+                    "WHERE seq IN (SELECT unnest(?::BIGINT[]))",
+                    [rest],
+                )
+            )
+        return found
 
     def settled_rows(self) -> int:
         """Settlement records not yet compacted."""
+        self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         return int(self._query("SELECT count(*) FROM settled")[0][0])
 
     # -- jobs for the writer (each runs in its own transaction) ---------------------------

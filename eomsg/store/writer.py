@@ -1,32 +1,33 @@
-"""The single writer: one thread owns the read-write DuckDB connection and group-commits.
+"""The single writer: group commit into the journal, DuckDB applied behind it.
 
-Callers hand it work and wait on a future; the thread takes everything that queued up
-while the previous commit ran and puts it into the next transaction. One commit costs
-about a millisecond whatever it holds, so under load the per-message cost of durability
-falls with the batch size — that is the whole point of group commit.
+Callers hand it work and wait on a future. Two threads, in the order the work came:
 
-Two kinds of work:
+* the **journal thread** takes every :class:`RowBatch` that queued while it wrote the
+  previous record, appends them as one record to the journal and fdatasyncs it
+  (:mod:`eomsg.store.journal`) — about a tenth of a millisecond — then runs the batches'
+  after-commit callbacks in submission order (so in-memory indexes see writes in the
+  order the log holds them) and resolves their futures. An acknowledgement built on one
+  is durable. The messages of a record stay readable from memory (:attr:`Writer.overlay`)
+  until DuckDB holds them.
+* the **applier thread** puts records into DuckDB, many in one transaction (one Arrow
+  insert per table), which also notes the last record applied in ``node_meta``; the
+  store then deletes the journal segments DuckDB holds. After each DuckDB commit it runs
+  the store's ``committed`` hook (its watermark, the WAL's mode) and, when the hook asks,
+  the store's ``checkpoint`` (DuckDB's own, inside a COMMIT, is turned off).
 
-* :class:`RowBatch` — rows appended to the insert-only tables. Consecutive batches merge
-  into one Arrow table per table and one Arrow insert each (never ``executemany``,
-  which runs row by row).
-* a job, ``fn(conn) -> T`` — anything else (queue changes, compaction, GC); it runs alone
-  in its own transaction, in arrival order.
+A **job**, ``fn(conn) -> T`` (queue changes, compaction, GC), runs alone in its own DuckDB
+transaction after everything journaled before it is applied, and the journal thread
+waits for it: nothing queued after a job is durable before it, as one thread made it.
+:meth:`Writer.sync` waits until DuckDB holds everything acknowledged so far (readers that
+must see every acknowledged write call it first).
 
-A future resolves only after ``COMMIT`` has returned, and DuckDB fdatasyncs its WAL on
-commit: an acknowledgement built on it is durable. After each commit the thread runs the
-store's ``committed`` hook (its watermark, the WAL's mode, the free disk), then the
-batches' after-commit callbacks in submission order, so in-memory indexes see commits in
-the order the log holds them; when the hook asked for one, the store's ``checkpoint``
-runs last, between commits (DuckDB's own, inside a COMMIT, is turned off).
-
-When a commit fails, its futures learn exactly what is known (:func:`classify`):
-nothing of it was stored (:class:`~eomsg.errors.WriteFailed`: DuckDB rolled it back),
-it was stored (DuckDB says "COMMIT succeeded and is durable" before failing at its
-automatic checkpoint: the futures succeed), or it cannot be known
-(:class:`~eomsg.errors.WriteUnknown`). Either way the writer then refuses further work
-and tells ``failed``: the in-memory state may be ahead of the disk, and only reopening
-the store (which rebuilds it from disk) makes them agree again.
+When writing the journal fails, the futures learn exactly what is known: nothing of the
+record stayed (:class:`~eomsg.errors.WriteFailed`: the segment was cut back to its last
+whole record) or it cannot be known (:class:`~eomsg.errors.WriteUnknown`). When DuckDB
+fails, what was journaled stays durable and is applied at the next open. Either way the
+writer then refuses further work and tells ``failed``: the in-memory state may be ahead
+of the disk, and only reopening the store (which rebuilds it from disk) makes them agree
+again.
 """
 
 from __future__ import annotations
@@ -37,15 +38,18 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
 import duckdb
+import msgpack
 import pyarrow as pa
 
 from eomsg.errors import NodeClosed, StorageError, WriteFailed, WriteUnknown, one_line
 from eomsg.failpoints import failpoint
+from eomsg.store.journal import Journal
 from eomsg.store.schema import ROW_TABLES
 
 T = TypeVar("T")
@@ -78,6 +82,10 @@ class RowBatch:
     def add(self, name: str, *row: Any) -> None:
         self.rows_of(name).append(row)
 
+    def set_meta(self, key: str, value: str) -> None:
+        """Set ``node_meta``'s ``key`` with these rows (a later setting wins)."""
+        self.add(META, key, value)
+
     def after_commit(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` on the writer thread once these rows are committed."""
         self.callbacks.append(callback)
@@ -86,15 +94,39 @@ class RowBatch:
         for name, rows in other.tables.items():
             self.rows_of(name).extend(rows)
 
+    @property
+    def size(self) -> int:
+        return sum(len(rows) for rows in self.tables.values())
+
     def arrow(self, name: str) -> pa.Table:
+        """Table ``name``'s rows as Arrow, built a chunk at a time (other threads get
+        the GIL between chunks: converting a large batch at once would stall them)."""
         schema = ROW_TABLES[name]
-        columns = zip(*self.tables[name], strict=True)
-        return pa.Table.from_arrays(
-            [pa.array(col, type=f.type) for col, f in zip(columns, schema, strict=True)],
-            schema=schema,
-        )
+        rows = self.tables[name]
+        chunks = []
+        for i in range(0, len(rows), ARROW_CHUNK):
+            columns = zip(*rows[i : i + ARROW_CHUNK], strict=True)
+            chunks.append(
+                pa.RecordBatch.from_arrays(
+                    [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                    schema=schema,
+                )
+            )
+        return pa.Table.from_batches(chunks, schema=schema)
+
+    def encode(self) -> bytes:
+        """The batch's rows as one journal record's payload."""
+        return msgpack.packb(self.tables, use_bin_type=True)  # type: ignore[no-any-return]
+
+    @classmethod
+    def decode(cls, payload: bytes) -> RowBatch:
+        """A batch from a journal record's payload (rows come back as lists)."""
+        batch = cls()
+        batch.tables = msgpack.unpackb(payload, raw=False, use_list=True)
+        return batch
 
 
+ARROW_CHUNK = 4096
 SMALL_INSERT = 8  # rows up to which a table's insert uses parameters, not Arrow
 
 
@@ -111,6 +143,11 @@ def _values_sql(name: str, count: int) -> str:
 _FATAL = (duckdb.IOException, duckdb.FatalException, duckdb.InternalException)
 _Job = Callable[[duckdb.DuckDBPyConnection], Any]
 _STOP = object()
+_SYNC = object()
+APPLY_ROWS = 50_000  # rows that make the applier commit to DuckDB at once
+APPLY_BYTES = 8 << 20  # journal bytes that do too (what one DuckDB transaction writes)
+APPLY_DELAY = 0.25  # seconds a journaled row waits at most before it is applied
+MAX_BEHIND = 32 << 20  # journal bytes not yet applied past which the journal waits
 _DURABLE = "COMMIT succeeded and is durable"  # DuckDB's words, when its checkpoint fails
 log = logging.getLogger("eomsg.store")
 
@@ -142,33 +179,82 @@ def _why(error: BaseException) -> str:
     return text
 
 
+META = "node_meta"  # a RowBatch's pseudo-table of (key, value) upserts
+_UPSERT_META = """INSERT INTO node_meta VALUES (?, ?)
+    ON CONFLICT (key) DO UPDATE SET value = excluded.value"""
+
+
+def insert_rows(conn: duckdb.DuckDBPyConnection, batch: RowBatch, lsn: int) -> None:
+    """Insert ``batch``'s rows and note journal record ``lsn`` as applied, in the
+    transaction open on ``conn`` (so a record is applied exactly once, whoever applies
+    it: the applier, or recovery at open)."""
+    for name, rows in batch.tables.items():
+        if not rows:
+            continue
+        if name == META:  # settings the node keeps: the last value of a key wins
+            conn.executemany(_UPSERT_META, list({r[0]: r for r in rows}.values()))
+            continue
+        # Positional: ROW_TABLES lists the columns in table order (a test checks it). A
+        # relation, not a replacement scan: the node runs with file access off, which
+        # turns replacement scans off too. A few rows go faster as parameters: building
+        # Arrow arrays costs more than it saves for them.
+        if len(rows) <= SMALL_INSERT:
+            conn.execute(_values_sql(name, len(rows)), [v for r in rows for v in r])
+        else:
+            conn.from_arrow(batch.arrow(name)).insert_into(name)
+    conn.execute(_UPSERT_META, ["journal_lsn", str(lsn)])
+
+
+def applied_lsn(conn: duckdb.DuckDBPyConnection) -> int:
+    """The last journal record DuckDB holds (0: none)."""
+    row = conn.execute("SELECT value FROM node_meta WHERE key = 'journal_lsn'").fetchone()
+    return int(row[0]) if row else 0
+
+
 class Writer:
-    """The group-committing writer thread. See the module docstring."""
+    """The journal and applier threads. See the module docstring."""
 
     def __init__(
         self,
         conn: duckdb.DuckDBPyConnection,
+        journal: Journal,
         last_seq: int = 0,
         committed: Callable[[int], bool] = lambda last_seq: False,
         checkpoint: Callable[[duckdb.DuckDBPyConnection, int], None] = lambda conn, last: None,
         failed: Callable[[BaseException], None] = lambda cause: None,
+        apply_delay: float = APPLY_DELAY,
     ) -> None:
         self._conn = conn
-        self.last_seq = last_seq  # the highest message seq committed
-        # After each commit, on this thread, with last_seq: True asks for a checkpoint.
+        self._journal = journal
+        self._apply_delay = apply_delay  # how long a journaled row waits for company
+        self.last_seq = last_seq  # the highest message seq DuckDB holds
+        self.applied = journal.last_lsn  # the last journal record DuckDB holds
+        # Messages journaled but not yet in DuckDB, by seq: the rows of ROW_TABLES'
+        # "messages". Added before a record is acknowledged, removed once DuckDB
+        # commits it, so a reader that misses here finds the message in DuckDB.
+        self.overlay: dict[int, list[Any] | tuple[Any, ...]] = {}
+        # After each DuckDB commit, on the applier, with last_seq: True asks for a
+        # checkpoint.
         self._committed = committed
-        self._checkpoint = checkpoint  # runs one, on this thread's connection
+        self._checkpoint = checkpoint  # runs one, on the applier's connection
         self._on_failed = failed  # once, when the writer stops taking work
         self._hook_trouble = ""  # the last error of the hook, said once
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._applier: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._behind = 0  # journal bytes handed to the applier and not yet applied
+        self._caught_up = threading.Condition()
         self._failed: BaseException | None = None
         self._closed = False
+        self._apply_thread = threading.Thread(
+            target=self._apply_run, name="eomsg-applier", daemon=True
+        )
         self._thread = threading.Thread(target=self._run, name="eomsg-writer", daemon=True)
+        self._apply_thread.start()
         self._thread.start()
 
     @property
     def failed(self) -> bool:
-        """True once a commit failed; the writer then refuses all work."""
+        """True once a write failed; the writer then refuses all work."""
         return self._failed is not None
 
     @property
@@ -177,37 +263,55 @@ class Writer:
         return self._failed
 
     def write(self, batch: RowBatch) -> Future[None]:
-        """Queue rows for the next group commit."""
+        """Queue rows for the next group commit; the future resolves once they are
+        durable (journaled) and their callbacks ran."""
         return self._submit(batch)
 
     def run(self, job: Callable[[duckdb.DuckDBPyConnection], T]) -> Future[T]:
-        """Queue ``job`` to run alone in its own transaction."""
+        """Queue ``job`` to run alone in its own DuckDB transaction, after everything
+        queued before it is in DuckDB."""
         return self._submit(job)
 
+    def sync(self) -> None:
+        """Return once DuckDB holds every write acknowledged before this call (at once
+        when it does already)."""
+        if self._journal.last_lsn <= self.applied:
+            return
+        self._check()
+        future: Future[None] = Future()
+        self._applier.put((_SYNC, future))
+        future.result()
+
     def close(self) -> None:
-        """Finish the queued work, then stop the thread. Idempotent."""
+        """Finish the queued work, apply everything to DuckDB, then stop both threads.
+        Idempotent."""
         if not self._closed:
             self._closed = True
             self._queue.put((_STOP, None))
             self._thread.join()
 
-    def _submit(self, work: Any) -> Future[Any]:
+    def _check(self) -> None:
         if self._failed is not None:
             raise StorageError(
                 f"the store failed and takes no writes until it is reopened: {_why(self._failed)}"
             )
         if self._closed:
             raise NodeClosed("the node is closed")
+
+    def _submit(self, work: Any) -> Future[Any]:
+        self._check()
         future: Future[Any] = Future()
         self._queue.put((work, future))
         return future
+
+    # -- the journal thread ---------------------------------------------------------------
 
     def _run(self) -> None:
         pending: list[tuple[Any, Future[Any]]] = []
         while True:
             if not pending:
                 pending.append(self._queue.get())
-            while True:  # drain what queued during the last commit
+            while True:  # drain what queued during the last write
                 try:
                     pending.append(self._queue.get_nowait())
                 except queue.Empty:
@@ -216,16 +320,27 @@ class Writer:
             while pending and isinstance(pending[0][0], RowBatch):
                 group.append(pending.pop(0))
             if group:
-                self._commit_rows(group)
+                self._journal_rows(group)
                 continue
             work, future = pending.pop(0)
             if work is _STOP:
                 for _, f in pending:
                     f.set_exception(NodeClosed("the node closed before this write ran"))
+                self._applier.put((_STOP, None))
+                self._apply_thread.join()
+                self._journal.close(self.applied)
+                # A connection left open keeps DuckDB's instance of the file alive, and
+                # the next open of the same path in this process would get it back.
+                with contextlib.suppress(duckdb.Error):
+                    self._conn.close()
                 return
-            self._commit_job(work, future)
+            if self._failed is not None:
+                self._refuse([future])
+                continue
+            self._applier.put((work, future))
+            wait([future])  # nothing after a job is durable before it
 
-    def _commit_rows(self, group: list[tuple[RowBatch, Future[Any]]]) -> None:
+    def _journal_rows(self, group: list[tuple[RowBatch, Future[Any]]]) -> None:
         batch = group[0][0] if len(group) == 1 else RowBatch()
         if len(group) > 1:
             for b, _ in group:
@@ -233,35 +348,109 @@ class Writer:
         futures = [f for _, f in group]
         if self._failed is not None:
             return self._refuse(futures)
-        conn = self._conn
+        payload = batch.encode()
+        size = len(payload)
+        # DuckDB too far behind: wait, so that memory and the journal stay bounded.
+        with self._caught_up:
+            while self._behind > MAX_BEHIND and self._failed is None:
+                self._caught_up.wait()
+            self._behind += size
         try:
-            conn.execute("BEGIN TRANSACTION")
-            for name, rows in batch.tables.items():
-                # Positional: ROW_TABLES lists the columns in table order (a test checks
-                # it). A relation, not a replacement scan: the node runs with file access
-                # off, which turns replacement scans off too. A few rows go faster as
-                # parameters: building Arrow arrays costs more than it saves for them.
-                if len(rows) <= SMALL_INSERT:
-                    conn.execute(_values_sql(name, len(rows)), [v for r in rows for v in r])
-                else:
-                    conn.from_arrow(batch.arrow(name)).insert_into(name)
             failpoint("store.commit.before")
+            lsn = self._journal.append(payload)
         except Exception as e:
-            self._rollback()
-            return self._broke(futures, e, Commit.ROLLED_BACK)
-        committed, durable_but = self._finish(futures)
-        if not committed:
-            return None
+            outcome = Commit.ROLLED_BACK if self._journal.cut() else Commit.UNKNOWN
+            with self._caught_up:
+                self._behind -= size
+            return self._broke(futures, e, outcome)
         failpoint("store.commit.after")
-        messages = batch.tables.get("messages")
-        if messages:
-            self.last_seq = max(self.last_seq, messages[-1][0])
-        self._acknowledge(durable_but, lambda: self._after_commit([b for b, _ in group], futures))
+        overlay = self.overlay
+        for row in batch.tables.get("messages", ()):
+            overlay[row[0]] = row
+        self._applier.put((batch, lsn, size))
+        for b, f in group:
+            try:
+                for callback in b.callbacks:
+                    callback()
+            except Exception as e:  # a bug in a callback must not stop the writer
+                f.set_exception(e)
+            else:
+                f.set_result(None)
+        self._journal.forget(self.applied)
         return None
 
+    # -- the applier thread ---------------------------------------------------------------
+
+    def _apply_run(self) -> None:
+        rows: list[tuple[RowBatch, int]] = []
+        count = size = 0
+        deadline = 0.0
+        while True:
+            if rows:
+                try:
+                    item = self._applier.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    item = None
+            else:
+                item = self._applier.get()
+                deadline = time.monotonic() + self._apply_delay
+            if item is not None and isinstance(item[0], RowBatch):
+                batch, lsn, nbytes = item
+                rows.append((batch, lsn))
+                count += batch.size
+                size += nbytes
+                if count < APPLY_ROWS and size < APPLY_BYTES and time.monotonic() < deadline:
+                    continue
+            if rows:
+                self._apply(rows, size)
+                rows, count, size = [], 0, 0
+            if item is None or isinstance(item[0], RowBatch):
+                continue
+            work, future = item
+            if work is _STOP:
+                return
+            if work is _SYNC:
+                if self._failed is not None and self.applied < self._journal.last_lsn:
+                    self._refuse([future])
+                else:
+                    future.set_result(None)
+            elif self._failed is not None:
+                self._refuse([future])
+            else:
+                self._commit_job(work, future)
+
+    def _apply(self, records: list[tuple[RowBatch, int]], size: int) -> None:
+        """Put journal records (``size`` bytes of it) into DuckDB in one transaction."""
+        batch = RowBatch()
+        for b, _ in records:
+            batch.merge(b)
+        lsn = records[-1][1]
+        if self._failed is None:
+            conn = self._conn
+            try:
+                conn.execute("BEGIN TRANSACTION")
+                insert_rows(conn, batch, lsn)
+                failpoint("journal.apply.before_commit")
+                conn.execute("COMMIT")
+            except Exception as e:
+                self._rollback()
+                self._stop(e)  # what is journaled stays: the next open applies it
+            else:
+                failpoint("journal.apply.after_commit")
+                messages = batch.tables.get("messages")
+                if messages:
+                    self.last_seq = max(self.last_seq, messages[-1][0])
+                    overlay = self.overlay
+                    for row in messages:
+                        overlay.pop(row[0], None)
+                if self._note():
+                    self._checkpoint_now()
+                self.applied = lsn  # last: sync() then also finds the hook run
+        with self._caught_up:
+            self._behind -= size
+            self._caught_up.notify_all()
+
     def _commit_job(self, job: _Job, future: Future[Any]) -> None:
-        if self._failed is not None:
-            return self._refuse([future])
         conn = self._conn
         try:
             conn.execute("BEGIN TRANSACTION")
@@ -273,41 +462,26 @@ class Writer:
                 return self._broke([future], e, Commit.ROLLED_BACK)
             future.set_exception(e)  # the job's own error, rolled back cleanly
             return None
-        committed, durable_but = self._finish([future])
-        if committed:
-            self._acknowledge(durable_but, lambda: future.set_result(result))
-        return None
-
-    def _finish(self, futures: list[Future[Any]]) -> tuple[bool, BaseException | None]:
-        """COMMIT: whether it committed, and the error DuckDB raised after committing
-        (its checkpoint failed: the store must be reopened). A commit that did not, or
-        may not have, is rolled back and its futures told (:meth:`_broke`)."""
+        durable_but: BaseException | None = None
         try:
-            self._conn.execute("COMMIT")
+            conn.execute("COMMIT")
         except Exception as e:
-            outcome = classify(e)
-            if outcome is not Commit.DURABLE:
+            if classify(e) is not Commit.DURABLE:
                 self._rollback()
-                self._broke(futures, e, outcome)
-                return False, None
-            return True, e
-        return True, None
-
-    def _acknowledge(self, durable_but: BaseException | None, resolve: Callable[[], None]) -> None:
-        """After a commit: the store's hook (before anyone hears of the commit), the
-        acknowledgements, then — the commit standing — stopping if the database failed
-        after it, and the checkpoint the hook asked for."""
+                return self._broke([future], e, classify(e))
+            durable_but = e  # committed, but the database failed after: reopen it
         due = self._note()
-        resolve()
+        future.set_result(result)
         if durable_but is not None:
             self._stop(durable_but)
-        if due:
+        elif due:
             self._checkpoint_now()
+        return None
 
     def _note(self) -> bool:
-        """The store's after-commit hook (before the commit is acknowledged: the mark it
-        writes is then never behind an acknowledged write); True if it asks for a
-        checkpoint. Its own trouble (a file it cannot stat or write) is said once and
+        """The store's after-commit hook (before a job's commit is acknowledged: the
+        mark it writes is then never behind an acknowledged write); True if it asks for
+        a checkpoint. Its own trouble (a file it cannot stat or write) is said once and
         otherwise ignored: it only weakens the checks it feeds."""
         try:
             due = self._committed(self.last_seq)
@@ -334,7 +508,7 @@ class Writer:
             log.warning("after a commit: %s (tried again after the next)", _why(e))
 
     def _broke(self, futures: list[Future[Any]], cause: BaseException, outcome: Commit) -> None:
-        """A commit failed: tell its futures what it left behind, and stop."""
+        """A write failed: tell its futures what it left behind, and stop."""
         error: StorageError
         if outcome is Commit.ROLLED_BACK:
             error = WriteFailed(f"the write failed and nothing of it was stored: {_why(cause)}")
@@ -353,21 +527,13 @@ class Writer:
         if self._failed is not None:
             return
         self._failed = cause
+        with self._caught_up:
+            self._caught_up.notify_all()
         log.error("the store failed and takes no writes until it is reopened: %s", _why(cause))
         try:
             self._on_failed(cause)
         except Exception:  # a bug in a listener must not stop the writer's thread
             log.exception("a store-failure listener failed")
-
-    def _after_commit(self, batches: list[RowBatch], futures: list[Future[Any]]) -> None:
-        for b, f in zip(batches, futures, strict=True):
-            try:
-                for callback in b.callbacks:
-                    callback()
-            except Exception as e:  # a bug in a callback must not stop the writer
-                f.set_exception(e)
-            else:
-                f.set_result(None)
 
     def _rollback(self) -> None:
         with contextlib.suppress(duckdb.Error):  # no transaction open: nothing to undo
