@@ -37,6 +37,12 @@ Replay through Spark (scripts/bench_replay.py): ``replay`` replays a log of ``--
 messages into Parquet on ``--master`` (local[2]) with ``--transform`` none, rows or sql;
 reports rows/s, the SparkSession start-up and the fixed cost of a job.
 
+Side by side with Redis and RabbitMQ (scripts/bench_peers.py): ``--peers`` (no
+``--scenario``) publishes ``--n`` messages through each, 256 unacknowledged at a time,
+consumes and acknowledges them in batches of 256, then times ``--latency-n`` (2000)
+single publishes (p50 / p99); ``--rounds`` default 1 there. Runs scripts/peers.sh first
+if a server or client is missing.
+
 Start-up of the command line (scripts/bench_cli.py): ``cli`` times whole ``eomsg``
 processes — ``--help``, ``publish`` and ``inspect queues`` through a node — ``--n`` runs
 each (20 unless given), median wall time; ``--eomsg PROGRAM`` times another install.
@@ -66,6 +72,7 @@ from pathlib import Path
 import bench_broker  # scripts/ is on the path when this file runs as a script
 import bench_cli
 import bench_failover
+import bench_peers
 import bench_replay
 import bench_txn
 import bench_wal
@@ -186,7 +193,11 @@ def machine() -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenario", choices=SCENARIOS, required=True)
+    parser.add_argument("--scenario", choices=SCENARIOS, help="required unless --peers")
+    parser.add_argument(
+        "--peers", action="store_true", help="eomsg side by side with Redis and RabbitMQ"
+    )
+    parser.add_argument("--latency-n", type=int, default=2000, help="peers: single publishes timed")
     parser.add_argument("--n", type=int, default=100_000, help="messages measured")
     parser.add_argument(
         "--batch",
@@ -199,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
         "--log-size", type=int, default=0, help="consumed messages already in the log"
     )
     parser.add_argument(
-        "--rounds", type=int, default=3, help="measured rounds; the median is reported"
+        "--rounds",
+        type=int,
+        default=None,
+        help="measured rounds; the median is reported (default 3; 1 with --peers)",
     )
     parser.add_argument(
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
@@ -222,6 +236,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eomsg", default=None, help="cli: the eomsg program to time")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
+    if args.rounds is None:
+        args.rounds = 1 if args.peers else 3
+    if args.peers:
+        if args.rounds < 1 or args.n < 1 or args.latency_n < 1:
+            parser.error("--rounds, --n and --latency-n must be positive")
+        bench_peers.ensure_installed()
+        peers = bench_peers.run(args.n, args.latency_n, args.rounds, args.payload)
+        peers["machine"] = machine()
+        print(json.dumps(peers) if args.json else bench_peers.text(peers))
+        return 0
+    if args.scenario is None:
+        parser.error("--scenario is required (unless --peers)")
     if args.batch is None:
         args.batch = {"embedded-consume": 1000, "express": 1000, "wal": 100}.get(
             args.scenario, 5000
