@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import logging
 import os
 import secrets
@@ -332,6 +333,22 @@ def room_to_reopen(data_dir: Path) -> tuple[int, int]:
     return st.f_bavail * st.f_frsize, size + journal + (16 << 20)
 
 
+GC_YOUNG = 10_000  # allocations between the cycle collector's young passes (CPython: 700)
+
+
+def settle_collector() -> None:
+    """Tune this process's cycle collector for serving: what is alive now (modules,
+    classes, the recovered state) is moved out of its sight, and young passes run every
+    :data:`GC_YOUNG` allocations. A node allocates a few objects per message and keeps
+    them briefly (until the journal takes them, or DuckDB), so with the defaults full
+    passes over every object of the process ran every few thousand messages: a third of
+    the node's CPU under load (docs/benchmarks.md). Only the daemon does this; a node
+    embedded in an application leaves its collector alone."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
+
+
 def serve(
     data_dir: Path,
     node: Node,
@@ -343,6 +360,7 @@ def serve(
     opened the node (holding the data directory) and closes it afterwards; a node that
     ``reopen`` opened after a store failure is closed here."""
     server: Server | None = None
+    settle_collector()
 
     async def main() -> None:
         nonlocal server
