@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up (or reuse) .venv with eomsg and its dev and spark extras, make sure PostgreSQL's
-# server (the tests start a throwaway one) and Java 17+ (for Spark) are installed, then
-# run the whole test suite.
+# server (the tests start a throwaway one), Java 17+ (for Spark) and strace (the
+# acknowledgement-order test) are installed, then run the whole test suite.
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +19,13 @@ if ! bash scripts/java.sh >/dev/null; then
     exit 1
   fi
   echo "test.sh: no Java 17+: the Spark tests are skipped" >&2
+fi
+if ! bash scripts/strace.sh >/dev/null; then
+  if [ "${CI:-}" = true ]; then
+    echo "test.sh: strace is needed for tests/test_ack_order.py under CI=true" >&2
+    exit 1
+  fi
+  echo "test.sh: no strace: the acknowledgement-order test is skipped" >&2
 fi
 python -m ruff check eomsg tests scripts
 python -m mypy eomsg

@@ -209,7 +209,9 @@ class Journal:
     def __init__(self, directory: Path, last_lsn: int, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
-        directory.mkdir(mode=PRIVATE_DIR, exist_ok=True)
+        if not directory.exists():
+            directory.mkdir(mode=PRIVATE_DIR)
+            sync(directory.parent)  # the journal's own name, durable before any record
         owner_only(directory)
         self.last_lsn = last_lsn
         self._fd = -1
