@@ -110,14 +110,16 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
             self._install(queue_id, config)
         self._next_seq = store.last_seq() + 1
         self._durable_seq = self._next_seq - 1
-        unread: dict[int, list[tuple[int, float | None]]] = {}
+        unread: dict[int, tuple[list[int], list[float | None]]] = {}
         for row in store.load_pending():
             q = self._by_id.get(row.queue_id)
             if q is None:
                 continue
             expires = None if row.expires_us is None else row.expires_us / US
             if row.attempt is None:
-                unread.setdefault(row.queue_id, []).append((row.seq, expires))
+                seqs, expiries = unread.setdefault(row.queue_id, ([], []))
+                seqs.append(row.seq)
+                expiries.append(expires)
             else:
                 # In flight when the node stopped: its consumer's session died with the
                 # node, so its deadline is now — it times out at the first poll (ready
@@ -126,12 +128,9 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
                 assert row.due_us is not None
                 due = row.due_us / US if row.released else min(now, row.due_us / US)
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
-        for queue_id, items in unread.items():  # after restore: read_seq is known
-            cursor = self._by_id[queue_id].cursor
-            for seq, expires in items:
-                cursor.append(seq, expires)
-        for msg_id, seq, expires_us in store.load_publish_ids(to_us(now)):
-            self._dedup.remember(msg_id, seq, None if expires_us is None else expires_us / US)
+        for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
+            self._by_id[queue_id].cursor.extend(seqs, expiries)
+        self._dedup.remember_many(*store.load_publish_ids(to_us(now)))
         for queue_id, counts in store.load_counts().items():
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)

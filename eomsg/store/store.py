@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import duckdb
 
@@ -61,9 +61,9 @@ DUCKDB_CONFIG: dict[str, Any] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class PendingRow:
-    """One unsettled (queue, message) pair found on recovery; times in microseconds."""
+class PendingRow(NamedTuple):
+    """One unsettled (queue, message) pair found on recovery; times in microseconds (a
+    tuple: a recovery reads millions)."""
 
     queue_id: int
     seq: int
@@ -388,17 +388,29 @@ class Store:
         try:
             result = self._reader().execute(sql)
             while chunk := result.fetchmany(65536):
-                for row in chunk:
-                    yield PendingRow(*row)
+                yield from map(PendingRow._make, chunk)
         except duckdb.Error as e:
             raise self._error(e, "recovering pending messages") from e
 
-    def load_publish_ids(self, now_us: int) -> list[tuple[str, int, int | None]]:
-        """Live publish ids (seed 001) as (id, seq, expires_us), oldest first."""
-        return self._query(
-            """SELECT id, seq, epoch_us(expires_at) FROM publish_ids
-               WHERE expires_at IS NULL OR epoch_us(expires_at) > ? ORDER BY seq""",
-            [now_us],
+    def load_publish_ids(self, now_us: int) -> tuple[list[str], list[int], list[float | None]]:
+        """Live publish ids (seed 001) as columns — ids, seqs, expiry times in seconds —
+        oldest first (columns: millions of them load in a fraction of the time rows take)."""
+        try:
+            table = (
+                self._reader()
+                .sql(
+                    """SELECT id, seq, epoch_us(expires_at) / 1e6 AS expires FROM publish_ids
+                       WHERE expires_at IS NULL OR epoch_us(expires_at) > ? ORDER BY seq""",
+                    params=[now_us],
+                )
+                .to_arrow_table()
+            )
+        except duckdb.Error as e:
+            raise self._error(e, "reading the store") from e
+        return (
+            table["id"].to_pylist(),
+            table["seq"].to_pylist(),
+            table["expires"].to_pylist(),
         )
 
     def finished_txns(self) -> dict[str, str]:
