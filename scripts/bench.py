@@ -43,6 +43,13 @@ consumes and acknowledges them in batches of 256, then times ``--latency-n`` (20
 single publishes (p50 / p99); ``--rounds`` default 1 there. Runs scripts/peers.sh first
 if a server or client is missing.
 
+Scale (scripts/bench_scale.py): ``scale`` grows one embedded node's log (consumed,
+retained) to each of ``--sizes`` (default 10^4,10^5,10^6,10^7) and measures publish and
+consume+delete of ``--n`` messages in batches of 256 at each, with a plot (``--plot``,
+default docs/img/scale.png); ``restart`` fills ``--retained`` (10^7) messages of which
+``--pending`` (10^6) stay pending, serves them, and times ``eomsg serve`` after SIGKILL
+right after a burst of publishes, to its ready line and to a client's first ``stats()``.
+
 Start-up of the command line (scripts/bench_cli.py): ``cli`` times whole ``eomsg``
 processes — ``--help``, ``publish`` and ``inspect queues`` through a node — ``--n`` runs
 each (20 unless given), median wall time; ``--eomsg PROGRAM`` times another install.
@@ -74,6 +81,7 @@ import bench_cli
 import bench_failover
 import bench_peers
 import bench_replay
+import bench_scale
 import bench_txn
 import bench_wal
 import duckdb
@@ -93,6 +101,7 @@ SCENARIOS = (
     *bench_txn.SCENARIOS,
     *bench_replay.SCENARIOS,
     *bench_wal.SCENARIOS,
+    *bench_scale.SCENARIOS,
     *bench_cli.SCENARIOS,
 )
 FILL_BATCH = 10_000
@@ -234,6 +243,20 @@ def main(argv: list[str] | None = None) -> int:
         "--transform", choices=bench_replay.TRANSFORMS, default="none", help="replay: transform"
     )
     parser.add_argument("--eomsg", default=None, help="cli: the eomsg program to time")
+    parser.add_argument(
+        "--sizes",
+        default=",".join(str(s) for s in bench_scale.SIZES),
+        help="scale: log sizes, comma-separated",
+    )
+    parser.add_argument(
+        "--plot", default="docs/img/scale.png", help="scale: the PNG to write ('' for none)"
+    )
+    parser.add_argument(
+        "--retained", type=int, default=10_000_000, help="restart: messages in the log"
+    )
+    parser.add_argument(
+        "--pending", type=int, default=1_000_000, help="restart: of them, still pending"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     if args.rounds is None:
@@ -303,6 +326,32 @@ def main(argv: list[str] | None = None) -> int:
                 f"{wal['p99_ms']} ms, max {wal['max_ms']} ms; WAL at most {wal['wal_max_mb']} "
                 f"MiB, {wal['checkpoints']} checkpoints"
             )
+        return 0
+    if args.scenario in bench_scale.SCENARIOS:
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            if args.scenario == "scale":
+                try:
+                    sizes = sorted({int(s) for s in args.sizes.split(",") if s.strip()})
+                except ValueError:
+                    parser.error("--sizes takes comma-separated numbers of messages")
+                if not sizes or sizes[0] < 1:
+                    parser.error("--sizes must be positive")
+                bench_scale.check_room(
+                    Path(tmp), sizes[-1] + len(sizes) * args.n * args.rounds, args.payload
+                )
+                plot = Path(args.plot) if args.plot else None
+                result = bench_scale.run_scale(
+                    sizes, args.n, args.payload, args.rounds, IDS, Path(tmp), plot
+                )
+            else:
+                if not 0 <= args.pending <= args.retained:
+                    parser.error("--pending must be between 0 and --retained")
+                bench_scale.check_room(Path(tmp), args.retained, args.payload)
+                result = bench_scale.run_restart(
+                    args.retained, args.pending, args.rounds, args.payload, IDS, Path(tmp)
+                )
+        result["machine"] = machine()
+        print(json.dumps(result) if args.json else bench_scale.text(result))
         return 0
     if args.scenario in bench_failover.SCENARIOS:
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
