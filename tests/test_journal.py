@@ -14,11 +14,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from eomsg.core.queues import QueueConfig
 from eomsg.embedded import LocalClient
 from eomsg.errors import DataDirDamaged
 from eomsg.node.node import NodeSettings
-from eomsg.store import journal
+from eomsg.store import journal, salvage
 from eomsg.store.journal import HEADER, Journal, read_segment, scan
+from eomsg.store.writer import RowBatch
 
 
 def write_journal(directory: Path, payloads: list[bytes], segment: int = 1 << 20) -> Journal:
@@ -130,19 +132,45 @@ def test_any_bytes_read_as_records_or_stop(
     assert bool(segment.why) == bool(data[segment.end :].strip(b"\0"))
 
 
-def test_a_store_refuses_a_damaged_journal_and_names_it(data_dir: Path) -> None:
+def test_a_damaged_journal_is_refused_named_and_salvaged(data_dir: Path) -> None:
     with LocalClient.open(data_dir) as client:
-        client.publish("a/b", b"x")
+        client.create_queue(QueueConfig.create("q", ["a/>"]))
+        client.publish("a/b", b"kept")
+        client.node.store.writer.sync()
+        applied = client.node.store.writer.applied
     directory = data_dir / journal.DIR_NAME
-    j = Journal(directory, 100)  # records DuckDB does not hold, the first one damaged
-    for p in (b"one", b"two"):
-        j.append(p)
+    j = Journal(directory, applied)  # acknowledged writes DuckDB does not hold yet
+    for i in range(3):
+        batch = RowBatch()
+        batch.add("messages", 10 + i, "a/b", f"j{i}", 0, None, None, b"j%d" % i)
+        batch.add("destinations", 10 + i, 1)
+        j.append(batch.encode())
     j.close(applied=0)
     ((_, path),) = journal.segments(directory)
     data = bytearray(path.read_bytes())
-    data[HEADER.size] ^= 1
+    second = read_segment(path, applied + 1).records[1]
+    data[data.index(second.payload) + 3] ^= 1  # the middle record's payload
     path.write_bytes(bytes(data))
-    with pytest.raises(DataDirDamaged, match="journal is damaged"):
+    with pytest.raises(DataDirDamaged, match="journal is damaged") as refused:
+        LocalClient.open(data_dir)
+    assert "eomsg salvage" in refused.value.message
+    p = salvage.plan(data_dir)
+    assert p.journal_lost == applied + 2 and "journal" in p.problem
+    salvage.execute(p)
+    with LocalClient.open(data_dir) as client:  # the record before the damage is kept
+        assert [m.payload for m in client.node.log()] == [b"kept", b"j0"]
+    assert journal.segments(next(data_dir.glob("damaged-*")) / journal.DIR_NAME)
+
+
+def test_missing_journal_records_are_damage(data_dir: Path) -> None:
+    with LocalClient.open(data_dir) as client:
+        client.publish("a/b", b"x")
+        client.node.store.writer.sync()
+        applied = client.node.store.writer.applied
+    j = Journal(data_dir / journal.DIR_NAME, applied + 5)  # 5 records gone
+    j.append(RowBatch().encode())
+    j.close(applied=0)
+    with pytest.raises(DataDirDamaged, match="are missing"):
         LocalClient.open(data_dir)
 
 

@@ -36,12 +36,13 @@ import duckdb
 
 from eomsg.errors import DataDirDamaged, DataDirError, UsageError, one_line
 from eomsg.failpoints import failpoint
-from eomsg.store import integrity, wal
+from eomsg.store import integrity, journal, wal
 from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
 from eomsg.store.schema import migrate
 from eomsg.store.watermark import MARK_NAME, Mark, Watermark
+from eomsg.store.writer import applied_lsn
 
 JOURNAL = "eomsg.salvage"
 SALVAGED_SUFFIX = ".salvaged"
@@ -62,6 +63,7 @@ class SalvagePlan:
     wal_size: int
     wal_keep: int  # bytes of the WAL kept (its complete, checked transactions)
     wal_commits: int
+    journal_lost: int = 0  # the first journal record lost to damage (0: none)
     resume: bool = False  # a salvage was interrupted during its swap: finish it
 
     @property
@@ -79,6 +81,11 @@ class SalvagePlan:
                 f"WAL        keep {self.wal_keep} of {self.wal_size} bytes "
                 f"({self.wal_commits} transactions); drop {self.wal_size - self.wal_keep}"
             )
+        if self.journal_lost:
+            out.append(
+                f"journal    keep its records before {self.journal_lost}; drop that one and "
+                "what follows (acknowledged writes among them are lost)"
+            )
         out += [
             f"backup     {self.data_dir}/damaged-<time>/ (the damaged files, untouched)",
             "copy       every table into a new store, skipping unreadable blocks",
@@ -93,6 +100,7 @@ class SalvagePlan:
             "wal_size": self.wal_size,
             "wal_keep": self.wal_keep,
             "wal_commits": self.wal_commits,
+            "journal_lost": self.journal_lost or None,
         }
 
 
@@ -139,7 +147,48 @@ def _plan(data_dir: Path) -> SalvagePlan:
     keep = scan.committed_end if scan and scan.readable else size
     commits = scan.commits if scan else 0
     problem = _problem(data_dir, path, wal_path)
-    return SalvagePlan(data_dir, problem, size, keep, commits)
+    cut = _journal_damage(data_dir, path)
+    if cut and not problem:
+        problem = f"its journal is damaged ({cut.damage})"
+    return SalvagePlan(
+        data_dir, problem, size, keep, commits, journal_lost=cut.damaged_lsn if cut else 0
+    )
+
+
+def _journal_damage(data_dir: Path, path: Path) -> journal.Scan | None:
+    """The journal's scan when it is damaged past what DuckDB holds (else None)."""
+    found = journal.scan(data_dir / journal.DIR_NAME)
+    if not found.damage:
+        return None
+    try:
+        db = duckdb.connect(str(path), read_only=True)
+    except duckdb.Error:
+        return found  # the store itself is unreadable: say what the journal has too
+    try:
+        applied = applied_lsn(db)
+    except duckdb.Error:
+        applied = 0
+    finally:
+        db.close()
+    return found if found.damaged_lsn > applied else None
+
+
+def _cut_journal(data_dir: Path, backup: Path, lost_from: int) -> None:
+    """Keep the journal's records before ``lost_from`` (the first a damaged record took
+    with it) and drop the rest, after copying it whole into ``backup``."""
+    directory = data_dir / journal.DIR_NAME
+    shutil.copytree(directory, backup / journal.DIR_NAME)
+    sync(backup)
+    for first, seg in journal.segments(directory):
+        if first >= lost_from:
+            seg.unlink()
+        else:
+            segment = journal.read_segment(seg, first)
+            if segment.last_lsn >= lost_from - 1 and segment.end < segment.size:
+                with open(seg, "r+b") as f:
+                    f.truncate(segment.end)
+                    os.fsync(f.fileno())
+    sync(directory)
 
 
 def _problem(data_dir: Path, path: Path, wal_path: Path) -> str:
@@ -204,6 +253,8 @@ def _salvage(p: SalvagePlan) -> Salvaged:
             shutil.copy2(data_dir / name, backup / name)
             sync(backup / name)
     sync(backup)  # the originals are copied durably before anything replaces them
+    if p.journal_lost:
+        _cut_journal(data_dir, backup, p.journal_lost)
     work = data_dir / WORK_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o700)

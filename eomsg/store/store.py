@@ -203,6 +203,13 @@ class Store:
         directory = self.data_dir / journal.DIR_NAME
         applied = applied_lsn(db)
         found = journal.scan(directory, applied)
+        if not found.damage and found.records and found.records[0].lsn > applied + 1:
+            found = journal.Scan(
+                [],
+                found.last_lsn,
+                damage=f"records {applied + 1} to {found.records[0].lsn - 1} are missing",
+                damaged_lsn=applied + 1,
+            )
         if found.damage:
             raise integrity.damaged(self.data_dir, f"its journal is damaged ({found.damage})")
         if found.torn:
