@@ -210,7 +210,7 @@ def test_duckdb_finding_no_room_behind_the_journal_keeps_what_was_acknowledged(
     (writing its WAL, or checkpointing it at 16 MiB): the writes were acknowledged, the
     store stops; everything acknowledged is there after the node reopened itself (the
     journal applied again), and what came after was refused whole."""
-    disk = small_disk(128 * MiB)  # room to reopen: the journal is applied again
+    disk = small_disk(160 * MiB)  # room to reopen: WAL, journal and margin
     data = disk.root / "data"
     env = {**cli_env, "EOMSG_DATA": str(data)}
     node = NodeProcess(eomsg_bin, data, env).start()

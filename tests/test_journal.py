@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from eomsg.core.queues import QueueConfig
 from eomsg.embedded import LocalClient
-from eomsg.errors import DataDirDamaged
-from eomsg.node.node import NodeSettings
+from eomsg.errors import DataDirDamaged, InvalidDuration, NodeClosed, StorageError, WriteFailed
+from eomsg.node.node import Node, NodeSettings
 from eomsg.store import journal, salvage
 from eomsg.store.journal import HEADER, Journal, read_segment, scan
 from eomsg.store.writer import RowBatch
@@ -183,7 +183,7 @@ PUBLISHER = textwrap.dedent(
     from eomsg.core.queues import QueueConfig
     from eomsg.embedded import LocalClient
     from eomsg.errors import QueueExists
-    from eomsg.node.node import NodeSettings
+    from eomsg.node.node import Node, NodeSettings
 
     data, start, count = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
     settings = NodeSettings(tick=None, journal_segment=2048, compact_every=10)
@@ -269,3 +269,75 @@ def test_a_journal_left_by_a_kill_is_applied_at_the_next_open(data_dir: Path) ->
             "SELECT count(*), count(DISTINCT id) FROM messages"
         )
         assert count == distinct == len(stored)
+
+
+# -- what review found --------------------------------------------------------------------
+
+
+def test_damage_among_records_duckdb_holds_does_not_matter(tmp_path: Path) -> None:
+    write_journal(tmp_path, PAYLOADS, segment=1 << 20)
+    ((_, path),) = journal.segments(tmp_path)
+    data = bytearray(path.read_bytes())
+    data[boundaries(PAYLOADS)[1] + 20] ^= 1  # inside record 3
+    path.write_bytes(bytes(data))
+    assert scan(tmp_path).damage  # for a reader that needs record 3
+    found = journal.check(tmp_path, applied=3)  # DuckDB holds 1-3: 4 on are read
+    assert not found.damage and [r.lsn for r in found.records] == [4, 5, 6]
+
+
+def test_several_records_garbled_is_damage_not_a_torn_tail(tmp_path: Path) -> None:
+    payloads = [os.urandom(20) for _ in range(10)]
+    write_journal(tmp_path, payloads, segment=1 << 20)
+    ((_, path),) = journal.segments(tmp_path)
+    data = bytearray(path.read_bytes())
+    ends = boundaries(payloads)
+    for i in range(ends[3], ends[6]):  # records 5, 6 and 7 garbled; 8-10 intact
+        data[i] = 0xA5
+    path.write_bytes(bytes(data))
+    found = scan(tmp_path)
+    assert found.damage and not found.torn and found.damaged_lsn == 5
+
+
+def test_a_bad_last_record_before_a_later_empty_segment_is_damage(tmp_path: Path) -> None:
+    j = Journal(tmp_path, 0, 64)
+    for p in PAYLOADS[:4]:
+        j.append(p)
+    j.close(applied=0)
+    first = journal.segments(tmp_path)[0][1]
+    end = read_segment(first, 1).end
+    data = bytearray(first.read_bytes())
+    data[end - 1] ^= 1  # its last record, acknowledged: a later segment was started
+    first.write_bytes(bytes(data))
+    last = journal.segments(tmp_path)[-1]
+    (tmp_path / f"{last[0] + 5:020d}.seg").write_bytes(bytes(64))  # started, empty
+    assert scan(tmp_path).damage
+
+
+def test_a_value_the_journal_cannot_hold_fails_the_write_and_never_hangs(
+    data_dir: Path,
+) -> None:
+    node = Node.open(data_dir, NodeSettings(tick=None))
+    batch = RowBatch()
+    batch.add("messages", 1 << 70, "t", None, 0, None, None, b"x")
+    with pytest.raises(WriteFailed):
+        node.store.writer.write(batch).result(timeout=10)
+    with pytest.raises(StorageError):
+        node.publish("t", b"y")
+    node.close()
+    with LocalClient.open(data_dir) as client:  # nothing of it was stored
+        assert client.node.log() == []
+
+
+def test_a_ttl_past_what_the_store_can_hold_is_refused(data_dir: Path) -> None:
+    with LocalClient.open(data_dir) as client, pytest.raises(InvalidDuration, match="at most"):
+        client.publish("t", b"y", ttl=1e13)
+
+
+def test_sync_after_close_says_so(data_dir: Path) -> None:
+    node = Node.open(data_dir, NodeSettings(tick=None))
+    node.publish("t", b"x")
+    writer = node.store.writer
+    node.close()
+    writer.sync()  # DuckDB holds everything: at once
+    with pytest.raises(NodeClosed):
+        writer.write(RowBatch())

@@ -64,6 +64,11 @@ def _show(size: int) -> str:
     return "1 byte" if size == 1 else f"{size} bytes"
 
 
+# A message's expiry must be a time the store can hold (DuckDB's timestamps end in the
+# year 294247); the journal acknowledges it before DuckDB sees it, so it is bounded here.
+MAX_TTL = 100 * 365.25 * 86400
+
+
 @dataclass(frozen=True)
 class Limits:
     """Per-node limits on what a publish may carry."""
@@ -91,9 +96,12 @@ def check_outgoing(msg: Outgoing, limits: Limits) -> Outgoing:
     ):
         raise InvalidInput(f"message id must be 1-{MAX_ID_LENGTH} printable characters")
     if msg.ttl is not None and not (
-        isinstance(msg.ttl, int | float) and math.isfinite(msg.ttl) and msg.ttl > 0
+        isinstance(msg.ttl, int | float) and math.isfinite(msg.ttl) and 0 < msg.ttl <= MAX_TTL
     ):
-        raise InvalidDuration(f"ttl {msg.ttl!r} must be a positive number of seconds")
+        raise InvalidDuration(
+            f"ttl {msg.ttl!r} must be a positive number of seconds, at most {MAX_TTL:.0f} "
+            "(100 years; leave it out for a message that never expires)"
+        )
     if msg.headers:
         size = 0
         for name, value in msg.headers.items():

@@ -186,7 +186,7 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
         self._listeners = [c for c in self._listeners if c is not callback]
 
     def add_failure_listener(self, callback: Callable[[BaseException], None]) -> None:
-        """Call ``callback(cause)`` once, on the writer's thread, if the store stops
+        """Call ``callback(cause)`` once, on one of the writer's threads, if the store stops
         taking writes (a commit failed): the node must then be closed and opened again,
         which rebuilds its state from what the disk holds."""
         self.store.failure_listeners.append(callback)

@@ -147,7 +147,7 @@ class Server:
         node.add_failure_listener(self._failure_heard)
 
     def _failure_heard(self, cause: BaseException) -> None:
-        """Store failure listener, on the writer's thread: hand it to the loop."""
+        """Store failure listener, on one of the writer's threads: hand it to the loop."""
         with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
             self.loop.call_soon_threadsafe(self._store_failed, cause)
 

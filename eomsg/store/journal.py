@@ -92,11 +92,12 @@ def _sound(data: bytes, pos: int, end: int, crc: int) -> bool:
     return crc == zlib.crc32(data[pos + HEADER.size : end], zlib.crc32(data[pos + 4 : pos + 16]))
 
 
-def read_segment(path: Path, first_lsn: int) -> Segment:
-    """The records of one segment file, up to the first that is cut short or bad."""
+def read_segment(path: Path, first_lsn: int, start: int = 0, start_lsn: int = 0) -> Segment:
+    """The records of one segment file, up to the first that is cut short or bad (from
+    byte ``start``, where record ``start_lsn`` is, when given)."""
     data = path.read_bytes()
     records: list[Record] = []
-    pos, lsn = 0, first_lsn
+    pos, lsn = start, start_lsn or first_lsn
     why = ""
     while pos < len(data):
         if not data[pos : pos + HEADER.size].strip(b"\0") and not data[pos:].strip(b"\0"):
@@ -120,17 +121,25 @@ def read_segment(path: Path, first_lsn: int) -> Segment:
     return Segment(path, first_lsn, records, pos, len(data), why)
 
 
+FOLLOWING = 64  # how many records past a bad one are looked for: a torn tail has none
+
+
+def _find(data: bytes, start: int, lsn: int) -> int | None:
+    """Where a valid record numbered ``lsn`` starts past ``start``, if one does."""
+    key = struct.pack("<Q", lsn)
+    at = data.find(key, start + 1)
+    while at != -1:
+        if _valid_at(data, at - 8, lsn):
+            return at - 8
+        at = data.find(key, at + 1)
+    return None
+
+
 def _follows(data: bytes, start: int, lsn: int) -> bool:
-    """Whether a valid record numbered ``lsn`` or ``lsn + 1`` starts past ``start``: what
-    makes a bad record damage rather than a torn tail."""
-    for wanted in (lsn, lsn + 1):
-        key = struct.pack("<Q", wanted)
-        at = data.find(key, start + 1)
-        while at != -1:
-            if _valid_at(data, at - 8, wanted):
-                return True
-            at = data.find(key, at + 1)
-    return False
+    """Whether a valid record numbered ``lsn`` or up to :data:`FOLLOWING` past it starts
+    past ``start``: what makes a bad record damage (a garbled page takes several records
+    with it) rather than a torn tail."""
+    return any(_find(data, start, n) is not None for n in range(lsn, lsn + FOLLOWING))
 
 
 def segments(directory: Path) -> list[tuple[int, Path]]:
@@ -162,37 +171,62 @@ class Scan:
 
 
 def scan(directory: Path, after: int = 0) -> Scan:
-    """Read every segment in ``directory``; keep the records numbered past ``after``."""
+    """Read every segment in ``directory``; keep the records numbered past ``after``
+    (those DuckDB holds may be damaged: reading goes on at the first it lacks)."""
     found = segments(directory)
     read: list[Segment] = []
     records: list[Record] = []
-    last = after
+    last, expect = after, 0
     for i, (first, path) in enumerate(found):
-        if read and first != read[-1].last_lsn + 1:
+        if expect and first != expect and first > after + 1:
             return Scan(
                 records,
                 last,
                 read,
-                damage=f"segment {path.name} starts at {first}, after {read[-1].last_lsn}",
-                damaged_lsn=read[-1].last_lsn + 1,
+                damage=f"segment {path.name} starts at {first}, after {expect - 1}",
+                damaged_lsn=max(expect, after + 1),
             )
         segment = read_segment(path, first)
+        if segment.why and segment.last_lsn < after:  # bad, but DuckDB holds it
+            at = _find(path.read_bytes(), segment.end, after + 1)
+            if at is not None:
+                segment = read_segment(path, first, at, after + 1)
+            else:  # what DuckDB lacks starts in a later segment, or nowhere
+                segment = Segment(path, first, [], segment.end, segment.size)
+                expect = 0
         read.append(segment)
         records.extend(r for r in segment.records if r.lsn > after)
         last = max(last, segment.last_lsn)
         if segment.why:
-            data = path.read_bytes()
-            later = any(read_segment(p, f).records for f, p in found[i + 1 :])
-            if later or _follows(data, segment.end, segment.last_lsn + 1):
+            # A later segment starts only once this one's last record was acknowledged.
+            if i + 1 < len(found) or _follows(path.read_bytes(), segment.end, last + 1):
                 where = f"{path.name}: {segment.why}, and records follow it"
-                return Scan(records, last, read, damage=where, damaged_lsn=segment.last_lsn + 1)
+                return Scan(records, last, read, damage=where, damaged_lsn=last + 1)
             return Scan(records, last, read, torn=f"{path.name}: {segment.why}")
+        if segment.records:
+            expect = segment.last_lsn + 1
     return Scan(records, last, read)
 
 
+def check(directory: Path, applied: int) -> Scan:
+    """:func:`scan` past ``applied`` (the last record DuckDB holds), with records
+    missing between it and the journal's first counted as damage too."""
+    found = scan(directory, applied)
+    first = next((s for s in found.segments if s.records or s.why), None)
+    if not found.damage and first is not None and first.first_lsn > applied + 1:
+        return Scan(
+            [],
+            found.last_lsn,
+            found.segments,
+            damage=f"records {applied + 1} to {first.first_lsn - 1} are missing",
+            damaged_lsn=applied + 1,
+        )
+    return found
+
+
 def pending(data_dir: Path) -> bool:
-    """Whether ``data_dir`` has a journal with records in it (DuckDB may not hold them:
-    a node stopped without closing)."""
+    """Whether ``data_dir`` has journal records at all (a node stopped without closing;
+    DuckDB may hold them: :func:`check` says which it lacks)."""
     for _, path in segments(data_dir / DIR_NAME):
         with open(path, "rb") as f:
             if f.read(HEADER.size).strip(b"\0"):
@@ -217,6 +251,7 @@ class Journal:
         self._fd = -1
         self._size = 0  # where the next record goes in the current segment
         self._room = 0  # the current segment's allocated size
+        self._writing = 0  # the size of the record being appended
         self._files: list[tuple[int, Path]] = segments(directory)
 
     def append(self, payload: bytes) -> int:
@@ -227,6 +262,7 @@ class Journal:
         if self._fd < 0 or self._size + len(record) > self._room:
             self._start(lsn, len(record))
         failpoint("journal.append.before")
+        self._writing = len(record)
         written = 0
         while written < len(record):
             written += os.pwrite(self._fd, record[written:], self._size + written)
@@ -241,8 +277,11 @@ class Journal:
         durably. False if that failed too (then what the file holds is unknown)."""
         if self._fd < 0:
             return True
+        zeros = bytes(min(self._writing, self._room - self._size))
         try:
-            os.pwrite(self._fd, bytes(self._room - self._size), self._size)
+            done = 0
+            while done < len(zeros):
+                done += os.pwrite(self._fd, zeros[done:], self._size + done)
             os.fdatasync(self._fd)
         except OSError:
             return False

@@ -29,6 +29,7 @@ from eomsg.store import journal
 from eomsg.store.files import DB_NAME
 from eomsg.store.lock import LOCK_NAME, holder_of
 from eomsg.store.schema import ROW_TABLES
+from eomsg.store.writer import applied_lsn
 
 LOG_SCHEMA: pa.Schema = ROW_TABLES["messages"]
 _COLUMNS = ", ".join(LOG_SCHEMA.names)
@@ -179,20 +180,21 @@ class FileLog:
                     f"data directory {self.data_dir} is in use by {holder_of(self.data_dir)}"
                     ": read through its node (its socket or --broker), or when it is done"
                 ) from e
-        if journal.pending(self.data_dir):
+        try:
+            self.conn = duckdb.connect(
+                str(path), read_only=True, config={"enable_external_access": False}
+            )
+            lacking = journal.check(self.data_dir / journal.DIR_NAME, applied_lsn(self.conn))
+        except duckdb.Error as e:
             os.close(self._fd)
+            raise DataDirError(f"cannot read {path}: {one_line(e)}") from e
+        if lacking.records or lacking.damage:
+            self.close()
             raise DataDirError(
                 f"{self.data_dir} holds acknowledged messages its log file does not have yet "
                 "(its node stopped without closing): open it with eomsg once (any command, "
                 "e.g. `eomsg inspect queues`), which applies them, then read it again"
             )
-        try:
-            self.conn = duckdb.connect(
-                str(path), read_only=True, config={"enable_external_access": False}
-            )
-        except duckdb.Error as e:
-            os.close(self._fd)
-            raise DataDirError(f"cannot read {path}: {one_line(e)}") from e
 
     def close(self) -> None:
         """Close the database and drop the shared lock. Idempotent."""

@@ -156,21 +156,22 @@ def _plan(data_dir: Path) -> SalvagePlan:
 
 
 def _journal_damage(data_dir: Path, path: Path) -> journal.Scan | None:
-    """The journal's scan when it is damaged past what DuckDB holds (else None)."""
-    found = journal.scan(data_dir / journal.DIR_NAME)
-    if not found.damage:
+    """The journal's check when it is damaged past what DuckDB holds (else None): what
+    a node's open would refuse."""
+    if not journal.pending(data_dir):
         return None
     try:
         db = duckdb.connect(str(path), read_only=True)
     except duckdb.Error:
-        return found  # the store itself is unreadable: say what the journal has too
+        return None  # the store itself is unreadable: salvaged first, looked at again
     try:
         applied = applied_lsn(db)
     except duckdb.Error:
         applied = 0
     finally:
         db.close()
-    return found if found.damaged_lsn > applied else None
+    found = journal.check(data_dir / journal.DIR_NAME, applied)
+    return found if found.damage else None
 
 
 def _cut_journal(data_dir: Path, backup: Path, lost_from: int) -> None:

@@ -28,7 +28,7 @@ from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, JobStatus, Selection
 from eomsg.errors import DataDirDamaged, DataDirError, InvalidQuery, StorageError, one_line
 from eomsg.store import compact, integrity, journal, logread, salvage, sandbox
-from eomsg.store.files import DB_NAME, owner_only
+from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.journal import Journal
 from eomsg.store.lock import DataDirLock
 from eomsg.store.schema import migrate
@@ -121,7 +121,8 @@ class Store:
     Opening checks the directory first (:mod:`eomsg.store.integrity`): DataDirDamaged if
     acknowledged writes were lost, a warning (in :attr:`warnings`, and logged) for a
     write a crash cut off. Each of :attr:`failure_listeners` hears, once and on the
-    writer's thread, that the writer stopped taking work (the store must be reopened)."""
+    writer's journal or applier thread, that the writer stopped taking work (the store
+    must be reopened)."""
 
     def __init__(
         self,
@@ -202,20 +203,14 @@ class Store:
         open: serving what follows would skip an acknowledged write."""
         directory = self.data_dir / journal.DIR_NAME
         applied = applied_lsn(db)
-        found = journal.scan(directory, applied)
-        if not found.damage and found.records and found.records[0].lsn > applied + 1:
-            found = journal.Scan(
-                [],
-                found.last_lsn,
-                damage=f"records {applied + 1} to {found.records[0].lsn - 1} are missing",
-                damaged_lsn=applied + 1,
-            )
+        found = journal.check(directory, applied)
         if found.damage:
             raise integrity.damaged(self.data_dir, f"its journal is damaged ({found.damage})")
         if found.torn:
             self.warnings.append(
-                f"the journal ended with a write that a crash cut off, never acknowledged "
-                f"({found.torn}): dropped"
+                f"the journal ended with a write that a crash cut off ({found.torn}): "
+                "dropped (its writer never acknowledged it, unless the disk damaged it "
+                "after)"
             )
         batch, last, size = RowBatch(), applied, 0
         for record in found.records:
@@ -230,6 +225,8 @@ class Store:
                     self._checkpoint(db, logread.stored_seq(db))
         for _, path in journal.segments(directory):
             path.unlink()
+        if directory.exists():
+            sync(directory)  # the deletions durable before new records are written
         return Journal(directory, max(last, found.last_lsn), self.journal_segment)
 
     def close(self) -> None:
@@ -489,7 +486,7 @@ class Store:
                 found[seq] = _message(row)
         if not rest:
             return found
-        low, high = rest[0], rest[-1]
+        low, high = min(rest), max(rest)
         if high - low < 4 * len(rest):  # dense, the usual case: a plain range scan
             wanted = set(rest)
             rows = self._query(

@@ -87,7 +87,8 @@ class RowBatch:
         self.add(META, key, value)
 
     def after_commit(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` on the writer thread once these rows are committed."""
+        """Run ``callback`` on the journal thread once these rows are durable (in the
+        journal), before the batch's future resolves."""
         self.callbacks.append(callback)
 
     def merge(self, other: RowBatch) -> None:
@@ -245,6 +246,7 @@ class Writer:
         self._caught_up = threading.Condition()
         self._failed: BaseException | None = None
         self._closed = False
+        self._gate = threading.Lock()  # orders work handed in against close()
         self._apply_thread = threading.Thread(
             target=self._apply_run, name="eomsg-applier", daemon=True
         )
@@ -277,18 +279,21 @@ class Writer:
         when it does already)."""
         if self._journal.last_lsn <= self.applied:
             return
-        self._check()
         future: Future[None] = Future()
-        self._applier.put((_SYNC, future))
+        with self._gate:  # never after close() let the applier stop
+            self._check()
+            self._applier.put((_SYNC, future))
         future.result()
 
     def close(self) -> None:
         """Finish the queued work, apply everything to DuckDB, then stop both threads.
         Idempotent."""
-        if not self._closed:
+        with self._gate:
+            if self._closed:
+                return
             self._closed = True
-            self._queue.put((_STOP, None))
-            self._thread.join()
+        self._queue.put((_STOP, None))
+        self._thread.join()
 
     def _check(self) -> None:
         if self._failed is not None:
@@ -299,14 +304,24 @@ class Writer:
             raise NodeClosed("the node is closed")
 
     def _submit(self, work: Any) -> Future[Any]:
-        self._check()
         future: Future[Any] = Future()
-        self._queue.put((work, future))
+        with self._gate:  # never after close() let the journal thread stop
+            self._check()
+            self._queue.put((work, future))
         return future
 
     # -- the journal thread ---------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._journal_loop()
+        except BaseException as e:  # a bug: stop taking work rather than hang every caller
+            log.exception("the journal thread failed")
+            self._stop(e)
+            self._applier.put((_STOP, None))
+            self._drain(self._queue, e)
+
+    def _journal_loop(self) -> None:
         pending: list[tuple[Any, Future[Any]]] = []
         while True:
             if not pending:
@@ -348,7 +363,10 @@ class Writer:
         futures = [f for _, f in group]
         if self._failed is not None:
             return self._refuse(futures)
-        payload = batch.encode()
+        try:
+            payload = batch.encode()
+        except Exception as e:  # a value the journal cannot hold: nothing was written
+            return self._broke(futures, e, Commit.ROLLED_BACK)
         size = len(payload)
         # DuckDB too far behind: wait, so that memory and the journal stay bounded.
         with self._caught_up:
@@ -382,6 +400,34 @@ class Writer:
     # -- the applier thread ---------------------------------------------------------------
 
     def _apply_run(self) -> None:
+        try:
+            self._apply_loop()
+        except BaseException as e:  # a bug: what is journaled stays for the next open
+            log.exception("the applier thread failed")
+            self._stop(e)
+            with self._caught_up:
+                self._behind = 0
+                self._caught_up.notify_all()
+            self._drain(self._applier, e)
+
+    def _drain(self, work: queue.SimpleQueue[Any], cause: BaseException) -> None:
+        """After a thread failed: fail every future still queued for it."""
+        while True:
+            try:
+                item = work.get(timeout=0.5)
+            except queue.Empty:
+                if self._closed:
+                    return
+                continue
+            future = item[1] if len(item) == 2 else None
+            if item[0] is _STOP:
+                return
+            if isinstance(future, Future) and not future.done():
+                error = StorageError(f"the store failed: {_why(cause)}")
+                error.__cause__ = cause
+                future.set_exception(error)
+
+    def _apply_loop(self) -> None:
         rows: list[tuple[RowBatch, int]] = []
         count = size = 0
         deadline = 0.0
