@@ -475,15 +475,8 @@ class Store:
         does not hold yet from the writer's overlay, the rest from DuckDB (a message
         leaves the overlay only after DuckDB committed it, so looking there first never
         misses one)."""
-        found: dict[int, Message] = {}
-        overlay = self.writer.overlay
-        rest = []
-        for seq in seqs:
-            row = overlay.get(seq)
-            if row is None:
-                rest.append(seq)
-            else:
-                found[seq] = _message(row)
+        fresh, rest = self._fresh(seqs)
+        found = {seq: _message(row) for seq, row in fresh.items()}
         if not rest:
             return found
         low, high = min(rest), max(rest)
@@ -602,6 +595,20 @@ class Store:
         )
         return {queue_id: int(total) for queue_id, total in rows}
 
+    def _fresh(self, seqs: Sequence[int]) -> tuple[dict[int, Any], list[int]]:
+        """The ``messages`` rows of ``seqs`` still in the writer's overlay (DuckDB may not
+        hold them yet), by seq, and the seqs to read from DuckDB."""
+        overlay = self.writer.overlay
+        fresh: dict[int, Any] = {}
+        rest = []
+        for seq in seqs:
+            row = overlay.get(seq)
+            if row is None:
+                rest.append(seq)
+            else:
+                fresh[seq] = row
+        return fresh, rest
+
     def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
         """Expiry times of the messages among ``seqs`` that have one, by seq."""
         found = self._columns(seqs, 4, "expires_at")
@@ -610,15 +617,8 @@ class Store:
     def _columns(self, seqs: Sequence[int], index: int, column: str) -> dict[int, Any]:
         """One timestamp column of ``messages`` (``index`` in its rows) for ``seqs``, in
         microseconds: from the writer's overlay, else DuckDB (see :meth:`fetch`)."""
-        overlay = self.writer.overlay
-        found: dict[int, Any] = {}
-        rest = []
-        for seq in seqs:
-            row = overlay.get(seq)
-            if row is None:
-                rest.append(seq)
-            else:
-                found[seq] = row[index]
+        fresh, rest = self._fresh(seqs)
+        found = {seq: row[index] for seq, row in fresh.items()}
         if rest:
             found.update(
                 self._query(
