@@ -79,6 +79,7 @@ from pathlib import Path
 import bench_broker  # scripts/ is on the path when this file runs as a script
 import bench_cli
 import bench_failover
+import bench_fill
 import bench_peers
 import bench_replay
 import bench_scale
@@ -117,29 +118,9 @@ def _messages(n: int, payload: bytes, start: int) -> list[Outgoing]:
 
 
 def _publish_all(broker: Broker, n: int, payload: bytes, batch: int, start: int) -> None:
-    """Publish as ``eomsg publish --stdin`` does: the next batch is prepared while the
-    previous one commits; each is acknowledged only after its commit."""
-    previous = None
-    for i in range(0, n, batch):
-        future = broker.publish_batch_async(_messages(min(batch, n - i), payload, start + i))
-        if previous is not None:
-            previous.result()
-        previous = future
-    if previous is not None:
-        previous.result()
-
-
-def _drain(broker: Broker, batch: int) -> int:
-    """Consume as ``eomsg consume`` does: deliveries recorded durably before they are
-    handed out; each batch's deletion commits together with the next fetch."""
-    count = 0
-    pending = []
-    while taken := broker.fetch("bench", batch):
-        pending.append(broker.delete_async("bench", [d.key for d in taken]))
-        count += len(taken)
-    for deleted in pending:
-        deleted.result()
-    return count
+    bench_fill.publish_all(
+        broker, (_messages(min(batch, n - i), payload, start + i) for i in range(0, n, batch))
+    )
 
 
 def run(
@@ -155,7 +136,7 @@ def run(
             start = 0
             if log_size:
                 _publish_all(client, log_size, payload, FILL_BATCH, 0)
-                _drain(client, FILL_BATCH)
+                bench_fill.drain(client, FILL_BATCH)
                 client.node.maintain()  # compaction between rounds, as the ticker would
                 start = log_size
             for _ in range(rounds):  # each round leaves the queue empty again
@@ -168,11 +149,11 @@ def run(
                 elif scenario == "embedded-publish-batch":
                     _publish_all(client, n, payload, batch, start)
                 else:
-                    consumed = _drain(client, batch)
+                    consumed = bench_fill.drain(client, batch)
                     assert consumed == n, f"consumed {consumed} of {n}"
                 timings.append(time.perf_counter() - t0)
                 if scenario != "embedded-consume":
-                    _drain(client, FILL_BATCH)
+                    bench_fill.drain(client, FILL_BATCH)
                 client.node.maintain()  # compaction between rounds, as the ticker would
                 start += n
     seconds = statistics.median(timings)

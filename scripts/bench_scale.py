@@ -56,6 +56,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import bench_fill
 import duckdb
 
 import eomsg
@@ -132,30 +133,10 @@ def _messages(n: int, payload: Payloads, start: int, ids: bool, prefix: str) -> 
 def _publish(
     broker: Broker, n: int, payload: Payloads, batch: int, start: int, ids: bool, prefix: str = "m"
 ) -> None:
-    """Publish as ``eomsg publish --stdin`` does: the next batch is prepared while the
-    previous one commits; each is acknowledged only after its commit."""
-    previous = None
-    for i in range(0, n, batch):
-        messages = _messages(min(batch, n - i), payload, start + i, ids, prefix)
-        future = broker.publish_batch_async(messages)
-        if previous is not None:
-            previous.result()
-        previous = future
-    if previous is not None:
-        previous.result()
-
-
-def _drain(broker: Broker, batch: int) -> int:
-    """Consume as ``eomsg consume`` does: each batch's deletion commits together with
-    the next fetch."""
-    count = 0
-    pending = []
-    while taken := broker.fetch("bench", batch):
-        pending.append(broker.delete_async("bench", [d.key for d in taken]))
-        count += len(taken)
-    for deleted in pending:
-        deleted.result()
-    return count
+    bench_fill.publish_all(
+        broker,
+        (_messages(min(batch, n - i), payload, start + i, ids, prefix) for i in range(0, n, batch)),
+    )
 
 
 def _fill(client: LocalClient, n: int, payload: Payloads, start: int, ids: bool) -> None:
@@ -165,7 +146,7 @@ def _fill(client: LocalClient, n: int, payload: Payloads, start: int, ids: bool)
     for lo in range(0, n, FILL_CHUNK):
         chunk = min(FILL_CHUNK, n - lo)
         _publish(client, chunk, payload, FILL_BATCH, start + lo, ids)
-        drained = _drain(client, FILL_BATCH)
+        drained = bench_fill.drain(client, FILL_BATCH)
         assert drained == chunk, f"drained {drained} of {chunk}"
         client.node.maintain()
         if n > FILL_CHUNK:
@@ -217,7 +198,7 @@ def run_scale(
                 _publish(client, n, payload, MEASURED_BATCH, logged, ids)
                 publish.append(time.perf_counter() - t)
                 t = time.perf_counter()
-                consumed = _drain(client, MEASURED_BATCH)
+                consumed = bench_fill.drain(client, MEASURED_BATCH)
                 consume.append(time.perf_counter() - t)
                 assert consumed == n, f"consumed {consumed} of {n}"
                 client.node.maintain()
