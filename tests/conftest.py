@@ -228,6 +228,35 @@ def eventually(condition: Callable[[], bool], timeout: float = 30.0) -> bool:
     return True
 
 
+def queue_depth(data_dir: Path, queue: str) -> int:
+    """Messages of ``queue`` on the node serving ``data_dir`` not yet deleted."""
+    with eomsg.connect(data_dir) as client:
+        return {st.name: st.depth for st in client.stats()}[queue]
+
+
+def running_until_depth(
+    start: Callable[[], subprocess.Popen[Any]],
+    data_dir: Path,
+    queue: str,
+    depth: int,
+    timeout: float = 120.0,
+) -> subprocess.Popen[Any]:
+    """A consumer process (``start()``), still running once ``queue`` is down to
+    ``depth`` messages: for killing it mid-stream after a measured amount of progress,
+    never after a guessed time (how far a consumer gets in a second depends on the
+    machine). One that stops of itself (idle on a loaded machine) is started again; one
+    that fails, or makes no progress in ``timeout`` seconds, fails the test."""
+    proc = start()
+    deadline = time.monotonic() + timeout
+    while queue_depth(data_dir, queue) > depth:
+        if proc.poll() is not None:
+            assert proc.returncode == 0, proc.communicate()[1]
+            proc = start()
+        assert time.monotonic() < deadline, f"no progress on {queue} in {timeout} s"
+        time.sleep(0.02)
+    return proc
+
+
 def messages(out: str | bytes) -> list[dict[str, Any]]:
     """The message lines of ``eomsg consume --json`` output (without activity events)."""
     lines = [json.loads(x) for x in (out.decode() if isinstance(out, bytes) else out).splitlines()]
