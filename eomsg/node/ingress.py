@@ -161,12 +161,13 @@ class Ingress(NodeState):
         results: list[PublishResult] = []
         fresh: list[Fresh] = []
         log_rows, id_rows, dest_rows = [], [], []
-        uncommitted, lookup = self._uncommitted_ids, self._dedup.lookup
+        uncommitted = self._uncommitted_ids
+        published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
         seq = self._next_seq
         for m in messages:
             msg_id = m.id
             if msg_id is not None:
-                original = uncommitted.get(msg_id) or lookup(msg_id, now)
+                original = uncommitted.get(msg_id) or published.get(msg_id)
                 if original is not None:
                     results.append(PublishResult(original, msg_id, True, None))
                     continue

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eomsg.core.cursor import Outcome
+from eomsg.core.dedup import DedupWindow
 from eomsg.core.txn import TxnState
 from eomsg.errors import EomsgError, NodeClosed
 from eomsg.node.admin import Admin
@@ -130,7 +131,7 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
             self._by_id[queue_id].cursor.extend(seqs, expiries)
-        self._dedup.remember_many(*store.load_publish_ids(to_us(now)))
+        self._dedup = DedupWindow(store.load_publish_ids(to_us(now)))
         for queue_id, counts in store.load_counts().items():
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)

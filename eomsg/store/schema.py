@@ -12,11 +12,13 @@ crash leaves the schema at one version or the next, never between.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
+from eomsg.core.dedup import id_hash
 from eomsg.errors import SchemaTooNew
 
 
@@ -25,6 +27,21 @@ class Migration:
     version: int
     name: str
     statements: tuple[str, ...]
+    fill: Callable[[duckdb.DuckDBPyConnection], None] | None = None  # after the statements
+
+
+def _hash_publish_ids(conn: duckdb.DuckDBPyConnection) -> None:
+    """Give every publish id its :func:`~eomsg.core.dedup.id_hash` (Python's: DuckDB
+    has no CRC-32)."""
+    rows = conn.sql("SELECT rowid AS r, id FROM publish_ids").to_arrow_table()
+    if not rows.num_rows:
+        return
+    hashes = pa.array(map(id_hash, rows["id"].to_pylist()), pa.uint32(), size=rows.num_rows)
+    conn.register("_eomsg_hashes", pa.table({"r": rows["r"], "h": hashes}))
+    try:
+        conn.execute("UPDATE publish_ids SET h = x.h FROM _eomsg_hashes x WHERE rowid = x.r")
+    finally:
+        conn.unregister("_eomsg_hashes")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -137,6 +154,12 @@ MIGRATIONS: tuple[Migration, ...] = (
                    returned_at TIMESTAMP NOT NULL)""",
         ),
     ),
+    Migration(
+        5,
+        "publish ids hashed, to load sorted (seed 001)",
+        ("ALTER TABLE publish_ids ADD COLUMN h UINTEGER",),
+        _hash_publish_ids,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -155,7 +178,9 @@ ROW_TABLES: dict[str, pa.Schema] = {
             ("payload", pa.binary()),
         ]
     ),
-    "publish_ids": pa.schema([("id", pa.string()), ("seq", pa.int64()), ("expires_at", TIMESTAMP)]),
+    "publish_ids": pa.schema(  # h: id_hash(id), added by the writer (see insert_rows)
+        [("id", pa.string()), ("seq", pa.int64()), ("expires_at", TIMESTAMP), ("h", pa.uint32())]
+    ),
     "destinations": pa.schema([("seq", pa.int64()), ("queue_id", pa.int32())]),
     "deliveries": pa.schema(
         [
@@ -243,6 +268,8 @@ def migrate(conn: duckdb.DuckDBPyConnection) -> list[Migration]:
         try:
             for statement in migration.statements:
                 conn.execute(statement)
+            if migration.fill is not None:
+                migration.fill(conn)
             conn.execute(
                 "INSERT INTO schema_migrations (version, name) VALUES (?, ?)",
                 [migration.version, migration.name],

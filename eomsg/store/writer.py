@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
@@ -47,6 +47,7 @@ import duckdb
 import msgpack
 import pyarrow as pa
 
+from eomsg.core.dedup import id_hash
 from eomsg.errors import NodeClosed, StorageError, WriteFailed, WriteUnknown, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store.journal import Journal
@@ -99,22 +100,6 @@ class RowBatch:
     def size(self) -> int:
         return sum(len(rows) for rows in self.tables.values())
 
-    def arrow(self, name: str) -> pa.Table:
-        """Table ``name``'s rows as Arrow, built a chunk at a time (other threads get
-        the GIL between chunks: converting a large batch at once would stall them)."""
-        schema = ROW_TABLES[name]
-        rows = self.tables[name]
-        chunks = []
-        for i in range(0, len(rows), ARROW_CHUNK):
-            columns = zip(*rows[i : i + ARROW_CHUNK], strict=True)
-            chunks.append(
-                pa.RecordBatch.from_arrays(
-                    [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
-                    schema=schema,
-                )
-            )
-        return pa.Table.from_batches(chunks, schema=schema)
-
     def encode(self) -> bytes:
         """The batch's rows as one journal record's payload."""
         return msgpack.packb(self.tables, use_bin_type=True)  # type: ignore[no-any-return]
@@ -129,6 +114,22 @@ class RowBatch:
 
 ARROW_CHUNK = 4096
 SMALL_INSERT = 8  # rows up to which a table's insert uses parameters, not Arrow
+
+
+def _arrow(name: str, rows: Sequence[Sequence[Any]]) -> pa.Table:
+    """Rows of table ``name`` as Arrow, built a chunk at a time (other threads get the
+    GIL between chunks: converting a large batch at once would stall them)."""
+    schema = ROW_TABLES[name]
+    chunks = []
+    for i in range(0, len(rows), ARROW_CHUNK):
+        columns = zip(*rows[i : i + ARROW_CHUNK], strict=True)
+        chunks.append(
+            pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)],
+                schema=schema,
+            )
+        )
+    return pa.Table.from_batches(chunks, schema=schema)
 
 
 @functools.cache
@@ -199,10 +200,12 @@ def insert_rows(conn: duckdb.DuckDBPyConnection, batch: RowBatch, lsn: int) -> N
         # relation, not a replacement scan: the node runs with file access off, which
         # turns replacement scans off too. A few rows go faster as parameters: building
         # Arrow arrays costs more than it saves for them.
+        if name == "publish_ids":  # with the hash the dedup window loads them sorted by
+            rows = [(*r, id_hash(r[0])) for r in rows]
         if len(rows) <= SMALL_INSERT:
             conn.execute(_values_sql(name, len(rows)), [v for r in rows for v in r])
         else:
-            conn.from_arrow(batch.arrow(name)).insert_into(name)
+            conn.from_arrow(_arrow(name, rows)).insert_into(name)
     conn.execute(_UPSERT_META, ["journal_lsn", str(lsn)])
 
 
