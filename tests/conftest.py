@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -277,16 +279,26 @@ class RawClient:
         self.sock.settimeout(10)
         self.sock.connect(str(data_dir / "eomsg.sock"))
         self.conn = Connection(Role.CLIENT)
+        self._sending = threading.Lock()
+        self._received: queue.Queue[ev.Event | None] = queue.Queue()
+        self._answering = threading.Event()
+        self._answerer: threading.Thread | None = None
 
     def hello(self) -> ev.Event | None:
-        self.sock.sendall(self.conn.send(ev.Hello(ev.PROTOCOL_VERSION, "raw")))
+        self.send(ev.Hello(ev.PROTOCOL_VERSION, "raw"))
         return self.next()
 
     def send(self, event: ev.Event) -> None:
-        self.sock.sendall(self.conn.send(event))
+        with self._sending:
+            self.sock.sendall(self.conn.send(event))
 
     def next(self) -> ev.Event | None:
         """The next event, or None when the node closed the connection."""
+        if self._answerer is not None or not self._received.empty():
+            return self._received.get(timeout=10)
+        return self._read()
+
+    def _read(self) -> ev.Event | None:
         while True:
             event = self.conn.next_event()
             if event is PEER_CLOSED:
@@ -296,7 +308,42 @@ class RawClient:
                 return event
             self.conn.receive_data(self.sock.recv(65536))
 
+    def answer_pings(self) -> None:
+        """Answer the node's pings from a thread of its own until :meth:`stop_answering`,
+        as a live client would however slowly the test goes on (the node cuts a client
+        off after three silent heartbeats); :meth:`next` gives the other events."""
+        self._answering.set()
+        self._answerer = threading.Thread(target=self._answer, daemon=True)
+        self._answerer.start()
+
+    def stop_answering(self) -> None:
+        """From now on the node hears nothing from this client."""
+        self._answering.clear()
+        if self._answerer is not None:
+            self._answerer.join(10)
+            self._answerer = None
+
+    def _answer(self) -> None:
+        self.sock.settimeout(0.05)
+        try:
+            while self._answering.is_set():
+                try:
+                    event = self._read()
+                except TimeoutError:
+                    continue
+                if isinstance(event, ev.Ping):
+                    self.send(ev.Pong(event.nonce, time.time()))
+                    continue
+                self._received.put(event)
+                if event is None:
+                    return
+        except OSError:  # closed under it
+            self._received.put(None)
+        finally:
+            self.sock.settimeout(10)
+
     def close(self) -> None:
+        self.stop_answering()
         self.sock.close()
 
 

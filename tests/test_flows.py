@@ -162,6 +162,7 @@ def test_a_consumer_that_disconnects_is_replaced(
 ) -> None:
     raw = RawClient(data_dir)
     raw.hello()
+    raw.answer_pings()  # alive until it says otherwise, however slow the test
     raw.send(ev.Subscribe(1, "ex", 10, 0))
     result = raw.next()
     assert isinstance(result, ev.Result) and result.value["active"] is True
@@ -175,6 +176,7 @@ def test_bad_binds_are_refused_and_the_connection_carries_on(
 ) -> None:
     raw = RawClient(data_dir)
     raw.hello()
+    raw.answer_pings()  # alive until it says otherwise, however slow the test
     raw.send(ev.Subscribe(1, "ex", 10, 2**40))
     error = raw.next()
     assert isinstance(error, ev.Error) and error.code == "invalid_config"
@@ -197,9 +199,11 @@ def test_keep_alive_loss_unbinds_a_silent_consumer(
 ) -> None:
     raw = RawClient(data_dir)
     raw.hello()
+    raw.answer_pings()  # alive until it says otherwise, however slow the test
     raw.send(ev.Subscribe(1, "ex", 10, 0))
     assert isinstance(raw.next(), ev.Result)
     _second, rec2 = bound(clients(), "ex")
+    raw.stop_answering()
     started = time.monotonic()  # from now on the raw client never answers a ping
     rec2.wait(["inactive", "active"], timeout=3 * HEARTBEAT + 5)
     # within the keep-alive (the slack is for a loaded machine's scheduling, not luck)
@@ -317,32 +321,32 @@ def test_a_change_is_resent_until_acknowledged(
     first, _ = bound(clients(), "ex")
     raw = RawClient(data_dir)
     raw.hello()
+    raw.answer_pings()  # alive until it says otherwise, however slow the test
     raw.send(ev.Subscribe(7, "ex", 10, 0))
     result = raw.next()
     assert isinstance(result, ev.Result) and result.value["active"] is False
     first.close()
 
-    def changes(seconds: float) -> list[ev.FlowChanged]:
+    def changes_until(reply_to: int | None, count: int = 0) -> list[ev.FlowChanged]:
+        """The indications that arrive before ``count`` of them, or before the reply to
+        request ``reply_to`` (the node answers a connection's requests in order)."""
         seen: list[ev.FlowChanged] = []
-        raw.sock.settimeout(0.05)
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            try:
-                event = raw.next()
-            except TimeoutError:
-                continue
-            if isinstance(event, ev.Ping):
-                raw.send(ev.Pong(event.nonce, time.time()))  # alive, just not acknowledging
-            elif isinstance(event, ev.FlowChanged):
+        while len(seen) < count or reply_to is not None:
+            event = raw.next()
+            if isinstance(event, ev.FlowChanged):
                 seen.append(event)
+            elif isinstance(event, ev.Error) and event.rid == reply_to:
+                break
         return seen
 
-    resent = changes(4 * RESEND)
-    assert len(resent) >= 3 and len(set(resent)) == 1  # the same indication, again
-    assert resent[0].active and resent[0].rid == 7
+    resent = changes_until(None, 3)  # the same indication, again and again
+    assert len(set(resent)) == 1 and resent[0].active and resent[0].rid == 7
     raw.send(ev.FlowAck(7, True, resent[0].epoch))
-    changes(RESEND)  # one may have crossed the ack
-    assert changes(4 * RESEND) == []
+    raw.send(ev.Subscribe(8, "nope", 10, 0))  # answered once the ack was taken
+    changes_until(8)  # one may have crossed the ack
+    time.sleep(4 * RESEND)
+    raw.send(ev.Subscribe(9, "nope", 10, 0))
+    assert changes_until(9) == []  # none since: the ack stopped them
     raw.close()
 
 
