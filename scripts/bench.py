@@ -208,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
     )
-    parser.add_argument("--prefetch", type=int, default=1000, help="consumer prefetch window")
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        default=None,
+        help="consumer prefetch window (default 1000; express: 2 x --batch, as "
+        "`eomsg consume --into` takes ahead)",
+    )
     parser.add_argument(
         "--clients", type=int, default=32, help="publish-c32: connections; txn: worker threads"
     )
@@ -256,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
         args.batch = {"embedded-consume": 1000, "express": 1000, "wal": 100}.get(
             args.scenario, 5000
         )
+    if args.prefetch is None:
+        args.prefetch = 2 * args.batch if args.scenario == "express" else 1000
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:

@@ -56,7 +56,13 @@ def consume(
         ),
     ] = None,
     batch: Annotated[
-        int, typer.Option(min=1, max=10_000, help="Messages per fetch (prefetch).")
+        int,
+        typer.Option(
+            min=1,
+            max=10_000,
+            help="Messages handled together (one transaction with --into); twice as many "
+            "are taken ahead, so the next batch arrives while one is handled.",
+        ),
     ] = 1000,
     follow: Annotated[
         bool,
@@ -124,8 +130,10 @@ def consume(
         raise UsageError(
             "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
         )
-    if max is not None:  # take ahead no more than will be handed out
-        batch = min(batch, max)
+    # Two batches ahead: the node sends the next while this one is handled (with one,
+    # every batch waited a round trip). A command runs on one message at a time and may
+    # be slow, so it holds only the one (a second could time out while it waits).
+    prefetch = 2 * batch
     handler: _Handler
     if into is not None:
         from eomsg.client.sink import open_sink  # the application database's driver
@@ -133,10 +141,13 @@ def consume(
         handler = _Land(open_sink(into), json)
     elif exec_ is not None:
         handler, batch = _Exec(exec_), 1
+        prefetch = 1
     elif raw:
         handler = _Print(formats.raw(_delimiter(delimiter, max)))
     else:
         handler = _Print(formats.json_line if json else formats.text_line)
+    if max is not None:  # take ahead no more than will be handed out
+        batch, prefetch = min(batch, max), min(prefetch, max)
     last: FlowEvent | None = None
     with handler:
         with open_broker(data) as broker:
@@ -144,7 +155,7 @@ def consume(
                 require_served(broker, "--follow")
             if activity is None:
                 activity = broker.queue_config(queue).max_active > 0
-            with _bound(broker, queue, batch, priority, follow) as c:
+            with _bound(broker, queue, prefetch, priority, follow) as c:
                 for item in c.batches(batch, max):
                     if isinstance(item, FlowEvent):
                         last = item

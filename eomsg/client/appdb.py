@@ -91,10 +91,21 @@ class DuckDBApp(AppDB):
     def insert(self, table: str, rows: pa.Table) -> None:
         """Insert ``rows`` into the columns of ``table`` named as theirs, in one statement:
         DuckDB's executemany runs row by row, and an Arrow scan beats list parameters."""
+        self._insert(table, rows, "")
+
+    def insert_new(self, table: str, rows: pa.Table, key: str) -> set[Any]:
+        """Insert those of ``rows`` whose ``key`` (``table``'s primary key) has no row
+        yet, in one statement; return their keys."""
+        return {r[0] for r in self._insert(table, rows, f"ON CONFLICT DO NOTHING RETURNING {key}")}
+
+    def _insert(self, table: str, rows: pa.Table, tail: str) -> list[Any]:
         self.conn.register("_eomsg_rows", rows)
         try:
             columns = ", ".join(rows.column_names)
-            self.conn.execute(f"INSERT INTO {table} ({columns}) SELECT * FROM _eomsg_rows")
+            result: list[Any] = self.conn.execute(
+                f"INSERT INTO {table} ({columns}) SELECT * FROM _eomsg_rows {tail}"
+            ).fetchall()
+            return result
         finally:
             self.conn.unregister("_eomsg_rows")
 

@@ -51,6 +51,9 @@ def message_key(d: Delivered) -> str:
     return d.message.id if d.message.id is not None else f"{d.queue}:{d.message.seq}"
 
 
+_Row = tuple[str, str, int, float | None, float]  # key, queue, seq, expires_at, applied_at
+
+
 class _Records(abc.ABC):
     """The inbox table in one kind of application database; each kind writes its
     records its own fastest way."""
@@ -71,12 +74,9 @@ class _Records(abc.ABC):
         )
 
     @abc.abstractmethod
-    def known(self, keys: Sequence[str]) -> set[str]:
-        """Which of ``keys`` have a record."""
-
-    @abc.abstractmethod
-    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
-        """Insert inbox rows ``(key, queue, seq, expires_at, applied_at)``, in one go."""
+    def claim(self, rows: list[_Row]) -> set[str]:
+        """Insert the records of ``rows`` (distinct keys) that have none yet, in the open
+        transaction; return the keys inserted — the messages to apply now."""
 
     def forget_expired(self, now: float) -> int:
         """Drop the records expired before ``now``, in a transaction of their own."""
@@ -98,26 +98,36 @@ _ROW_TYPES = [pa.string(), pa.string(), pa.int64(), pa.float64(), pa.float64()]
 
 
 class _DuckDB(_Records):
-    def known(self, keys: Sequence[str]) -> set[str]:
-        # One list parameter: a semi-join plans in a fraction of the time of N literals.
-        rows = self.conn.execute(
-            f"SELECT msg_key FROM {self.table} WHERE msg_key IN (SELECT unnest(?::VARCHAR[]))",
-            [list(keys)],
-        ).fetchall()
-        return {r[0] for r in rows}
-
-    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+    def claim(self, rows: list[_Row]) -> set[str]:
+        # One statement: the primary key finds the keys recorded before, in the insert.
         assert isinstance(self.db, DuckDBApp)
         columns = list(zip(*rows, strict=True))
-        self.db.insert(
-            self.table,
-            pa.Table.from_arrays(
-                [pa.array(c, t) for c, t in zip(columns, _ROW_TYPES, strict=True)], names=_ROW_NAMES
-            ),
+        table = pa.Table.from_arrays(
+            [pa.array(c, t) for c, t in zip(columns, _ROW_TYPES, strict=True)], names=_ROW_NAMES
         )
+        return self.db.insert_new(self.table, table, "msg_key")
 
 
-class _SQLite(_Records):
+class _LookUpThenRecord(_Records):
+    """Claims in two statements: which keys are recorded, then the others' records."""
+
+    def claim(self, rows: list[_Row]) -> set[str]:
+        known = self.known([r[0] for r in rows])
+        fresh = [r for r in rows if r[0] not in known]
+        if fresh:
+            self.record(fresh)
+        return {r[0] for r in fresh}
+
+    @abc.abstractmethod
+    def known(self, keys: Sequence[str]) -> set[str]:
+        """Which of ``keys`` have a record."""
+
+    @abc.abstractmethod
+    def record(self, rows: list[_Row]) -> None:
+        """Insert inbox rows, in one go."""
+
+
+class _SQLite(_LookUpThenRecord):
     def known(self, keys: Sequence[str]) -> set[str]:
         found: set[str] = set()
         for i in range(0, len(keys), _CHUNK):  # under SQLite's limit on parameters
@@ -129,18 +139,18 @@ class _SQLite(_Records):
             found.update(r[0] for r in rows)
         return found
 
-    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+    def record(self, rows: list[_Row]) -> None:
         self.conn.executemany(f"INSERT INTO {self.table} VALUES (?, ?, ?, ?, ?)", rows)
 
 
-class _Postgres(_Records):
+class _Postgres(_LookUpThenRecord):
     def known(self, keys: Sequence[str]) -> set[str]:
         rows = self.conn.execute(
             f"SELECT msg_key FROM {self.table} WHERE msg_key = ANY(%s)", [list(keys)]
         ).fetchall()
         return {r[0] for r in rows}
 
-    def record(self, rows: list[tuple[str, str, int, float | None, float]]) -> None:
+    def record(self, rows: list[_Row]) -> None:
         # COPY: one round trip for the batch, the server's fastest way in.
         cursor = self.conn.cursor()
         with cursor.copy(f"COPY {self.table} ({', '.join(_ROW_NAMES)}) FROM STDIN") as copy:
@@ -208,30 +218,21 @@ class Inbox:
                 sorted_.fresh.append(m)
         self._db.db.begin()
         try:
-            known = self._db.known(keys) if keys else set()
-            seen: set[str] = set()
+            rows: dict[str, _Row] = {}  # the first of each key: later ones are duplicates
+            for m, key in zip(sorted_.fresh, keys, strict=True):
+                if key not in rows:
+                    d = m.delivered
+                    rows[key] = (key, d.queue, d.message.seq, d.message.expires_at, now)
+            claimed = self._db.claim(list(rows.values())) if rows else set()
             fresh = []
             for m, key in zip(sorted_.fresh, keys, strict=True):
-                if key in known or key in seen:
-                    sorted_.duplicates.append(m)
-                else:
-                    seen.add(key)
+                if key in claimed:
+                    claimed.discard(key)
                     fresh.append(m)
+                else:
+                    sorted_.duplicates.append(m)
             sorted_.fresh = fresh
             yield sorted_
-            if fresh:
-                self._db.record(
-                    [
-                        (
-                            message_key(m.delivered),
-                            m.delivered.queue,
-                            m.delivered.message.seq,
-                            m.delivered.message.expires_at,
-                            now,
-                        )
-                        for m in fresh
-                    ]
-                )
             self._db.db.commit()
         except BaseException:
             self._db.db.rollback()
