@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import select
 import shutil
 import signal
 import socket
@@ -279,8 +280,8 @@ class RawClient:
         self.sock.settimeout(10)
         self.sock.connect(str(data_dir / "eomsg.sock"))
         self.conn = Connection(Role.CLIENT)
-        self._sending = threading.Lock()
-        self._received: queue.Queue[ev.Event | None] = queue.Queue()
+        self._conn_lock = threading.Lock()  # the Connection is shared with the answerer
+        self._received: queue.Queue[ev.Event | BaseException | None] = queue.Queue()
         self._answering = threading.Event()
         self._answerer: threading.Thread | None = None
 
@@ -289,13 +290,16 @@ class RawClient:
         return self.next()
 
     def send(self, event: ev.Event) -> None:
-        with self._sending:
+        with self._conn_lock:
             self.sock.sendall(self.conn.send(event))
 
     def next(self) -> ev.Event | None:
         """The next event, or None when the node closed the connection."""
         if self._answerer is not None or not self._received.empty():
-            return self._received.get(timeout=10)
+            item = self._received.get(timeout=10)
+            if isinstance(item, BaseException):
+                raise item
+            return item
         return self._read()
 
     def _read(self) -> ev.Event | None:
@@ -321,26 +325,32 @@ class RawClient:
         self._answering.clear()
         if self._answerer is not None:
             self._answerer.join(10)
+            assert not self._answerer.is_alive(), "the ping answerer did not stop"
             self._answerer = None
 
     def _answer(self) -> None:
-        self.sock.settimeout(0.05)
+        """Read until told to stop, looking every 50 ms (select: the socket's timeout is
+        the main thread's too); what the thread meets, even an error, goes to next()."""
         try:
             while self._answering.is_set():
-                try:
-                    event = self._read()
-                except TimeoutError:
+                with self._conn_lock:
+                    event = self.conn.next_event()
+                if event is NEED_DATA:
+                    if select.select([self.sock], [], [], 0.05)[0]:
+                        data = self.sock.recv(65536)
+                        with self._conn_lock:
+                            self.conn.receive_data(data)
                     continue
+                if event is PEER_CLOSED:
+                    self._received.put(None)
+                    return
                 if isinstance(event, ev.Ping):
                     self.send(ev.Pong(event.nonce, time.time()))
                     continue
+                assert isinstance(event, ev.Event)
                 self._received.put(event)
-                if event is None:
-                    return
-        except OSError:  # closed under it
-            self._received.put(None)
-        finally:
-            self.sock.settimeout(10)
+        except BaseException as e:  # reported by next(), in the test's thread
+            self._received.put(e)
 
     def close(self) -> None:
         self.stop_answering()

@@ -4,6 +4,7 @@ expiry, garbage collection, restarts and ids whose hashes collide."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import duckdb
@@ -13,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from eomsg.core.dedup import DedupWindow, RetainedIds, id_hash
 from eomsg.core.message import Outgoing
+from eomsg.store import salvage
 from eomsg.store.files import DB_NAME
 from tests.conftest import NodeFactory
 
@@ -105,3 +107,29 @@ def test_a_store_from_before_the_hash_is_migrated(open_node: NodeFactory, data_d
     assert [r.seq for r in again] == [r.seq for r in first] and all(r.duplicate for r in again)
     rows = node.store._query("SELECT count(*) FROM publish_ids WHERE h IS NULL")
     assert rows == [(0,)]
+
+
+def test_a_store_from_before_the_hash_is_salvaged_with_its_ids(
+    open_node: NodeFactory, data_dir: Path
+) -> None:
+    """Salvage copies a damaged schema-4 store into a schema-5 one: the ids come across,
+    hashed, and a retry of what it held is still recognised."""
+    node = open_node()
+    n = 2000
+    first = node.publish_batch(  # random payloads: many blocks, one of them damaged below
+        [Outgoing("orders/a", os.urandom(4096), id=f"id-{i}") for i in range(n)]
+    )
+    node.close()
+    with duckdb.connect(str(data_dir / DB_NAME)) as db:
+        db.execute("ALTER TABLE publish_ids DROP COLUMN h")
+        db.execute("DELETE FROM schema_migrations WHERE version = 5")
+        db.execute("CHECKPOINT")
+    db_file = data_dir / DB_NAME
+    data = bytearray(db_file.read_bytes())
+    data[12288 + 262144 * (len(data) // 262144 // 2) + 1000] ^= 0x01  # a block of payloads
+    db_file.write_bytes(bytes(data))
+    done = salvage.execute(salvage.plan(data_dir))
+    assert "publish_ids" not in done.lost_rows and done.tables["publish_ids"] == n
+    node = open_node()
+    again = node.publish_batch([Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(n)])
+    assert [r.seq for r in again] == [r.seq for r in first] and all(r.duplicate for r in again)

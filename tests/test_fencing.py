@@ -33,7 +33,8 @@ from eomsg.errors import ExitCode, StaleDelivery, TxnAborted
 from eomsg.wire import events as ev
 from tests.conftest import NodeProcess, RawClient
 
-HEARTBEAT = 0.3  # the node cuts a client off after 3 silent heartbeats
+HEARTBEAT = 1.0  # the node cuts a client off after 3 silent heartbeats (a loaded
+# machine stalls a process for a fraction of a second: shorter ones cut healthy clients)
 
 Serve = Callable[..., NodeProcess]
 

@@ -125,6 +125,7 @@ def test_into_under_repeated_sigkills(
                 [eomsg.Outgoing("orders/eu", f"{j}".encode()) for j in range(i, i + 5000)]
             )
     cmd = [eomsg_bin, "consume", "orders", "--into", f"duckdb:{app}:orders", "--batch", "10"]
+    left_at_kills = []
     for _ in range(8):  # each kill mid-stream: 8 of at most 1,500 leave work to do
         left = queue_depth(data_dir, "orders") - rng.randint(500, 1500)
         proc = running_until_depth(
@@ -135,8 +136,11 @@ def test_into_under_repeated_sigkills(
             "orders",
             left,
         )
+        assert proc.poll() is None  # still consuming when killed
         proc.kill()
         proc.communicate(timeout=60)
+        left_at_kills.append(queue_depth(data_dir, "orders"))
+    assert all(left_at_kills), left_at_kills
     done = subprocess.run([*cmd, "--json"], env=cli_env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr
     got = rows(

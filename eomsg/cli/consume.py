@@ -60,8 +60,8 @@ def consume(
         typer.Option(
             min=1,
             max=10_000,
-            help="Messages handled together (one transaction with --into); twice as many "
-            "are taken ahead, so the next batch arrives while one is handled.",
+            help="Messages taken at a time; with --into, one transaction each, and twice "
+            "as many taken ahead, so the next batch arrives while one commits.",
         ),
     ] = 1000,
     follow: Annotated[
@@ -130,18 +130,19 @@ def consume(
         raise UsageError(
             "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
         )
-    # Two batches ahead: the node sends the next while this one is handled (with one,
-    # every batch waited a round trip). A command runs on one message at a time and may
-    # be slow, so it holds only the one (a second could time out while it waits).
-    prefetch = 2 * batch
+    prefetch = batch
     handler: _Handler
     if into is not None:
         from eomsg.client.sink import open_sink  # the application database's driver
 
         handler = _Land(open_sink(into), json)
+        # Two batches ahead: the node sends the next while one commits (with one, each
+        # batch waited a round trip). Only here, where a batch is one transaction of the
+        # application's database: the next batch's deliveries age while this one is
+        # handled, and a reader of stdout or a command may be slow.
+        prefetch = 2 * batch
     elif exec_ is not None:
-        handler, batch = _Exec(exec_), 1
-        prefetch = 1
+        handler, batch, prefetch = _Exec(exec_), 1, 1
     elif raw:
         handler = _Print(formats.raw(_delimiter(delimiter, max)))
     else:

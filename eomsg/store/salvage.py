@@ -40,7 +40,7 @@ from eomsg.store import integrity, journal, wal
 from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
-from eomsg.store.schema import migrate
+from eomsg.store.schema import hash_publish_ids, migrate
 from eomsg.store.watermark import MARK_NAME, Mark, Watermark
 from eomsg.store.writer import applied_lsn
 
@@ -386,10 +386,20 @@ def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) ->
     for table in tables:
         if table not in present:
             continue
+        # The old store's columns: a store from before a migration that added some lacks
+        # them (they are filled below, as that migration fills them).
+        columns = ", ".join(
+            f'"{c}"'
+            for (c,) in new.execute(
+                """SELECT column_name FROM duckdb_columns()
+                   WHERE database_name = 'old' AND table_name = ? ORDER BY column_index""",
+                [table],
+            ).fetchall()
+        )
         try:
             (bound,) = new.execute(
                 f'SELECT greatest(coalesce(max(rowid) + 1, 0), count(*)) FROM old."{table}"'
-            ).fetchone() or (0,)
+            ).fetchall()[0]
         except duckdb.Error:
             bound = 1 << 40  # its rowids cannot be read: try the whole range, halving
         kept = lost = 0
@@ -397,15 +407,17 @@ def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) ->
         for lo, hi in left_out:
             (n,) = new.execute(
                 f'SELECT count(*) FROM old."{table}" WHERE rowid >= ? AND rowid < ?', [lo, hi]
-            ).fetchone() or (0,)
+            ).fetchall()[0]
             lost += int(n)
         for lo in range(0, int(bound), CHUNK):
-            k, miss = _copy_range(new, table, lo, min(lo + CHUNK, int(bound)), left_out)
+            k, miss = _copy_range(new, table, columns, lo, min(lo + CHUNK, int(bound)), left_out)
             kept, lost = kept + k, lost + miss
         out.tables[table] = kept
         if lost:
             out.lost_rows[table] = lost
-    (top,) = new.execute("SELECT coalesce(max(queue_id), 0) FROM queues").fetchone() or (0,)
+    # (Every result above is fetched whole: DuckDB refuses a relation while one is open.)
+    hash_publish_ids(new)
+    (top,) = new.execute("SELECT coalesce(max(queue_id), 0) FROM queues").fetchall()[0]
     new.execute(f"CREATE OR REPLACE SEQUENCE queue_ids START {int(top) + 1}")
     out.last_seq = stored_seq(new)
 
@@ -413,32 +425,36 @@ def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) ->
 def _copy_range(
     new: duckdb.DuckDBPyConnection,
     table: str,
+    columns: str,
     lo: int,
     hi: int,
     left_out: Sequence[tuple[int, int]] = (),
 ) -> tuple[int, int]:
-    """Copy the rows of ``old.table`` with rowid in ``[lo, hi)``, but those ``left_out``
-    (one statement: all or nothing): (rows kept, rows lost), halving the range around a
-    block that cannot be read down to :data:`SMALLEST` rows, given up as lost."""
+    """Copy ``columns`` of the rows of ``old.table`` with rowid in ``[lo, hi)``, but those
+    ``left_out`` (one statement: all or nothing): (rows kept, rows lost), halving the
+    range around a block that cannot be read down to :data:`SMALLEST` rows, given up as
+    lost."""
     where = "rowid >= ? AND rowid < ?" + " AND NOT (rowid >= ? AND rowid < ?)" * len(left_out)
     params = [lo, hi, *(x for r in left_out for x in r)]
     try:
         (n,) = new.execute(
-            f'INSERT INTO main."{table}" SELECT * FROM old."{table}" WHERE {where}', params
-        ).fetchone() or (0,)
+            f'INSERT INTO main."{table}" ({columns}) SELECT {columns} FROM old."{table}" '
+            f"WHERE {where}",
+            params,
+        ).fetchall()[0]
         return int(n), 0
     except duckdb.Error:
         if hi - lo <= SMALLEST:
             try:
                 (n,) = new.execute(
                     f'SELECT count(*) FROM old."{table}" WHERE {where}', params
-                ).fetchone() or (0,)
+                ).fetchall()[0]
             except duckdb.Error:
                 n = hi - lo  # not even its row ids can be read: at most this many
             return 0, int(n)
         mid = (lo + hi) // 2
-        a = _copy_range(new, table, lo, mid, left_out)
-        b = _copy_range(new, table, mid, hi, left_out)
+        a = _copy_range(new, table, columns, lo, mid, left_out)
+        b = _copy_range(new, table, columns, mid, hi, left_out)
         return a[0] + b[0], a[1] + b[1]
 
 

@@ -30,10 +30,11 @@ class Migration:
     fill: Callable[[duckdb.DuckDBPyConnection], None] | None = None  # after the statements
 
 
-def _hash_publish_ids(conn: duckdb.DuckDBPyConnection) -> None:
-    """Give every publish id its :func:`~eomsg.core.dedup.id_hash` (Python's: DuckDB
-    has no CRC-32)."""
-    rows = conn.sql("SELECT rowid AS r, id FROM publish_ids").to_arrow_table()
+def hash_publish_ids(conn: duckdb.DuckDBPyConnection) -> None:
+    """Give each publish id without one its :func:`~eomsg.core.dedup.id_hash` (Python's:
+    DuckDB has no CRC-32). Idempotent: migration 5 runs it, and salvage after copying a
+    store from before it."""
+    rows = conn.sql("SELECT rowid AS r, id FROM publish_ids WHERE h IS NULL").to_arrow_table()
     if not rows.num_rows:
         return
     hashes = pa.array(map(id_hash, rows["id"].to_pylist()), pa.uint32(), size=rows.num_rows)
@@ -158,7 +159,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         5,
         "publish ids hashed, to load sorted (seed 001)",
         ("ALTER TABLE publish_ids ADD COLUMN h UINTEGER",),
-        _hash_publish_ids,
+        hash_publish_ids,
     ),
 )
 
