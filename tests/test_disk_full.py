@@ -178,8 +178,12 @@ def test_a_full_disk_fails_the_write_whole_and_the_node_reopens_itself(
         assert cli(eomsg_bin, env, "queue", "create", "q", "-s", "t").returncode == 0
         disk.fill(leave=2 * MiB + SEGMENT_BYTES)  # a journal segment, then 2 MiB
         outcomes = publish_until_refused(data, lambda i: os.urandom(1024))
-        assert outcomes["acked"] and outcomes["failed"], {k: len(v) for k, v in outcomes.items()}
-        assert not outcomes["unknown"]  # a commit the disk refused is rolled back: known
+        # Which writer meets the full disk first is a race: the journal (its next segment
+        # cannot be allocated: the write fails whole, and the client is told so) or
+        # DuckDB applying behind it (the store fails and is reopened: a request in flight
+        # then has an unknown outcome). Either way the checks below hold.
+        counts = {k: len(v) for k, v in outcomes.items()}
+        assert outcomes["acked"] and (outcomes["failed"] or outcomes["unknown"]), counts
         # While it cannot reopen, a client is told why, in one line.
         refused = cli(eomsg_bin, env, "publish", "t", "x")
         assert refused.returncode == ExitCode.STORAGE, refused.stderr
@@ -190,6 +194,8 @@ def test_a_full_disk_fails_the_write_whole_and_the_node_reopens_itself(
         assert len(ids) == len(set(ids)), "a message was stored twice"
         assert set(outcomes["acked"]) <= set(ids), "an acknowledged message was lost"
         assert not set(outcomes["failed"]) & set(ids), "a write reported failed was stored"
+        unknown_stored = set(outcomes["unknown"]) & set(ids)
+        assert unknown_stored in (set(), set(outcomes["unknown"])), "a batch stored in part"
         with eomsg.connect(data) as client:  # the same ids again: each stored once
             again = client.publish_batch(
                 [eomsg.Outgoing("t", b"retry", id) for id in outcomes["acked"][:64]]

@@ -99,7 +99,7 @@ def spark_replay(
       eomsg spark-replay --topic 'orders/>' --sink parquet:out/orders
       eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
     """
-    from eomsg.spark.job import ReplaySpec, execute, plan
+    from eomsg.spark.job import ReplaySpec, execute, on_store, plan
     from eomsg.spark.session import check_master, java_version, parse_conf, start
 
     spec = ReplaySpec(
@@ -120,8 +120,10 @@ def spark_replay(
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
         check_master(master)  # … nor does a cluster that cannot be reached
-    with open_broker(data) as broker:
-        p = plan(spec, broker, data=data, force=force)
+    # Waits its turn, as each step of the run does, if a command holds the directory.
+    p = on_store(
+        lambda: open_broker(data), lambda broker: plan(spec, broker, data=data, force=force)
+    )
     if dry_run:
         if json:
             print_json(p.to_json())

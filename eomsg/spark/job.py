@@ -261,7 +261,7 @@ def _spark_error(e: BaseException) -> EomsgError:
 LOCK_WAIT = 60.0  # seconds a replay waits for a data directory another command holds
 
 
-def _on_store(open_broker: OpenBroker, work: Callable[[Broker], T]) -> T:
+def on_store(open_broker: OpenBroker, work: Callable[[Broker], T]) -> T:
     """``work`` done on the log's node, opened for a moment. Another command holding the
     data directory — for a moment of its own (``eomsg inspect jobs``), or lending it for
     looking only while it runs — is waited for, up to LOCK_WAIT, and ``work`` done again
@@ -309,7 +309,7 @@ def execute(
 
     # The route as the run finds the log: planned through a command that lent the
     # directory for looking, it is read from the file or a node once that is gone.
-    p = replace(p, route=_on_store(open_broker, begin))
+    p = replace(p, route=on_store(open_broker, begin))
     done = JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi)
     sessions: list[Any] = []
 
@@ -320,7 +320,7 @@ def execute(
     try:
         rows, digest = _carry_out(p, open_broker, started, report, force, allow_fewer)
         done = replace(done, rows=rows, digest=digest)
-        _on_store(open_broker, lambda node: node.record_replay(done, JobEvent.FINISH))
+        on_store(open_broker, lambda node: node.record_replay(done, JobEvent.FINISH))
     except BaseException as e:
         for session in sessions:  # its tasks stop writing before their staging goes
             with contextlib.suppress(Exception):
@@ -363,7 +363,7 @@ def _carry_out(
             f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
         )
     report(f"staged {staged.rows} rows; committing to {p.sink.text}")
-    _on_store(open_broker, lambda node: p.sink.commit(p.job_id, staged, force=force, node=node))
+    on_store(open_broker, lambda node: p.sink.commit(p.job_id, staged, force=force, node=node))
     failpoint("replay.committed")
     return staged.rows, staged.digest
 
@@ -371,7 +371,7 @@ def _carry_out(
 def _record_failed(open_broker: OpenBroker, record: JobRecord) -> bool:
     """Record the job failed, if its store can be had; whether it was."""
     try:
-        _on_store(open_broker, lambda node: node.record_replay(record, JobEvent.FAIL))
+        on_store(open_broker, lambda node: node.record_replay(record, JobEvent.FAIL))
     except (EomsgError, KeyboardInterrupt):
         return False
     return True
