@@ -17,6 +17,7 @@ they take a quarter of the memory.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ class RetainedIds:
     hashes: np.ndarray  # uint32, ascending
     seqs: np.ndarray  # int64
     expires: np.ndarray  # float64 seconds; NaN: none
-    ids: pa.StringArray | pa.LargeStringArray
+    ids: pa.ChunkedArray  # strings, as DuckDB handed them over: never copied into one
 
     @classmethod
     def empty(cls) -> RetainedIds:
@@ -49,8 +50,17 @@ class RetainedIds:
             np.empty(0, np.uint32),
             np.empty(0, np.int64),
             np.empty(0, np.float64),
-            pa.array([], pa.string()),
+            pa.chunked_array([], pa.string()),
         )
+
+    @functools.cached_property
+    def _chunk_starts(self) -> np.ndarray:
+        """Where each chunk of :attr:`ids` starts: an id is found in O(log chunks)."""
+        return np.cumsum([0] + [len(c) for c in self.ids.chunks[:-1]], dtype=np.int64)
+
+    def _id(self, i: int) -> str:
+        c = int(np.searchsorted(self._chunk_starts, i, "right")) - 1
+        return str(self.ids.chunks[c][i - int(self._chunk_starts[c])].as_py())
 
     @classmethod
     def of(
@@ -64,7 +74,7 @@ class RetainedIds:
             hashes[order],
             np.asarray(seqs, np.int64)[order],
             np.array([nan if e is None else e for e in expires], np.float64)[order],
-            pa.array(ids, pa.string()).take(pa.array(order)),
+            pa.chunked_array([pa.array(ids, pa.string()).take(pa.array(order))]),
         )
 
     def __len__(self) -> int:
@@ -82,7 +92,7 @@ class RetainedIds:
         for k in np.flatnonzero(hi > lo).tolist():
             msg_id = msg_ids[k]
             for j in range(int(lo[k]), int(hi[k])):
-                if self.ids[j].as_py() != msg_id:
+                if self._id(j) != msg_id:
                     continue
                 expires = float(self.expires[j])
                 seq = int(self.seqs[j])

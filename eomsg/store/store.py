@@ -418,7 +418,7 @@ class Store:
             table["h"].to_numpy(),
             table["seq"].to_numpy(),
             table["expires"].to_numpy(),
-            table["id"].combine_chunks(),
+            table["id"],
         )
 
     def finished_txns(self) -> dict[str, str]:
