@@ -237,6 +237,15 @@ def queue_depth(data_dir: Path, queue: str) -> int:
         return {st.name: st.depth for st in client.stats()}[queue]
 
 
+def wait_stopped(proc: subprocess.Popen[Any], timeout: float = 120) -> None:
+    """Until ``proc`` has stopped itself at a ``stop`` failpoint (or fail if it ended)."""
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "T":
+        assert proc.poll() is None, f"the process ended ({proc.returncode}) before its failpoint"
+        assert time.monotonic() < deadline, "the process never reached its failpoint"
+        time.sleep(0.02)
+
+
 def running_until_depth(
     start: Callable[[], subprocess.Popen[Any]],
     data_dir: Path,

@@ -17,7 +17,7 @@ import pytest
 from eomsg.cli.common import open_broker
 from eomsg.client.sync import connect
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import SinkConflict, TransformError
+from eomsg.errors import Interrupted, ReplayFailed, SinkConflict, TransformError
 from eomsg.node.node import Node, NodeSettings
 from eomsg.spark.job import ReplayResult, ReplaySpec, execute, plan
 from tests.conftest import NodeProcess
@@ -258,3 +258,25 @@ def _committed(spark: Any, out: Path) -> list[int]:
         return []
     rows = spark.read.schema("seq LONG, id STRING, topic STRING").parquet(str(out)).collect()
     return sorted(row.seq for row in rows)
+
+
+def test_an_error_once_a_signal_came_is_the_interruption(filled: Path) -> None:
+    """DuckDB turns a KeyboardInterrupt raised inside a query into
+    ``RuntimeError('Query interrupted')``: once the caller says a signal came, any error
+    ends the run as Interrupted (the CLI's exit 130), not as a failed Spark job; without
+    one, the same error is a failed replay. Either way the job is failed, staging gone."""
+    with open_broker(filled) as node:
+        p = plan(ReplaySpec(sink=f"parquet:{filled.parent / 'o'}", topic="orders/>", job_id="i"),
+                 node, data=filled)  # fmt: skip
+
+    def cut() -> Any:
+        p.staging.mkdir(parents=True)
+        raise RuntimeError("Query interrupted")
+
+    with pytest.raises(Interrupted, match=r"^interrupted: job i was recorded failed; run the "):
+        execute(p, lambda: open_broker(filled), cut, interrupted=lambda: True)
+    with pytest.raises(ReplayFailed, match=r"^the Spark job failed: Query interrupted$"):
+        execute(p, lambda: open_broker(filled), cut)
+    with open_broker(filled) as node:
+        assert [j.status.value for j in node.replay_jobs("i")] == ["failed"]
+    assert not p.staging.exists() and not (filled.parent / "o").exists()

@@ -19,12 +19,34 @@ import pytest
 
 from eomsg.core.message import Outgoing
 from eomsg.node.node import Node, NodeSettings
-from tests.conftest import spark_or_skip
+from tests.conftest import spark_or_skip, wait_stopped
 
 N = 2000
-SLOW_TRANSFORM = (
-    "import time\ndef slow(row):\n    time.sleep(0.002)\n    return {'n': row['seq'] * 2}\n"
-)
+
+
+def gated_transform(at: Path, hold_above: int) -> str:
+    """A row transform whose rows past seq ``hold_above`` wait while the file ``at/gate``
+    exists, after touching ``at/entered``: a test stops or kills a run mid-Spark by
+    holding the gate, not by guessing how long Spark takes."""
+    gate, entered = str(at / "gate"), str(at / "entered")
+    return (
+        "import os, time\n"
+        "def slow(row):\n"
+        f"    if row['seq'] > {hold_above}:\n"
+        f"        open({entered!r}, 'a').close()\n"
+        f"        while os.path.exists({gate!r}):\n"
+        "            time.sleep(0.01)\n"
+        "    return {'n': row['seq'] * 2}\n"
+    )
+
+
+def wait_for(path: Path, proc: subprocess.Popen[Any]) -> None:
+    """Until ``path`` exists (or ``proc`` ended, which fails the test)."""
+    deadline = time.monotonic() + 300
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended first ({proc.returncode})"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -132,28 +154,27 @@ def test_an_interrupted_run_is_recorded_failed_and_a_look_does_not_stop_it(
 ) -> None:
     """Ctrl-C (SIGINT) mid-run: exit 130, one line, staging gone, the job failed; and
     ``eomsg inspect jobs`` while a run holds the data directory only waits its turn."""
-    (tmp_path / "slow.py").write_text(SLOW_TRANSFORM)
+    (tmp_path / "slow.py").write_text(gated_transform(tmp_path, 0))
+    (tmp_path / "gate").touch()  # every row waits: the run is mid-Spark until the signal
     out = tmp_path / "out"
     args = [eomsg_bin, "spark-replay", "--master", "local[2]", "--topic", "orders/>",
             "--transform", "slow:slow", "--sink", f"parquet:{out}", "--job-id", "slow"]  # fmt: skip
     run = subprocess.Popen(args, env=cli_env, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
     try:
         assert run.stderr is not None
-        for line in run.stderr:
-            if "reading seq" in line:
-                break
+        wait_for(tmp_path / "entered", run)
         looked = subprocess.run(
             [eomsg_bin, "inspect", "jobs", "--json"], env=cli_env, capture_output=True,
             text=True, timeout=120,
         )  # fmt: skip
         assert looked.returncode == 0, looked.stderr
         assert [j["status"] for j in json.loads(looked.stdout)] == ["running"]
-        time.sleep(1)
         run.send_signal(signal.SIGINT)
         rest = run.stderr.read()
-        assert run.wait(120) == 130
+        assert run.wait(120) == 130, rest
     finally:
         run.kill()
+        (tmp_path / "gate").unlink()
     assert rest.splitlines()[-1] == (
         "Error: interrupted: job slow was recorded failed; run the same command again to redo it"
     )
@@ -162,6 +183,39 @@ def test_an_interrupted_run_is_recorded_failed_and_a_look_does_not_stop_it(
     r = subprocess.run(args, env=cli_env, cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout == f"replayed {N} rows into parquet:{out} (job slow)\n"
     assert all(STEP.match(line) for line in r.stderr.splitlines()), r.stderr  # no Spark noise
+
+
+@pytest.mark.parametrize("step", ["replay.staged", "replay.committed"])
+def test_ctrl_c_between_the_steps_of_a_run_is_an_interruption(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path, step: str
+) -> None:
+    """SIGINT after Spark staged the output, or after the sink took it: exit 130 and the
+    job failed, never a Spark failure (exit 1); run again, the job is done and its output
+    whole, committed once."""
+    out = tmp_path / "out"
+    args = [eomsg_bin, "spark-replay", "--master", "local[2]", "--topic", "orders/>",
+            "--sink", f"parquet:{out}", "--job-id", "cut"]  # fmt: skip
+    env = {**cli_env, "EOMSG_FAILPOINTS": f"{step}=stop"}
+    run = subprocess.Popen(args, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_stopped(run, timeout=300)
+        run.send_signal(signal.SIGINT)  # delivered once it runs on
+        run.send_signal(signal.SIGCONT)
+        assert run.stderr is not None
+        rest = run.stderr.read()
+        assert run.wait(120) == 130, rest
+    finally:
+        run.kill()
+    assert rest.splitlines()[-1] == (
+        "Error: interrupted: job cut was recorded failed; run the same command again to redo it"
+    )
+    assert jobs(eomsg_bin, cli_env)["cut"]["status"] == "failed"
+    assert staging_left(tmp_path, filled) == []
+    assert out.exists() == (step == "replay.committed")
+    r = subprocess.run(args, env=cli_env, capture_output=True, text=True, timeout=300)
+    assert (r.returncode, r.stdout) == (0, f"replayed {N} rows into parquet:{out} (job cut)\n")
+    assert ("output already committed" in r.stderr) == (step == "replay.committed")
+    assert pq.read_table(out).num_rows == N and jobs(eomsg_bin, cli_env)["cut"]["status"] == "done"
 
 
 def test_dry_run_json_and_a_bad_transform(
@@ -262,7 +316,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, eomsg_bin: str) -> dict[str,
         node.publish_batch(
             [Outgoing(f"orders/{i % 2}", f'{{"n": {i}}}'.encode(), f"m{i}") for i in range(N)]
         )
-    (root / "slowfix.py").write_text(SLOW_TRANSFORM)
+    (root / "slowfix.py").write_text(gated_transform(root, N // 2))
     env = {k: v for k, v in os.environ.items() if not k.startswith("EOMSG_")}
     env |= {"EOMSG_DATA": str(root / "data"), "PYTHONPATH": str(root)}
     return {"root": root, "env": env, "clean": {}}
@@ -293,18 +347,23 @@ def test_a_killed_replay_run_again_equals_a_clean_run(
     job = f"{sink}-{kill.replace('.', '-')}"
     args = [*COMMON, "--sink", target(job), "--job-id", job]
     if kill == "mid-spark":
+        (root / "gate").touch()  # rows past N/2 wait: the partitions holding them stay open
         proc = subprocess.Popen(
             [eomsg_bin, "spark-replay", "--master", "local[2]", *args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         )  # fmt: skip
         name = job if sink == "parquet" else f"{job}.duckdb"
         staging = root / f".{name}.eomsg-staging-{job}"
-        deadline = time.monotonic() + 120
-        while not list(staging.glob("part-*.parquet")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert list(staging.glob("part-*.parquet")), "no task finished before the deadline"
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
-        proc.wait()
+        try:
+            wait_for(root / "entered", proc)
+            deadline = time.monotonic() + 300
+            while not list(staging.glob("part-*.parquet")):
+                assert proc.poll() is None and time.monotonic() < deadline, "no task finished"
+                time.sleep(0.05)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # the driver, its JVM and Python workers
+            proc.wait()
+            (root / "gate").unlink()
         assert len(list(staging.glob("part-*.parquet"))) < 4  # killed mid-way
     else:
         r = replay(eomsg_bin, env, *args, failpoints=f"{kill}=crash")

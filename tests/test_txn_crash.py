@@ -12,7 +12,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -22,7 +21,7 @@ import pytest
 
 import eomsg
 from scripts.pgcluster import Cluster, server_bin
-from tests.conftest import NodeProcess, missing_service
+from tests.conftest import NodeProcess, missing_service, wait_stopped
 
 pytestmark = pytest.mark.slow
 
@@ -342,12 +341,3 @@ def test_postgres_server_crashes_mid_copy(
     check_agreement(data_dir, app, payloads)
     with psycopg.connect(dsn) as db:
         assert db.execute("SELECT count(*) FROM pg_prepared_xacts").fetchone() == (0,)
-
-
-def wait_stopped(proc: subprocess.Popen[str], timeout: float = 120) -> None:
-    """Wait until ``proc`` has stopped itself at its failpoint (or fail if it ended)."""
-    deadline = time.monotonic() + timeout
-    while Path(f"/proc/{proc.pid}/stat").read_text().split(") ")[1][0] != "T":
-        assert proc.poll() is None, "the copier ended before its failpoint"
-        assert time.monotonic() < deadline, "the copier never reached its failpoint"
-        time.sleep(0.02)

@@ -22,7 +22,7 @@ from eomsg.cli.common import (
 )
 from eomsg.cli.output import console, print_json, say, shown
 from eomsg.core.replay import Action
-from eomsg.errors import ReplayFailed
+from eomsg.errors import Interrupted, ReplayFailed
 
 
 @handles_errors
@@ -117,13 +117,20 @@ def spark_replay(
         partitions,
     )
     settings = parse_conf(conf or [])
+    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM stops a run as Ctrl-C does
+        signal.signal(signum, _interrupt)
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
         check_master(master)  # … nor does a cluster that cannot be reached
     # Waits its turn, as each step of the run does, if a command holds the directory.
-    p = on_store(
-        lambda: open_broker(data), lambda broker: plan(spec, broker, data=data, force=force)
-    )
+    try:
+        p = on_store(
+            lambda: open_broker(data), lambda broker: plan(spec, broker, data=data, force=force)
+        )
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) or _signalled.is_set():
+            raise Interrupted("interrupted while planning: nothing was recorded") from e
+        raise
     if dry_run:
         if json:
             print_json(p.to_json())
@@ -142,12 +149,12 @@ def spark_replay(
             )
         return
     log: list[Path] = []  # Spark's own log, once it started: kept only if the run failed
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops the run as Ctrl-C does
     with _progress(quiet=json) as (report, spark_started):
 
         def spark() -> Any:
             report(f"starting Spark on {master}")
             session = start(master, settings)
+            signal.signal(signal.SIGINT, _interrupt)  # PySpark's own replaced ours
             log.append(Path(session.eomsg_log))
             spark_started(session)
             return session
@@ -160,6 +167,7 @@ def spark_replay(
                 report,
                 force=force,
                 allow_fewer=allow_fewer,
+                interrupted=_signalled.is_set,
             )
         except ReplayFailed as e:
             raise ReplayFailed(f"{e.message} (Spark's log: {log[0]})" if log else e.message) from e
@@ -171,7 +179,14 @@ def spark_replay(
         say(f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})")
 
 
+_signalled = threading.Event()
+
+
 def _interrupt(signum: int, frame: object) -> None:
+    """Ctrl-C or SIGTERM: KeyboardInterrupt in the main thread, and remembered — DuckDB
+    turns one raised inside a query into an error of its own (RuntimeError), yet the run
+    was still interrupted, not failed."""
+    _signalled.set()
     raise KeyboardInterrupt
 
 

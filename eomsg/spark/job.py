@@ -288,6 +288,7 @@ def execute(
     *,
     force: bool = False,
     allow_fewer: bool = False,
+    interrupted: Callable[[], bool] = lambda: False,
 ) -> ReplayResult:
     """Carry out ``p``. ``open_broker`` opens the log's node for a moment (an embedded
     node must not be open while Spark reads its file); ``spark`` gives the session.
@@ -297,7 +298,8 @@ def execute(
     However the run ends short of done — an error, Spark failing, Ctrl-C or SIGTERM
     (KeyboardInterrupt) — its staging is removed and the job recorded ``failed``
     before the error is raised, so no job stays ``running`` and nothing is left behind;
-    an interruption is raised as Interrupted."""
+    an interruption is raised as Interrupted, as is any error once ``interrupted()`` says
+    a signal came (a library may turn the KeyboardInterrupt into an error of its own)."""
     if p.action is Action.SKIP:
         assert p.previous is not None
         return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
@@ -326,8 +328,8 @@ def execute(
             with contextlib.suppress(Exception):
                 session.sparkContext.cancelAllJobs()
         shutil.rmtree(p.staging, ignore_errors=True)
-        recorded = _record_failed(open_broker, record)
-        if isinstance(e, KeyboardInterrupt):
+        recorded = _record_failed(open_broker, record, interrupted)
+        if isinstance(e, KeyboardInterrupt) or interrupted():
             raise Interrupted(
                 f"interrupted: job {p.job_id} was "
                 + ("recorded failed" if recorded else "left running (its store was busy)")
@@ -368,12 +370,19 @@ def _carry_out(
     return staged.rows, staged.digest
 
 
-def _record_failed(open_broker: OpenBroker, record: JobRecord) -> bool:
-    """Record the job failed, if its store can be had; whether it was."""
+def _record_failed(
+    open_broker: OpenBroker, record: JobRecord, interrupted: Callable[[], bool]
+) -> bool:
+    """Record the job failed, if its store can be had (and no second signal cuts that
+    short); whether it was."""
     try:
         on_store(open_broker, lambda node: node.record_replay(record, JobEvent.FAIL))
     except (EomsgError, KeyboardInterrupt):
         return False
+    except Exception:
+        if interrupted():
+            return False
+        raise
     return True
 
 
