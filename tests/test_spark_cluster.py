@@ -111,11 +111,13 @@ def test_replay_through_a_standalone_cluster_gives_each_row_once(
     cluster: str, filled: Path, eomsg_bin: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     out, db = tmp_path / "out", tmp_path / "app.duckdb"
+    stop = tmp_path / "stop-looking"
     looker = subprocess.Popen(  # looks at the jobs all along: waits its turn, stops nothing
         [
             "bash",
             "-c",
-            f"while true; do {eomsg_bin} inspect jobs --json >/dev/null; sleep 0.3; done",
+            f"while [ ! -e {stop} ]; do {eomsg_bin} inspect jobs --json >/dev/null; sleep 0.3;"
+            " done",
         ],
         env=cli_env,
     )
@@ -124,9 +126,9 @@ def test_replay_through_a_standalone_cluster_gives_each_row_once(
         assert (r.returncode, json.loads(r.stdout or "{}").get("rows")) == (0, N), r.stderr
         r = replay(eomsg_bin, cli_env, cluster, "--sink", f"duckdb:{db}:orders", "--json")
         assert json.loads(r.stdout or "{}").get("rows") == N, r.stderr
-    finally:
-        looker.kill()
-        looker.wait()
+    finally:  # the loop ends after the look under way, so none holds the data at serve
+        stop.touch()
+        looker.wait(120)
     seqs = pq.read_table(out, columns=["seq"]).column("seq").to_pylist()
     assert sorted(seqs) == list(range(1, N + 1))
     with duckdb.connect(str(db)) as conn:

@@ -117,6 +117,7 @@ def spark_replay(
         partitions,
     )
     settings = parse_conf(conf or [])
+    _signalled.clear()  # a signal to an earlier run in this process is not this run's
     for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM stops a run as Ctrl-C does
         signal.signal(signum, _interrupt)
     if not dry_run:
