@@ -120,6 +120,13 @@ class QueueNotFound(EomsgError):
     exit_code = ExitCode.NOT_FOUND
 
 
+class LinkNotFound(EomsgError):
+    """No link to the named node exists."""
+
+    code = "link_not_found"
+    exit_code = ExitCode.NOT_FOUND
+
+
 class QueueExists(EomsgError):
     """A queue with that name already exists with a different configuration."""
 

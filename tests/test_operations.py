@@ -15,6 +15,7 @@ import pytest
 from eomsg.client.aio import AsyncClient
 from eomsg.client.sync import Client
 from eomsg.core.election import FlowInfo
+from eomsg.core.links import LinkInfo
 from eomsg.core.message import Message, Outgoing, PublishResult
 from eomsg.core.operations import OPERATIONS, Operation, Operations
 from eomsg.core.queues import QueueConfig, QueueStats
@@ -48,6 +49,9 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         {},
         [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
+    "add_link": ({"peer": "b", "address": "tcp://10.0.0.2:7501", "token_file": "b.token"}, True),
+    "remove_link": ({"peer": "b"}, 3),
+    "link_info": ({}, [LinkInfo("b", None, True, 3, 2, 17, 1, 40, 12, 99, ("b", "c"))]),
     "flows": ({"queue": None}, [FlowInfo("q", 4, "c:1", -2, True, 77, 1.5, 3)]),
     "unbind": ({"queue": "q", "flow": 4}, 3),
     "log": ({"pattern": "t/>", "from_seq": 2, "limit": 5}, [MSG]),

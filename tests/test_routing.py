@@ -21,35 +21,55 @@ TOPICS = ["orders/eu/new", "orders/us/new", "billing/invoice", "audit", "other"]
 
 
 class Network:
-    """Nodes joined by links that carry updates in order (as a connection does); a cut
-    link loses what it carried."""
+    """Nodes joined by links that carry updates in order (as a connection does). A link
+    is up, cut (what it carried is lost, and it carries nothing until it is back up) or
+    removed."""
 
     def __init__(self, n: int) -> None:
         self.nodes = {name: Routes(name) for name in NAMES[:n]}
         self.links: set[frozenset[str]] = set()
-        self.wire: dict[tuple[str, str], deque[Route | Withdraw]] = {}
+        self.cut_links: set[frozenset[str]] = set()
+        self.wire: dict[tuple[str, str], deque[Update]] = {}
         self.interest: dict[str, frozenset[str]] = {name: frozenset() for name in self.nodes}
         self.version = dict.fromkeys(self.nodes, 0)
 
     def send(self, sender: str, updates: list[Update]) -> None:
         for u in updates:
-            self.wire.setdefault((sender, u.neighbour), deque()).extend(u.moves)
+            if frozenset((sender, u.neighbour)) not in self.cut_links:
+                self.wire.setdefault((sender, u.neighbour), deque()).append(u)
 
     def up(self, a: str, b: str) -> None:
-        if a == b or frozenset((a, b)) in self.links:
+        """Link a and b, or bring their cut link back: each sends its whole table."""
+        link = frozenset((a, b))
+        if a == b or (link in self.links and link not in self.cut_links):
             return
-        self.links.add(frozenset((a, b)))
+        self.links.add(link)
+        self.cut_links.discard(link)
         self.send(a, self.nodes[a].link_up(b))
         self.send(b, self.nodes[b].link_up(a))
 
+    def cut(self, a: str, b: str) -> None:
+        link = frozenset((a, b))
+        if link in self.links:
+            self.cut_links.add(link)
+            self.wire.pop((a, b), None)
+            self.wire.pop((b, a), None)
+
     def down(self, a: str, b: str) -> None:
-        if frozenset((a, b)) not in self.links:
+        """Remove the link."""
+        link = frozenset((a, b))
+        if link not in self.links:
             return
-        self.links.discard(frozenset((a, b)))
+        self.links.discard(link)
+        self.cut_links.discard(link)
         self.wire.pop((a, b), None)
         self.wire.pop((b, a), None)
-        self.send(a, self.nodes[a].link_down(b))
-        self.send(b, self.nodes[b].link_down(a))
+        self.send(a, self.nodes[a].unlink(b))
+        self.send(b, self.nodes[b].unlink(a))
+
+    def heal(self) -> None:
+        for link in sorted(self.cut_links, key=sorted):
+            self.up(*sorted(link))
 
     def want(self, node: str, patterns: frozenset[str]) -> None:
         self.version[node] += 1
@@ -63,8 +83,14 @@ class Network:
             if not busy:
                 return
             sender, receiver = rng.choice(busy)
-            move = self.wire[(sender, receiver)].popleft()
-            self.send(receiver, self.nodes[receiver].heard(sender, move))
+            update = self.wire[(sender, receiver)].popleft()
+            routes = self.nodes[receiver]
+            if update.full:
+                moves = [u for u in update.moves if isinstance(u, Route)]
+                self.send(receiver, routes.heard_all(sender, moves))
+            else:
+                for move in update.moves:
+                    self.send(receiver, routes.heard(sender, move))
         raise AssertionError("the routes never settled")
 
     def part(self, node: str) -> set[str]:
@@ -103,7 +129,7 @@ class Network:
     seed=st.integers(0, 2**32),
     moves=st.lists(
         st.tuples(
-            st.sampled_from(["up", "up", "down", "want"]),
+            st.sampled_from(["up", "up", "cut", "down", "want"]),
             st.integers(0, 5),
             st.integers(0, 5),
             st.frozensets(st.sampled_from(PATTERNS), max_size=2),
@@ -121,12 +147,16 @@ def test_routes_settle_loop_free_and_each_wanting_node_gets_one_copy(
         a, b = names[i % n], names[j % n]
         if kind == "up":
             net.up(a, b)
+        elif kind == "cut":
+            net.cut(a, b)
         elif kind == "down":
             net.down(a, b)
         else:
             net.want(a, patterns)
         if rng.random() < 0.5:  # some changes overlap, some settle first
             net.settle(rng)
+    net.settle(rng)
+    net.heal()
     net.settle(rng)
     for name, routes in net.nodes.items():
         part = net.part(name)
@@ -154,7 +184,7 @@ def _matches(pattern: str, topic: str) -> bool:
     return bool(m.match(topic))
 
 
-def test_a_ring_routes_the_short_way_and_around_a_cut() -> None:
+def test_a_ring_routes_the_short_way_and_around_a_removed_link() -> None:
     net = Network(4)
     for a, b in ("ab", "bc", "cd", "da"):
         net.up(a, b)
@@ -162,10 +192,18 @@ def test_a_ring_routes_the_short_way_and_around_a_cut() -> None:
     net.settle(random.Random(0))
     assert net.nodes["a"].hop("c") == "b"  # two hops either way: the lower name
     assert net.nodes["a"].targets("orders/eu/new") == {"b": frozenset({"c"})}
+    net.cut("b", "c")  # a cut changes no route: messages for c wait at b
+    net.want("c", frozenset({"orders/eu/*"}))  # c's news comes round the other way
+    net.settle(random.Random(0))
+    assert net.nodes["a"].known()["c"][:2] == (frozenset({"orders/eu/*"}), "b")
+    assert net.nodes["a"].targets("orders/us/new") == {}
+    net.heal()
+    net.settle(random.Random(0))
+    assert net.nodes["a"].known()["c"][:2] == (frozenset({"orders/eu/*"}), "b")
     net.down("b", "c")
     net.settle(random.Random(0))
     assert net.nodes["a"].known()["c"][1:] == ("d", ("c", "d", "a"))
-    assert net.deliveries("b", "orders/x") == {"c": 1}  # b → a → d → c
+    assert net.deliveries("b", "orders/eu/x") == {"c": 1}  # b → a → d → c
 
 
 def test_bad_routes_and_versions_are_refused() -> None:
@@ -188,3 +226,29 @@ def test_bad_routes_and_versions_are_refused() -> None:
     with pytest.raises(InvalidInput, match="not above 5"):
         r.set_interest([], 5)
     assert r.known() == {}  # nothing refused was taken
+
+
+def test_a_restarted_node_routes_by_the_offers_it_kept() -> None:
+    net = Network(3)
+    net.up("a", "b")
+    net.up("b", "c")
+    net.want("c", frozenset({"orders/>"}))
+    net.settle(random.Random(0))
+    kept = net.nodes["a"].offers("b")
+    again = Routes("a")
+    again.restore("b", kept)
+    assert again.targets("orders/x") == {"b": frozenset({"c"})}
+    assert again.known() == net.nodes["a"].known()
+
+
+def test_a_whole_table_drops_what_it_no_longer_offers() -> None:
+    r = Routes("a")
+    r.link_up("b")
+    r.heard("b", Route("c", 1, frozenset({"x"}), ("c", "b")))
+    r.heard("b", Route("d", 1, frozenset({"x"}), ("d", "b")))
+    r.link_up("e")
+    updates = r.heard_all("b", [Route("c", 2, frozenset({"y"}), ("c", "b"))])
+    assert r.targets("x") == {} and r.targets("y") == {"b": frozenset({"c"})}
+    assert updates == [
+        Update("e", (Route("c", 2, frozenset({"y"}), ("c", "b", "a")), Withdraw("d")))
+    ]

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from eomsg.client.aio import AsyncClient
 from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
 from eomsg.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
+from eomsg.server.link import LinkConnection
 from eomsg.server.session import Session
 from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role, State
@@ -180,15 +181,29 @@ def handled_events(dispatch: Any) -> set[str]:
     }
 
 
+LINK_STATES = {State.LINK_HELLO_SENT, State.LINKED}
+CLIENT_STATES = set(State) - LINK_STATES
+
+
 @pytest.mark.parametrize(
-    ("dispatch", "sender"),
-    [(Session._dispatch, Role.CLIENT), (AsyncClient._on_event, Role.SERVER)],
-    ids=["node", "client"],
+    ("dispatch", "senders", "states"),
+    [
+        (Session._dispatch, {Role.CLIENT}, CLIENT_STATES),
+        (AsyncClient._on_event, {Role.SERVER}, CLIENT_STATES),
+        (LinkConnection._dispatch, set(Role), LINK_STATES),  # either side of a link
+    ],
+    ids=["node", "client", "link"],
 )
-def test_each_dispatch_handles_every_event_its_peer_may_send(dispatch: Any, sender: Role) -> None:
+def test_each_dispatch_handles_every_event_its_peer_may_send(
+    dispatch: Any, senders: set[Role], states: set[State]
+) -> None:
     """Derived from TRANSITIONS, so a new event without a handler fails here, not
     silently on the wire (the dispatches' default branch raises LocalProtocolError)."""
-    may_send = {event.__name__ for (role, _, event) in TRANSITIONS if role is sender}
+    may_send = {
+        event.__name__
+        for (role, state, event) in TRANSITIONS
+        if role in senders and state in states
+    }
     assert handled_events(dispatch) == may_send
 
 

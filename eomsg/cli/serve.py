@@ -56,6 +56,13 @@ def serve(
             min=0.01, help="Seconds before an unacknowledged active/inactive notice is resent."
         ),
     ] = 1.0,
+    node_name: Annotated[
+        str | None,
+        typer.Option(
+            help="This node's name among linked nodes (default: the one it keeps, else "
+            "node-<random>); a linked node keeps its name.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections.")] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -71,6 +78,7 @@ def serve(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from eomsg.core.links import check_node_name
     from eomsg.node.node import Node, NodeSettings
     from eomsg.server.server import ServerSettings
     from eomsg.server.server import serve as run_server
@@ -86,18 +94,26 @@ def serve(
     )
     settings.check()  # before taking the data directory
 
+    node_settings = NodeSettings(node_name=node_name)
+    if node_name is not None:
+        check_node_name(node_name)  # before taking the data directory
+
     def ready(addresses: list[Address]) -> None:
         where = [str(a) for a in addresses]
+        name = node.node_name
         if json:
-            print_json({"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where})
+            print_json(
+                {"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where,
+                 "node": name}
+            )  # fmt: skip
         else:
-            say(f"eomsg node (pid {os.getpid()}) serving {data} on {', '.join(where)}")
+            say(f"eomsg node {name} (pid {os.getpid()}) serving {data} on {', '.join(where)}")
             if len(addresses) > 1:
                 say(f"TCP clients need the token in {token_path(data)}")
 
     os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
-    with Node.open(data, NodeSettings()) as node:
-        run_server(data, node, settings, ready, reopen=lambda: Node.open(data, NodeSettings()))
+    with Node.open(data, node_settings) as node:
+        run_server(data, node, settings, ready, reopen=lambda: Node.open(data, node_settings))
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})
     else:

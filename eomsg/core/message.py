@@ -107,3 +107,18 @@ class PublishResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "id": self.id, "duplicate": self.duplicate, "queues": self.queues}
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """A message on a link between nodes: its sequence on the sending node, what it is,
+    and the nodes the receiver is to carry it to (itself among them if its queues want
+    it). ``ttl`` is what remained of its time to live when it was sent."""
+
+    seq: int
+    topic: str
+    payload: bytes
+    id: str | None
+    ttl: float | None
+    headers: dict[str, str]
+    targets: tuple[str, ...]

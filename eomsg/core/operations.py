@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from eomsg.core.election import FlowInfo
+from eomsg.core.links import LinkInfo
 from eomsg.core.message import Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
@@ -197,6 +198,26 @@ class Operations(Protocol):
     @operation(reads_only=True)
     def stats() -> list[QueueStats]:
         """A snapshot of every queue, by name."""
+        raise Declaration
+
+    # -- links ------------------------------------------------------------------------
+
+    @operation()
+    def add_link(peer: str, address: str | None = None, token_file: str | None = None) -> bool:
+        """Link this node to node ``peer``, dialling ``address`` with the token kept in
+        ``token_file`` (on this node's machine), or waiting for the peer to dial.
+        Idempotent: False if the same link exists; InvalidConfig if with others."""
+        raise Declaration
+
+    @operation()
+    def remove_link(peer: str) -> int:
+        """Remove the link to ``peer``: how many messages it still owed the peer
+        (forgotten). LinkNotFound."""
+        raise Declaration
+
+    @operation(reads_only=True)
+    def link_info() -> list[LinkInfo]:
+        """Every link: its state, what it owes and has taken, the nodes it reaches."""
         raise Declaration
 
     # -- flows (seed 002) ---------------------------------------------------------------

@@ -9,7 +9,11 @@ takes a route that passes through itself — routes never loop, in any topology 
 a fan-out, a ring, a mesh).
 
 Each neighbour offers at most one route per node (its own best: a new one replaces the
-old; a withdrawal or the link's loss removes it). For each node this side then keeps:
+old; a withdrawal removes it). A link that is *cut* forgets nothing: what its neighbour
+offered stays, so messages for the nodes behind it wait for it to come back rather than
+being routed nowhere (a cut is a pause, not a change of topology); when it is back, each
+side sends the other its whole table, which replaces what the other kept. Only a link
+*removed* forgets its neighbour's offers. For each node this side then keeps:
 
 - the **patterns** of the freshest version any neighbour offers (a stale version may
   still come by a shorter path, but it is not the node's interest any more);
@@ -71,10 +75,12 @@ class Withdraw:
 
 @dataclass(frozen=True)
 class Update:
-    """Tell ``neighbour`` these routes and withdrawals, in order."""
+    """Tell ``neighbour`` these routes and withdrawals, in order; ``full``: they are the
+    whole table, replacing everything it kept from this node (:meth:`Routes.heard_all`)."""
 
     neighbour: str
     moves: tuple[Route | Withdraw, ...]
+    full: bool = False
 
 
 @dataclass
@@ -112,8 +118,8 @@ class Routes:
         return [Update(n, (own,)) for n in sorted(self._neighbours)]
 
     def link_up(self, neighbour: str) -> list[Update]:
-        """A link to ``neighbour`` is up: it is told everything this node reaches (its
-        own interest first), since it may have forgotten all of it."""
+        """A link to ``neighbour`` is (back) up: it is told everything this node reaches
+        (its own interest first) as a whole table, since what it kept may be stale."""
         self._neighbours.add(neighbour)
         self._offers.setdefault(neighbour, {})
         moves: list[Route | Withdraw] = [self._own()]
@@ -121,14 +127,39 @@ class Routes:
             advert = self._advert(node, neighbour)
             if advert is not None:
                 moves.append(advert)
-        return [Update(neighbour, tuple(moves))]
+        return [Update(neighbour, tuple(moves), full=True)]
 
-    def link_down(self, neighbour: str) -> list[Update]:
-        """The link to ``neighbour`` is gone: what it offered is forgotten, and the other
-        neighbours hear of every node whose route changed."""
+    def unlink(self, neighbour: str) -> list[Update]:
+        """The link to ``neighbour`` is removed: what it offered is forgotten, and the
+        other neighbours hear of every node whose route changed. (A link merely cut
+        changes nothing here.)"""
         self._neighbours.discard(neighbour)
         offers = self._offers.pop(neighbour, {})
         return self._recompute(set(offers))
+
+    def restore(self, neighbour: str, routes: Iterable[Route]) -> None:
+        """At start: ``neighbour`` is linked and last offered ``routes`` (as
+        :meth:`offers` gave them). Nothing is announced: each link sends its whole table
+        when it comes up."""
+        self._neighbours.add(neighbour)
+        self._offers[neighbour] = {}
+        self.heard_all(neighbour, routes)
+
+    def offers(self, neighbour: str) -> tuple[Route, ...]:
+        """What ``neighbour`` offers now, to keep across restarts."""
+        return tuple(r for _, r in sorted(self._offers.get(neighbour, {}).items()))
+
+    def heard_all(self, neighbour: str, routes: Iterable[Route]) -> list[Update]:
+        """``neighbour`` sent its whole table: it replaces everything it offered."""
+        if neighbour not in self._neighbours:
+            raise InvalidInput(f"no link to {neighbour!r} is up")
+        before = self._offers[neighbour]
+        after: dict[str, Route] = {}
+        for r in routes:
+            if self.me not in _offered(r, neighbour).path:
+                after[r.node] = r
+        self._offers[neighbour] = after
+        return self._recompute({n for n in (*before, *after) if before.get(n) != after.get(n)})
 
     def heard(self, neighbour: str, move: Route | Withdraw) -> list[Update]:
         """``neighbour`` sent a route or a withdrawal. A route through this node, or
@@ -136,10 +167,8 @@ class Routes:
         anything else for that node). Returns what the other neighbours must hear."""
         if neighbour not in self._neighbours:
             raise InvalidInput(f"no link to {neighbour!r} is up")
-        if isinstance(move, Route) and move.check().path[-1] != neighbour:
-            raise InvalidInput(
-                f"route for node {move.node!r} from {neighbour!r} does not end with it"
-            )
+        if isinstance(move, Route):
+            _offered(move, neighbour)
         offers = self._offers[neighbour]
         if isinstance(move, Withdraw) or self.me in move.path:
             if offers.pop(move.node, None) is None:
@@ -229,3 +258,11 @@ class Routes:
         patterns = next(r.patterns for _, r in offers if r.version == freshest)
         hop, route = min(offers, key=lambda nr: (len(nr[1].path), nr[0]))
         return _Best(freshest, patterns, hop, (*route.path, self.me))
+
+
+def _offered(route: Route, neighbour: str) -> Route:
+    """``route`` as ``neighbour`` may offer it (well formed, its path ending with the
+    neighbour), else InvalidInput."""
+    if route.check().path[-1] != neighbour:
+        raise InvalidInput(f"route for node {route.node!r} from {neighbour!r} does not end with it")
+    return route

@@ -178,6 +178,14 @@ class Sender:
             self._go_back(now)
         return done
 
+    def reconnected(self, read: int, now: float) -> list[int]:
+        """A new connection, on which the peer said it holds everything up to ``read``:
+        what that covers (to delete), and everything after it goes out again."""
+        done = self.acknowledged(read, now)
+        self._next = self._head
+        self._progress_at = now
+        return done
+
     def tick(self, now: float) -> bool:
         """Whether the timer ran out (nothing acknowledged for ``resend_after`` while
         messages were in flight): if so, what was sent goes out again."""
@@ -190,3 +198,76 @@ class Sender:
         self._next = self._head
         self.resends += 1
         self._progress_at = now
+
+
+class Outbox:
+    """What one link owes its peer: a :class:`Sender` over every sequence routed to the
+    peer, and for each sequence its *route* — an id naming the nodes the peer is to carry
+    it to (a link has a few routes, one per set of targets its messages had). Keeps each
+    route's sequences as an array, so finding a frame's routes and what an
+    acknowledgement settles costs a bisection per route, flat with the backlog."""
+
+    def __init__(self, acked: int, now: float, **sender: int | float) -> None:
+        self.sender = Sender(acked, (), now, **sender)  # type: ignore[arg-type]
+        self._routes: dict[int, array[int]] = {}
+        self._heads: dict[int, int] = {}
+
+    def add(self, route: int, seqs: Sequence[int]) -> None:
+        """Newly committed messages for the peer on ``route`` (above all pending)."""
+        self.sender.add(seqs)
+        if route not in self._routes:
+            self._routes[route] = array("q")
+            self._heads[route] = 0
+        self._routes[route].extend(seqs)
+
+    def restore(self, by_route: dict[int, list[int]]) -> None:
+        """At start: what each route still owes (each list ascending)."""
+        merged = sorted((seq, route) for route, seqs in by_route.items() for seq in seqs)
+        for route, seqs in by_route.items():
+            self._routes[route] = array("q", seqs)
+            self._heads[route] = 0
+        self.sender.add([seq for seq, _ in merged])
+
+    def routes_of(self, seqs: Sequence[int]) -> list[int]:
+        """The route of each of ``seqs`` (ascending, all pending)."""
+        found: dict[int, int] = {}
+        lo, hi = seqs[0], seqs[-1]
+        for route, arr in self._routes.items():
+            i = bisect.bisect_left(arr, lo, self._heads[route])
+            end = bisect.bisect_right(arr, hi, i)
+            for seq in arr[i:end]:
+                found[seq] = route
+        return [found[seq] for seq in seqs]
+
+    def acknowledged(self, read: int, now: float, *, gap: bool = False) -> dict[int, list[int]]:
+        """:meth:`Sender.acknowledged`; returns, by route, the sequences the peer now
+        holds (to delete here)."""
+        self.sender.acknowledged(read, now, gap=gap)
+        return self._settle(read)
+
+    def reconnected(self, read: int, now: float) -> dict[int, list[int]]:
+        """:meth:`Sender.reconnected`; returns, by route, the sequences to delete."""
+        self.sender.reconnected(read, now)
+        return self._settle(read)
+
+    def _settle(self, read: int) -> dict[int, list[int]]:
+        done: dict[int, list[int]] = {}
+        for route, arr in self._routes.items():
+            head = self._heads[route]
+            end = bisect.bisect_right(arr, read, head)
+            if end > head:
+                done[route] = arr[head:end].tolist()
+                if end > 4096 and end * 2 > len(arr):
+                    del arr[:end]
+                    end = 0
+                self._heads[route] = end
+        return done
+
+    def lowest(self) -> int | None:
+        """The lowest sequence still owed, if any (the log keeps it)."""
+        heads = [arr[h] for r, arr in self._routes.items() if len(arr) > (h := self._heads[r])]
+        return min(heads, default=None)
+
+    def owed(self, route: int) -> int:
+        """How many messages ``route`` still owes."""
+        return len(self._routes.get(route, ())) - self._heads.get(route, 0)

@@ -72,6 +72,7 @@ class Admin(NodeState):
                     self._matcher.remove(pattern, q)
                 self._routes.clear()
                 del self._queues[name], self._by_id[q.id]
+                self._interest_changed()
                 for v in q.election.flows():
                     f = self._flows.pop(v.flow)
                     if f.notify is not None:
@@ -108,6 +109,7 @@ class Admin(NodeState):
                 self._matcher.add(pattern, q)
             self._routes.clear()
             q.config = config
+            self._interest_changed()
 
     def purge(self, name: str) -> int:
         """Settle every message in the queue as purged; returns how many."""

@@ -17,11 +17,12 @@ from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, PublishResult
 from eomsg.errors import InvalidConfig
 from eomsg.failpoints import failpoint
-from eomsg.node.state import NodeState, QueueState, to_us
+from eomsg.node.state import Destination, NodeState, QueueState, to_us
 from eomsg.store.writer import RowBatch
 
 REQUEUED_FROM = "eomsg-requeued-from"  # the header a requeued message carries: its old seq
-Fresh = tuple[int, str | None, float | None, tuple[QueueState, ...]]  # seq, id, expiry, route
+Route = tuple[Destination, ...]
+Fresh = tuple[int, str | None, float | None, Route]  # seq, id, expiry, route
 
 
 class Ingress(NodeState):
@@ -151,12 +152,13 @@ class Ingress(NodeState):
         batch: RowBatch,
         messages: Sequence[Outgoing],
         now: float,
-        route: tuple[QueueState, ...] | None = None,
+        route: Route | None = None,
+        routes: Sequence[Route] | None = None,
     ) -> tuple[list[PublishResult], list[Fresh]]:
         """Dedup ``messages`` by id, give the new ones the next sequence numbers and
-        route them (by topic, or all to ``route``), adding their rows to ``batch`` (with
-        the after-commit step that makes them deliverable). Call with ``_lock`` held,
-        then :meth:`_write_staged`."""
+        route them (by topic, all to ``route``, or each to its own of ``routes``),
+        adding their rows to ``batch`` (with the after-commit step that makes them
+        deliverable). Call with ``_lock`` held, then :meth:`_write_staged`."""
         now_us = to_us(now)
         results: list[PublishResult] = []
         fresh: list[Fresh] = []
@@ -164,7 +166,7 @@ class Ingress(NodeState):
         uncommitted = self._uncommitted_ids
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
         seq = self._next_seq
-        for m in messages:
+        for i, m in enumerate(messages):
             msg_id = m.id
             if msg_id is not None:
                 original = uncommitted.get(msg_id) or published.get(msg_id)
@@ -174,7 +176,10 @@ class Ingress(NodeState):
                 uncommitted[msg_id] = seq
             expires = None if m.ttl is None else now + m.ttl
             expires_us = None if expires is None else to_us(expires)
-            queues = self._route(m.topic) if route is None else route
+            if routes is not None:
+                queues = routes[i]
+            else:
+                queues = self._route(m.topic) if route is None else route
             headers = json.dumps(m.headers) if m.headers else None
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:
@@ -193,6 +198,7 @@ class Ingress(NodeState):
             if rows:
                 batch.rows_of(name).extend(rows)
         if fresh:
+            self._save_routes(batch)
             batch.after_commit(lambda: self._published(fresh))
         return results, fresh
 
@@ -208,10 +214,12 @@ class Ingress(NodeState):
                     self._uncommitted_ids.pop(msg_id, None)
             raise
 
-    def _route(self, topic: str) -> tuple[QueueState, ...]:
+    def _route(self, topic: str) -> Route:
+        """The queues subscribed to ``topic``, then the links it goes out on. Under
+        ``_lock``."""
         route = self._routes.get(topic)
         if route is None:
-            route = tuple(sorted(self._matcher.match(topic), key=lambda q: q.id))
+            route = (*sorted(self._matcher.match(topic), key=lambda q: q.id), *self._hops(topic))
             if len(self._routes) > 8192:
                 self._routes.clear()
             self._routes[topic] = route
@@ -224,9 +232,9 @@ class Ingress(NodeState):
         ids: list[str] = []
         id_seqs: list[int] = []
         id_expiry: list[float | None] = []
-        routes: set[tuple[QueueState, ...]] = set()
+        routes: set[Route] = set()
         with self._lock:
-            run_route: tuple[QueueState, ...] | None = None
+            run_route: Route | None = None
             run_seqs: list[int] = []
             run_expiry: list[float | None] = []
             for seq, msg_id, expires, route in fresh:
@@ -245,11 +253,10 @@ class Ingress(NodeState):
             for msg_id in ids:
                 self._uncommitted_ids.pop(msg_id, None)
             self._durable_seq = fresh[-1][0]
-        self._notify({q.config.name for route in routes for q in route})
+        self._forward(routes)  # seed 004 k: toward further nodes first, then locally
+        self._notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
 
     @staticmethod
-    def _append_run(
-        route: tuple[QueueState, ...] | None, seqs: list[int], expiry: list[float | None]
-    ) -> None:
+    def _append_run(route: Route | None, seqs: list[int], expiry: list[float | None]) -> None:
         for q in route or ():
-            q.cursor.extend(seqs, expiry)
+            q.extend(seqs, expiry)

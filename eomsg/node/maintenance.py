@@ -34,6 +34,9 @@ class Maintenance(NodeState):
                 self._settled_since_compaction = 0
             gc_due = now - self._last_gc >= self.settings.gc_interval
             floor = self._durable_seq + 1
+            low = self._lowest_link_pending()
+            if low is not None:
+                floor = min(floor, low)
             for q in self._queues.values():
                 low = q.cursor.lowest_pending()
                 if low is not None:

@@ -5,7 +5,8 @@ in-process (embedded mode) and the broker daemon will serve it over the wire.
 of :mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow:
 ``ingress`` (publishing and routing, seed 004), ``delivery`` (the cursors, seed 003),
 ``participant`` (transactions, seed 000), ``flows`` (bound consumers and their election,
-seed 002), ``admin`` (queues and saved settings), ``maintenance`` (timeouts, expiry,
+seed 002), ``admin`` (queues and saved settings), ``links`` (other nodes: interest,
+routes and exactly-once transfer), ``maintenance`` (timeouts, expiry,
 compaction, garbage collection) and ``inspection`` (stats, the log, replay reads). This
 module holds the node's life: opening and recovering its state from the store, the
 maintenance ticker, listeners, and closing.
@@ -28,6 +29,7 @@ from eomsg.node.delivery import Delivery
 from eomsg.node.flows import Flows
 from eomsg.node.ingress import Ingress
 from eomsg.node.inspection import Inspection
+from eomsg.node.links import Links
 from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings
@@ -39,7 +41,7 @@ __all__ = ["SETTINGS", "Node", "NodeSettings"]
 log = logging.getLogger("eomsg.node")
 
 
-class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance):
+class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Inspection, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
@@ -111,10 +113,14 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
             self._install(queue_id, config)
         self._next_seq = store.last_seq() + 1
         self._durable_seq = self._next_seq - 1
+        self._load_links(self.settings.node_name)
         unread: dict[int, tuple[list[int], list[float | None]]] = {}
+        link_pending: dict[int, list[int]] = {}  # by route: what the links owe
         for row in store.load_pending():
             q = self._by_id.get(row.queue_id)
             if q is None:
+                if row.queue_id < 0:
+                    link_pending.setdefault(row.queue_id, []).append(row.seq)
                 continue
             expires = None if row.expires_us is None else row.expires_us / US
             if row.attempt is None:
@@ -131,6 +137,7 @@ class Node(Participant, Ingress, Delivery, Flows, Admin, Inspection, Maintenance
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
             self._by_id[queue_id].cursor.extend(seqs, expiries)
+        self._restore_link_pending(link_pending)
         self._dedup = DedupWindow(store.load_publish_ids(to_us(now)))
         for queue_id, counts in store.load_counts().items():
             if (q := self._by_id.get(queue_id)) is not None:

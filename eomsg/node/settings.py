@@ -21,7 +21,8 @@ class NodeSettings:
     below ``disk_reserve`` bytes free on its disk the node refuses publishes (0: never),
     so that a checkpoint and a restart always find room; ``wal_limit`` bounds the WAL,
     ``journal_segment`` the journal's files; ``apply_delay`` is how long a write
-    journaled alone waits for others before DuckDB gets it (0: at once)."""
+    journaled alone waits for others before DuckDB gets it (0: at once); ``node_name``
+    names it to the nodes it is linked to."""
 
     limits: Limits = field(default_factory=Limits)
     retention: float = 86400.0
@@ -32,6 +33,7 @@ class NodeSettings:
     wal_limit: int = WAL_LIMIT  # the WAL is checkpointed when it grows past this
     journal_segment: int = SEGMENT_BYTES  # a journal segment ends past this size
     apply_delay: float = APPLY_DELAY  # seconds a journaled write waits to go to DuckDB
+    node_name: str | None = None  # its name among linked nodes (None: the one it keeps)
 
 
 # Settings a data directory can save (``eomsg config set``): name -> (parse to the

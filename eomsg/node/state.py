@@ -1,7 +1,8 @@
 """The node's shared state and the one lock discipline every part of it follows.
 
 :class:`~eomsg.node.node.Node` is assembled from one mixin per concern (``ingress``,
-``delivery``, ``participant``, ``flows``, ``admin``, ``maintenance``, ``inspection``), all
+``delivery``, ``participant``, ``flows``, ``admin``, ``links``, ``maintenance``,
+``inspection``), all
 over :class:`NodeState`: the runtime state they share, and the helpers more than one of
 them uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
 
@@ -47,6 +48,7 @@ import itertools
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Protocol
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
@@ -84,6 +86,19 @@ class QueueState:
         self.counts = dict.fromkeys(Outcome, 0)
         self.election = Election(config.max_active, config.immediate, epochs)
         self.live_epochs: set[int] = set()  # of the active flows: deletes accepted
+
+    def extend(self, seqs: list[int], expiry: list[float | None]) -> None:
+        """Newly committed messages for this queue (a destination, as a link's route is)."""
+        self.cursor.extend(seqs, expiry)
+
+
+class Destination(Protocol):
+    """Where a stored message goes: a queue, or a route out over a link. Its ``id`` is
+    what the store's destination and settlement records name."""
+
+    id: int
+
+    def extend(self, seqs: list[int], expiry: list[float | None]) -> None: ...
 
 
 class FlowState:
@@ -151,7 +166,7 @@ class NodeState:
         self._queues: dict[str, QueueState] = {}
         self._by_id: dict[int, QueueState] = {}
         self._matcher: Matcher[QueueState] = Matcher()
-        self._routes: dict[str, tuple[QueueState, ...]] = {}
+        self._routes: dict[str, tuple[Destination, ...]] = {}
         self._dedup = DedupWindow()
         self._uncommitted_ids: dict[str, int] = {}
         self._txns: dict[str, PreparedTxn] = {}  # prepared, undecided
@@ -289,7 +304,29 @@ class NodeState:
         for pattern in config.subscriptions:
             self._matcher.add(pattern, q)
         self._routes.clear()
+        self._interest_changed()
         return q
+
+    def _interest_changed(self) -> None:
+        """The topics this node's queues want changed. Under ``_lock``; the links tell
+        their peers (:mod:`eomsg.node.links`)."""
+
+    def _forward(self, routes: set[tuple[Destination, ...]]) -> None:
+        """Messages committed for ``routes``: wake the links among them. Never under
+        ``_lock``."""
+
+    def _save_routes(self, batch: RowBatch) -> None:
+        """Add to ``batch`` the link routes made since the last durable batch, so the
+        destinations that name them are never stored without them. Under ``_lock``."""
+
+    def _lowest_link_pending(self) -> int | None:
+        """The lowest seq a link still owes, if any (the log keeps it). Under ``_lock``."""
+        return None
+
+    def _hops(self, topic: str) -> tuple[Destination, ...]:
+        """The links a message on ``topic`` published here goes out on (none unless this
+        node is linked). Under ``_lock``."""
+        return ()
 
     def _notify(self, queues: set[str]) -> None:
         """Messages became ready in ``queues``: wake the waiting fetches and tell the

@@ -27,7 +27,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +43,7 @@ from eomsg.errors import (
     one_line,
 )
 from eomsg.node.node import Node
+from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
 from eomsg.wire.protocol import DEFAULT_MAX_FRAME
@@ -129,7 +129,7 @@ class Server:
         self.settings = settings
         self.loop = asyncio.get_running_loop()
         self.token = load_token(data_dir)
-        self.node_name = f"{socket.gethostname()}:{os.getpid()}"
+        self.links = LinkManager(self)
         self.addresses: list[Address] = []
         self.sessions: set[Session] = set()
         self.inflight_bytes = 0
@@ -142,9 +142,19 @@ class Server:
         self._stopping = False
         self._attach(node)
 
+    @property
+    def node_name(self) -> str:
+        return self.node.node_name
+
     def _attach(self, node: Node) -> None:
         node.add_listener(self._on_ready)
         node.add_failure_listener(self._failure_heard)
+        node.add_links_listener(self._links_changed)
+
+    def _links_changed(self) -> None:
+        """Node listener (any thread): a link was added or removed."""
+        with contextlib.suppress(RuntimeError):  # loop closed at exit
+            self.loop.call_soon_threadsafe(self.links.reconcile)
 
     def _failure_heard(self, cause: BaseException) -> None:
         """Store failure listener, on one of the writer's threads: hand it to the loop."""
@@ -167,6 +177,7 @@ class Server:
         log.error("%s", self.down)
         for session in list(self.sessions):
             session.dismiss(StorageError(self.down))
+        self.links.stop()
         try:
             await self.blocking(self.node.close)
         except Exception:  # a failed store closes as far as it can; the disk holds the rest
@@ -191,6 +202,7 @@ class Server:
                     self.node = node
                     self._attach(node)
                     self.down = None
+                    self.links.reconcile()
                     log.warning("the store was reopened; serving again")
                     return
             else:
@@ -232,6 +244,7 @@ class Server:
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.addresses.append(Address("tcp", host=address.host, port=port))
+        self.links.reconcile()
 
     def request_stop(self) -> None:
         """Ask :func:`serve` to shut down (safe from a signal handler)."""
@@ -243,6 +256,7 @@ class Server:
     async def stop(self) -> None:
         """Graceful shutdown; see the module docstring. Call once."""
         self._stopping = True
+        self.links.stop()
         for server in self._servers:
             server.close()
         sessions = list(self.sessions)

@@ -219,6 +219,8 @@ class Session(asyncio.Protocol):
                 pass
             case ev.Hello():
                 self._hello(event)
+            case ev.LinkHello():
+                self._hand_over(event)
             case ev.Goodbye():
                 self._close()
             case _:  # TRANSITIONS let it through, so a handler is missing here
@@ -264,6 +266,18 @@ class Session(asyncio.Protocol):
         self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
         self._timers["watchdog"] = self.loop.call_later(3 * s.heartbeat, self._watchdog)
         self._timers["resend"] = self.loop.call_later(s.resend, self._resend)
+
+    def _hand_over(self, hello: ev.LinkHello) -> None:
+        """Another node dialled: the connection is a link's, not a client's. This
+        session ends here (without a word: the link answers)."""
+        if self.server.down is not None:
+            self._fail(StorageError(self.server.down))
+            return
+        self.closing = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self.server.forget(self)
+        self.server.spawn(self.server.links.accept(self, hello))
 
     # -- requests ---------------------------------------------------------------------------
 

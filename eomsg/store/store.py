@@ -340,6 +340,13 @@ class Store:
         rows = self._query("SELECT value FROM node_meta WHERE key = ?", [key])
         return rows[0][0] if rows else None
 
+    def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        """Every ``node_meta`` entry whose key starts with ``prefix``."""
+        rows = self._query(
+            "SELECT key, value FROM node_meta WHERE starts_with(key, ?) ORDER BY key", [prefix]
+        )
+        return dict(rows)
+
     def last_seq(self) -> int:
         """The highest sequence number ever assigned durably (log GC included)."""
         try:
@@ -677,6 +684,21 @@ class Store:
                 "queues",
             ):
                 conn.execute(f"DELETE FROM {table} WHERE queue_id = ?", [queue_id])
+
+        return job
+
+    @staticmethod
+    def drop_link_job(prefix: str, route_ids: Sequence[int]) -> Any:
+        """Remove a link: its ``node_meta`` entries (keys starting with ``prefix``) and
+        every record of its routes, atomically."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute("DELETE FROM node_meta WHERE starts_with(key, ?)", [prefix])
+            for table in ("destinations", "deliveries", "returned", "settled", "queue_stats"):
+                conn.execute(
+                    f"DELETE FROM {table} WHERE queue_id IN (SELECT unnest(?::INTEGER[]))",
+                    [list(route_ids)],
+                )
 
         return job
 

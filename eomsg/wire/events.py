@@ -6,7 +6,9 @@ the client never look at raw msgpack. Anything else raises :class:`RemoteProtoco
 
 Client → node: Hello, Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck,
 Ping, Pong, Goodbye. Node → client: Welcome, Published, Deliver, Deleted, Result, Error,
-FlowChanged, Unbound, Ping, Pong, Goodbye. A request carries a request id (``rid``)
+FlowChanged, Unbound, Ping, Pong, Goodbye. Between linked nodes (the dialling one first):
+LinkHello, LinkWelcome, then both ways Interest, Transfer, Taken, Ping, Pong, Goodbye. A
+request carries a request id (``rid``)
 chosen by the client, unique among its requests in flight; the reply carries the same id,
 so requests can be pipelined.
 """
@@ -17,7 +19,8 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
+from eomsg.core.message import Carried, Delivered, Key, Message, Outgoing, PublishResult
+from eomsg.core.routing import Route, Withdraw
 from eomsg.errors import RemoteProtocolError
 
 PROTOCOL_VERSION = 4
@@ -655,6 +658,195 @@ class Unbound(Event):
         return cls(_int(rid, "rid"), _int(flow, "flow"), _str(reason, "reason"))
 
 
+# -- links between nodes -----------------------------------------------------------------
+
+LINK_VERSION = 1
+MAX_TARGETS = 1024  # nodes one transferred message is for
+
+
+def _names(value: object, what: str, limit: int = MAX_TARGETS) -> tuple[str, ...]:
+    return tuple(_str(v, what) for v in _list(value, what, limit))
+
+
+@dataclass(frozen=True, slots=True)
+class LinkHello(Event):
+    """A node dialling a linked peer: who it is (``node``, and ``incarnation``: its data
+    directory's identity, so a peer notices a node rebuilt from nothing), the token the
+    peer gave it, and how far it has taken the peer's messages (``read``, as of the peer's
+    incarnation ``peer_incarnation``; "" if never)."""
+
+    TYPE: ClassVar[int] = 21
+    version: int
+    node: str
+    incarnation: str
+    token: str | None
+    peer_incarnation: str
+    read: int
+    max_frame: int
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.version,
+            self.node,
+            self.incarnation,
+            self.token,
+            self.peer_incarnation,
+            self.read,
+            self.max_frame,
+        ]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> LinkHello:
+        _, version, node, inc, token, peer_inc, read, max_frame = _fields(body, 7, "link hello")
+        return cls(
+            _int(version, "version"),
+            _str(node, "node"),
+            _str(inc, "incarnation"),
+            _opt_str(token, "token"),
+            _str(peer_inc, "peer incarnation"),
+            _int(read, "read"),
+            _int(max_frame, "max frame"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LinkWelcome(Event):
+    """The dialled node accepts the link: who it is, how far it has taken the dialling
+    node's messages, its frame limit and ping interval."""
+
+    TYPE: ClassVar[int] = 22
+    version: int
+    node: str
+    incarnation: str
+    read: int
+    max_frame: int
+    heartbeat: float
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.version,
+            self.node,
+            self.incarnation,
+            self.read,
+            self.max_frame,
+            self.heartbeat,
+        ]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> LinkWelcome:
+        _, version, node, inc, read, max_frame, heartbeat = _fields(body, 6, "link welcome")
+        return cls(
+            _int(version, "version"),
+            _str(node, "node"),
+            _str(inc, "incarnation"),
+            _int(read, "read"),
+            _int(max_frame, "max frame"),
+            _num(heartbeat, "heartbeat"),
+        )
+
+
+def _move(item: object) -> Route | Withdraw:
+    fields = _list(item, "a route", 4)
+    if len(fields) == 1:
+        return Withdraw(_str(fields[0], "node"))
+    if len(fields) != 4:
+        raise RemoteProtocolError("malformed frame: a route has 1 or 4 fields")
+    node, version, patterns, path = fields
+    return Route(
+        _str(node, "node"),
+        _int(version, "version"),
+        frozenset(_names(patterns, "patterns", MAX_BATCH)),
+        _names(path, "path"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Interest(Event):
+    """Routes and withdrawals (see :mod:`eomsg.core.routing`); ``full``: the sender's
+    whole table, replacing what the receiver kept from it."""
+
+    TYPE: ClassVar[int] = 23
+    full: bool
+    moves: tuple[Route | Withdraw, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.full,
+            [
+                [m.node]
+                if isinstance(m, Withdraw)
+                else [m.node, m.version, sorted(m.patterns), list(m.path)]
+                for m in self.moves
+            ],
+        ]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Interest:
+        _, full, moves = _fields(body, 2, "interest")
+        return cls(_bool(full, "full"), tuple(map(_move, _list(moves, "moves"))))
+
+
+def _carried(item: object) -> Carried:
+    seq, topic, payload, msg_id, ttl, headers, targets = _list(item, "a message", 7)
+    return Carried(
+        _int(seq, "seq"),
+        _str(topic, "topic"),
+        _bytes(payload, "payload"),
+        _opt_str(msg_id, "id"),
+        _opt_num(ttl, "ttl"),
+        _headers(headers),
+        _names(targets, "targets"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer(Event):
+    """Messages on a link, continuing from the sender's sequence ``prev``."""
+
+    TYPE: ClassVar[int] = 24
+    prev: int
+    messages: tuple[Carried, ...]
+
+    def to_wire(self) -> list[Any]:
+        return [
+            self.TYPE,
+            self.prev,
+            [
+                [m.seq, m.topic, m.payload, m.id, m.ttl, m.headers or None, list(m.targets)]
+                for m in self.messages
+            ],
+        ]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Transfer:
+        _, prev, messages = _fields(body, 2, "transfer")
+        carried = tuple(map(_carried, _list(messages, "messages")))
+        if not carried:
+            raise RemoteProtocolError("malformed frame: a transfer carries no message")
+        return cls(_int(prev, "prev"), carried)
+
+
+@dataclass(frozen=True, slots=True)
+class Taken(Event):
+    """The receiver holds, durably, every message of the link up to ``read``; ``gap``: a
+    frame came that did not follow it, so send again what follows it."""
+
+    TYPE: ClassVar[int] = 25
+    read: int
+    gap: bool
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.read, self.gap]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Taken:
+        _, read, gap = _fields(body, 2, "taken")
+        return cls(_int(read, "read"), _bool(gap, "gap"))
+
+
 EVENT_TYPES: dict[int, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -678,6 +870,11 @@ EVENT_TYPES: dict[int, type[Event]] = {
         FlowChanged,
         FlowAck,
         Unbound,
+        LinkHello,
+        LinkWelcome,
+        Interest,
+        Transfer,
+        Taken,
     )
 }
 

@@ -46,6 +46,9 @@ from eomsg.wire.events import (
     FlowChanged,
     Goodbye,
     Hello,
+    Interest,
+    LinkHello,
+    LinkWelcome,
     Ping,
     Pong,
     Publish,
@@ -53,6 +56,8 @@ from eomsg.wire.events import (
     Release,
     Result,
     Subscribe,
+    Taken,
+    Transfer,
     Unbound,
     Welcome,
     decode_event,
@@ -71,6 +76,8 @@ class State(enum.Enum):
     START = "start"  # nothing said yet
     HELLO_SENT = "hello-sent"  # the client introduced itself; the node has not answered
     OPEN = "open"
+    LINK_HELLO_SENT = "link-hello-sent"  # a node dialled a linked peer: not yet answered
+    LINKED = "linked"  # a link between two nodes: each side sends as the other
     CLOSED = "closed"  # a Goodbye went either way, the peer hung up, or it broke
 
 
@@ -87,6 +94,7 @@ PEER_CLOSED: Final = _Sentinel.CLOSED
 _C, _S = Role.CLIENT, Role.SERVER
 _REQUESTS = (Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck)
 _ANSWERS = (Published, Deliver, Deleted, Result, Error, FlowChanged, Unbound)
+_LINK = (Interest, Transfer, Taken, Ping, Pong)
 
 TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
     (_C, State.START, Hello): State.HELLO_SENT,
@@ -95,7 +103,15 @@ TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
     (_S, State.HELLO_SENT, Error): State.CLOSED,  # refused: version, token, limits
     **{(_C, State.OPEN, e): State.OPEN for e in (*_REQUESTS, Ping, Pong)},
     **{(_S, State.OPEN, e): State.OPEN for e in (*_ANSWERS, Ping, Pong)},
-    **{(r, s, Goodbye): State.CLOSED for r in Role for s in (State.HELLO_SENT, State.OPEN)},
+    (_C, State.START, LinkHello): State.LINK_HELLO_SENT,
+    (_S, State.LINK_HELLO_SENT, LinkWelcome): State.LINKED,
+    (_S, State.LINK_HELLO_SENT, Error): State.CLOSED,
+    **{(r, State.LINKED, e): State.LINKED for r in Role for e in _LINK},
+    **{
+        (r, s, Goodbye): State.CLOSED
+        for r in Role
+        for s in (State.HELLO_SENT, State.OPEN, State.LINK_HELLO_SENT, State.LINKED)
+    },
 }
 """(sender, state, event) → the state after it. Anything else is a protocol error."""
 
@@ -229,7 +245,7 @@ class Connection:
             raise kind(
                 f"{sender.value} cannot send {type(event).__name__} in state {self.state.value}"
             )
-        if isinstance(event, Welcome) and self.our_role is Role.CLIENT:
+        if isinstance(event, (Welcome, LinkWelcome)) and self.our_role is Role.CLIENT:
             # The node's frames (deliveries) may be as large as its own limit.
             self.peer_max_frame = event.max_frame
             self.max_frame = max(self.max_frame, event.max_frame)

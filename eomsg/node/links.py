@@ -1,0 +1,546 @@
+"""Links to other nodes (seeds 000, 003 and 004 across machines): the node's side of a
+network of nodes. What travels and how is the server's; what is decided and kept is here.
+
+- **Interest** (:class:`~eomsg.core.routing.Routes`): the patterns of this node's queues,
+  announced to every linked peer with a version that only grows, and what the peers
+  announce in turn, kept in ``node_meta`` so a restarted node routes as it did before.
+- **Ingress** (seed 004 c, d): a message whose topic a node behind a link wants gets that
+  link as a destination in the commit that stores it — a *route*: an id (negative, apart
+  from the queues') naming the link and the nodes the peer is to carry it to. The
+  destination is settled when the peer has taken it, so the log keeps it until then.
+- **Transfer** (seeds 000, 003; :mod:`eomsg.core.transfer`): each link's
+  :class:`~eomsg.core.transfer.Outbox` sends what it owes in sequence order and settles
+  on the peer's cumulative acknowledgement; the receiving side keeps, per peer, its read
+  sequence, stored in the same commit as the messages it took, so a resent or repeated
+  frame is only acknowledged again. A peer rebuilt from nothing has a new incarnation,
+  and its sequence starts afresh.
+- **Forwarding** (seed 004 k): a message taken from a peer is stored here with its own
+  destinations — the local queues if this node is a target, and a route onward for the
+  other targets — so it is acknowledged upstream only once this node's store holds it.
+
+Under the lock discipline of :mod:`eomsg.node.state`. Link settings change under
+``_admin``; everything else under ``_lock``. A link's ``wake`` (the server's
+connection: "there is work") only schedules work on the server's loop and never calls
+the node, so it may be called under ``_lock``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from eomsg.core.cursor import Outcome
+from eomsg.core.limits import check_outgoing
+from eomsg.core.links import LinkConfig, LinkInfo, check_node_name
+from eomsg.core.message import Carried, Outgoing
+from eomsg.core.routing import Route, Routes, Update, Withdraw
+from eomsg.core.transfer import Outbox, Receiver, Verdict
+from eomsg.errors import InvalidConfig, InvalidInput, LinkNotFound
+from eomsg.node.ingress import Ingress
+from eomsg.node.state import Destination, to_us
+from eomsg.store.store import Store
+from eomsg.store.writer import RowBatch
+
+ORIGIN = "eomsg-origin"  # the header naming the node a message was first published on
+ORIGIN_SEQ = "eomsg-origin-seq"  # … and its sequence there
+Wake = Callable[[], None]
+
+
+class HopRoute:
+    """A route out over one link: the messages the peer is to carry to ``targets``.
+    Identity-hashed, a :class:`~eomsg.node.state.Destination`."""
+
+    __slots__ = ("id", "link", "targets")
+
+    def __init__(self, route_id: int, link: LinkState, targets: frozenset[str]) -> None:
+        self.id = route_id
+        self.link = link
+        self.targets = targets
+
+    def extend(self, seqs: list[int], expiry: list[float | None]) -> None:
+        self.link.outbox.add(self.id, seqs)
+
+
+@dataclass(eq=False)
+class LinkState:
+    """One link's runtime state; identity-hashed."""
+
+    config: LinkConfig
+    outbox: Outbox
+    receiver: Receiver
+    peer_incarnation: str = ""  # whose sequence ``receiver.read`` counts
+    connected: bool = False
+    wake: Wake | None = None  # the server's connection, told when there is work
+    updates: list[Update] = field(default_factory=list)  # routes to tell the peer
+    routes: dict[frozenset[str], HopRoute] = field(default_factory=dict)
+    taken: int = 0  # messages the peer took, since start (for rates)
+    received: int = 0  # messages taken from the peer, since start
+    last_taken_at: float = 0.0
+    connected_at: float = 0.0
+
+
+class Links(Ingress):
+    """Linked peers: interest, routes, what each link owes and has taken."""
+
+    # Set by _load_links, at recovery.
+    _node_name: str
+    _incarnation: str
+    _routing: Routes
+    _links: dict[str, LinkState]
+    _route_ids: dict[int, HopRoute]
+    _unsaved_routes: dict[int, HopRoute]
+    _next_route: int
+    _interest_version: int
+
+    # -- identity -------------------------------------------------------------------------
+
+    @property
+    def node_name(self) -> str:
+        return self._node_name
+
+    @property
+    def incarnation(self) -> str:
+        return self._incarnation
+
+    def _load_links(self, name: str | None) -> None:
+        """At recovery: the node's name (``name``, else the one kept, else a new one),
+        its links, what they owe and have taken, and the routes the peers offered."""
+        store = self.store
+        kept = store.meta("node_name")
+        meta = store.meta_prefixed("link/")
+        if name is not None:
+            check_node_name(name)
+            if kept is not None and kept != name and meta:
+                raise InvalidConfig(
+                    f"this node is named {kept!r} and has links, which know it by that name: "
+                    f"start it as --node-name {kept} (or remove its links first)"
+                )
+        self._node_name = name or kept or f"node-{secrets.token_hex(4)}"
+        self._incarnation = store.meta("incarnation") or secrets.token_hex(8)
+        if kept != self._node_name or store.meta("incarnation") is None:
+            batch = RowBatch()
+            batch.set_meta("node_name", self._node_name)
+            batch.set_meta("incarnation", self._incarnation)
+            self.store.writer.write(batch).result()
+        self._routing = Routes(self._node_name)
+        self._links = {}
+        self._links_listeners: list[Callable[[], None]] = []
+        self._route_ids = {}
+        self._unsaved_routes = {}
+        self._next_route = int(store.meta("route_next") or -1)
+        now = self.clock()
+        for key, value in meta.items():
+            _, peer, what = key.split("/", 2)
+            if what == "config":
+                self._links[peer] = self._new_link(LinkConfig.from_json(peer, json.loads(value)))
+        for key, value in meta.items():
+            _, peer, what = key.split("/", 2)
+            link = self._links.get(peer)
+            if link is None:
+                continue
+            if what == "read":
+                kept_read = json.loads(value)
+                link.peer_incarnation = kept_read["incarnation"]
+                link.receiver = Receiver(int(kept_read["read"]))
+            elif what == "offers":
+                self._routing.restore(peer, [_route(r) for r in json.loads(value)])
+            elif what.startswith("route/"):
+                route_id = int(what.removeprefix("route/"))
+                hop = HopRoute(route_id, link, frozenset(json.loads(value)))
+                link.routes[hop.targets] = hop
+                self._route_ids[route_id] = hop
+        for peer in self._links:
+            self._routing.restore(peer, self._routing.offers(peer))
+        self._interest_version = int(store.meta("interest_version") or 0)
+        self._announce(now)
+        self._links_ready = True
+
+    def _restore_link_pending(self, pending: dict[int, list[int]]) -> None:
+        """At recovery: what each route still owes (by route id, ascending seqs)."""
+        by_link: dict[str, dict[int, list[int]]] = {}
+        for route_id, seqs in pending.items():
+            hop = self._route_ids.get(route_id)
+            if hop is not None:
+                by_link.setdefault(hop.link.config.peer, {})[route_id] = seqs
+        for peer, routes in by_link.items():
+            self._links[peer].outbox.restore(routes)
+
+    def _new_link(self, config: LinkConfig) -> LinkState:
+        return LinkState(config, Outbox(0, self.clock()), Receiver(0))
+
+    # -- administration ---------------------------------------------------------------------
+
+    def add_link(
+        self, peer: str, address: str | None = None, token_file: str | None = None
+    ) -> bool:
+        """Link this node to ``peer`` (dialling ``address`` with the token in
+        ``token_file``, or waiting for it to dial). Idempotent: False if the same link
+        exists; InvalidConfig if it exists with other settings."""
+        check_node_name(peer)
+        if peer == self._node_name:
+            raise InvalidConfig(f"{peer!r} is this node's own name: link it to another node")
+        config = LinkConfig(peer, address, token_file)
+        with self._admin:
+            existing = self._links.get(peer)
+            if existing is not None:
+                if existing.config == config:
+                    return False
+                raise InvalidConfig(
+                    f"a link to {peer!r} exists with other settings; remove it first "
+                    f"(`eomsg link remove {peer}`)"
+                )
+            self._check_open()
+            self.store.writer.run(
+                Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            ).result()
+            with self._lock:
+                self._links[peer] = self._new_link(config)
+                self._routing.restore(peer, ())
+        self._links_changed()
+        return True
+
+    def remove_link(self, peer: str) -> int:
+        """Remove the link to ``peer`` and forget what it owed (returns how many
+        messages that was) and what the peer offered; routes through it go."""
+        with self._admin:
+            link = self._link(peer)
+            self._check_open()
+            route_ids = [hop.id for hop in link.routes.values()]
+            self.store.writer.run(Store.drop_link_job(f"link/{peer}/", route_ids)).result()
+            with self._lock:
+                del self._links[peer]
+                for route_id in route_ids:
+                    self._route_ids.pop(route_id, None)
+                    self._unsaved_routes.pop(route_id, None)
+                owed = link.outbox.sender.pending
+                self._spread(self._routing.unlink(peer))
+                self._routes.clear()
+        self._links_changed()
+        return owed
+
+    def add_links_listener(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` after a link is added or removed (on the thread that did
+        it; it must be quick and must not call the node)."""
+        self._links_listeners.append(callback)
+
+    def _links_changed(self) -> None:
+        for callback in list(self._links_listeners):
+            callback()
+
+    def link_configs(self) -> list[LinkConfig]:
+        with self._lock:
+            return [self._links[p].config for p in sorted(self._links)]
+
+    def link_info(self) -> list[LinkInfo]:
+        with self._lock:
+            known = self._routing.known()
+            out = []
+            for peer in sorted(self._links):
+                link = self._links[peer]
+                sender = link.outbox.sender
+                out.append(
+                    LinkInfo(
+                        peer,
+                        link.config.address,
+                        link.connected,
+                        sender.pending,
+                        sender.in_flight if link.connected else 0,
+                        link.outbox.lowest(),
+                        sender.resends,
+                        link.taken,
+                        link.received,
+                        link.receiver.read,
+                        tuple(n for n, (_, hop, _) in known.items() if hop == peer),
+                    )
+                )
+            return out
+
+    def _link(self, peer: str) -> LinkState:
+        link = self._links.get(peer)
+        if link is None:
+            raise LinkNotFound(f"no link to {peer!r}; see `eomsg link list`")
+        return link
+
+    # -- a connection's life ------------------------------------------------------------
+
+    def link_hello(self, peer: str, incarnation: str) -> int:
+        """A connection to ``peer`` (of data directory ``incarnation``) is being made:
+        how far this node has taken the peer's messages. A new incarnation starts its
+        sequence afresh (kept with the next messages taken)."""
+        with self._lock:
+            link = self._link(peer)
+            if link.peer_incarnation != incarnation:
+                link.peer_incarnation = incarnation
+                link.receiver = Receiver(0)
+            return link.receiver.read
+
+    def link_read(self, peer: str) -> tuple[str, int]:
+        """The peer's incarnation this node last took messages from, and how far."""
+        with self._lock:
+            link = self._link(peer)
+            return link.peer_incarnation, link.receiver.read
+
+    def link_connected(self, peer: str, read: int, wake: Wake) -> Update:
+        """The connection to ``peer`` is up, and the peer holds this node's messages up
+        to ``read``: settles what that covers, starts sending after it, and returns this
+        node's whole table of routes, to send first."""
+        now = self.clock()
+        with self._lock:
+            self._check_open()
+            link = self._link(peer)
+            link.connected, link.wake, link.connected_at = True, wake, now
+            link.updates.clear()
+            # Settlements need not be waited for: the peer holds the messages already.
+            self._settle_link(link, link.outbox.reconnected(read, now), now)
+            (update,) = self._routing.link_up(peer)
+        return update
+
+    def link_disconnected(self, peer: str, wake: Wake) -> None:
+        """The connection ``wake`` belonged to is gone. Nothing is forgotten: what the
+        link owes waits for the next connection."""
+        with self._lock:
+            link = self._links.get(peer)
+            if link is not None and link.wake is wake:
+                link.connected, link.wake = False, None
+
+    def link_updates(self, peer: str) -> list[Update]:
+        """The route changes to tell ``peer``, taken (so told once)."""
+        with self._lock:
+            link = self._link(peer)
+            updates, link.updates = link.updates, []
+            return updates
+
+    def link_heard(self, peer: str, full: bool, moves: Sequence[Route | Withdraw]) -> None:
+        """``peer`` sent routes (its whole table if ``full``). Kept, so a restart routes
+        the same; the other peers hear what changed. InvalidInput if a route is bad
+        (nothing of the frame is taken)."""
+        with self._lock:
+            self._check_open()
+            self._link(peer)
+            if full:
+                spread = self._routing.heard_all(peer, [m for m in moves if isinstance(m, Route)])
+            else:
+                for move in moves:  # all checked before any is taken
+                    if isinstance(move, Route) and move.check().path[-1] != peer:
+                        raise InvalidInput(f"route to {move.node!r} does not end with {peer!r}")
+                spread = [u for m in moves for u in self._routing.heard(peer, m)]
+            batch = RowBatch()
+            offers = [_route_json(r) for r in self._routing.offers(peer)]
+            batch.set_meta(f"link/{peer}/offers", json.dumps(offers))
+            self._queue_write(batch)
+            self._spread(spread)
+            self._routes.clear()
+
+    # -- sending ------------------------------------------------------------------------
+
+    def link_frames(self, peer: str) -> list[tuple[int, list[Carried]]]:
+        """What to send ``peer`` now, as (prev, messages) frames, within its window."""
+        now = self.clock()
+        with self._lock:
+            link = self._link(peer)
+            if not link.connected:
+                return []
+            frames = link.outbox.sender.frames(now)
+            routes = [link.outbox.routes_of(f.seqs) for f in frames]
+            targets = {r: self._route_ids[r].targets for rs in routes for r in rs}
+        if not frames:
+            return []
+        found = self.store.fetch([s for f in frames for s in f.seqs])
+        out = []
+        for frame, frame_routes in zip(frames, routes, strict=True):
+            carried = []
+            for seq, route_id in zip(frame.seqs, frame_routes, strict=True):
+                m = found[seq]
+                ttl = None if m.expires_at is None else max(m.expires_at - now, 1e-3)
+                headers = m.headers
+                if ORIGIN not in headers:
+                    headers = {**headers, ORIGIN: self._node_name, ORIGIN_SEQ: str(seq)}
+                to = tuple(sorted(targets[route_id]))
+                carried.append(Carried(seq, m.topic, m.payload, m.id, ttl, headers, to))
+            out.append((frame.prev, carried))
+        return out
+
+    def link_taken(self, peer: str, read: int, gap: bool) -> None:
+        """``peer`` holds this node's messages up to ``read`` (``gap``: it missed what
+        follows): settle what that covers; after a gap, send again from there."""
+        now = self.clock()
+        with self._lock:
+            link = self._link(peer)
+            self._settle_link(link, link.outbox.acknowledged(read, now, gap=gap), now)
+
+    def link_tick(self, peer: str) -> bool:
+        """The resend timer: whether the link went back to resend (nothing acknowledged
+        for a while)."""
+        with self._lock:
+            link = self._links.get(peer)
+            return link is not None and link.connected and link.outbox.sender.tick(self.clock())
+
+    def _settle_link(
+        self, link: LinkState, done: dict[int, list[int]], now: float
+    ) -> Future[None] | None:
+        """Settle, as deleted, the routes' messages the peer took. Under ``_lock``."""
+        if not done:
+            return None
+        now_us = to_us(now)
+        batch = RowBatch()
+        rows = batch.rows_of("settled")
+        count = 0
+        for route_id, seqs in done.items():
+            rows.extend((route_id, seq, Outcome.DELETED, now_us) for seq in seqs)
+            count += len(seqs)
+        link.taken += count
+        link.last_taken_at = now
+        self._settled_since_compaction += count
+        return self._queue_write(batch)
+
+    # -- receiving ------------------------------------------------------------------------
+
+    def accept_transfer(
+        self, peer: str, prev: int, messages: Sequence[Carried]
+    ) -> Future[tuple[int, bool]]:
+        """Messages from ``peer`` continuing from its sequence ``prev``. Those not taken
+        before are stored, with their destinations here and onward, in one commit with
+        the new read sequence; the future resolves after it with ``(read, gap)`` — what
+        to acknowledge. A frame all taken before resolves at once; one that does not
+        follow what was taken says so (``gap``). InvalidInput for a bad message (nothing
+        of the frame is taken)."""
+        limits = self.settings.limits
+        outgoing = []
+        for m in messages:
+            for t in m.targets:
+                check_node_name(t)
+            outgoing.append(Outgoing(m.topic, m.payload, m.id, m.ttl, m.headers))
+            check_outgoing(outgoing[-1], limits)
+        self._check_room()
+        now = self.clock()
+        done: Future[tuple[int, bool]] = Future()
+        with self._lock:
+            self._check_open()
+            link = self._link(peer)
+            receiver = link.receiver
+            offer = receiver.offer(prev, [m.seq for m in messages])
+            if offer.verdict is not Verdict.TAKE:
+                done.set_result((receiver.read, offer.verdict is Verdict.GAP))
+                return done
+            taken = messages[offer.start :]
+            routes = []
+            for m in taken:
+                here, onward, _unreachable = self._routing.forward(m.targets)
+                route: list[Destination] = list(self._matcher.match(m.topic)) if here else []
+                route.sort(key=lambda d: d.id)
+                route.extend(self._hop(self._links[h], to) for h, to in onward.items())
+                routes.append(tuple(route))
+            batch = RowBatch()
+            first_seq = self._next_seq
+            _, fresh = self._stage(batch, outgoing[offer.start :], now, routes=routes)
+            read = messages[-1].seq
+            batch.set_meta(
+                f"link/{peer}/read",
+                json.dumps({"incarnation": link.peer_incarnation, "read": read}),
+            )
+            try:
+                committed = self._write_staged(batch, first_seq, fresh)
+            except BaseException:
+                receiver.refused()
+                raise
+            link.received += len(taken)
+
+        def on_commit(f: Future[None]) -> None:
+            error = f.exception()
+            if error is not None:
+                done.set_exception(error)
+                return
+            with self._lock:
+                receiver.committed(read)
+            done.set_result((read, False))
+
+        committed.add_done_callback(on_commit)
+        return done
+
+    # -- interest and routes ------------------------------------------------------------
+
+    def _interest_changed(self) -> None:
+        if getattr(self, "_links_ready", False):
+            self._announce(self.clock())
+
+    def _announce(self, now: float) -> None:
+        """Tell every peer this node's interest, under a new version. Under ``_lock``
+        (or at recovery)."""
+        patterns = {p for q in self._queues.values() for p in q.config.subscriptions}
+        self._interest_version = max(self._interest_version + 1, int(now * 1e6))
+        self._spread(self._routing.set_interest(patterns, self._interest_version))
+        batch = RowBatch()
+        batch.set_meta("interest_version", str(self._interest_version))
+        self._queue_write(batch)
+
+    def _spread(self, updates: list[Update]) -> None:
+        """Queue route changes for the peers connected now, and wake their connections
+        (the others hear the whole table when they connect). Under ``_lock``."""
+        for u in updates:
+            link = self._links.get(u.neighbour)
+            if link is not None and link.connected and link.wake is not None:
+                link.updates.append(u)
+                link.wake()
+
+    def _forward(self, routes: set[tuple[Destination, ...]]) -> None:
+        woken = set()
+        for route in routes:
+            for d in route:
+                if isinstance(d, HopRoute) and d.link.wake is not None and d.link not in woken:
+                    woken.add(d.link)
+                    d.link.wake()
+
+    def _hops(self, topic: str) -> tuple[Destination, ...]:
+        return tuple(
+            self._hop(self._links[hop], targets)
+            for hop, targets in self._routing.targets(topic).items()
+            if hop in self._links
+        )
+
+    def _hop(self, link: LinkState, targets: frozenset[str]) -> HopRoute:
+        """The route out over ``link`` to ``targets``, made if new (saved with the next
+        batch staged: :meth:`_save_routes`). Under ``_lock``."""
+        hop = link.routes.get(targets)
+        if hop is None:
+            hop = HopRoute(self._next_route, link, targets)
+            self._next_route -= 1
+            link.routes[targets] = hop
+            self._route_ids[hop.id] = hop
+            self._unsaved_routes[hop.id] = hop
+        return hop
+
+    def _save_routes(self, batch: RowBatch) -> None:  # see NodeState
+        """Add the routes made since the last durable batch to ``batch`` (idempotent:
+        saved again until a batch holding them commits)."""
+        if not self._unsaved_routes:
+            return
+        unsaved = dict(self._unsaved_routes)
+        for route_id, hop in unsaved.items():
+            key = f"link/{hop.link.config.peer}/route/{route_id}"
+            batch.set_meta(key, json.dumps(sorted(hop.targets)))
+        batch.set_meta("route_next", str(self._next_route))
+
+        def saved() -> None:
+            with self._lock:
+                for route_id in unsaved:
+                    self._unsaved_routes.pop(route_id, None)
+
+        batch.after_commit(saved)
+
+    def _lowest_link_pending(self) -> int | None:
+        """The lowest seq any link still owes (the log keeps it). Under ``_lock``."""
+        lows = [low for link in self._links.values() if (low := link.outbox.lowest()) is not None]
+        return min(lows, default=None)
+
+
+def _route_json(r: Route) -> list[Any]:
+    return [r.node, r.version, sorted(r.patterns), list(r.path)]
+
+
+def _route(data: list[Any]) -> Route:
+    node, version, patterns, path = data
+    return Route(node, int(version), frozenset(patterns), tuple(path))

@@ -1,0 +1,420 @@
+"""The connections of links between nodes: the node (:mod:`eomsg.node.links`) decides
+and keeps; this carries routes, messages and acknowledgements over a socket.
+
+A link is one connection, dialled by the node that has the peer's address (``eomsg link
+add``) and accepted by the other, which learns of the link then. The dialling node says
+who it is, its token (the peer's node token), and how far it has taken the peer's
+messages; the dialled node answers likewise. Then both sides, alike: each sends its whole
+table of routes, then route changes as they come, the messages its link owes in
+sequence order (within the window, resending when nothing is acknowledged for a while),
+and an acknowledgement of its read sequence after each commit of what it took. Pings keep
+the connection honest: one silent for three heartbeats is cut.
+
+A cut connection loses nothing: what the link owes waits in the node and goes on the next
+connection, from the read sequence the peer then names. The dialling side redials with
+backoff (0.1 s doubling to 5 s, with jitter), for as long as the link exists.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import random
+from collections.abc import Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, cast
+
+from eomsg.core.links import LinkConfig
+from eomsg.core.message import Carried
+from eomsg.errors import (
+    AuthenticationFailed,
+    EomsgError,
+    FrameTooLarge,
+    LinkNotFound,
+    ProtocolError,
+    RemoteProtocolError,
+    one_line,
+)
+from eomsg.wire import events as ev
+from eomsg.wire.address import parse_address
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
+
+if TYPE_CHECKING:
+    from eomsg.node.node import Node
+    from eomsg.server.server import Server
+
+log = logging.getLogger("eomsg.link")
+
+BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
+TICK = 0.25  # how often the resend timer is looked at
+
+
+class LinkConnection(asyncio.Protocol):
+    """One connection of a link, on either side, once the peer is known."""
+
+    def __init__(self, server: Server, peer: str, conn: Connection) -> None:
+        self.server = server
+        self.node: Node = server.node
+        self.loop = server.loop
+        self.peer = peer
+        self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.Event()
+        self.linked = False
+        self.was_linked = False
+        self.last_heard = self.loop.time()
+        self._work = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    # -- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.last_heard = self.loop.time()
+        self.conn.receive_data(data)
+        self.process()
+
+    def eof_received(self) -> bool | None:
+        self.conn.receive_data(b"")
+        self.process()
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.conn.send_failed()
+        if self.linked:
+            self.linked = False
+            self.node.link_disconnected(self.peer, self.wake)
+            log.info("link to %s: disconnected", self.peer)
+        for task in self._tasks:
+            task.cancel()
+        self.closed.set()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    # -- the link -------------------------------------------------------------------------
+
+    def start(self, read: int) -> None:
+        """The handshake is done and the peer holds this node's messages up to
+        ``read``: send the route table, then keep the link going."""
+        update = self.node.link_connected(self.peer, read, self.wake)
+        self.linked = self.was_linked = True
+        log.info("link to %s: connected", self.peer)
+        self.send(ev.Interest(update.full, update.moves))
+        self._tasks = [
+            self.server.spawn(self._pump()),
+            self.server.spawn(self._timers()),
+        ]
+
+    def wake(self) -> None:
+        """There is work for this connection (any thread)."""
+        with contextlib.suppress(RuntimeError):  # the loop closed at exit
+            self.loop.call_soon_threadsafe(self._work.set)
+
+    def process(self) -> None:
+        while not self.closed.is_set():
+            try:
+                event = self.conn.next_event()
+            except ProtocolError as e:
+                self.fail(e)
+                return
+            if event is NEED_DATA:
+                return
+            if event is PEER_CLOSED:
+                self.close()
+                return
+            assert isinstance(event, ev.Event)
+            try:
+                self._dispatch(event)
+            except EomsgError as e:  # the peer's mistake (a bad route, message, name)
+                self.fail(e)
+                return
+            except Exception as e:  # a bug here must cost one connection, not the node
+                log.exception("link to %s: error handling %s", self.peer, type(event).__name__)
+                self.fail(EomsgError(f"internal error handling {type(event).__name__}: {e}"))
+                return
+
+    def _dispatch(self, event: ev.Event) -> None:
+        match event:
+            case ev.Transfer():
+                self._transfer(event)
+            case ev.Taken():
+                self.node.link_taken(self.peer, event.read, event.gap)
+                self._work.set()
+            case ev.Interest():
+                self.node.link_heard(self.peer, event.full, event.moves)
+            case ev.Ping():
+                self.send(ev.Pong(event.nonce, self.node.clock()))
+            case ev.Pong():
+                pass
+            case ev.LinkWelcome():
+                self.server.links.welcomed(self, event)
+            case ev.Error():  # the dialled node refused the link
+                log.warning("link to %s refused: %s", self.peer, event.message)
+                self.close()
+            case ev.Goodbye():
+                self.close()
+            case _:  # TRANSITIONS let it through, so a handler is missing here
+                raise RemoteProtocolError(
+                    f"no handler for {type(event).__name__} in state {self.conn.state.value}"
+                )
+
+    def _transfer(self, event: ev.Transfer) -> None:
+        try:
+            taken = self.node.accept_transfer(self.peer, event.prev, event.messages)
+        except EomsgError as e:
+            if e.code in ("invalid_input", "invalid_topic", "invalid_config", "payload_too_large"):
+                raise
+            # The node cannot take them now (a full disk, a store being reopened): the
+            # peer keeps them and sends them again.
+            log.warning("link to %s: messages not taken now: %s", self.peer, one_line(e))
+            return
+
+        def done(f: Future[tuple[int, bool]]) -> None:
+            if f.exception() is None:
+                read, gap = f.result()
+                with contextlib.suppress(RuntimeError):
+                    self.loop.call_soon_threadsafe(self._taken, read, gap)
+
+        taken.add_done_callback(done)
+
+    def _taken(self, read: int, gap: bool) -> None:
+        if self.linked and not self.closed.is_set():
+            self.send(ev.Taken(read, gap))
+
+    async def _pump(self) -> None:
+        """Send route changes and what the link owes whenever there is work."""
+        while self.linked:
+            await self._work.wait()
+            self._work.clear()
+            await self._writable.wait()
+            if not self.linked:
+                return
+            for update in self.node.link_updates(self.peer):
+                self.send(ev.Interest(update.full, update.moves))
+            frames = await self.server.blocking(self.node.link_frames, self.peer)
+            for prev, messages in frames:
+                self._send_transfer(prev, messages)
+
+    def _send_transfer(self, prev: int, messages: Sequence[Carried]) -> None:
+        """Send one frame, split in halves while it is over the peer's frame limit."""
+        try:
+            self.send(ev.Transfer(prev, tuple(messages)))
+        except FrameTooLarge:
+            if len(messages) == 1:
+                raise
+            half = len(messages) // 2
+            self._send_transfer(prev, messages[:half])
+            self._send_transfer(messages[half - 1].seq, messages[half:])
+
+    async def _timers(self) -> None:
+        """The resend timer, pings, and the watchdog for a silent peer."""
+        heartbeat = self.server.settings.heartbeat
+        next_ping = self.loop.time() + heartbeat
+        while self.linked:
+            await asyncio.sleep(TICK)
+            now = self.loop.time()
+            if now - self.last_heard > 3 * heartbeat:
+                log.warning("link to %s: silent for %.0f s; cut", self.peer, now - self.last_heard)
+                self.abort()
+                return
+            if now >= next_ping:
+                self.send(ev.Ping(random.getrandbits(32)))
+                next_ping = now + heartbeat
+            if self.node.link_tick(self.peer):
+                self._work.set()
+
+    # -- sending and ending -----------------------------------------------------------------
+
+    def send(self, event: ev.Event) -> None:
+        if self.transport is None or self.closed.is_set() or self.conn.state is State.CLOSED:
+            return
+        self.transport.write(self.conn.send(event))
+
+    def fail(self, error: EomsgError) -> None:
+        log.warning("link to %s: %s", self.peer, error.message)
+        if self.transport is not None and not self.closed.is_set():
+            if self.conn.our_role is Role.SERVER:
+                last = ev.Error(0, error.code, error.message)
+                with contextlib.suppress(ProtocolError):
+                    self.transport.write(self.conn.send_fatal(last))
+            self.transport.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            if self.conn.state not in (State.CLOSED,):
+                with contextlib.suppress(ProtocolError):
+                    self.transport.write(self.conn.send(ev.Goodbye("closing")))
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class LinkManager:
+    """The server's links: a dialler per link with an address, and the connections up."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self._diallers: dict[str, tuple[LinkConfig, asyncio.Task[None]]] = {}
+        self.connections: dict[str, LinkConnection] = {}
+
+    def reconcile(self) -> None:
+        """Dial every link with an address that is not dialled yet; stop dialling those
+        removed or changed (and drop their connections)."""
+        wanted = {c.peer: c for c in self.server.node.link_configs() if c.address}
+        for peer, (config, task) in list(self._diallers.items()):
+            if wanted.get(peer) != config:
+                task.cancel()
+                del self._diallers[peer]
+        known = {c.peer for c in self.server.node.link_configs()}
+        for peer, connection in list(self.connections.items()):
+            if peer not in known:
+                connection.abort()
+        for peer, config in wanted.items():
+            if peer not in self._diallers:
+                self._diallers[peer] = (config, self.server.spawn(self._dial(config)))
+
+    def stop(self) -> None:
+        for _, task in self._diallers.values():
+            task.cancel()
+        self._diallers.clear()
+        for connection in list(self.connections.values()):
+            connection.abort()
+
+    async def _dial(self, config: LinkConfig) -> None:
+        """Keep a connection to ``config.peer`` up, redialling with backoff."""
+        assert config.address is not None
+        wait = BACKOFF_FIRST
+        while True:
+            try:
+                address = parse_address(config.address)
+                connection = await self._connect(config, address)
+            except (OSError, EomsgError) as e:
+                why = one_line(e)
+                log.info("link to %s: cannot connect to %s: %s", config.peer, config.address, why)
+            else:
+                await connection.closed.wait()
+                if connection.was_linked:
+                    wait = BACKOFF_FIRST
+            await asyncio.sleep(wait * random.uniform(0.5, 1.0))
+            wait = min(wait * 2, BACKOFF_MAX)
+
+    async def _connect(self, config: LinkConfig, address: Any) -> LinkConnection:
+        server = self.server
+        node = server.node
+        token = None
+        if config.token_file:
+            token = await server.blocking(_read_token, config.token_file)
+        conn = Connection(Role.CLIENT, server.settings.max_frame)
+        connection = LinkConnection(server, config.peer, conn)
+        if address.is_unix:
+            await server.loop.create_unix_connection(lambda: connection, address.path)
+        else:
+            await server.loop.create_connection(lambda: connection, address.host, address.port)
+        peer_incarnation, read = node.link_read(config.peer)
+        connection.send(
+            ev.LinkHello(
+                ev.LINK_VERSION,
+                node.node_name,
+                node.incarnation,
+                token,
+                peer_incarnation,
+                read,
+                server.settings.max_frame,
+            )
+        )
+        self._track(connection)
+        return connection
+
+    def welcomed(self, connection: LinkConnection, welcome: ev.LinkWelcome) -> None:
+        """The dialled node accepted: check it is the peer meant, and start."""
+        if welcome.node != connection.peer:
+            connection.fail(
+                EomsgError(
+                    f"dialled {connection.peer!r} but the node there is {welcome.node!r}: "
+                    "check the link's address"
+                )
+            )
+            return
+        connection.node.link_hello(connection.peer, welcome.incarnation)
+        connection.start(welcome.read)
+
+    async def accept(self, session: Any, hello: ev.LinkHello) -> None:
+        """A node dialled this one (on ``session``'s connection): check it, take the link
+        on (creating it if this side did not know it), and hand the connection over."""
+        server = self.server
+        node = server.node
+        conn: Connection = session.conn
+        transport: asyncio.Transport = session.transport
+        if transport.is_closing():
+            return
+        connection = LinkConnection(server, hello.node, conn)
+        connection.transport = transport
+        transport.set_protocol(connection)
+        self._track(connection)
+        try:
+            if hello.version != ev.LINK_VERSION:
+                raise RemoteProtocolError(
+                    f"link protocol version {hello.version} is not supported; this node "
+                    f"speaks version {ev.LINK_VERSION}"
+                )
+            if session.needs_token and not hmac.compare_digest(
+                (hello.token or "").encode(), server.token.encode()
+            ):
+                raise AuthenticationFailed(
+                    "wrong or missing link token: give the peer's node token "
+                    "(its data directory's eomsg.token) with --token-file"
+                )
+            if hello.node == node.node_name:
+                raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
+            dials = {c.peer for c in node.link_configs() if c.address}
+            if hello.node in dials and node.node_name < hello.node:
+                raise EomsgError(
+                    f"both {node.node_name!r} and {hello.node!r} dial this link: only "
+                    f"{node.node_name!r} does (remove the address on one side)"
+                )
+            try:
+                read = node.link_hello(hello.node, hello.incarnation)
+            except LinkNotFound:
+                await server.blocking(node.add_link, hello.node, None, None)
+                read = node.link_hello(hello.node, hello.incarnation)
+        except EomsgError as e:
+            connection.fail(e)
+            return
+        theirs = hello.read if hello.peer_incarnation == node.incarnation else 0
+        s = server.settings
+        connection.send(
+            ev.LinkWelcome(
+                ev.LINK_VERSION, node.node_name, node.incarnation, read, s.max_frame, s.heartbeat
+            )
+        )
+        connection.start(theirs)
+        connection.process()  # what came after the hello, buffered meanwhile
+
+    def _track(self, connection: LinkConnection) -> None:
+        old = self.connections.get(connection.peer)
+        if old is not None and old is not connection:
+            old.abort()  # the newer connection wins: the old one is likely dead
+        self.connections[connection.peer] = connection
+
+        def forget(_: object) -> None:
+            if self.connections.get(connection.peer) is connection:
+                del self.connections[connection.peer]
+
+        self.server.spawn(connection.closed.wait()).add_done_callback(forget)
+
+
+def _read_token(path: str) -> str:
+    with open(path) as f:
+        return f.read().strip()

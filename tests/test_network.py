@@ -1,0 +1,82 @@
+"""Linked nodes in real processes (server/link.py over node/links.py): `eomsg serve` on
+each data directory, linked over loopback TCP with the peer's token; messages published
+on one node land in the queues of the others, once, in order, through cuts and kills."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import eomsg
+from eomsg.core.queues import QueueConfig
+from tests.conftest import NodeProcess, eventually
+
+
+class Network:
+    """Nodes named by letters, each `eomsg serve` on its own data directory."""
+
+    def __init__(self, eomsg_bin: str, tmp: Path, env: dict[str, str]) -> None:
+        self.eomsg_bin, self.tmp, self.env = eomsg_bin, tmp, env
+        self.procs: dict[str, NodeProcess] = {}
+
+    def start(self, name: str) -> NodeProcess:
+        proc = NodeProcess(
+            self.eomsg_bin, self.tmp / name, self.env, "--node-name", name, "--heartbeat", "1"
+        ).start()
+        self.procs[name] = proc
+        return proc
+
+    def client(self, name: str) -> eomsg.Client:
+        return eomsg.connect(self.tmp / name)
+
+    def link(self, a: str, b: str) -> None:
+        """``a`` dials ``b`` with ``b``'s token."""
+        with self.client(a) as c:
+            c.add_link(b, self.procs[b].tcp, str(self.tmp / b / "eomsg.token"))
+
+    def up(self, a: str, b: str) -> bool:
+        with self.client(a) as c:
+            return any(i.peer == b and i.connected for i in c.link_info())
+
+    def close(self) -> None:
+        for proc in self.procs.values():
+            proc.kill()
+
+
+@pytest.fixture
+def network(eomsg_bin: str, tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Network]:
+    net = Network(eomsg_bin, tmp_path, cli_env)
+    yield net
+    net.close()
+
+
+def drain(client: eomsg.Client, queue: str, want: int, timeout: float = 60) -> list[bytes]:
+    got: list[bytes] = []
+
+    def more() -> bool:
+        batch = client.fetch(queue, 1000)
+        if batch:
+            got.extend(m.message.payload for m in batch)
+            client.delete(queue, [m.key for m in batch])
+        return len(got) >= want
+
+    assert eventually(more, timeout), f"{len(got)} of {want} arrived"
+    return got
+
+
+def test_a_chain_of_three_processes_carries_each_message_once(network: Network) -> None:
+    for name in "abc":
+        network.start(name)
+    network.link("a", "b")
+    network.link("b", "c")
+    assert eventually(lambda: network.up("a", "b") and network.up("c", "b"))
+    with network.client("c") as c:
+        c.create_queue(QueueConfig("audit", subscriptions=("orders/>",)))
+    with network.client("a") as a:
+        assert eventually(lambda: any("c" in i.reaches for i in a.link_info()))
+        for i in range(200):
+            a.publish(f"orders/eu/{i}", f"m{i}".encode())
+    with network.client("c") as c:
+        assert drain(c, "audit", 200) == [f"m{i}".encode() for i in range(200)]
