@@ -4,6 +4,8 @@ on one node land in the queues of the others, once, in order, through cuts and k
 
 from __future__ import annotations
 
+import json
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,3 +82,59 @@ def test_a_chain_of_three_processes_carries_each_message_once(network: Network) 
             a.publish(f"orders/eu/{i}", f"m{i}".encode())
     with network.client("c") as c:
         assert drain(c, "audit", 200) == [f"m{i}".encode() for i in range(200)]
+
+
+def test_the_issue_walkthrough_through_the_cli(
+    network: Network, eomsg_bin: str, cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    network.start("a")
+    b = network.start("b")
+    token = tmp_path / "b.token"
+    token.write_text(b.token)
+    token.chmod(0o600)
+
+    def run(*args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([eomsg_bin, *args], env=cli_env, capture_output=True, text=True,
+                              timeout=120, check=False)  # fmt: skip
+        assert done.returncode == code, done.stderr
+        return done
+
+    da, db = str(tmp_path / "a"), str(tmp_path / "b")
+    assert run("link", "add", "b", b.tcp, "--token-file", str(token), "--data", da).stdout == (
+        "linked to b\n"
+    )
+    assert eventually(lambda: network.up("a", "b") and network.up("b", "a"))
+    run("queue", "create", "audit", "--subscribe", "orders/>", "--data", db)
+    with network.client("a") as client:
+        assert eventually(lambda: client.link_info()[0].reaches == ("b",))
+    run("publish", "orders/eu/new", '{"id": 1}', "--data", da)
+    with network.client("b") as client:
+        assert drain(client, "audit", 1) == [b'{"id": 1}']
+    links = json.loads(run("inspect", "links", "--json", "--data", da).stdout)
+    assert [(x["peer"], x["state"], x["pending"], x["taken"]) for x in links] == [("b", "up", 0, 1)]
+    peers = json.loads(run("link", "list", "--json", "--data", db).stdout)
+    assert [(x["peer"], x["address"], x["received"]) for x in peers] == [("a", None, 1)]
+    assert (
+        "Error: no link to 'c'; see `eomsg link list`"
+        in run("link", "remove", "c", "--data", da, code=4).stderr
+    )
+    assert run("link", "remove", "b", "--data", da).stdout == "removed link to b\n"
+    assert eventually(lambda: not network.up("b", "a"))
+
+
+def test_a_wrong_token_is_refused_and_changes_nothing(network: Network, tmp_path: Path) -> None:
+    network.start("a")
+    b = network.start("b")
+    token = tmp_path / "wrong.token"
+    token.write_text("not-the-token")
+    with network.client("a") as client:
+        client.add_link("b", b.tcp, str(token))
+        assert eventually(lambda: (client.link_info()[0].error or "").startswith("refused"))
+        (info,) = client.link_info()
+        assert not info.connected
+        assert info.error == (
+            "refused: wrong or missing link token: give the peer's node token (its data "
+            "directory's eomsg.token) with --token-file"
+        )
+    with network.client("b") as client:
+        assert client.link_info() == []

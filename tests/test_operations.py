@@ -51,7 +51,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     ),
     "add_link": ({"peer": "b", "address": "tcp://10.0.0.2:7501", "token_file": "b.token"}, True),
     "remove_link": ({"peer": "b"}, 3),
-    "link_info": ({}, [LinkInfo("b", None, True, 3, 2, 17, 1, 40, 12, 99, ("b", "c"))]),
+    "link_info": (
+        {},
+        [LinkInfo("b", None, False, 3, 2, 1.5, 1, 40, 12, 99, ("b", "c"), 12.5, None, "refused")],
+    ),
     "flows": ({"queue": None}, [FlowInfo("q", 4, "c:1", -2, True, 77, 1.5, 3)]),
     "unbind": ({"queue": "q", "flow": 4}, 3),
     "log": ({"pattern": "t/>", "from_seq": 2, "limit": 5}, [MSG]),

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from eomsg.cli import config, inspect, queue
+from eomsg.cli import config, inspect, link, queue
 from eomsg.cli.common import DEFAULT_DATA, Globals
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
@@ -36,6 +36,7 @@ app.command("spark-replay")(spark_replay)
 app.command()(compact)
 app.command()(salvage)
 app.add_typer(queue.app, name="queue")
+app.add_typer(link.app, name="link")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")
 

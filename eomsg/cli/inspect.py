@@ -77,6 +77,23 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     show(grid)
 
 
+@app.command()
+@handles_errors
+def links(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Per link to another node: state, messages owed (in flight, the oldest's age),
+    resends, messages out and in per second over the last minute and since start, and
+    the nodes reached through it.
+
+    \b
+    Examples:
+      eomsg inspect links
+      eomsg inspect links --json | jq '.[] | select(.state == "down")'
+    """
+    from eomsg.cli.link import show_links
+
+    show_links(data, json, detail=True)
+
+
 def _rate(per_second: float | None) -> str:
     return "-" if per_second is None else f"{per_second:,.1f}"
 

@@ -43,19 +43,27 @@ class LinkConfig:
 
 @dataclass(frozen=True)
 class LinkInfo:
-    """What ``inspect links`` shows of a link."""
+    """What ``inspect links`` shows of a link: whether it is up; what it owes the peer
+    (``pending``; ``in_flight``: sent and not yet acknowledged; the age of the oldest,
+    in seconds); go-backs to resend on its current connection; messages the peer took
+    and this node took from it, in total since start and per second over the last
+    minute; the peer's sequence taken (``read``); the nodes reached through it; while it
+    is down, why the last attempt to connect failed."""
 
     peer: str
     address: str | None
     connected: bool
-    pending: int  # messages owed to the peer
+    pending: int
     in_flight: int
-    oldest: int | None  # the lowest seq owed
+    oldest_age: float | None
     resends: int
     taken: int
     received: int
-    read: int  # the peer's sequence taken from it
-    reaches: tuple[str, ...]  # nodes reached through it
+    read: int
+    reaches: tuple[str, ...]
+    out_rate: float | None = None
+    in_rate: float | None = None
+    error: str | None = None  # why the last attempt to connect failed, while it is down
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -64,12 +72,15 @@ class LinkInfo:
             "state": "up" if self.connected else "down",
             "pending": self.pending,
             "in_flight": self.in_flight,
-            "oldest_seq": self.oldest,
+            "oldest_age": self.oldest_age,
             "resends": self.resends,
             "taken": self.taken,
             "received": self.received,
             "read": self.read,
             "reaches": list(self.reaches),
+            "out_rate": self.out_rate,
+            "in_rate": self.in_rate,
+            "error": self.error,
         }
 
     @classmethod
@@ -80,10 +91,13 @@ class LinkInfo:
             d["state"] == "up",
             d["pending"],
             d["in_flight"],
-            d["oldest_seq"],
+            d["oldest_age"],
             d["resends"],
             d["taken"],
             d["received"],
             d["read"],
             tuple(d["reaches"]),
+            d["out_rate"],
+            d["in_rate"],
+            d["error"],
         )

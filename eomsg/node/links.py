@@ -37,6 +37,7 @@ from eomsg.core.cursor import Outcome
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import Carried, Outgoing
+from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import InvalidConfig, InvalidInput, LinkNotFound
@@ -45,6 +46,7 @@ from eomsg.node.state import Destination, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
+LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
 ORIGIN = "eomsg-origin"  # the header naming the node a message was first published on
 ORIGIN_SEQ = "eomsg-origin-seq"  # … and its sequence there
 Wake = Callable[[], None]
@@ -81,6 +83,7 @@ class LinkState:
     received: int = 0  # messages taken from the peer, since start
     last_taken_at: float = 0.0
     connected_at: float = 0.0
+    error: str | None = None  # why the last attempt to connect failed
 
 
 class Links(Ingress):
@@ -236,28 +239,49 @@ class Links(Ingress):
             return [self._links[p].config for p in sorted(self._links)]
 
     def link_info(self) -> list[LinkInfo]:
+        now = self.clock()
         with self._lock:
             known = self._routing.known()
-            out = []
+            rates = self._rates.rates(now, self._totals())
+            rows = []
             for peer in sorted(self._links):
                 link = self._links[peer]
                 sender = link.outbox.sender
-                out.append(
-                    LinkInfo(
-                        peer,
-                        link.config.address,
-                        link.connected,
-                        sender.pending,
-                        sender.in_flight if link.connected else 0,
-                        link.outbox.lowest(),
-                        sender.resends,
-                        link.taken,
-                        link.received,
-                        link.receiver.read,
-                        tuple(n for n, (_, hop, _) in known.items() if hop == peer),
-                    )
+                rows.append((link, sender.pending, sender.in_flight if link.connected else 0,
+                             link.outbox.lowest(), sender.resends))  # fmt: skip
+        published = self.store.published_at([r[3] for r in rows if r[3] is not None])
+        out = []
+        for link, pending, in_flight, lowest, resends in rows:
+            peer = link.config.peer
+            oldest = published.get(lowest) if lowest is not None else None
+            received_rate, taken_rate = rates.get(LINK_TOTALS + peer, (None, None))
+            out.append(
+                LinkInfo(
+                    peer,
+                    link.config.address,
+                    link.connected,
+                    pending,
+                    in_flight,
+                    None if oldest is None else max(0.0, now - oldest),
+                    resends,
+                    link.taken,
+                    link.received,
+                    link.receiver.read,
+                    tuple(n for n, (_, hop, _) in known.items() if hop == peer),
+                    taken_rate,
+                    received_rate,
+                    None if link.connected else link.error,
                 )
-            return out
+            )
+        return out
+
+    def _totals(self) -> Totals:
+        """The queues' totals, and each link's (messages taken from the peer, and by
+        it) under ``LINK_TOTALS`` and its name, which no queue's name can be."""
+        totals = super()._totals()
+        for peer, link in self._links.items():
+            totals[LINK_TOTALS + peer] = (link.received, link.taken)
+        return totals
 
     def _link(self, peer: str) -> LinkState:
         link = self._links.get(peer)
@@ -292,19 +316,26 @@ class Links(Ingress):
         with self._lock:
             self._check_open()
             link = self._link(peer)
-            link.connected, link.wake, link.connected_at = True, wake, now
+            link.connected, link.wake, link.connected_at, link.error = True, wake, now, None
             link.updates.clear()
             # Settlements need not be waited for: the peer holds the messages already.
             self._settle_link(link, link.outbox.reconnected(read, now), now)
             (update,) = self._routing.link_up(peer)
         return update
 
+    def link_failed(self, peer: str, why: str) -> None:
+        """An attempt to connect to ``peer`` failed (shown by ``inspect links``)."""
+        with self._lock:
+            link = self._links.get(peer)
+            if link is not None:
+                link.error = why
+
     def link_disconnected(self, peer: str, wake: Wake) -> None:
         """The connection ``wake`` belonged to is gone. Nothing is forgotten: what the
         link owes waits for the next connection."""
         with self._lock:
             link = self._links.get(peer)
-            if link is not None and link.wake is wake:
+            if link is not None and link.wake == wake:  # (a bound method: a new object each time)
                 link.connected, link.wake = False, None
 
     def link_updates(self, peer: str) -> list[Update]:

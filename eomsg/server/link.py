@@ -160,6 +160,7 @@ class LinkConnection(asyncio.Protocol):
                 self.server.links.welcomed(self, event)
             case ev.Error():  # the dialled node refused the link
                 log.warning("link to %s refused: %s", self.peer, event.message)
+                self.node.link_failed(self.peer, f"refused: {event.message}")
                 self.close()
             case ev.Goodbye():
                 self.close()
@@ -303,6 +304,7 @@ class LinkManager:
             except (OSError, EomsgError) as e:
                 why = one_line(e)
                 log.info("link to %s: cannot connect to %s: %s", config.peer, config.address, why)
+                self.server.node.link_failed(config.peer, f"cannot connect: {why}")
             else:
                 await connection.closed.wait()
                 if connection.was_linked:
