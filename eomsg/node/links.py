@@ -338,6 +338,14 @@ class Links(Ingress):
             if link is not None and link.wake == wake:  # (a bound method: a new object each time)
                 link.connected, link.wake = False, None
 
+    def link_table(self, peer: str) -> Update:
+        """This node's whole table of routes for ``peer``: sent again now and then, so
+        a route change lost on the way (a faulty network) is repaired."""
+        with self._lock:
+            self._link(peer)
+            (update,) = self._routing.link_up(peer)
+            return update
+
     def link_updates(self, peer: str) -> list[Update]:
         """The route changes to tell ``peer``, taken (so told once)."""
         with self._lock:

@@ -8,7 +8,8 @@ messages; the dialled node answers likewise. Then both sides, alike: each sends 
 table of routes, then route changes as they come, the messages its link owes in
 sequence order (within the window, resending when nothing is acknowledged for a while),
 and an acknowledgement of its read sequence after each commit of what it took. Pings keep
-the connection honest: one silent for three heartbeats is cut.
+the connection honest: one silent for three heartbeats is cut. The whole route table is
+sent again every few heartbeats, so a change lost on the way is repaired.
 
 A cut connection loses nothing: what the link owes waits in the node and goes on the next
 connection, from the read sequence the peer then names. The dialling side redials with
@@ -49,6 +50,7 @@ log = logging.getLogger("eomsg.link")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
 TICK = 0.25  # how often the resend timer is looked at
+TABLE_EVERY = 5  # heartbeats between two sendings of the whole route table
 
 
 class LinkConnection(asyncio.Protocol):
@@ -62,6 +64,7 @@ class LinkConnection(asyncio.Protocol):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
         self.closed = asyncio.Event()
+        self.started = asyncio.Event()  # the handshake is done
         self.linked = False
         self.was_linked = False
         self.last_heard = self.loop.time()
@@ -94,6 +97,7 @@ class LinkConnection(asyncio.Protocol):
         for task in self._tasks:
             task.cancel()
         self.closed.set()
+        self.started.set()  # nothing more to wait for
 
     def pause_writing(self) -> None:
         self._writable.clear()
@@ -108,8 +112,10 @@ class LinkConnection(asyncio.Protocol):
         ``read``: send the route table, then keep the link going."""
         update = self.node.link_connected(self.peer, read, self.wake)
         self.linked = self.was_linked = True
+        self.started.set()
         log.info("link to %s: connected", self.peer)
         self.send(ev.Interest(update.full, update.moves))
+        self._work.set()  # what the link owes from before goes now
         self._tasks = [
             self.server.spawn(self._pump()),
             self.server.spawn(self._timers()),
@@ -220,7 +226,7 @@ class LinkConnection(asyncio.Protocol):
     async def _timers(self) -> None:
         """The resend timer, pings, and the watchdog for a silent peer."""
         heartbeat = self.server.settings.heartbeat
-        next_ping = self.loop.time() + heartbeat
+        next_ping = next_table = self.loop.time() + heartbeat
         while self.linked:
             await asyncio.sleep(TICK)
             now = self.loop.time()
@@ -231,6 +237,10 @@ class LinkConnection(asyncio.Protocol):
             if now >= next_ping:
                 self.send(ev.Ping(random.getrandbits(32)))
                 next_ping = now + heartbeat
+            if now >= next_table:
+                table = self.node.link_table(self.peer)
+                self.send(ev.Interest(table.full, table.moves))
+                next_table = now + TABLE_EVERY * heartbeat
             if self.node.link_tick(self.peer):
                 self._work.set()
 
@@ -306,6 +316,12 @@ class LinkManager:
                 log.info("link to %s: cannot connect to %s: %s", config.peer, config.address, why)
                 self.server.node.link_failed(config.peer, f"cannot connect: {why}")
             else:
+                with contextlib.suppress(TimeoutError):  # no answer: try again
+                    await asyncio.wait_for(
+                        connection.started.wait(), self.server.settings.handshake_timeout
+                    )
+                if not connection.was_linked:
+                    connection.abort()
                 await connection.closed.wait()
                 if connection.was_linked:
                     wait = BACKOFF_FIRST
