@@ -75,16 +75,22 @@ def cluster(eomsg_bin: str, tmp_path: Path, cli_env: dict[str, str]) -> Iterator
 def produce(
     cluster: Cluster, origin: str, ids: list[str], acked: set[str], stop: threading.Event
 ) -> None:
-    """Publish ``ids`` in order, each retried (same id) until acknowledged."""
-    for msg_id in ids:
+    """Publish ``ids`` in order as payloads. Every other message carries its name as a
+    publish id and is retried until acknowledged; the others carry no id, so only the
+    links' own exactly-once transfer keeps them from arriving twice: they are sent once,
+    and one whose publish failed has an unknown outcome (it may arrive, never twice)."""
+    for n, name in enumerate(ids):
+        with_id = n % 2 == 0
         while not stop.is_set():
             try:
                 with cluster.client(origin) as client:
-                    client.publish(f"t/{origin}", msg_id.encode(), id=msg_id)
-                acked.add(msg_id)
+                    client.publish(f"t/{origin}", name.encode(), id=name if with_id else None)
+                acked.add(name)
                 break
             except (EomsgError, OSError):
                 time.sleep(0.05)  # the node is down or restarting: the outcome is unknown
+                if not with_id:
+                    break
         time.sleep(0.002)
 
 
@@ -166,7 +172,7 @@ def test_every_message_reaches_every_queue_once_in_order_through_faults_and_kill
         stop.set()
         for p in producers:
             p.join(60)
-    assert len(acked) == 3 * PER_NODE  # every retried publish was acknowledged in the end
+    assert len(acked) >= 3 * PER_NODE // 2  # every retried publish was acknowledged in the end
     assert eventually(lambda: owed(cluster) == 0, 300), "the links never delivered it all"
     received = {name: drain(cluster, name) for name in "abc"}
     report = check(published, acked, received)
