@@ -23,6 +23,13 @@ database (duckdb, sqlite, or none: the node's one-phase transaction); ``express`
 consumes ``--n`` messages into a DuckDB table, ``--batch`` per transaction (default
 1000), as ``eomsg consume --into`` does.
 
+Linked nodes (scripts/bench_link.py): ``link-throughput`` publishes ``--n`` messages
+on node a for a queue on node b and compares how fast they arrive there with a single
+node's publish rate in the same run; ``link-latency`` times ``--n`` messages, one in
+flight, through a chain a → b → c (the latency each hop adds); ``link-resume`` SIGKILLs
+and restarts the receiving node ``--n`` times (the time until the link is up again and
+the first message arrives).
+
 Failover of an exclusive queue (scripts/bench_failover.py), ``--n`` failovers with
 ``--held`` messages held by the consumer that goes away:
   failover-unbind  the active consumer unbinds gracefully
@@ -80,6 +87,7 @@ import bench_broker  # scripts/ is on the path when this file runs as a script
 import bench_cli
 import bench_failover
 import bench_fill
+import bench_link
 import bench_peers
 import bench_replay
 import bench_scale
@@ -104,6 +112,7 @@ SCENARIOS = (
     *bench_wal.SCENARIOS,
     *bench_scale.SCENARIOS,
     *bench_cli.SCENARIOS,
+    *bench_link.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -341,6 +350,13 @@ def main(argv: list[str] | None = None) -> int:
                 )
         result["machine"] = machine()
         print(json.dumps(result) if args.json else bench_scale.text(result))
+        return 0
+    if args.scenario in bench_link.SCENARIOS:
+        payload = os.urandom(args.payload // 2 + 1).hex().encode()[: args.payload]
+        with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
+            linked = bench_link.run(args.scenario, args.n, payload, Path(tmp))
+        linked["machine"] = machine()
+        print(json.dumps(linked) if args.json else ", ".join(f"{k} {v}" for k, v in linked.items()))
         return 0
     if args.scenario in bench_failover.SCENARIOS:
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
