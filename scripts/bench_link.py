@@ -50,9 +50,9 @@ class Node:
         return eomsg.connect(self.data)
 
     def link_to(self, other: Node) -> None:
-        token = other.data / "eomsg.token"
+        token = (other.data / "eomsg.token").read_text().strip()
         with self.client() as c:
-            c.add_link(other.name, other.tcp, str(token))
+            c.add_link(other.name, other.tcp, token)
 
     def kill(self) -> None:
         self.proc.kill()

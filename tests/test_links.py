@@ -250,3 +250,59 @@ def test_links_are_checked(net: MakeNet) -> None:
         a.remove_link("c")
     assert a.remove_link("b") == 0
     assert a.link_info() == []
+
+
+def test_a_receiver_that_lost_its_state_gets_what_follows(net: MakeNet) -> None:
+    n = net("ab")
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.run()
+    n.nodes["a"].publish("t/1", b"1")
+    n.run()
+    n.cut("a", "b")
+    n.nodes["b"].remove_link("a")  # b forgets how far it had taken a's messages
+    n.nodes["b"].add_link("a", None, None)
+    n.connect("a", "b")
+    n.run()
+    n.nodes["a"].publish("t/2", b"2")
+    n.run()
+    assert n.drain("b", "q") == [("a", "1"), ("a", "2")]
+
+
+def test_a_message_the_receiver_cannot_take_is_refused_not_a_wedge(net: MakeNet) -> None:
+    n = net("ab")
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].configure("max-payload", "1KiB")
+    n.run()
+    n.nodes["a"].publish("t/big", b"x" * 4096)
+    n.nodes["a"].publish("t/small", b"after")
+    n.run()
+    assert n.drain("b", "q") == [("a", "after")]
+    (info,) = n.nodes["b"].link_info()
+    assert info.refused == 1
+
+
+def test_an_acknowledgement_of_what_was_never_sent_settles_nothing(net: MakeNet) -> None:
+    n = net("ab")
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.run()
+    for i in range(5):
+        n.nodes["a"].publish("t/x", str(i).encode())  # owed, not sent yet
+    n.nodes["a"].link_taken("b", 10**12, False)  # a lying (or confused) peer
+    assert n.nodes["a"].link_info()[0].pending == 5
+    n.run()
+    assert [p for _, p in n.drain("b", "q")] == ["0", "1", "2", "3", "4"]
+
+
+def test_a_message_for_a_node_out_of_reach_is_counted_not_a_wedge(net: MakeNet) -> None:
+    n = net("ab")
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.run()
+    nowhere = Carried(1, "t/x", b"p", None, None, {}, ("b", "zz"))
+    assert n.nodes["b"].accept_transfer("a", 0, [nowhere]).result() == (1, False)
+    (info,) = n.nodes["b"].link_info()
+    assert info.unroutable == 1
+    assert [p for _, p in n.drain("b", "q")] == ["p"]

@@ -36,7 +36,7 @@ class Network:
     def link(self, a: str, b: str) -> None:
         """``a`` dials ``b`` with ``b``'s token."""
         with self.client(a) as c:
-            c.add_link(b, self.procs[b].tcp, str(self.tmp / b / "eomsg.token"))
+            c.add_link(b, self.procs[b].tcp, self.procs[b].token)
 
     def up(self, a: str, b: str) -> bool:
         with self.client(a) as c:
@@ -128,7 +128,7 @@ def test_a_wrong_token_is_refused_and_changes_nothing(network: Network, tmp_path
     token = tmp_path / "wrong.token"
     token.write_text("not-the-token")
     with network.client("a") as client:
-        client.add_link("b", b.tcp, str(token))
+        client.add_link("b", b.tcp, token.read_text())
         assert eventually(lambda: (client.link_info()[0].error or "").startswith("refused"))
         (info,) = client.link_info()
         assert not info.connected

@@ -125,10 +125,8 @@ def test_every_message_reaches_every_queue_once_in_order_through_faults_and_kill
         proxy = FaultProxy(port, seed=hash((dialler, dialled)) & 0xFFFF, **FAULTS).__enter__()
         cluster.proxies[(dialler, dialled)] = proxy
         with cluster.client(dialler) as client:
-            token = cluster.tmp / f"{dialled}.token"
-            token.write_text(cluster.procs[dialled].token)
-            token.chmod(0o600)
-            client.add_link(dialled, f"tcp://127.0.0.1:{proxy.port}", str(token))
+            token = cluster.procs[dialled].token
+            client.add_link(dialled, f"tcp://127.0.0.1:{proxy.port}", token)
 
     def converged() -> bool:
         """Every node reaches every other, each linked peer by its own link: the

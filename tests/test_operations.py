@@ -49,11 +49,15 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         {},
         [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
-    "add_link": ({"peer": "b", "address": "tcp://10.0.0.2:7501", "token_file": "b.token"}, True),
+    "add_link": ({"peer": "b", "address": "tcp://10.0.0.2:7501", "token": "s3cret"}, True),
     "remove_link": ({"peer": "b"}, 3),
     "link_info": (
         {},
-        [LinkInfo("b", None, False, 3, 2, 1.5, 1, 40, 12, 99, ("b", "c"), 12.5, None, "refused")],
+        [
+            LinkInfo(
+                "b", None, False, 3, 2, 1.5, 1, 40, 12, 99, ("b", "c"), 12.5, None, "refused", 2, 1
+            )
+        ],
     ),
     "flows": ({"queue": None}, [FlowInfo("q", 4, "c:1", -2, True, 77, 1.5, 3)]),
     "unbind": ({"queue": "q", "flow": 4}, 3),

@@ -215,6 +215,7 @@ def test_bad_routes_and_versions_are_refused() -> None:
         (Route("c", 1, frozenset(), ("c", "x")), "does not end with it"),
         (Route("c", 1, frozenset(), tuple(f"n{i}" for i in range(40))), "must start with it"),
         (Route("c", 1, frozenset(), ("c", *(f"n{i}" for i in range(40)), "b")), "longer than"),
+        (Route("x y", 1, frozenset(), ("x y", "b")), "'x y' is not a node name"),
     ):
         with pytest.raises(InvalidInput, match=why):
             r.heard("b", route)

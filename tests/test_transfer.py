@@ -156,3 +156,14 @@ def test_each_message_is_stored_once_and_in_order(
     assert link.stored == link.routed  # each once, in order
     assert link.deleted == set(link.routed) and link.sender.pending == 0
     assert link.stored == sorted(set(link.stored))
+
+
+def test_a_peer_that_lost_its_state_is_sent_what_follows_from_where_it_stands() -> None:
+    sender = Sender(0, [1, 2, 3], 0.0)
+    sender.frames(0.0)
+    assert sender.acknowledged(3, 0.0) == [1, 2, 3]
+    sender.add([4])
+    assert sender.reconnected(0, 1.0) == []  # the receiver starts again from nothing
+    receiver = Receiver(0)
+    (frame,) = sender.frames(1.0)
+    assert receiver.offer(frame.prev, frame.seqs).verdict is Verdict.TAKE

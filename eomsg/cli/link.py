@@ -56,17 +56,20 @@ def add(
                 "(use --token-file FILE, a copy of its DIR/eomsg.token)"
             )
     token = None
-    if token_file is not None:
-        token = str(token_file.resolve())  # the node reads it, from its own directory
+    if token_file is not None:  # read here: the node never reads a file a client names
         try:
-            mode = os.stat(token).st_mode
-        except OSError as e:
-            raise UsageError(f"cannot read token file {token_file}: {e.strerror}") from e
+            mode = os.stat(token_file).st_mode
+            token = token_file.read_text().strip()
+        except (OSError, UnicodeDecodeError) as e:
+            why = getattr(e, "strerror", None) or "not text"
+            raise UsageError(f"cannot read token file {token_file}: {why}") from e
         if mode & (stat.S_IRWXG | stat.S_IRWXO):
             raise UsageError(
                 f"token file {token_file} is open to other users: make it owner-only "
                 f"(chmod 600 {token_file})"
             )
+        if not token:
+            raise UsageError(f"token file {token_file} is empty")
     with open_broker(data) as broker:
         added = broker.add_link(peer, address, token)
     if json:

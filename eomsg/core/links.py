@@ -27,18 +27,19 @@ def check_node_name(name: str) -> str:
 @dataclass(frozen=True)
 class LinkConfig:
     """A link as configured: the peer's name and, on the side that dials, its address
-    and the file holding the token the peer accepts."""
+    and the token the peer accepts (kept in the data directory, which is owner-only;
+    never shown by ``inspect links``)."""
 
     peer: str
     address: str | None = None
-    token_file: str | None = None
+    token: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"address": self.address, "token_file": self.token_file}
+        return {"address": self.address, "token": self.token}
 
     @classmethod
     def from_json(cls, peer: str, data: dict[str, Any]) -> LinkConfig:
-        return cls(peer, data.get("address"), data.get("token_file"))
+        return cls(peer, data.get("address"), data.get("token"))
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ class LinkInfo:
     out_rate: float | None = None
     in_rate: float | None = None
     error: str | None = None  # why the last attempt to connect failed, while it is down
+    refused: int = 0  # messages from the peer this node could not take, since start
+    unroutable: int = 0  # … for nodes it has no route to (not carried there)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,6 +84,8 @@ class LinkInfo:
             "out_rate": self.out_rate,
             "in_rate": self.in_rate,
             "error": self.error,
+            "refused": self.refused,
+            "unroutable": self.unroutable,
         }
 
     @classmethod
@@ -100,4 +105,6 @@ class LinkInfo:
             d["out_rate"],
             d["in_rate"],
             d["error"],
+            d["refused"],
+            d["unroutable"],
         )

@@ -203,9 +203,10 @@ class Operations(Protocol):
     # -- links ------------------------------------------------------------------------
 
     @operation()
-    def add_link(peer: str, address: str | None = None, token_file: str | None = None) -> bool:
-        """Link this node to node ``peer``, dialling ``address`` with the token kept in
-        ``token_file`` (on this node's machine), or waiting for the peer to dial.
+    def add_link(peer: str, address: str | None = None, token: str | None = None) -> bool:
+        """Link this node to node ``peer``, dialling ``address`` with ``token`` (the
+        peer's node token, kept in this node's data directory), or waiting for the peer
+        to dial.
         Idempotent: False if the same link exists; InvalidConfig if with others."""
         raise Declaration
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from eomsg.core.links import NAME
 from eomsg.core.topics import Matcher, validate_pattern
 from eomsg.errors import InvalidInput
 
@@ -61,6 +62,9 @@ class Route:
             raise InvalidInput(f"route for node {self.node!r}: its path repeats a node")
         if self.version < 0:
             raise InvalidInput(f"route for node {self.node!r}: negative version")
+        for name in self.path:
+            if not NAME.fullmatch(name):
+                raise InvalidInput(f"route for node {self.node!r}: {name!r} is not a node name")
         for p in self.patterns:
             validate_pattern(p)
         return self
@@ -251,7 +255,12 @@ class Routes:
         return [Update(n, tuple(m)) for n, m in sorted(moves.items()) if m]
 
     def _choose(self, node: str) -> _Best | None:
-        offers = [(n, o[node]) for n, o in self._offers.items() if node in o]
+        # A route as long as it may be cannot be passed on with this node added.
+        offers = [
+            (n, o[node])
+            for n, o in self._offers.items()
+            if node in o and len(o[node].path) < MAX_PATH
+        ]
         if not offers:
             return None
         freshest = max(r.version for _, r in offers)

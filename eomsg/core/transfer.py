@@ -180,7 +180,11 @@ class Sender:
 
     def reconnected(self, read: int, now: float) -> list[int]:
         """A new connection, on which the peer said it holds everything up to ``read``:
-        what that covers (to delete), and everything after it goes out again."""
+        what that covers (to delete), and everything after it goes out again. A peer
+        whose read sequence went back (it lost its state: a link made anew, a data
+        directory rebuilt) is believed: what it had acknowledged before is gone here,
+        and the stream goes on from where it now stands."""
+        self.acked = min(self.acked, read)
         done = self.acknowledged(read, now)
         self._next = self._head
         self._progress_at = now

@@ -27,6 +27,7 @@ the node, so it may be called under ``_lock``.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -40,12 +41,13 @@ from eomsg.core.message import Carried, Outgoing
 from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.transfer import Outbox, Receiver, Verdict
-from eomsg.errors import InvalidConfig, InvalidInput, LinkNotFound
+from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, LinkNotFound
 from eomsg.node.ingress import Ingress
 from eomsg.node.state import Destination, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
+log = logging.getLogger("eomsg.link")
 LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
 ORIGIN = "eomsg-origin"  # the header naming the node a message was first published on
 ORIGIN_SEQ = "eomsg-origin-seq"  # … and its sequence there
@@ -84,6 +86,8 @@ class LinkState:
     last_taken_at: float = 0.0
     connected_at: float = 0.0
     error: str | None = None  # why the last attempt to connect failed
+    refused: int = 0  # messages from the peer this node could not take (since start)
+    unroutable: int = 0  # messages from the peer for nodes this node has no route to
 
 
 class Links(Ingress):
@@ -177,16 +181,14 @@ class Links(Ingress):
 
     # -- administration ---------------------------------------------------------------------
 
-    def add_link(
-        self, peer: str, address: str | None = None, token_file: str | None = None
-    ) -> bool:
-        """Link this node to ``peer`` (dialling ``address`` with the token in
-        ``token_file``, or waiting for it to dial). Idempotent: False if the same link
+    def add_link(self, peer: str, address: str | None = None, token: str | None = None) -> bool:
+        """Link this node to ``peer`` (dialling ``address`` with ``token``, or waiting
+        for it to dial). Idempotent: False if the same link
         exists; InvalidConfig if it exists with other settings."""
         check_node_name(peer)
         if peer == self._node_name:
             raise InvalidConfig(f"{peer!r} is this node's own name: link it to another node")
-        config = LinkConfig(peer, address, token_file)
+        config = LinkConfig(peer, address, token)
         with self._admin:
             existing = self._links.get(peer)
             if existing is not None:
@@ -208,20 +210,21 @@ class Links(Ingress):
 
     def remove_link(self, peer: str) -> int:
         """Remove the link to ``peer`` and forget what it owed (returns how many
-        messages that was) and what the peer offered; routes through it go."""
+        messages that was) and what the peer offered; routes through it go. It leaves
+        memory first, so no publish routes to it after its records are dropped."""
         with self._admin:
-            link = self._link(peer)
             self._check_open()
-            route_ids = [hop.id for hop in link.routes.values()]
-            self.store.writer.run(Store.drop_link_job(f"link/{peer}/", route_ids)).result()
             with self._lock:
+                link = self._link(peer)
                 del self._links[peer]
+                route_ids = [hop.id for hop in link.routes.values()]
                 for route_id in route_ids:
                     self._route_ids.pop(route_id, None)
                     self._unsaved_routes.pop(route_id, None)
                 owed = link.outbox.sender.pending
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
+            self.store.writer.run(Store.drop_link_job(f"link/{peer}/", route_ids)).result()
         self._links_changed()
         return owed
 
@@ -271,6 +274,8 @@ class Links(Ingress):
                     taken_rate,
                     received_rate,
                     None if link.connected else link.error,
+                    link.refused,
+                    link.unroutable,
                 )
             )
         return out
@@ -292,14 +297,24 @@ class Links(Ingress):
     # -- a connection's life ------------------------------------------------------------
 
     def link_hello(self, peer: str, incarnation: str) -> int:
-        """A connection to ``peer`` (of data directory ``incarnation``) is being made:
-        how far this node has taken the peer's messages. A new incarnation starts its
-        sequence afresh (kept with the next messages taken)."""
+        """A connection to ``peer`` (of data directory ``incarnation``) is being made
+        (the peer authenticated): how far this node has taken the peer's messages. A
+        new incarnation starts its sequence afresh, and that is kept at once, so a
+        restart does not go back to the old one's."""
         with self._lock:
             link = self._link(peer)
             if link.peer_incarnation != incarnation:
+                log.warning(
+                    "link to %s: a new incarnation of it (%s, was %s): its sequence starts "
+                    "afresh", peer, incarnation, link.peer_incarnation or "none",
+                )  # fmt: skip
                 link.peer_incarnation = incarnation
                 link.receiver = Receiver(0)
+                batch = RowBatch()
+                batch.set_meta(
+                    f"link/{peer}/read", json.dumps({"incarnation": incarnation, "read": 0})
+                )
+                self._queue_write(batch)
             return link.receiver.read
 
     def link_read(self, peer: str) -> tuple[str, int]:
@@ -317,6 +332,7 @@ class Links(Ingress):
             self._check_open()
             link = self._link(peer)
             link.connected, link.wake, link.connected_at, link.error = True, wake, now, None
+            read = min(read, self._next_seq - 1)  # past what this node ever numbered: a lie
             link.updates.clear()
             # Settlements need not be waited for: the peer holds the messages already.
             self._settle_link(link, link.outbox.reconnected(read, now), now)
@@ -409,6 +425,7 @@ class Links(Ingress):
         now = self.clock()
         with self._lock:
             link = self._link(peer)
+            read = min(read, link.outbox.sender.sent)  # it cannot hold what was not sent
             self._settle_link(link, link.outbox.acknowledged(read, now, gap=gap), now)
 
     def link_tick(self, peer: str) -> bool:
@@ -445,15 +462,23 @@ class Links(Ingress):
         before are stored, with their destinations here and onward, in one commit with
         the new read sequence; the future resolves after it with ``(read, gap)`` — what
         to acknowledge. A frame all taken before resolves at once; one that does not
-        follow what was taken says so (``gap``). InvalidInput for a bad message (nothing
-        of the frame is taken)."""
+        follow what was taken says so (``gap``). A message this node cannot take is
+        counted as refused and passed over; one for a node this node has no route to
+        is not carried there (both logged, and counted in :meth:`link_info`)."""
         limits = self.settings.limits
-        outgoing = []
+        outgoing: list[Outgoing | None] = []  # None: refused here (see below)
         for m in messages:
-            for t in m.targets:
-                check_node_name(t)
-            outgoing.append(Outgoing(m.topic, m.payload, m.id, m.ttl, m.headers))
-            check_outgoing(outgoing[-1], limits)
+            out = Outgoing(m.topic, m.payload, m.id, m.ttl, m.headers)
+            try:
+                check_outgoing(out, limits)
+            except EomsgError as e:
+                # A message this node cannot take (over its payload limit, a topic it
+                # refuses) is taken as refused: held, it would block every message
+                # behind it on the link for ever. Said in the log and in inspect links.
+                log.warning("link to %s: message %d refused: %s", peer, m.seq, e.message)
+                outgoing.append(None)
+                continue
+            outgoing.append(out)
         self._check_room()
         now = self.clock()
         done: Future[tuple[int, bool]] = Future()
@@ -465,17 +490,26 @@ class Links(Ingress):
             if offer.verdict is not Verdict.TAKE:
                 done.set_result((receiver.read, offer.verdict is Verdict.GAP))
                 return done
-            taken = messages[offer.start :]
-            routes = []
-            for m in taken:
-                here, onward, _unreachable = self._routing.forward(m.targets)
+            routes, kept = [], []
+            for m, taken in zip(messages[offer.start :], outgoing[offer.start :], strict=True):
+                if taken is None:
+                    link.refused += 1
+                    continue
+                here, onward, unreachable = self._routing.forward(m.targets)
+                if unreachable:
+                    link.unroutable += 1
+                    log.warning(
+                        "link to %s: no route to %s for message %d: not carried there",
+                        peer, ", ".join(sorted(unreachable)), m.seq,
+                    )  # fmt: skip
                 route: list[Destination] = list(self._matcher.match(m.topic)) if here else []
                 route.sort(key=lambda d: d.id)
                 route.extend(self._hop(self._links[h], to) for h, to in onward.items())
                 routes.append(tuple(route))
+                kept.append(taken)
             batch = RowBatch()
             first_seq = self._next_seq
-            _, fresh = self._stage(batch, outgoing[offer.start :], now, routes=routes)
+            _, fresh = self._stage(batch, kept, now, routes=routes)
             read = messages[-1].seq
             batch.set_meta(
                 f"link/{peer}/read",
@@ -486,7 +520,7 @@ class Links(Ingress):
             except BaseException:
                 receiver.refused()
                 raise
-            link.received += len(taken)
+            link.received += len(kept)
 
         def on_commit(f: Future[None]) -> None:
             error = f.exception()

@@ -23,7 +23,7 @@ import contextlib
 import hmac
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
@@ -199,7 +199,21 @@ class LinkConnection(asyncio.Protocol):
             self.send(ev.Taken(read, gap))
 
     async def _pump(self) -> None:
-        """Send route changes and what the link owes whenever there is work."""
+        """Send route changes and what the link owes whenever there is work. Anything
+        that goes wrong costs this connection (the dialler connects again), never the
+        link's sending for good."""
+        await self._guarded(self._pumping())
+
+    async def _guarded(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:
+            log.warning("link to %s: %s; connecting again", self.peer, one_line(e))
+            self.abort()
+
+    async def _pumping(self) -> None:
         while self.linked:
             await self._work.wait()
             self._work.clear()
@@ -225,6 +239,9 @@ class LinkConnection(asyncio.Protocol):
 
     async def _timers(self) -> None:
         """The resend timer, pings, and the watchdog for a silent peer."""
+        await self._guarded(self._timing())
+
+    async def _timing(self) -> None:
         heartbeat = self.server.settings.heartbeat
         next_ping = next_table = self.loop.time() + heartbeat
         while self.linked:
@@ -331,9 +348,6 @@ class LinkManager:
     async def _connect(self, config: LinkConfig, address: Any) -> LinkConnection:
         server = self.server
         node = server.node
-        token = None
-        if config.token_file:
-            token = await server.blocking(_read_token, config.token_file)
         conn = Connection(Role.CLIENT, server.settings.max_frame)
         connection = LinkConnection(server, config.peer, conn)
         if address.is_unix:
@@ -346,7 +360,7 @@ class LinkManager:
                 ev.LINK_VERSION,
                 node.node_name,
                 node.incarnation,
-                token,
+                config.token,
                 peer_incarnation,
                 read,
                 server.settings.max_frame,
@@ -380,7 +394,6 @@ class LinkManager:
         connection = LinkConnection(server, hello.node, conn)
         connection.transport = transport
         transport.set_protocol(connection)
-        self._track(connection)
         try:
             if hello.version != ev.LINK_VERSION:
                 raise RemoteProtocolError(
@@ -394,6 +407,10 @@ class LinkManager:
                     "wrong or missing link token: give the peer's node token "
                     "(its data directory's eomsg.token) with --token-file"
                 )
+            # Only now may it replace a connection of that name: one that did not
+            # authenticate must not be able to keep a link down.
+            self._track(connection)
+            conn.peer_max_frame = hello.max_frame
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
             dials = {c.peer for c in node.link_configs() if c.address}
@@ -412,12 +429,17 @@ class LinkManager:
             return
         theirs = hello.read if hello.peer_incarnation == node.incarnation else 0
         s = server.settings
-        connection.send(
-            ev.LinkWelcome(
-                ev.LINK_VERSION, node.node_name, node.incarnation, read, s.max_frame, s.heartbeat
-            )
-        )
-        connection.start(theirs)
+        try:
+            connection.send(
+                ev.LinkWelcome(
+                    ev.LINK_VERSION, node.node_name, node.incarnation, read, s.max_frame,
+                    s.heartbeat,
+                )
+            )  # fmt: skip
+            connection.start(theirs)
+        except EomsgError as e:  # the node closed meanwhile
+            connection.fail(e)
+            return
         connection.process()  # what came after the hello, buffered meanwhile
 
     def _track(self, connection: LinkConnection) -> None:
@@ -431,8 +453,3 @@ class LinkManager:
                 del self.connections[connection.peer]
 
         self.server.spawn(connection.closed.wait()).add_done_callback(forget)
-
-
-def _read_token(path: str) -> str:
-    with open(path) as f:
-        return f.read().strip()
