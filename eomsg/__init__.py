@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 # application databases' drivers.
 _HOMES = {
     "AsyncClient": "eomsg.client.aio",
+    "ClientTls": "eomsg.wire.tls",
     "Broker": "eomsg.client.broker",
     "Client": "eomsg.client.sync",
     "Delivered": "eomsg.core.message",
@@ -55,6 +56,7 @@ if TYPE_CHECKING:
     from eomsg.core.txn import TxnInfo
     from eomsg.embedded.local import LocalClient
     from eomsg.node.node import Node, NodeSettings
+    from eomsg.wire.tls import ClientTls
 
 
 def __getattr__(name: str) -> Any:
@@ -74,6 +76,7 @@ __all__ = [
     "AsyncClient",
     "Broker",
     "Client",
+    "ClientTls",
     "Delivered",
     "DuckDBResource",
     "FlowEvent",

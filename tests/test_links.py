@@ -242,10 +242,18 @@ def test_links_are_checked(net: MakeNet) -> None:
         a.add_link("a", None, None)
     with pytest.raises(InvalidConfig, match="node name 'x y'"):
         a.add_link("x y", None, None)
-    assert a.add_link("b", "tcp://127.0.0.1:1", None)
-    assert not a.add_link("b", "tcp://127.0.0.1:1", None)
+    with pytest.raises(InvalidConfig, match="needs a token"):
+        a.add_link("b", "tcp://127.0.0.1:1", None)
+    with pytest.raises(InvalidConfig, match="needs a tls:// address"):
+        a.add_link("b", "tcp://127.0.0.1:1", "t", "-----BEGIN CERTIFICATE-----")
+    with pytest.raises(InvalidConfig, match="for the side that dials"):
+        a.add_link("b", None, "t", "-----BEGIN CERTIFICATE-----")
+    assert a.add_link("b", "tcp://127.0.0.1:1", "t")
+    assert not a.add_link("b", "tcp://127.0.0.1:1", "t")
     with pytest.raises(InvalidConfig, match="other settings"):
-        a.add_link("b", "tcp://127.0.0.1:2", None)
+        a.add_link("b", "tcp://127.0.0.1:2", "t")
+    with pytest.raises(InvalidConfig, match="other settings"):
+        a.add_link("b", "tcp://127.0.0.1:1", "u")
     with pytest.raises(LinkNotFound, match="no link to 'c'"):
         a.remove_link("c")
     assert a.remove_link("b") == 0

@@ -133,8 +133,9 @@ def test_a_wrong_token_is_refused_and_changes_nothing(network: Network, tmp_path
         (info,) = client.link_info()
         assert not info.connected
         assert info.error == (
-            "refused: wrong or missing link token: give the peer's node token (its data "
-            "directory's eomsg.token) with --token-file"
+            "refused: wrong or missing token for a link from 'a': give the token this node "
+            "made for it (`eomsg link add` here with --token-file) or its node token "
+            "(DIR/eomsg.token)"
         )
     with network.client("b") as client:
         assert client.link_info() == []

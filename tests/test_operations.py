@@ -49,7 +49,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         {},
         [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
-    "add_link": ({"peer": "b", "address": "tcp://10.0.0.2:7501", "token": "s3cret"}, True),
+    "add_link": (
+        {"peer": "b", "address": "tls://10.0.0.2:7501", "token": "s3cret", "peer_ca": "PEM"},
+        True,
+    ),
     "remove_link": ({"peer": "b"}, 3),
     "link_info": (
         {},

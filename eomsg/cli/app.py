@@ -13,7 +13,7 @@ from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.recover import recover
 from eomsg.cli.replay import spark_replay
-from eomsg.cli.root import BROKER_HELP, INIT_HELP, TOKEN_HELP, EomsgGroup
+from eomsg.cli.root import BROKER_HELP, INIT_HELP, TLS_CA_HELP, TOKEN_HELP, EomsgGroup
 from eomsg.cli.serve import serve
 from eomsg.cli.storage import compact, salvage
 from eomsg.cli.top import top
@@ -69,6 +69,10 @@ def root(
         str | None,
         typer.Option("--token", envvar="EOMSG_TOKEN", metavar="TOKEN", help=TOKEN_HELP),
     ] = None,
+    tls_ca: Annotated[
+        str | None,
+        typer.Option("--tls-ca", envvar="EOMSG_TLS_CA", metavar="FILE", help=TLS_CA_HELP),
+    ] = None,
     init: Annotated[bool, typer.Option("--init", envvar="EOMSG_INIT", help=INIT_HELP)] = False,
     json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")] = False,
 ) -> None:
@@ -77,6 +81,7 @@ def root(
     The options above may also follow the command's name (eomsg queue list --data d);
     given in both places, the one after the name counts."""
     Globals.broker, Globals.token, Globals.init = broker, token, init
+    Globals.tls_ca = tls_ca
 
 
 def main() -> None:

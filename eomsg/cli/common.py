@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import secrets
+import stat
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -16,9 +18,10 @@ import typer
 from eomsg.cli.output import say
 from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
-from eomsg.errors import DataDirError, EomsgError, ExitCode, Unavailable
+from eomsg.errors import DataDirError, EomsgError, ExitCode, Unavailable, UsageError
 from eomsg.store.files import holds_store
 from eomsg.wire.address import socket_path
+from eomsg.wire.tls import ClientTls
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -59,6 +62,46 @@ JsonOption = Annotated[
 ]
 
 
+def check_owner_only(path: Path, what: str) -> None:
+    """UsageError unless ``path`` (a secret: a token, a private key) can be read and is
+    its owner's alone."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from e
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise UsageError(
+            f"{what} {path} is open to other users: make it owner-only (chmod 600 {path})"
+        )
+
+
+def read_secret(path: Path, what: str) -> str:
+    """The text of the owner-only file ``path`` (a token), stripped; UsageError if it is
+    open to others, unreadable or empty."""
+    check_owner_only(path, what)
+    try:
+        text = path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "not text"
+        raise UsageError(f"cannot read {what} {path}: {why}") from e
+    if not text:
+        raise UsageError(f"{what} {path} is empty")
+    return text
+
+
+def make_secret(path: Path, what: str) -> str:
+    """A new random token, written to the new file ``path`` (owner-only); UsageError if
+    the file cannot be made (or appeared meanwhile: it is never overwritten)."""
+    token = secrets.token_urlsafe(32)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError as e:
+        raise UsageError(f"cannot make {what} {path}: {e.strerror}") from e
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
 def fail(message: str, code: ExitCode) -> typer.Exit:
     """Print ``Error: message`` on stderr, literally, and return the Exit to raise."""
     say(f"Error: {message}", err=True)
@@ -81,11 +124,13 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
 class Globals:
     """What the global options without a parameter of their own said — before the
     command's name or after it (after wins): where the node is (``--broker``, env
-    EOMSG_BROKER), its token for TCP (``--token``, env EOMSG_TOKEN), and whether a
+    EOMSG_BROKER), its token for TCP (``--token``, env EOMSG_TOKEN), the CA for TLS
+    (``--tls-ca``, env EOMSG_TLS_CA), and whether a
     missing data directory may be created (``--init``)."""
 
     broker: str | None = None
     token: str | None = None
+    tls_ca: str | None = None
     init: bool = False
     command: str | None = None  # the command running ("eomsg queue purge")
 
@@ -99,7 +144,8 @@ def open_broker(data: Path) -> Iterator[Broker]:
     answer is an error, never a reason to fall back."""
     name = f"eomsg-cli:{os.getpid()}"
     if Globals.broker is not None:
-        with connect(Globals.broker, token=Globals.token, name=name) as named:
+        tls = ClientTls.from_env(Globals.tls_ca) if Globals.broker.startswith("tls://") else None
+        with connect(Globals.broker, token=Globals.token, name=name, tls=tls) as named:
             yield named
         return
     client: Client | None = None

@@ -2,19 +2,26 @@
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from eomsg.cli.common import DEFAULT_DATA, DataOption, JsonOption, handles_errors, open_broker
+from eomsg.cli.common import (
+    DEFAULT_DATA,
+    DataOption,
+    JsonOption,
+    handles_errors,
+    make_secret,
+    open_broker,
+    read_secret,
+)
 from eomsg.cli.output import print_json, say, show, styled, table
 from eomsg.core.durations import format_duration
 from eomsg.core.links import check_node_name
 from eomsg.errors import UsageError
 from eomsg.wire.address import parse_address
+from eomsg.wire.tls import ClientTls
 
 if TYPE_CHECKING:
     from rich.text import Text
@@ -30,52 +37,82 @@ def add(
     peer: Annotated[str, typer.Argument(help="The other node's name (its serve --node-name).")],
     address: Annotated[
         str | None,
-        typer.Argument(help="Where it listens, tcp://HOST:PORT (none: wait for it to dial)."),
+        typer.Argument(
+            help="Where it listens, tcp://HOST:PORT or tls://HOST:PORT (none: wait for it to dial)."
+        ),
     ] = None,
     token_file: Annotated[
         Path | None,
-        typer.Option(help="File holding the other node's token (its DIR/eomsg.token), owner-only."),
+        typer.Option(
+            help="With ADDRESS: the token the other node accepts (its DIR/eomsg.token, or the "
+            "file its `link add` made). Without: the token it must present, made here "
+            "(owner-only) if the file does not exist.",
+        ),
+    ] = None,
+    peer_ca: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="For tls://: the CA that signed the other node's certificate (default: "
+            "the system's).",
+        ),
     ] = None,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
     """Link this node to another: each sends the other the messages its queues want,
     exactly once, for as long as the link exists (a no-op if the same link exists).
-    Add it on one side: the other learns of it when this one dials.
+    One side dials (it has the other's address); the other learns of the link when it
+    does, or is told first, with a token of the link's own.
 
     \b
     Examples:
-      eomsg link add b tcp://10.0.0.2:7501 --token-file b.token
+      eomsg link add a --token-file a.token --data b    # b: a may dial, with a.token
+      eomsg link add b tls://10.0.0.2:7501 --token-file a.token --peer-ca ca.pem --data a
+      eomsg link add b tcp://10.0.0.2:7501 --token-file b/eomsg.token   # b's node token
     """
     check_node_name(peer)
+    made = False
+    ca = None
     if address is not None:
         parse_address(address)
         if token_file is None:
             raise UsageError(
-                f"the node at {address} needs its token to accept the link "
-                "(use --token-file FILE, a copy of its DIR/eomsg.token)"
+                f"the node at {address} needs a token to accept the link (use --token-file "
+                "FILE: its DIR/eomsg.token, or the file its `link add` made)"
             )
-    token = None
-    if token_file is not None:  # read here: the node never reads a file a client names
-        try:
-            mode = os.stat(token_file).st_mode
-            token = token_file.read_text().strip()
-        except (OSError, UnicodeDecodeError) as e:
-            why = getattr(e, "strerror", None) or "not text"
-            raise UsageError(f"cannot read token file {token_file}: {why}") from e
-        if mode & (stat.S_IRWXG | stat.S_IRWXO):
-            raise UsageError(
-                f"token file {token_file} is open to other users: make it owner-only "
-                f"(chmod 600 {token_file})"
-            )
-        if not token:
-            raise UsageError(f"token file {token_file} is empty")
-    with open_broker(data) as broker:
-        added = broker.add_link(peer, address, token)
-    if json:
-        print_json({"peer": peer, "address": address, "added": added})
+        token: str | None = read_secret(token_file, "token file")
+        if peer_ca is not None:
+            ca = _read_ca(peer_ca, address)
+    elif peer_ca is not None:
+        raise UsageError("--peer-ca is for the side that dials: give the other node's ADDRESS")
+    elif token_file is None:
+        token = None  # the other node presents this node's own token
+    elif token_file.exists():
+        token = read_secret(token_file, "token file")
     else:
-        say(f"{'linked to' if added else 'exists: link to'} {peer}")
+        token, made = make_secret(token_file, "token file"), True
+    with open_broker(data) as broker:
+        added = broker.add_link(peer, address, token, ca)
+    if json:
+        print_json({"peer": peer, "address": address, "added": added, "token_made": made})
+        return
+    say(f"{'linked to' if added else 'exists: link to'} {peer}")
+    if made:
+        say(f"{peer} dials this node with the token now in {token_file} (give it a copy)")
+
+
+def _read_ca(path: Path, address: str) -> str:
+    """The PEM text of ``--peer-ca``, checked; the node keeps the text, never the path."""
+    if not address.startswith("tls://"):
+        raise UsageError(f"--peer-ca is for a tls:// address, not {address}")
+    try:
+        pem = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        why = getattr(e, "strerror", None) or "not text"
+        raise UsageError(f"cannot read --peer-ca {path}: {why}") from e
+    ClientTls(ca_pem=pem).context()  # InvalidConfig unless it holds PEM certificates
+    return pem
 
 
 @app.command()

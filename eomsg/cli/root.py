@@ -17,8 +17,14 @@ from eomsg.cli.output import say
 from eomsg.errors import ExitCode
 
 BROKER_HELP = (
-    "Talk to the node at unix://PATH or tcp://HOST:PORT (env EOMSG_BROKER). Default: the "
-    "node serving --data, if any, else the data directory in-process."
+    "Talk to the node at unix://PATH, tcp://HOST:PORT or tls://HOST:PORT (env "
+    "EOMSG_BROKER). Default: the node serving --data, if any, else the data directory "
+    "in-process."
+)
+TLS_CA_HELP = (
+    "The CA that signed the node's certificate, for tls:// (env EOMSG_TLS_CA; default: the "
+    "system's). A client certificate, if the node asks for one: env EOMSG_TLS_CERT and "
+    "EOMSG_TLS_KEY."
 )
 TOKEN_HELP = "The node's token, for TCP (env EOMSG_TOKEN; it is in DIR/eomsg.token)."
 INIT_HELP = (
@@ -28,6 +34,7 @@ INIT_HELP = (
 # Commands that work on the data directory itself, never through a node (serve creates
 # it; compact and salvage need one that exists).
 OFFLINE = {"serve", "compact", "salvage"}
+CLIENT_GLOBALS = ("broker", "token", "tls_ca", "init")  # what every other command takes
 
 
 def _set(attribute: str) -> Any:
@@ -91,13 +98,13 @@ class EomsgGroup(TyperGroup):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        shared = [p for p in self.params if p.name in ("broker", "token", "init")]
+        shared = [p for p in self.params if p.name in CLIENT_GLOBALS]
         for name, command in _leaves(self):
             for param in command.params:
                 _plain_help(param)
             if any(p.name == "data" for p in command.params):
                 ours = {p.name for p in command.params}
-                wanted = [] if name in OFFLINE else ["broker", "token", "init"]
+                wanted = [] if name in OFFLINE else CLIENT_GLOBALS
                 extra = [
                     _as_command_option(p) for p in shared if p.name in wanted and p.name not in ours
                 ]

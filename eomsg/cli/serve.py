@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,11 +13,14 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
+    check_owner_only,
     handles_errors,
 )
 from eomsg.cli.output import print_json, say
 from eomsg.core.limits import parse_size
+from eomsg.errors import UsageError
 from eomsg.wire.address import Address, parse_address, token_path
+from eomsg.wire.tls import ServerTls
 
 
 @handles_errors
@@ -25,8 +29,28 @@ def serve(
         list[str] | None,
         typer.Option(
             "--listen",
-            help="Also listen on tcp://HOST:PORT (repeatable; port 0 picks one). The Unix "
-            "socket DIR/eomsg.sock is always on.",
+            help="Also listen on tcp://HOST:PORT or tls://HOST:PORT (repeatable; port 0 picks "
+            "one). The Unix socket DIR/eomsg.sock is always on.",
+        ),
+    ] = None,
+    tls_cert: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="The node's certificate chain (PEM): every TCP address then speaks TLS only "
+            "(clients use tls://HOST:PORT).",
+        ),
+    ] = None,
+    tls_key: Annotated[
+        Path | None,
+        typer.Option(metavar="FILE", help="The private key of --tls-cert (PEM, owner-only)."),
+    ] = None,
+    tls_client_ca: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="Accept only TCP clients (and linked nodes) presenting a certificate this "
+            "CA signed.",
         ),
     ] = None,
     allow_remote: Annotated[
@@ -73,6 +97,7 @@ def serve(
     Examples:
       eomsg serve --data ./eomsg-data &
       eomsg serve --listen tcp://127.0.0.1:7420   # TCP clients need DIR/eomsg.token
+      eomsg serve --listen tcp://0.0.0.0:7501 --allow-remote --tls-cert a.pem --tls-key a.key
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -86,6 +111,7 @@ def serve(
     settings = ServerSettings(
         listen=tuple(parse_address(a) for a in listen or ()),
         allow_remote=allow_remote,
+        tls=_tls(tls_cert, tls_key, tls_client_ca),
         max_frame=parse_size(max_frame),
         max_connections=max_connections,
         heartbeat=heartbeat,
@@ -118,3 +144,17 @@ def serve(
         print_json({"event": "stopped", "pid": os.getpid()})
     else:
         say("stopped")
+
+
+def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> ServerTls | None:
+    """The node's TLS settings: both of --tls-cert and --tls-key, or neither."""
+    if cert is None and key is None:
+        if client_ca is not None:
+            raise UsageError("--tls-client-ca needs the node's own --tls-cert and --tls-key")
+        return None
+    if cert is None or key is None:
+        raise UsageError("TLS needs both --tls-cert and --tls-key")
+    check_owner_only(key, "--tls-key")
+    return ServerTls(
+        cert.absolute(), key.absolute(), None if client_ca is None else client_ca.absolute()
+    )

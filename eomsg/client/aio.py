@@ -17,6 +17,7 @@ import functools
 import itertools
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from eomsg.core.message import Delivered, Key, Outgoing, PublishResult, check_ke
 from eomsg.core.operations import Operation, Operations
 from eomsg.errors import (
     EomsgError,
+    InvalidConfig,
     LocalProtocolError,
     ProtocolError,
     RemoteProtocolError,
@@ -41,6 +43,7 @@ from eomsg.wire import events as ev
 from eomsg.wire.address import Address, parse_address, socket_path, unix_address
 from eomsg.wire.calls import decode_result, encode_args
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
+from eomsg.wire.tls import ClientTls, tls_refused
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -79,7 +82,13 @@ class _Wire(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.client._lost(Unavailable(f"lost the connection to the node at {self.client.address}"))
+        client = self.client
+        if isinstance(exc, ssl.SSLError):
+            client._lost(tls_refused(f"the node at {client.address}", exc))
+        elif not client._welcome.done():
+            client._lost(client._closed_early())
+        else:
+            client._lost(Unavailable(f"lost the connection to the node at {client.address}"))
 
 
 class _Subscription:
@@ -131,7 +140,9 @@ class AsyncClient(Operations):
 
     # -- connecting ----------------------------------------------------------------------
 
-    async def _open(self, name: str, token: str | None, timeout: float) -> None:
+    async def _open(
+        self, name: str, token: str | None, timeout: float, tls: ClientTls | None
+    ) -> None:
         address = self.address
         try:
             if address.is_unix:
@@ -139,10 +150,21 @@ class AsyncClient(Operations):
                     self.loop.create_unix_connection(lambda: _Wire(self), address.path), timeout
                 )
             else:
+                context = None
+                if address.is_tls:
+                    context = (tls or ClientTls.from_env()).context()
                 transport, _ = await asyncio.wait_for(
-                    self.loop.create_connection(lambda: _Wire(self), address.host, address.port),
+                    self.loop.create_connection(
+                        lambda: _Wire(self),
+                        address.host,
+                        address.port,
+                        ssl=context,
+                        server_hostname=address.host if context is not None else None,
+                    ),
                     timeout,
                 )
+        except ssl.SSLError as e:
+            raise tls_refused(f"the node at {address}", e) from e
         except (OSError, TimeoutError) as e:
             reason = getattr(e, "strerror", None) or "timed out"
             raise Unavailable(f"no node answers at {address} ({reason})") from e
@@ -150,7 +172,10 @@ class AsyncClient(Operations):
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token))
+        try:
+            self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token))
+        except Unavailable:
+            raise self._failed or self._closed_early() from None
         try:
             welcome = await asyncio.wait_for(asyncio.shield(self._welcome), timeout)
         except TimeoutError as e:
@@ -521,7 +546,10 @@ class AsyncClient(Operations):
             if event is NEED_DATA:
                 return
             if event is PEER_CLOSED:
-                self._lost(Unavailable(f"the node at {self.address} closed the connection"))
+                if self._welcome.done():
+                    self._lost(Unavailable(f"the node at {self.address} closed the connection"))
+                else:
+                    self._lost(self._closed_early())
                 return
             assert isinstance(event, ev.Event)
             try:
@@ -605,6 +633,19 @@ class AsyncClient(Operations):
         if entry is not None and not entry[0].done():
             entry[0].set_result(value)
 
+    def _closed_early(self) -> Unavailable:
+        """What a connection that ended before the node's welcome says, with what may
+        be wrong on this side."""
+        why = f"the node at {self.address} closed the connection before the handshake"
+        if self.address.scheme == "tcp":
+            why += " (if it serves TLS, use tls://)"
+        elif self.address.is_tls:
+            why += (
+                " (if it asks for a client certificate, give one its CA signed: env "
+                "EOMSG_TLS_CERT and EOMSG_TLS_KEY)"
+            )
+        return Unavailable(why)
+
     def _lost(self, error: EomsgError) -> None:
         """The connection is over: fail everything still waiting, once. Requests in
         flight get Unavailable, whatever ended the connection: they may or may not
@@ -684,13 +725,18 @@ async def connect_async(
     name: str | None = None,
     timeout: float = 10.0,
     window: int = DEFAULT_WINDOW,
+    tls: ClientTls | None = None,
 ) -> AsyncClient:
-    """Connect to the node at ``target``: a data directory, ``unix://PATH`` or
-    ``tcp://HOST:PORT`` (default: env ``EOMSG_BROKER``, else ``./eomsg-data``). TCP
-    needs the node's token (``token=`` or env ``EOMSG_TOKEN``)."""
+    """Connect to the node at ``target``: a data directory, ``unix://PATH``,
+    ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` (default: env ``EOMSG_BROKER``, else
+    ``./eomsg-data``). TCP needs the node's token (``token=`` or env ``EOMSG_TOKEN``);
+    TLS checks the node's certificate against ``tls.ca`` (default
+    :meth:`ClientTls.from_env`: env ``EOMSG_TLS_CA``, else the system's CAs)."""
     address = resolve(target or os.environ.get("EOMSG_BROKER") or "eomsg-data")
+    if tls is not None and not address.is_tls:
+        raise InvalidConfig(f"TLS settings are given but {address} is not a tls:// address")
     client = AsyncClient(address, window)
     await client._open(
-        name or f"python:{os.getpid()}", token or os.environ.get("EOMSG_TOKEN"), timeout
+        name or f"python:{os.getpid()}", token or os.environ.get("EOMSG_TOKEN"), timeout, tls
     )
     return client

@@ -28,6 +28,7 @@ from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
 from eomsg.errors import EomsgError, Unavailable
+from eomsg.wire.tls import ClientTls
 
 T = TypeVar("T")
 
@@ -53,6 +54,7 @@ class Client(Broker):
         name: str | None = None,
         timeout: float = 10.0,
         window: int = DEFAULT_WINDOW,
+        tls: ClientTls | None = None,
     ) -> None:
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="eomsg-client")
@@ -67,7 +69,9 @@ class Client(Broker):
         self._closed = False
         try:
             self._ac: AsyncClient = self._run(
-                connect_async(target, token=token, name=name, timeout=timeout, window=window)
+                connect_async(
+                    target, token=token, name=name, timeout=timeout, window=window, tls=tls
+                )
             )
         except BaseException:
             self._stop_loop()
@@ -458,9 +462,11 @@ def connect(
     name: str | None = None,
     timeout: float = 10.0,
     window: int = DEFAULT_WINDOW,
+    tls: ClientTls | None = None,
 ) -> Client:
-    """Connect to the node at ``target``: a data directory, ``unix://PATH`` or
-    ``tcp://HOST:PORT`` (default: env ``EOMSG_BROKER``, else ``./eomsg-data``). TCP
-    needs the node's token (``token=`` or env ``EOMSG_TOKEN``). Raises Unavailable when
-    no node answers."""
-    return Client(target, token=token, name=name, timeout=timeout, window=window)
+    """Connect to the node at ``target``: a data directory, ``unix://PATH``,
+    ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` (default: env ``EOMSG_BROKER``, else
+    ``./eomsg-data``). TCP needs the node's token (``token=`` or env ``EOMSG_TOKEN``);
+    TLS checks the node's certificate (``tls``, default :meth:`ClientTls.from_env`).
+    Raises Unavailable when no node answers, AuthenticationFailed when TLS fails."""
+    return Client(target, token=token, name=name, timeout=timeout, window=window, tls=tls)

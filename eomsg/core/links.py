@@ -4,6 +4,8 @@ and :mod:`eomsg.core.transfer`; the node keeps links in :mod:`eomsg.node.links`.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -26,20 +28,73 @@ def check_node_name(name: str) -> str:
 
 @dataclass(frozen=True)
 class LinkConfig:
-    """A link as configured: the peer's name and, on the side that dials, its address
-    and the token the peer accepts (kept in the data directory, which is owner-only;
-    never shown by ``inspect links``)."""
+    """A link as configured: the peer's name and, on the side that dials, its address,
+    the token the peer accepts (kept in the data directory, which is owner-only; never
+    shown by ``inspect links``) and, for ``tls://``, the CA certificates (PEM) that
+    signed the peer's certificate (None: the system's). On the side that is dialled,
+    ``accepts`` is the SHA-256 of the token the peer must present (None: this node's own
+    token)."""
 
     peer: str
     address: str | None = None
     token: str | None = None
+    accepts: str | None = None
+    peer_ca: str | None = None
+
+    @classmethod
+    def make(
+        cls, peer: str, address: str | None, token: str | None, peer_ca: str | None
+    ) -> LinkConfig:
+        """The link :meth:`~eomsg.node.links.Links.add_link` keeps: with an address, it
+        dials presenting ``token``; without one, it accepts the peer presenting
+        ``token`` (kept hashed) or, with none, this node's own token. InvalidConfig for
+        settings that do not go together."""
+        check_node_name(peer)
+        if address is None:
+            if peer_ca is not None:
+                raise InvalidConfig(
+                    "a CA for the peer's certificate is for the side that dials it: give the "
+                    "peer's address too, or leave the CA out"
+                )
+            return cls(peer, None, None, None if token is None else token_hash(token))
+        if token is None:
+            raise InvalidConfig(
+                f"the node at {address} needs a token to accept the link: its node token "
+                "or one it made for this link"
+            )
+        if peer_ca is not None and not address.startswith("tls://"):
+            raise InvalidConfig(
+                f"a CA for the peer's certificate needs a tls:// address, not {address}"
+            )
+        return cls(peer, address, token, None, peer_ca)
 
     def to_json(self) -> dict[str, Any]:
-        return {"address": self.address, "token": self.token}
+        return {
+            "address": self.address,
+            "token": self.token,
+            "accepts": self.accepts,
+            "peer_ca": self.peer_ca,
+        }
 
     @classmethod
     def from_json(cls, peer: str, data: dict[str, Any]) -> LinkConfig:
-        return cls(peer, data.get("address"), data.get("token"))
+        return cls(
+            peer, data.get("address"), data.get("token"), data.get("accepts"), data.get("peer_ca")
+        )
+
+
+def token_hash(token: str) -> str:
+    """The SHA-256 of a link token, as kept by the node that accepts it (hex)."""
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def link_proof(key: str, nonce: str, dialler: str, dialled: str) -> str:
+    """What the dialled node answers the dialler's ``nonce`` with, to show it knows the
+    link's token (``key``: the token's :func:`token_hash`): so a node that is not the
+    peer — a wrong address, a stale name — cannot take the link's messages and say it
+    holds them."""
+    text = f"eomsg-link-welcome|{nonce}|{dialler}|{dialled}".encode()
+    return hmac.new(bytes.fromhex(key), text, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True)

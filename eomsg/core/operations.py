@@ -203,10 +203,17 @@ class Operations(Protocol):
     # -- links ------------------------------------------------------------------------
 
     @operation()
-    def add_link(peer: str, address: str | None = None, token: str | None = None) -> bool:
-        """Link this node to node ``peer``, dialling ``address`` with ``token`` (the
-        peer's node token, kept in this node's data directory), or waiting for the peer
-        to dial.
+    def add_link(
+        peer: str,
+        address: str | None = None,
+        token: str | None = None,
+        peer_ca: str | None = None,
+    ) -> bool:
+        """Link this node to node ``peer``: dialling ``address`` with ``token`` (the
+        peer's node token, or one the peer made for this link; kept in this node's data
+        directory) and, for tls://, checking its certificate against ``peer_ca`` (PEM;
+        None: the system's CAs); or, without an address, waiting for the peer to dial
+        with ``token`` (kept hashed; None: this node's own token).
         Idempotent: False if the same link exists; InvalidConfig if with others."""
         raise Declaration
 

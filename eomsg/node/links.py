@@ -181,14 +181,20 @@ class Links(Ingress):
 
     # -- administration ---------------------------------------------------------------------
 
-    def add_link(self, peer: str, address: str | None = None, token: str | None = None) -> bool:
-        """Link this node to ``peer`` (dialling ``address`` with ``token``, or waiting
-        for it to dial). Idempotent: False if the same link
-        exists; InvalidConfig if it exists with other settings."""
-        check_node_name(peer)
+    def add_link(
+        self,
+        peer: str,
+        address: str | None = None,
+        token: str | None = None,
+        peer_ca: str | None = None,
+    ) -> bool:
+        """Link this node to ``peer``: dialling ``address`` with ``token`` (checking its
+        certificate against ``peer_ca`` for tls://), or waiting for it to dial with
+        ``token`` (kept hashed; none: this node's own token). Idempotent: False if the
+        same link exists; InvalidConfig if it exists with other settings."""
+        config = LinkConfig.make(peer, address, token, peer_ca)
         if peer == self._node_name:
             raise InvalidConfig(f"{peer!r} is this node's own name: link it to another node")
-        config = LinkConfig(peer, address, token)
         with self._admin:
             existing = self._links.get(peer)
             if existing is not None:

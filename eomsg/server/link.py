@@ -23,11 +23,13 @@ import contextlib
 import hmac
 import logging
 import random
+import secrets
+import ssl
 from collections.abc import Coroutine, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
-from eomsg.core.links import LinkConfig
+from eomsg.core.links import LinkConfig, link_proof, token_hash
 from eomsg.core.message import Carried
 from eomsg.errors import (
     AuthenticationFailed,
@@ -39,8 +41,9 @@ from eomsg.errors import (
     one_line,
 )
 from eomsg.wire import events as ev
-from eomsg.wire.address import parse_address
+from eomsg.wire.address import Address, parse_address
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
+from eomsg.wire.tls import ClientTls, tls_refused
 
 if TYPE_CHECKING:
     from eomsg.node.node import Node
@@ -68,6 +71,8 @@ class LinkConnection(asyncio.Protocol):
         self.linked = False
         self.was_linked = False
         self.last_heard = self.loop.time()
+        self.key = ""  # the link token's hash, on the dialling side: checks the welcome
+        self.nonce = ""  # … and what it asked the peer to prove it with
         self._work = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -345,15 +350,37 @@ class LinkManager:
             await asyncio.sleep(wait * random.uniform(0.5, 1.0))
             wait = min(wait * 2, BACKOFF_MAX)
 
-    async def _connect(self, config: LinkConfig, address: Any) -> LinkConnection:
+    async def _connect(self, config: LinkConfig, address: Address) -> LinkConnection:
         server = self.server
         node = server.node
         conn = Connection(Role.CLIENT, server.settings.max_frame)
         connection = LinkConnection(server, config.peer, conn)
+        assert config.token is not None  # a link that dials has one (LinkConfig.make)
+        connection.key = token_hash(config.token)
+        connection.nonce = secrets.token_hex(16)
         if address.is_unix:
             await server.loop.create_unix_connection(lambda: connection, address.path)
         else:
-            await server.loop.create_connection(lambda: connection, address.host, address.port)
+            context = None
+            if address.is_tls:
+                own = server.settings.tls
+                tls = (
+                    ClientTls(ca_pem=config.peer_ca)
+                    if own is None
+                    else own.as_client(config.peer_ca)
+                )
+                context = tls.context()
+            try:
+                await server.loop.create_connection(
+                    lambda: connection,
+                    address.host,
+                    address.port,
+                    ssl=context,
+                    server_hostname=address.host if context is not None else None,
+                    ssl_handshake_timeout=server.settings.handshake_timeout if context else None,
+                )
+            except ssl.SSLError as e:
+                raise tls_refused(f"the node at {address}", e) from e
         peer_incarnation, read = node.link_read(config.peer)
         connection.send(
             ev.LinkHello(
@@ -364,13 +391,15 @@ class LinkManager:
                 peer_incarnation,
                 read,
                 server.settings.max_frame,
+                connection.nonce,
             )
         )
         self._track(connection)
         return connection
 
     def welcomed(self, connection: LinkConnection, welcome: ev.LinkWelcome) -> None:
-        """The dialled node accepted: check it is the peer meant, and start."""
+        """The dialled node accepted: check it is the peer meant — its name, and its proof
+        that it knows the link's token — and start."""
         if welcome.node != connection.peer:
             connection.fail(
                 EomsgError(
@@ -378,6 +407,13 @@ class LinkManager:
                     "check the link's address"
                 )
             )
+            return
+        node = connection.node
+        expected = link_proof(connection.key, connection.nonce, node.node_name, welcome.node)
+        if not hmac.compare_digest(welcome.proof.encode(), expected.encode()):
+            why = "it does not know the link's token: it is not the peer (check the address)"
+            node.link_failed(connection.peer, f"refused: {why}")
+            connection.fail(AuthenticationFailed(f"the node answering as {welcome.node!r}: {why}"))
             return
         connection.node.link_hello(connection.peer, welcome.incarnation)
         connection.start(welcome.read)
@@ -400,13 +436,7 @@ class LinkManager:
                     f"link protocol version {hello.version} is not supported; this node "
                     f"speaks version {ev.LINK_VERSION}"
                 )
-            if session.needs_token and not hmac.compare_digest(
-                (hello.token or "").encode(), server.token.encode()
-            ):
-                raise AuthenticationFailed(
-                    "wrong or missing link token: give the peer's node token "
-                    "(its data directory's eomsg.token) with --token-file"
-                )
+            key = self._accepts(hello)
             # Only now may it replace a connection of that name: one that did not
             # authenticate must not be able to keep a link down.
             self._track(connection)
@@ -433,7 +463,7 @@ class LinkManager:
             connection.send(
                 ev.LinkWelcome(
                     ev.LINK_VERSION, node.node_name, node.incarnation, read, s.max_frame,
-                    s.heartbeat,
+                    s.heartbeat, link_proof(key, hello.nonce, hello.node, node.node_name),
                 )
             )  # fmt: skip
             connection.start(theirs)
@@ -441,6 +471,21 @@ class LinkManager:
             connection.fail(e)
             return
         connection.process()  # what came after the hello, buffered meanwhile
+
+    def _accepts(self, hello: ev.LinkHello) -> str:
+        """The key (a token's hash) ``hello`` authenticates with, on any socket: the
+        token this node keeps for the link to ``hello.node``, else this node's own token
+        (which may also create the link). AuthenticationFailed otherwise."""
+        given = token_hash(hello.token or "")
+        config = next((c for c in self.server.node.link_configs() if c.peer == hello.node), None)
+        for key in (config.accepts if config is not None else None, token_hash(self.server.token)):
+            if key is not None and hmac.compare_digest(given.encode(), key.encode()):
+                return key
+        raise AuthenticationFailed(
+            f"wrong or missing token for a link from {hello.node!r}: give the token this node "
+            "made for it (`eomsg link add` here with --token-file) or its node token "
+            "(DIR/eomsg.token)"
+        )
 
     def _track(self, connection: LinkConnection) -> None:
         old = self.connections.get(connection.peer)

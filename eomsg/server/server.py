@@ -3,8 +3,10 @@ hold the file) and serves it on ``DIR/eomsg.sock`` and, when asked, on TCP.
 
 Security baseline: the Unix socket is the owner's alone (mode 0600); TCP needs the token
 kept in ``DIR/eomsg.token`` (created on first start, mode 0600, compared in constant
-time) and listens on loopback unless ``allow_remote`` says otherwise. Connections, frame
-size, in-flight bytes and the handshake's duration are all bounded.
+time) and listens on loopback unless ``allow_remote`` says otherwise. Given a
+certificate (``tls``), every TCP address speaks TLS and nothing else
+(:mod:`eomsg.wire.tls`). Connections, frame size, in-flight bytes and the handshake's
+duration (the TLS handshake's included) are all bounded.
 
 Shutdown (SIGTERM, SIGINT, or :meth:`Server.stop`): stop accepting, let every session
 answer what it has in flight and say goodbye, then close the node, which runs a last
@@ -47,6 +49,7 @@ from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
 from eomsg.wire.protocol import DEFAULT_MAX_FRAME
+from eomsg.wire.tls import ServerTls
 
 T = TypeVar("T")
 log = logging.getLogger("eomsg.server")
@@ -54,10 +57,12 @@ log = logging.getLogger("eomsg.server")
 
 @dataclass(frozen=True)
 class ServerSettings:
-    """Limits and timings of the daemon. ``listen`` adds TCP addresses to the socket."""
+    """Limits and timings of the daemon. ``listen`` adds TCP addresses to the socket;
+    with ``tls`` they all speak TLS."""
 
     listen: tuple[Address, ...] = ()
     allow_remote: bool = False
+    tls: ServerTls | None = None
     max_frame: int = DEFAULT_MAX_FRAME
     max_connections: int = 1024
     max_inflight_bytes: int = 64 << 20  # unacknowledged publish bytes per connection
@@ -76,6 +81,11 @@ class ServerSettings:
                     f"--listen {address}: the Unix socket is always DIR/eomsg.sock; "
                     "give tcp://HOST:PORT"
                 )
+            if address.is_tls and self.tls is None:
+                raise InvalidConfig(
+                    f"--listen {address}: TLS needs the node's certificate (use --tls-cert "
+                    "and --tls-key)"
+                )
             if not address.is_loopback and not self.allow_remote:
                 raise InvalidConfig(
                     f"--listen {address} is not a loopback address; add --allow-remote to "
@@ -87,6 +97,8 @@ class ServerSettings:
             raise InvalidConfig("--max-connections must be at least 1")
         if not 0.01 <= self.resend <= 3600:
             raise InvalidConfig("--resend must be between 10 ms and 1 hour")
+        if self.tls is not None:
+            self.tls.context()  # a file that cannot be used is said before serving
 
 
 def load_token(data_dir: Path) -> str:
@@ -234,16 +246,22 @@ class Server:
             os.umask(old_umask)
         self._servers.append(server)
         self.addresses.append(address)
+        tls = None if self.settings.tls is None else self.settings.tls.context()
         for address in self.settings.listen:
             try:
                 server = await self.loop.create_server(
-                    lambda: Session(self, needs_token=True), address.host, address.port
+                    lambda: Session(self, needs_token=True),
+                    address.host,
+                    address.port,
+                    ssl=tls,
+                    ssl_handshake_timeout=None if tls is None else self.settings.handshake_timeout,
                 )
             except OSError as e:
                 raise InvalidConfig(f"cannot listen on {address}: {e.strerror}") from e
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
-            self.addresses.append(Address("tcp", host=address.host, port=port))
+            scheme = "tcp" if tls is None else "tls"
+            self.addresses.append(Address(scheme, host=address.host, port=port))
         self.links.reconcile()
 
     def request_stop(self) -> None:

@@ -1,5 +1,6 @@
-"""Where a node listens: ``unix://PATH`` or ``tcp://HOST:PORT``, and the files a data
-directory keeps for its running node. Pure parsing; nothing here opens a socket."""
+"""Where a node listens: ``unix://PATH``, ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` (TCP
+under TLS), and the files a data directory keeps for its running node. Pure parsing;
+nothing here opens a socket."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ MAX_UNIX_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 
 @dataclass(frozen=True, slots=True)
 class Address:
-    """A Unix socket (``path``) or a TCP endpoint (``host``, ``port``)."""
+    """A Unix socket (``path``) or a TCP endpoint (``host``, ``port``), plain or under
+    TLS (scheme ``tls``)."""
 
     scheme: str
     path: str = ""
@@ -29,11 +31,19 @@ class Address:
         if self.scheme == "unix":
             return f"unix://{self.path}"
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port}"
+        return f"{self.scheme}://{host}:{self.port}"
 
     @property
     def is_unix(self) -> bool:
         return self.scheme == "unix"
+
+    @property
+    def is_tls(self) -> bool:
+        return self.scheme == "tls"
+
+    def with_scheme(self, scheme: str) -> Address:
+        """The same endpoint, plain (``tcp``) or under TLS (``tls``)."""
+        return Address(scheme, self.path, self.host, self.port)
 
     @property
     def is_loopback(self) -> bool:
@@ -67,8 +77,8 @@ def unix_address(path: Path) -> Address:
 
 
 def parse_address(text: str) -> Address:
-    """``unix://PATH`` or ``tcp://HOST:PORT`` (IPv6 hosts in brackets); InvalidInput for
-    anything else, a host no resolver could take included."""
+    """``unix://PATH``, ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` (IPv6 hosts in
+    brackets); InvalidInput for anything else, a host no resolver could take included."""
     if not is_text(text):
         raise InvalidInput(f"address {text!r} is not UTF-8 text")
     if text.startswith("unix://"):
@@ -76,17 +86,18 @@ def parse_address(text: str) -> Address:
         if not rest:
             raise InvalidInput(f"address {text!r} names no socket path")
         return unix_address(Path(rest))
-    if not text.startswith("tcp://"):
-        raise InvalidInput(f"address {text!r} must start with unix:// or tcp://")
+    scheme = text.split("://", 1)[0]
+    if "://" not in text or scheme not in ("tcp", "tls"):
+        raise InvalidInput(f"address {text!r} must start with unix://, tcp:// or tls://")
     try:
         parts = urlsplit(text)
         host, port = parts.hostname, parts.port
     except ValueError as e:
         raise InvalidInput(f"address {text!r} is malformed: {e}") from e
     if not host or port is None or parts.path or parts.query or parts.username:
-        raise InvalidInput(f"address {text!r} must be tcp://HOST:PORT")
+        raise InvalidInput(f"address {text!r} must be {scheme}://HOST:PORT")
     try:
         host.encode("idna")  # what the resolver is handed: a label over 63 octets fails here
     except UnicodeError as e:
         raise InvalidInput(f"address {text!r}: host {host!r} is not a valid name ({e})") from e
-    return Address("tcp", host=host, port=port)
+    return Address(scheme, host=host, port=port)

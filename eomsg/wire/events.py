@@ -672,8 +672,9 @@ def _names(value: object, what: str, limit: int = MAX_TARGETS) -> tuple[str, ...
 class LinkHello(Event):
     """A node dialling a linked peer: who it is (``node``, and ``incarnation``: its data
     directory's identity, so a peer notices a node rebuilt from nothing), the token the
-    peer gave it, and how far it has taken the peer's messages (``read``, as of the peer's
-    incarnation ``peer_incarnation``; "" if never)."""
+    peer gave it, how far it has taken the peer's messages (``read``, as of the peer's
+    incarnation ``peer_incarnation``; "" if never), and a ``nonce`` the peer's welcome
+    answers with a proof that it knows the token."""
 
     TYPE: ClassVar[int] = 21
     version: int
@@ -683,6 +684,7 @@ class LinkHello(Event):
     peer_incarnation: str
     read: int
     max_frame: int
+    nonce: str
 
     def to_wire(self) -> list[Any]:
         return [
@@ -694,11 +696,14 @@ class LinkHello(Event):
             self.peer_incarnation,
             self.read,
             self.max_frame,
+            self.nonce,
         ]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> LinkHello:
-        _, version, node, inc, token, peer_inc, read, max_frame = _fields(body, 7, "link hello")
+        _, version, node, inc, token, peer_inc, read, max_frame, nonce = _fields(
+            body, 8, "link hello"
+        )
         return cls(
             _int(version, "version"),
             _str(node, "node"),
@@ -707,13 +712,15 @@ class LinkHello(Event):
             _str(peer_inc, "peer incarnation"),
             _int(read, "read"),
             _int(max_frame, "max frame"),
+            _str(nonce, "nonce"),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class LinkWelcome(Event):
     """The dialled node accepts the link: who it is, how far it has taken the dialling
-    node's messages, its frame limit and ping interval."""
+    node's messages, its frame limit and ping interval, and its ``proof`` that it knows
+    the link's token (:func:`eomsg.core.links.link_proof` of the hello's nonce)."""
 
     TYPE: ClassVar[int] = 22
     version: int
@@ -722,6 +729,7 @@ class LinkWelcome(Event):
     read: int
     max_frame: int
     heartbeat: float
+    proof: str
 
     def to_wire(self) -> list[Any]:
         return [
@@ -732,11 +740,12 @@ class LinkWelcome(Event):
             self.read,
             self.max_frame,
             self.heartbeat,
+            self.proof,
         ]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> LinkWelcome:
-        _, version, node, inc, read, max_frame, heartbeat = _fields(body, 6, "link welcome")
+        _, version, node, inc, read, max_frame, heartbeat, proof = _fields(body, 7, "link welcome")
         return cls(
             _int(version, "version"),
             _str(node, "node"),
@@ -744,6 +753,7 @@ class LinkWelcome(Event):
             _int(read, "read"),
             _int(max_frame, "max frame"),
             _num(heartbeat, "heartbeat"),
+            _str(proof, "proof"),
         )
 
 

@@ -1,0 +1,377 @@
+"""TLS on TCP and tokens per link (issue 19, security across machines): real `eomsg serve`
+processes with certificates from a throwaway CA (trustme); clients and linked nodes that
+trust it get through, and everything else is refused with one line — an untrusted or
+misnamed certificate, plain TCP to a TLS port, a missing client certificate, a wrong
+link token, and a node that answers a link without knowing its token."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+import eomsg
+from eomsg.core.links import link_proof
+from eomsg.errors import AuthenticationFailed, InvalidConfig, Unavailable
+from eomsg.wire import events as ev
+from eomsg.wire.protocol import NEED_DATA, Connection, Role
+from eomsg.wire.tls import ClientTls, ServerTls
+from tests.conftest import NodeProcess, eventually
+from tests.test_network import drain
+
+
+class Pki:
+    """A CA, and certificate files made by it (or another CA) in a directory."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.dir = tmp / "pki"
+        self.dir.mkdir(mode=0o700, parents=True)
+        self.ca = trustme.CA()
+        self.ca_file = self.dir / "ca.pem"
+        self.ca.cert_pem.write_to_path(str(self.ca_file))
+
+    def issue(self, name: str, *hosts: str, ca: trustme.CA | None = None) -> tuple[Path, Path]:
+        """A certificate for ``hosts`` (default: loopback) and its key, owner-only."""
+        cert = (ca or self.ca).issue_cert(*(hosts or ("127.0.0.1", "localhost")))
+        cert_file, key_file = self.dir / f"{name}.pem", self.dir / f"{name}.key"
+        cert.cert_chain_pems[0].write_to_path(str(cert_file))
+        for pem in cert.cert_chain_pems[1:]:
+            pem.write_to_path(str(cert_file), append=True)
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(cert.private_key_pem.bytes())
+        return cert_file, key_file
+
+
+@pytest.fixture
+def pki(tmp_path: Path) -> Pki:
+    return Pki(tmp_path)
+
+
+class Nodes:
+    def __init__(self, eomsg_bin: str, tmp: Path, env: dict[str, str]) -> None:
+        self.eomsg_bin, self.tmp, self.env = eomsg_bin, tmp, env
+        self.procs: list[NodeProcess] = []
+
+    def start(self, name: str, *args: str) -> NodeProcess:
+        proc = NodeProcess(
+            self.eomsg_bin, self.tmp / name, self.env, "--node-name", name, "--heartbeat", "1",
+            *args,
+        ).start()  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def run(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> Run:
+        done = subprocess.run(
+            [self.eomsg_bin, *args], env={**self.env, **(env or {})}, capture_output=True,
+            text=True, timeout=120, check=False,
+        )  # fmt: skip
+        assert done.returncode == code, (done.stdout, done.stderr)
+        return done
+
+
+Run = subprocess.CompletedProcess[str]
+
+
+@pytest.fixture
+def nodes(eomsg_bin: str, tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Nodes]:
+    made = Nodes(eomsg_bin, tmp_path, cli_env)
+    yield made
+    for proc in made.procs:
+        proc.kill()
+
+
+def tls_args(pki: Pki, name: str, *more: str) -> tuple[str, ...]:
+    cert, key = pki.issue(name)
+    return ("--tls-cert", str(cert), "--tls-key", str(key), *more)
+
+
+# -- contexts ----------------------------------------------------------------------------
+
+
+def test_files_that_cannot_be_used_are_said_in_one_line(pki: Pki, tmp_path: Path) -> None:
+    cert, key = pki.issue("n")
+    with pytest.raises(InvalidConfig, match=r"^--tls-cert .*/nope.pem: no such file$"):
+        ServerTls(tmp_path / "nope.pem", key).context()
+    with pytest.raises(InvalidConfig, match="not a PEM certificate chain and its private key"):
+        ServerTls(key, cert).context()
+    with pytest.raises(InvalidConfig, match=r"--tls-client-ca .*: not PEM certificates"):
+        ServerTls(cert, key, key).context()
+    with pytest.raises(InvalidConfig, match="the peer's CA is not PEM certificates"):
+        ClientTls(ca_pem="not a certificate").context()
+    with pytest.raises(InvalidConfig, match="without its certificate"):
+        ClientTls(key=key).context()
+    ServerTls(cert, key, pki.ca_file).context()
+    ClientTls(pki.ca_file, cert, key).context()
+
+
+# -- clients -----------------------------------------------------------------------------
+
+
+def test_a_tls_node_serves_clients_that_trust_it(nodes: Nodes, pki: Pki) -> None:
+    node = nodes.start("a", *tls_args(pki, "a"))
+    assert node.tcp.startswith("tls://127.0.0.1:")
+    with eomsg.connect(node.tcp, token=node.token, tls=ClientTls(pki.ca_file)) as client:
+        client.create_queue(eomsg.QueueConfig.create("q", ["t/>"]))
+        assert client.publish("t/1", b"over tls").seq == 1
+    # The command line: --tls-ca (or env EOMSG_TLS_CA) beside --broker and --token.
+    where = ("--broker", node.tcp, "--token", node.token)
+    nodes.run("publish", "t/2", "two", *where, "--tls-ca", str(pki.ca_file))
+    nodes.run("publish", "t/3", "three", *where, env={"EOMSG_TLS_CA": str(pki.ca_file)})
+    out = nodes.run("consume", "q", "--max", "3", "--json", *where, "--tls-ca", str(pki.ca_file))
+    assert [json.loads(line)["payload"] for line in out.stdout.splitlines()] == [
+        "over tls", "two", "three",
+    ]  # fmt: skip
+
+
+def test_what_does_not_trust_the_node_is_refused_in_one_line(nodes: Nodes, pki: Pki) -> None:
+    node = nodes.start("a", *tls_args(pki, "a"))
+    port = node.tcp.rsplit(":", 1)[1]
+    # No CA given: the system's CAs do not know this one.
+    with pytest.raises(AuthenticationFailed, match="its certificate is not trusted here"):
+        eomsg.connect(node.tcp, token=node.token, timeout=10)
+    # The CA, but a certificate that does not name the host dialled.
+    cert, key = pki.issue("elsewhere", "elsewhere.example")
+    misnamed = nodes.start("m", "--tls-cert", str(cert), "--tls-key", str(key))
+    with pytest.raises(AuthenticationFailed, match=r"not trusted here .*mismatch"):
+        eomsg.connect(misnamed.tcp, token=misnamed.token, tls=ClientTls(pki.ca_file))
+    # Another CA.
+    other = Pki(nodes.tmp / "other")
+    with pytest.raises(AuthenticationFailed, match="not trusted"):
+        eomsg.connect(node.tcp, token=node.token, tls=ClientTls(other.ca_file))
+    # Plain TCP to the TLS port: the node takes no frame from it.
+    with pytest.raises(Unavailable) as plain:
+        eomsg.connect(f"tcp://127.0.0.1:{port}", token=node.token, timeout=5)
+    assert str(plain.value) == (
+        f"the node at tcp://127.0.0.1:{port} closed the connection before the handshake (if "
+        "it serves TLS, use tls://)"
+    )
+    # TLS settings for an address that is not tls://.
+    with pytest.raises(InvalidConfig, match="is not a tls:// address"):
+        eomsg.connect(f"tcp://127.0.0.1:{port}", token=node.token, tls=ClientTls(pki.ca_file))
+    done = nodes.run("publish", "t", "x", "--broker", node.tcp, "--token", node.token, code=10)
+    assert done.stderr.startswith("Error: the node at tls://127.0.0.1:")
+    assert "its certificate is not trusted here" in done.stderr
+    assert done.stderr.count("\n") == 1
+    # The node carries on.
+    with eomsg.connect(node.tcp, token=node.token, tls=ClientTls(pki.ca_file)) as client:
+        assert client.publish("t", b"still serving").seq == 1
+
+
+def test_client_certificates_when_the_node_asks_for_them(nodes: Nodes, pki: Pki) -> None:
+    node = nodes.start("a", *tls_args(pki, "a", "--tls-client-ca", str(pki.ca_file)))
+    cert, key = pki.issue("client")
+    with eomsg.connect(node.tcp, token=node.token, tls=ClientTls(pki.ca_file, cert, key)) as c:
+        assert c.publish("t", b"with a certificate").seq == 1
+    env = {"EOMSG_TLS_CA": str(pki.ca_file), "EOMSG_TLS_CERT": str(cert), "EOMSG_TLS_KEY": str(key)}
+    nodes.run("publish", "t", "x", "--broker", node.tcp, "--token", node.token, env=env)
+    early = (
+        f"the node at {node.tcp} closed the connection before the handshake (if it asks for a "
+        "client certificate, give one its CA signed: env EOMSG_TLS_CERT and EOMSG_TLS_KEY)"
+    )
+    with pytest.raises(Unavailable) as none:  # no certificate
+        eomsg.connect(node.tcp, token=node.token, tls=ClientTls(pki.ca_file))
+    assert str(none.value) == early
+    other = Pki(nodes.tmp / "other")
+    ocert, okey = other.issue("client")
+    with pytest.raises(Unavailable) as other_ca:  # one another CA signed
+        eomsg.connect(node.tcp, token=node.token, tls=ClientTls(pki.ca_file, ocert, okey))
+    assert str(other_ca.value) == early
+    with eomsg.connect(node.data_dir) as client:  # the Unix socket is the owner's: no TLS
+        assert client.publish("t", b"local").seq == 3
+
+
+def test_serve_checks_its_tls_options_before_taking_the_directory(
+    nodes: Nodes, pki: Pki, tmp_path: Path
+) -> None:
+    cert, key = pki.issue("a")
+    d = str(tmp_path / "d")
+    done = nodes.run("serve", "--data", d, "--listen", "tls://127.0.0.1:0", code=3)
+    assert done.stderr == (
+        "Error: --listen tls://127.0.0.1:0: TLS needs the node's certificate (use --tls-cert "
+        "and --tls-key)\n"
+    )
+    done = nodes.run("serve", "--data", d, "--tls-cert", str(cert), code=2)
+    assert done.stderr == "Error: TLS needs both --tls-cert and --tls-key\n"
+    key.chmod(0o644)
+    done = nodes.run("serve", "--data", d, "--tls-cert", str(cert), "--tls-key", str(key), code=2)
+    assert "is open to other users: make it owner-only" in done.stderr
+    key.chmod(0o600)
+    done = nodes.run("serve", "--data", d, "--tls-cert", str(key), "--tls-key", str(key), code=3)
+    assert "not a PEM certificate chain" in done.stderr
+    assert not (tmp_path / "d").exists()
+
+
+# -- links -------------------------------------------------------------------------------
+
+
+def test_a_link_over_tls_with_a_token_of_its_own(nodes: Nodes, pki: Pki, tmp_path: Path) -> None:
+    """b accepts a with a token made for that link alone; both ask for client
+    certificates; a dials b over TLS, checking b's certificate against the CA."""
+    client_ca = ("--tls-client-ca", str(pki.ca_file))
+    a = nodes.start("a", *tls_args(pki, "a", *client_ca))
+    b = nodes.start("b", *tls_args(pki, "b", *client_ca))
+    token = tmp_path / "a-b.token"
+    made = nodes.run("link", "add", "a", "--token-file", str(token), "--data", str(b.data_dir))
+    assert made.stdout == (
+        f"linked to a\na dials this node with the token now in {token} (give it a copy)\n"
+    )
+    assert oct(token.stat().st_mode & 0o777) == "0o600"
+    assert token.read_text().strip() != b.token
+    nodes.run(
+        "link", "add", "b", b.tcp, "--token-file", str(token), "--peer-ca", str(pki.ca_file),
+        "--data", str(a.data_dir),
+    )  # fmt: skip
+    nodes.run("queue", "create", "audit", "--subscribe", "orders/>", "--data", str(b.data_dir))
+
+    def reaches() -> bool:
+        shown = nodes.run("inspect", "links", "--json", "--data", str(a.data_dir)).stdout
+        links = json.loads(shown)
+        return [(x["peer"], x["state"], x["reaches"]) for x in links] == [("b", "up", ["b"])]
+
+    assert eventually(reaches)
+    for i in range(20):
+        nodes.run("publish", f"orders/{i}", f"m{i}", "--data", str(a.data_dir))
+    with eomsg.connect(b.data_dir) as client:
+        assert drain(client, "audit", 20) == [f"m{i}".encode() for i in range(20)]
+    # The link's token is no client token: b's clients need b's own.
+    tls = ClientTls(pki.ca_file, *pki.issue("client"))
+    with pytest.raises(AuthenticationFailed, match="wrong or missing token"):
+        eomsg.connect(b.tcp, token=token.read_text().strip(), tls=tls)
+    with eomsg.connect(b.tcp, token=b.token, tls=tls) as client:
+        assert [q.name for q in client.stats()] == ["audit"]
+    # Idempotent with the same token file; the file is reused, never replaced.
+    again = nodes.run("link", "add", "a", "--token-file", str(token), "--data", str(b.data_dir))
+    assert again.stdout == "exists: link to a\n"
+
+
+def test_a_link_token_is_for_its_peer_alone(nodes: Nodes, pki: Pki, tmp_path: Path) -> None:
+    """c holds the token b made for a: presenting it as c is refused, and b learns of
+    no link to c."""
+    b = nodes.start("b")
+    c = nodes.start("c")
+    token = tmp_path / "a-b.token"
+    nodes.run("link", "add", "a", "--token-file", str(token), "--data", str(b.data_dir))
+    nodes.run("link", "add", "b", b.tcp, "--token-file", str(token), "--data", str(c.data_dir))
+
+    def refused() -> bool:
+        (link,) = json.loads(nodes.run("link", "list", "--json", "--data", str(c.data_dir)).stdout)
+        return (link["error"] or "").startswith("refused: wrong or missing token for a link")
+
+    assert eventually(refused)
+    peers = json.loads(nodes.run("link", "list", "--json", "--data", str(b.data_dir)).stdout)
+    assert [(x["peer"], x["state"]) for x in peers] == [("a", "down")]
+
+
+def test_a_link_to_a_node_that_does_not_know_its_token_takes_nothing(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    """Something listening where b should be answers the hello as b, without knowing the
+    link's token: a does not start the link, so nothing it owes is taken as held."""
+    a = nodes.start("a")
+    fake = FakeNode("b")
+    try:
+        token = tmp_path / "t"
+        token.write_text("the-token\n")
+        token.chmod(0o600)
+        nodes.run("queue", "create", "q", "--subscribe", "x", "--data", str(a.data_dir))
+        nodes.run("link", "add", "b", fake.address, "--token-file", str(token), "--data",
+                  str(a.data_dir))  # fmt: skip
+
+        def refused() -> bool:
+            shown = nodes.run("link", "list", "--json", "--data", str(a.data_dir)).stdout
+            (link,) = json.loads(shown)
+            return link["error"] == (
+                "refused: it does not know the link's token: it is not the peer (check the address)"
+            )
+
+        assert eventually(refused)
+        assert fake.hellos and fake.hellos[0].token == "the-token"
+        assert not fake.after_welcome  # a sent nothing past its hello
+    finally:
+        fake.close()
+
+
+class FakeNode:
+    """A TCP listener that answers a link hello as node ``name`` with a proof made with
+    the wrong key, and records what it hears."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.hellos: list[ev.LinkHello] = []
+        self.after_welcome: list[ev.Event] = []
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.sock.settimeout(0.2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                self._talk(conn)
+
+    def _talk(self, conn: socket.socket) -> None:
+        proto = Connection(Role.SERVER)
+        conn.settimeout(0.5)
+        welcomed = False
+        while not self._stop.is_set():
+            try:
+                data = conn.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            proto.receive_data(data)
+            if not data:
+                return
+            while (event := proto.next_event()) is not NEED_DATA:
+                if isinstance(event, ev.LinkHello) and not welcomed:
+                    self.hellos.append(event)
+                    proof = link_proof("00" * 32, event.nonce, event.node, self.name)
+                    welcome = ev.LinkWelcome(
+                        ev.LINK_VERSION, self.name, "fake", 0, 1 << 22, 1.0, proof
+                    )
+                    conn.sendall(proto.send(welcome))
+                    welcomed = True
+                elif isinstance(event, ev.Event) and not isinstance(event, ev.Goodbye):
+                    self.after_welcome.append(event)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_link_add_says_what_is_wrong_in_one_line(nodes: Nodes, pki: Pki, tmp_path: Path) -> None:
+    a = nodes.start("a")
+    d = ("--data", str(a.data_dir))
+    token = tmp_path / "t"
+    token.write_text("x\n")
+    token.chmod(0o600)
+    done = nodes.run("link", "add", "b", "tls://127.0.0.1:1", "--token-file", str(token),
+                     "--peer-ca", str(token), *d, code=3)  # fmt: skip
+    assert done.stderr.startswith("Error: the peer's CA is not PEM certificates")
+    done = nodes.run("link", "add", "b", "tcp://127.0.0.1:1", "--token-file", str(token),
+                     "--peer-ca", str(pki.ca_file), *d, code=2)  # fmt: skip
+    assert done.stderr == "Error: --peer-ca is for a tls:// address, not tcp://127.0.0.1:1\n"
+    done = nodes.run("link", "add", "b", "--peer-ca", str(pki.ca_file), *d, code=2)
+    assert done.stderr == (
+        "Error: --peer-ca is for the side that dials: give the other node's ADDRESS\n"
+    )
+    token.chmod(0o644)
+    done = nodes.run("link", "add", "b", "--token-file", str(token), *d, code=2)
+    assert "is open to other users" in done.stderr
+    assert json.loads(nodes.run("link", "list", "--json", *d).stdout) == []
