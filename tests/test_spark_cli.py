@@ -19,7 +19,8 @@ import pytest
 
 from eomsg.core.message import Outgoing
 from eomsg.node.node import Node, NodeSettings
-from tests.conftest import spark_or_skip, wait_stopped
+from tests.conftest import NodeProcess, spark_or_skip, wait_stopped
+from tests.test_tls import Pki
 
 N = 2000
 
@@ -447,3 +448,40 @@ def test_a_replay_waits_for_a_directory_another_command_lends_for_looking(
         holder.wait(60)
     out, err = run.communicate(timeout=300)
     assert (run.returncode, json.loads(out or "{}").get("rows")) == (0, N), err
+
+
+def test_a_replay_reads_another_nodes_log_over_tls(
+    eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
+) -> None:
+    """From a machine that holds no data directory: the log of a node reached at
+    tls://, with its token and CA, read by Spark's tasks through that node; the job is
+    recorded there, so a second run is skipped."""
+    pki = Pki(tmp_path)
+    cert, key = pki.issue("node")
+    node = NodeProcess(eomsg_bin, filled, cli_env, "--tls-cert", str(cert), "--tls-key", str(key))
+    node.start()
+    try:
+        here = tmp_path / "elsewhere"
+        here.mkdir()
+        env = {**cli_env, "EOMSG_DATA": str(here / "no-data"), "EOMSG_INIT": "0"}
+        out = here / "out"
+        args = (
+            "--broker", node.tcp, "--token", node.token, "--tls-ca", str(pki.ca_file),
+            "--topic", "orders/1", "--sink", f"parquet:{out}", "--job-id", "remote",
+        )  # fmt: skip
+        r = replay(eomsg_bin, env, *args, cwd=here)
+        assert (r.returncode, r.stdout) == (
+            0, f"replayed {N // 2} rows into parquet:{out} (job remote)\n"
+        ), r.stderr  # fmt: skip
+        assert sorted(pq.read_table(out).column("seq").to_pylist()) == list(range(2, N + 1, 2))
+        r = replay(eomsg_bin, env, *args, cwd=here)
+        assert (r.returncode, r.stdout) == (
+            0, f"job remote is already done ({N // 2} rows): nothing to do (use --force to run it "
+            "again)\n",
+        ), r.stderr  # fmt: skip
+        r = replay(eomsg_bin, env, *args[:4], *args[6:], cwd=here)  # no --tls-ca
+        assert r.returncode == 10
+        assert "its certificate is not trusted here" in r.stderr
+        assert not (here / "no-data").exists()
+    finally:
+        node.kill()

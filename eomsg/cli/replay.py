@@ -16,6 +16,7 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     SEQ_MAX,
     DataOption,
+    Globals,
     JsonOption,
     handles_errors,
     open_broker,
@@ -126,7 +127,10 @@ def spark_replay(
     # Waits its turn, as each step of the run does, if a command holds the directory.
     try:
         p = on_store(
-            lambda: open_broker(data), lambda broker: plan(spec, broker, data=data, force=force)
+            lambda: open_broker(data),
+            lambda broker: plan(
+                spec, broker, data=data, force=force, token=Globals.token, tls_ca=Globals.tls_ca
+            ),
         )
     except BaseException as e:
         if isinstance(e, KeyboardInterrupt) or _signalled.is_set():

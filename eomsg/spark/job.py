@@ -93,8 +93,9 @@ class ReplayPlan:
     staging: Path
     previous: JobRecord | None = None
     committed: tuple[int, str] | None = field(default=None)
-    data: Path = Path()  # the log's data directory, and the token of its node: for
-    token: str | None = None  # the route, decided again when the run starts
+    data: Path = Path()  # the log's data directory, and the token and TLS CA of its
+    token: str | None = None  # node: for the route, decided again when the run starts
+    tls_ca: str | None = None
 
     def lines(self) -> list[str]:
         """The plan for people (``--dry-run``)."""
@@ -156,12 +157,13 @@ class ReplayResult:
         return {"job_id": self.job_id, "status": self.status, "rows": self.rows}
 
 
-def _route(node: Broker, data: Path, token: str | None) -> Route:
+def _route(node: Broker, data: Path, token: str | None, tls_ca: str | None) -> Route:
     """How Spark's executors read the log: from the store file when the node was
-    embedded here (it is closed by then), else through the running node."""
+    embedded here (it is closed by then), else through the running node — wherever it
+    is, with the token and TLS CA this command was given."""
     if node.embedded:
         return Route(data=str(data.resolve()))
-    return Route(broker=node.address, token=token)
+    return Route(broker=node.address, token=token, tls_ca=tls_ca)
 
 
 def plan(
@@ -171,6 +173,7 @@ def plan(
     data: Path,
     force: bool = False,
     token: str | None = None,
+    tls_ca: str | None = None,
     now: float | None = None,
 ) -> ReplayPlan:
     """Decide what running ``spec`` does, reading the log's store through ``node`` and
@@ -223,7 +226,7 @@ def plan(
         lo,
         hi,
         split(lo, hi, count),
-        _route(node, data, token),
+        _route(node, data, token, tls_ca),
         sink,
         transform,
         sink.staging(job_id, data.resolve() if node.embedded or data.is_dir() else Path.cwd()),
@@ -231,6 +234,7 @@ def plan(
         committed,
         data,
         token,
+        tls_ca,
     )
 
 
@@ -307,7 +311,7 @@ def execute(
 
     def begin(node: Broker) -> Route:
         node.record_replay(record, JobEvent.START)
-        return _route(node, p.data, p.token)
+        return _route(node, p.data, p.token, p.tls_ca)
 
     # The route as the run finds the log: planned through a command that lent the
     # directory for looking, it is read from the file or a node once that is gone.
@@ -396,6 +400,7 @@ def _run_spark(p: ReplayPlan, spark: Any, report: Report) -> Staged:
         "data": p.route.data,
         "broker": p.route.broker,
         "token": p.route.token,
+        "tlsCa": p.route.tls_ca,
         "topic": ",".join(sel.patterns),
         "fromSeq": max(p.lo, 1),
         "toSeq": p.hi - 1,

@@ -11,7 +11,8 @@ node serving ``data``), which answers with Arrow batches over the wire — the w
 executors on other hosts. Below the last committed seq the log never changes, so a task
 read again gives the same rows: with a sink idempotent per batch, exactly once.
 
-Options: ``data`` or ``broker`` (and ``token`` for TCP, else env EOMSG_TOKEN); ``topic``
+Options: ``data`` or ``broker`` (and ``token`` for TCP, else env EOMSG_TOKEN; ``tlsCa``
+for ``tls://``, else env EOMSG_TLS_CA or the system's CAs); ``topic``
 (patterns, comma-separated) or ``queue`` (its subscriptions); ``fromSeq``, ``toSeq``
 (inclusive); ``since``, ``until`` (ISO time, or a duration ago); ``partitions`` or
 ``rowsPerPartition`` (default 100000 seqs). Streaming only: ``startingSeq`` (``earliest``,
@@ -48,6 +49,7 @@ from eomsg.core.replay import Selection, check_retained, parse_time, split
 from eomsg.errors import InvalidInput, Unavailable
 from eomsg.store.logread import LOG_SCHEMA, FileLog
 from eomsg.wire.address import socket_path
+from eomsg.wire.tls import ClientTls
 
 NAME = "eomsg"
 SCHEMA = (
@@ -112,13 +114,20 @@ class Route:
     data: str | None = None
     broker: str | None = None
     token: str | None = None
+    tls_ca: str | None = None
 
     @classmethod
-    def choose(cls, data: str | None, broker: str | None, token: str | None) -> Route:
+    def choose(
+        cls, data: str | None, broker: str | None, token: str | None, tls_ca: str | None = None
+    ) -> Route:
         """The node at ``broker``; else the node serving ``data`` if one answers; else
         ``data``'s file."""
         if broker:
-            return cls(broker=broker, token=token or os.environ.get("EOMSG_TOKEN"))
+            return cls(
+                broker=broker,
+                token=token or os.environ.get("EOMSG_TOKEN"),
+                tls_ca=tls_ca or os.environ.get("EOMSG_TLS_CA"),
+            )
         if not data:
             raise InvalidInput("the eomsg source needs option data (a directory) or broker")
         if socket_path(Path(data)).exists():
@@ -129,7 +138,8 @@ class Route:
     @contextlib.contextmanager
     def open(self) -> Iterator[LogAccess]:
         if self.broker is not None:
-            with connect(self.broker, token=self.token, name="eomsg-spark") as client:
+            tls = ClientTls.from_env(self.tls_ca) if self.broker.startswith("tls://") else None
+            with connect(self.broker, token=self.token, name="eomsg-spark", tls=tls) as client:
                 yield _NodeAccess(client)
         else:
             assert self.data is not None
@@ -180,7 +190,9 @@ class SourceOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        route = Route.choose(options.get("data"), options.get("broker"), options.get("token"))
+        route = Route.choose(
+            options.get("data"), options.get("broker"), options.get("token"), options.get("tlsCa")
+        )
         topic, queue = options.get("topic"), options.get("queue")
         if topic and queue:
             raise InvalidInput("give option topic or queue, not both")
