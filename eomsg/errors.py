@@ -348,6 +348,13 @@ class AuthenticationFailed(EomsgError):
     exit_code = ExitCode.AUTH
 
 
+class NotAllowed(EomsgError):
+    """The client's rights do not reach this operation on this node."""
+
+    code = "not_allowed"
+    exit_code = ExitCode.AUTH
+
+
 class Unavailable(EomsgError):
     """No node answers at the address, or the connection to it was lost.
 

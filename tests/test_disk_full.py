@@ -84,10 +84,18 @@ def cli(eomsg_bin: str, env: dict[str, str], *args: str) -> subprocess.Completed
     return subprocess.run([eomsg_bin, *args], env=env, capture_output=True, text=True, timeout=60)
 
 
-def wait_until(predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+def wait_until(
+    predicate: Callable[[], bool], what: str, timeout: float = 60, node: NodeProcess | None = None
+) -> None:
+    """Until ``predicate()`` holds; on timeout, fail with what ``node`` said on stderr."""
     deadline = time.monotonic() + timeout
     while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() > deadline:
+            said = ""
+            if node is not None and node.proc is not None and node.proc.stderr is not None:
+                node.kill()
+                said = node.proc.stderr.read()[-3000:]
+            raise AssertionError(f"timed out waiting for {what}; the node said: {said}")
         time.sleep(0.05)
 
 
@@ -189,7 +197,7 @@ def test_a_full_disk_fails_the_write_whole_and_the_node_reopens_itself(
         assert refused.returncode == ExitCode.STORAGE, refused.stderr
         assert refused.stderr.startswith("Error: ") and "store" in refused.stderr
         disk.empty()
-        wait_until(lambda: serving(data), "the node to reopen itself")
+        wait_until(lambda: serving(data), "the node to reopen itself", node=node)
         ids = stored_ids(data)
         assert len(ids) == len(set(ids)), "a message was stored twice"
         assert set(outcomes["acked"]) <= set(ids), "an acknowledged message was lost"
@@ -229,7 +237,7 @@ def test_duckdb_finding_no_room_behind_the_journal_keeps_what_was_acknowledged(
         outcomes = publish_until_refused(data, lambda i: os.urandom(4096))
         assert len(outcomes["acked"]) * 4096 > 12 * MiB  # it got to the WAL's bound
         disk.empty()
-        wait_until(lambda: serving(data), "the node to reopen itself")
+        wait_until(lambda: serving(data), "the node to reopen itself", node=node)
         ids = set(stored_ids(data))
         assert set(outcomes["acked"]) <= ids
         assert not set(outcomes["failed"]) & ids

@@ -42,7 +42,7 @@ def test_command_has_help_and_docs(name: str, command: Any) -> None:
             assert param.help, f"eomsg {name} {param.name} has no help text"
 
 
-GLOBAL = {"--data", "--json", "--broker", "--token", "--tls-ca", "--init", "--help"}
+GLOBAL = {"--data", "--json", "--broker", "--token", "--tls-ca", "--via", "--init", "--help"}
 
 
 def section(name: str) -> str:

@@ -54,6 +54,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         True,
     ),
     "remove_link": ({"peer": "b"}, 3),
+    "locate_queue": ({"name": "billing"}, "b"),
     "link_info": (
         {},
         [

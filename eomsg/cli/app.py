@@ -13,7 +13,14 @@ from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
 from eomsg.cli.recover import recover
 from eomsg.cli.replay import spark_replay
-from eomsg.cli.root import BROKER_HELP, INIT_HELP, TLS_CA_HELP, TOKEN_HELP, EomsgGroup
+from eomsg.cli.root import (
+    BROKER_HELP,
+    INIT_HELP,
+    TLS_CA_HELP,
+    TOKEN_HELP,
+    VIA_HELP,
+    EomsgGroup,
+)
 from eomsg.cli.serve import serve
 from eomsg.cli.storage import compact, salvage
 from eomsg.cli.top import top
@@ -73,6 +80,10 @@ def root(
         str | None,
         typer.Option("--tls-ca", envvar="EOMSG_TLS_CA", metavar="FILE", help=TLS_CA_HELP),
     ] = None,
+    via: Annotated[
+        str | None,
+        typer.Option("--via", envvar="EOMSG_VIA", metavar="NODE", help=VIA_HELP),
+    ] = None,
     init: Annotated[bool, typer.Option("--init", envvar="EOMSG_INIT", help=INIT_HELP)] = False,
     json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")] = False,
 ) -> None:
@@ -81,7 +92,7 @@ def root(
     The options above may also follow the command's name (eomsg queue list --data d);
     given in both places, the one after the name counts."""
     Globals.broker, Globals.token, Globals.init = broker, token, init
-    Globals.tls_ca = tls_ca
+    Globals.tls_ca, Globals.via = tls_ca, via
 
 
 def main() -> None:

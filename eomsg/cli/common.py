@@ -125,12 +125,14 @@ class Globals:
     """What the global options without a parameter of their own said — before the
     command's name or after it (after wins): where the node is (``--broker``, env
     EOMSG_BROKER), its token for TCP (``--token``, env EOMSG_TOKEN), the CA for TLS
-    (``--tls-ca``, env EOMSG_TLS_CA), and whether a
+    (``--tls-ca``, env EOMSG_TLS_CA), the node to reach through it (``--via``, env
+    EOMSG_VIA), and whether a
     missing data directory may be created (``--init``)."""
 
     broker: str | None = None
     token: str | None = None
     tls_ca: str | None = None
+    via: str | None = None
     init: bool = False
     command: str | None = None  # the command running ("eomsg queue purge")
 
@@ -143,10 +145,20 @@ def open_broker(data: Path) -> Iterator[Broker]:
     (a mistyped --data is an error, not a new directory). A named broker that does not
     answer is an error, never a reason to fall back."""
     name = f"eomsg-cli:{os.getpid()}"
+    via = Globals.via
     if Globals.broker is not None:
         tls = ClientTls.from_env(Globals.tls_ca) if Globals.broker.startswith("tls://") else None
-        with connect(Globals.broker, token=Globals.token, name=name, tls=tls) as named:
+        with connect(Globals.broker, token=Globals.token, name=name, tls=tls, via=via) as named:
             yield named
+        return
+    if via is not None:  # only a node reaches other nodes: no falling back
+        if not socket_path(data).exists():
+            raise Unavailable(
+                f"--via {via} goes through a running node, and none serves {data} "
+                "(start `eomsg serve`, or name one with --broker)"
+            )
+        with connect(data, token=Globals.token, name=name, via=via) as through:
+            yield through
         return
     client: Client | None = None
     if socket_path(data).exists():

@@ -27,6 +27,10 @@ TLS_CA_HELP = (
     "EOMSG_TLS_KEY."
 )
 TOKEN_HELP = "The node's token, for TCP (env EOMSG_TOKEN; it is in DIR/eomsg.token)."
+VIA_HELP = (
+    "Talk to NODE, another node of the network, through the node reached (env EOMSG_VIA): "
+    "the node that holds the queue to consume or look at."
+)
 INIT_HELP = (
     "Create the data directory if it does not exist (env EOMSG_INIT=1); without it only "
     "`eomsg serve` does, so a mistyped --data is an error, not a new directory."
@@ -34,7 +38,7 @@ INIT_HELP = (
 # Commands that work on the data directory itself, never through a node (serve creates
 # it; compact and salvage need one that exists).
 OFFLINE = {"serve", "compact", "salvage"}
-CLIENT_GLOBALS = ("broker", "token", "tls_ca", "init")  # what every other command takes
+CLIENT_GLOBALS = ("broker", "token", "tls_ca", "via", "init")  # what every other command takes
 
 
 def _set(attribute: str) -> Any:

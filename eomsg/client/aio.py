@@ -141,7 +141,12 @@ class AsyncClient(Operations):
     # -- connecting ----------------------------------------------------------------------
 
     async def _open(
-        self, name: str, token: str | None, timeout: float, tls: ClientTls | None
+        self,
+        name: str,
+        token: str | None,
+        timeout: float,
+        tls: ClientTls | None,
+        via: str | None = None,
     ) -> None:
         address = self.address
         try:
@@ -173,7 +178,7 @@ class AsyncClient(Operations):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token))
+            self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token, via))
         except Unavailable:
             raise self._failed or self._closed_early() from None
         try:
@@ -726,17 +731,25 @@ async def connect_async(
     timeout: float = 10.0,
     window: int = DEFAULT_WINDOW,
     tls: ClientTls | None = None,
+    via: str | None = None,
 ) -> AsyncClient:
     """Connect to the node at ``target``: a data directory, ``unix://PATH``,
     ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` (default: env ``EOMSG_BROKER``, else
     ``./eomsg-data``). TCP needs the node's token (``token=`` or env ``EOMSG_TOKEN``);
     TLS checks the node's certificate against ``tls.ca`` (default
-    :meth:`ClientTls.from_env`: env ``EOMSG_TLS_CA``, else the system's CAs)."""
+    :meth:`ClientTls.from_env`: env ``EOMSG_TLS_CA``, else the system's CAs). ``via``
+    names another node of the network to talk to, through this one: the node that
+    holds the queues to consume (the connection is relayed over the links; that node
+    decides flows and epochs, and admin operations are refused there)."""
     address = resolve(target or os.environ.get("EOMSG_BROKER") or "eomsg-data")
     if tls is not None and not address.is_tls:
         raise InvalidConfig(f"TLS settings are given but {address} is not a tls:// address")
     client = AsyncClient(address, window)
     await client._open(
-        name or f"python:{os.getpid()}", token or os.environ.get("EOMSG_TOKEN"), timeout, tls
+        name or f"python:{os.getpid()}",
+        token or os.environ.get("EOMSG_TOKEN"),
+        timeout,
+        tls,
+        via,
     )
     return client

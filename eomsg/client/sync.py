@@ -55,6 +55,7 @@ class Client(Broker):
         timeout: float = 10.0,
         window: int = DEFAULT_WINDOW,
         tls: ClientTls | None = None,
+        via: str | None = None,
     ) -> None:
         self._loop = _new_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="eomsg-client")
@@ -70,7 +71,13 @@ class Client(Broker):
         try:
             self._ac: AsyncClient = self._run(
                 connect_async(
-                    target, token=token, name=name, timeout=timeout, window=window, tls=tls
+                    target,
+                    token=token,
+                    name=name,
+                    timeout=timeout,
+                    window=window,
+                    tls=tls,
+                    via=via,
                 )
             )
         except BaseException:
@@ -80,6 +87,12 @@ class Client(Broker):
     @property
     def address(self) -> str:
         return str(self._ac.address)
+
+    @property
+    def node(self) -> str:
+        """The name of the node this client talks to (through ``address``'s, with
+        ``via``)."""
+        return self._ac.node
 
     @property
     def embedded(self) -> bool:
@@ -463,10 +476,13 @@ def connect(
     timeout: float = 10.0,
     window: int = DEFAULT_WINDOW,
     tls: ClientTls | None = None,
+    via: str | None = None,
 ) -> Client:
     """Connect to the node at ``target``: a data directory, ``unix://PATH``,
     ``tcp://HOST:PORT`` or ``tls://HOST:PORT`` (default: env ``EOMSG_BROKER``, else
     ``./eomsg-data``). TCP needs the node's token (``token=`` or env ``EOMSG_TOKEN``);
     TLS checks the node's certificate (``tls``, default :meth:`ClientTls.from_env`).
-    Raises Unavailable when no node answers, AuthenticationFailed when TLS fails."""
-    return Client(target, token=token, name=name, timeout=timeout, window=window, tls=tls)
+    ``via``: talk to that node of the network through this one (see
+    :func:`~eomsg.client.aio.connect_async`). Raises Unavailable when no node answers,
+    AuthenticationFailed when TLS fails."""
+    return Client(target, token=token, name=name, timeout=timeout, window=window, tls=tls, via=via)

@@ -62,6 +62,7 @@ class Operation(Generic[P, R]):
     node_args: Mapping[str, Any] = field(default_factory=dict)
     sized_by: str | None = None
     reads_only: bool = False
+    admin: bool = False
 
     @property
     def name(self) -> str:
@@ -111,6 +112,7 @@ def operation(
     node_args: Mapping[str, Any] | None = None,
     sized_by: str | None = None,
     reads_only: bool = False,
+    admin: bool = False,
 ) -> Callable[[Callable[P, R]], Operation[P, R]]:
     """Declare an operation from a signature.
 
@@ -120,10 +122,12 @@ def operation(
     from the connection. ``node_args``: arguments the node's method gets on every call.
     ``sized_by``: the argument that bounds the answer's size (None: as much as one
     answer may carry), which the server caps at what one frame carries. ``reads_only``:
-    it changes nothing (a data directory lent for looking serves only these)."""
+    it changes nothing (a data directory lent for looking serves only these). ``admin``:
+    it changes how the node is set up (queues, links, settings, flows), which a client
+    that reached the node through a link from another node may not do."""
 
     def declare(signature: Callable[P, R]) -> Operation[P, R]:
-        return Operation(signature, caller, dict(node_args or {}), sized_by, reads_only)
+        return Operation(signature, caller, dict(node_args or {}), sized_by, reads_only, admin)
 
     return declare
 
@@ -139,35 +143,35 @@ class Operations(Protocol):
 
     # -- queues -----------------------------------------------------------------------
 
-    @operation()
+    @operation(admin=True)
     def create_queue(config: QueueConfig) -> bool:
         """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
         False if it exists with the same settings; QueueExists if with others."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def delete_queue(name: str, *, force: bool = False) -> int:
         """Delete a queue and its records; how many messages it still held.
         QueueNotEmpty unless ``force``; QueueNotFound."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def subscribe(name: str, pattern: str) -> bool:
         """Route topics matching ``pattern`` into the queue from now on; False if it
         was subscribed already. InvalidPattern, QueueNotFound."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def unsubscribe(name: str, pattern: str) -> bool:
         """Stop routing ``pattern`` to the queue; False if it was not subscribed."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def purge(name: str) -> int:
         """Settle every message in the queue as purged; how many. QueueNotFound."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def requeue(
         name: str, to: str | None = None, max_messages: int | None = None
     ) -> tuple[int, str]:
@@ -202,7 +206,7 @@ class Operations(Protocol):
 
     # -- links ------------------------------------------------------------------------
 
-    @operation()
+    @operation(admin=True)
     def add_link(
         peer: str,
         address: str | None = None,
@@ -217,7 +221,7 @@ class Operations(Protocol):
         Idempotent: False if the same link exists; InvalidConfig if with others."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def remove_link(peer: str) -> int:
         """Remove the link to ``peer``: how many messages it still owed the peer
         (forgotten). LinkNotFound."""
@@ -228,6 +232,12 @@ class Operations(Protocol):
         """Every link: its state, what it owes and has taken, the nodes it reaches."""
         raise Declaration
 
+    @operation(reads_only=True)
+    def locate_queue(name: str) -> str | None:
+        """The node that holds queue ``name``: this one, a linked node (the nearest, if
+        several announce it), or None if no node is known to."""
+        raise Declaration
+
     # -- flows (seed 002) ---------------------------------------------------------------
 
     @operation(reads_only=True)
@@ -235,7 +245,7 @@ class Operations(Protocol):
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
         raise Declaration
 
-    @operation(node_args={"admin": True})
+    @operation(node_args={"admin": True}, admin=True)
     def unbind(queue: str, flow: int) -> int:
         """An administrator unbinds a flow: its consumer is told it is inactive and what
         it held goes to the next active one; how many messages that released.
@@ -249,7 +259,7 @@ class Operations(Protocol):
         """Messages still in the retained log from ``from_seq``, oldest first."""
         raise Declaration
 
-    @operation()
+    @operation(admin=True)
     def configure(name: str, value: str) -> str:
         """Save a node setting and apply it now; its value in canonical form.
         InvalidConfig."""

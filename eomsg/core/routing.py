@@ -20,6 +20,10 @@ side sends the other its whole table, which replaces what the other kept. Only a
 - the **next hop**: the neighbour with the shortest path, ties broken by name, so every
   node picks the same hop for the same offers.
 
+An announcement names the node's queues too, so every node knows where each queue
+lives (:meth:`Routes.locate`): a consumer connected anywhere reaches a queue through
+its own node, hop by hop toward the node that holds it (:meth:`Routes.hop`).
+
 A published message goes to the nodes whose patterns match its topic — its *targets*,
 grouped by next hop: a hop is sent the message once, with the targets it is responsible
 for (:meth:`Routes.targets`). A node receiving it delivers to its own queues if it is a
@@ -36,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from eomsg.core.links import NAME
+from eomsg.core.queues import validate_queue_name
 from eomsg.core.topics import Matcher, validate_pattern
 from eomsg.errors import InvalidInput
 
@@ -44,13 +49,14 @@ MAX_PATH = 32  # nodes an announcement may pass through: a longer path is refuse
 
 @dataclass(frozen=True)
 class Route:
-    """``node`` wants ``patterns`` (as of ``version``); ``path`` is how it is reached:
-    ``node`` first, the neighbour that sent the route last."""
+    """``node`` wants ``patterns`` and holds ``queues`` (as of ``version``); ``path`` is
+    how it is reached: ``node`` first, the neighbour that sent the route last."""
 
     node: str
     version: int
     patterns: frozenset[str]
     path: tuple[str, ...]
+    queues: frozenset[str] = frozenset()
 
     def check(self) -> Route:
         """This route, if well formed, else InvalidInput naming what is wrong."""
@@ -67,6 +73,8 @@ class Route:
                 raise InvalidInput(f"route for node {self.node!r}: {name!r} is not a node name")
         for p in self.patterns:
             validate_pattern(p)
+        for q in self.queues:
+            validate_queue_name(q)
         return self
 
 
@@ -93,6 +101,7 @@ class _Best:
     patterns: frozenset[str]
     hop: str
     path: tuple[str, ...]  # the path as this node advertises it: ends with this node
+    queues: frozenset[str] = frozenset()
 
 
 @dataclass
@@ -103,6 +112,7 @@ class Routes:
     me: str
     _version: int = 0
     _patterns: frozenset[str] = frozenset()
+    _queues: frozenset[str] = frozenset()
     _neighbours: set[str] = field(default_factory=set)
     _offers: dict[str, dict[str, Route]] = field(default_factory=dict)  # neighbour → node →
     _best: dict[str, _Best] = field(default_factory=dict)
@@ -110,13 +120,16 @@ class Routes:
 
     # -- stimuli ---------------------------------------------------------------------------
 
-    def set_interest(self, patterns: Iterable[str], version: int) -> list[Update]:
-        """This node's queues now want ``patterns``; ``version`` must exceed every
-        version it announced before (the caller keeps it across restarts, e.g. the time
-        in microseconds). Every neighbour is told."""
+    def set_interest(
+        self, patterns: Iterable[str], version: int, queues: Iterable[str] = ()
+    ) -> list[Update]:
+        """This node's queues (named ``queues``) now want ``patterns``; ``version`` must
+        exceed every version it announced before (the caller keeps it across restarts,
+        e.g. the time in microseconds). Every neighbour is told."""
         if version <= self._version:
             raise InvalidInput(f"interest version {version} is not above {self._version}")
         self._patterns = frozenset(validate_pattern(p) for p in patterns)
+        self._queues = frozenset(queues)
         self._version = version
         own = self._own()
         return [Update(n, (own,)) for n in sorted(self._neighbours)]
@@ -203,6 +216,14 @@ class Routes:
         best = self._best.get(node)
         return None if best is None else best.hop
 
+    def locate(self, queue: str) -> str | None:
+        """The node holding ``queue``: this one if it does, else the nearest that
+        announces it (ties by name), else None."""
+        if queue in self._queues:
+            return self.me
+        holders = [(len(b.path), n) for n, b in self._best.items() if queue in b.queues]
+        return min(holders)[1] if holders else None
+
     def known(self) -> Mapping[str, tuple[frozenset[str], str, tuple[str, ...]]]:
         """Each node reached: its patterns, next hop and path (for ``inspect links``)."""
         return {n: (b.patterns, b.hop, b.path) for n, b in sorted(self._best.items())}
@@ -210,7 +231,7 @@ class Routes:
     # -- internals -------------------------------------------------------------------------
 
     def _own(self) -> Route:
-        return Route(self.me, self._version, self._patterns, (self.me,))
+        return Route(self.me, self._version, self._patterns, (self.me,), self._queues)
 
     def _by_hop(self, nodes: Iterable[str]) -> dict[str, frozenset[str]]:
         grouped: dict[str, set[str]] = {}
@@ -226,7 +247,7 @@ class Routes:
         best = self._best[node]
         if neighbour in best.path:
             return None
-        return Route(node, best.version, best.patterns, best.path)
+        return Route(node, best.version, best.patterns, best.path, best.queues)
 
     def _recompute(self, nodes: set[str]) -> list[Update]:
         """Choose again the route to each of ``nodes``; tell the neighbours of each
@@ -264,9 +285,9 @@ class Routes:
         if not offers:
             return None
         freshest = max(r.version for _, r in offers)
-        patterns = next(r.patterns for _, r in offers if r.version == freshest)
+        latest = next(r for _, r in offers if r.version == freshest)
         hop, route = min(offers, key=lambda nr: (len(nr[1].path), nr[0]))
-        return _Best(freshest, patterns, hop, (*route.path, self.me))
+        return _Best(freshest, latest.patterns, hop, (*route.path, self.me), latest.queues)
 
 
 def _offered(route: Route, neighbour: str) -> Route:

@@ -542,6 +542,24 @@ class Links(Ingress):
 
     # -- interest and routes ------------------------------------------------------------
 
+    def _elsewhere(self, queue: str) -> str | None:
+        if not getattr(self, "_links_ready", False):
+            return None
+        holder = self._routing.locate(queue)
+        return None if holder == self._node_name else holder
+
+    def locate_queue(self, name: str) -> str | None:
+        """The node that holds queue ``name``: this one, a linked node (the nearest if
+        several announce it), or None if no node is known to."""
+        with self._lock:
+            return self._routing.locate(name)
+
+    def link_hop(self, node: str) -> str | None:
+        """The linked peer a connection to ``node`` goes through (``node`` itself when
+        it is a neighbour), or None if no route reaches it."""
+        with self._lock:
+            return self._routing.hop(node)
+
     def _interest_changed(self) -> None:
         if getattr(self, "_links_ready", False):
             self._announce(self.clock())
@@ -551,7 +569,8 @@ class Links(Ingress):
         (or at recovery)."""
         patterns = {p for q in self._queues.values() for p in q.config.subscriptions}
         self._interest_version = max(self._interest_version + 1, int(now * 1e6))
-        self._spread(self._routing.set_interest(patterns, self._interest_version))
+        version = self._interest_version
+        self._spread(self._routing.set_interest(patterns, version, self._queues))
         batch = RowBatch()
         batch.set_meta("interest_version", str(self._interest_version))
         self._queue_write(batch)
@@ -617,9 +636,9 @@ class Links(Ingress):
 
 
 def _route_json(r: Route) -> list[Any]:
-    return [r.node, r.version, sorted(r.patterns), list(r.path)]
+    return [r.node, r.version, sorted(r.patterns), list(r.path), sorted(r.queues)]
 
 
 def _route(data: list[Any]) -> Route:
-    node, version, patterns, path = data
-    return Route(node, int(version), frozenset(patterns), tuple(path))
+    node, version, patterns, path, *queues = data  # (routes kept before queues: none)
+    return Route(node, int(version), frozenset(patterns), tuple(path), frozenset(*queues))

@@ -15,6 +15,7 @@ maintenance ticker, listeners, and closing.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings
 from eomsg.node.state import Clock, PreparedTxn, QueueState, to_us
+from eomsg.store import journal
 from eomsg.store.store import US, SettledCounts, Store
 
 __all__ = ["SETTINGS", "Node", "NodeSettings"]
@@ -203,3 +205,15 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Inspection, Main
     def failed(self) -> BaseException | None:
         """Why the store stopped taking writes, if it did."""
         return self.store.writer.failure
+
+
+def room_to_reopen(data_dir: Path) -> tuple[int, int]:
+    """Free bytes on the data directory's disk, and what reopening needs: DuckDB replays
+    its WAL and checkpoints it, which takes about the WAL's size again, the journal's
+    records go into the WAL (their bytes, not the segments' allocated size, which is on
+    the disk already), plus a margin (a new journal segment among it). An estimate: a
+    reopen that fails all the same is tried again."""
+    st = os.statvfs(data_dir)
+    wal = data_dir / "eomsg.duckdb.wal"
+    size = wal.stat().st_size if wal.exists() else 0
+    return st.f_bavail * st.f_frsize, size + journal.written_bytes(data_dir) + (16 << 20)

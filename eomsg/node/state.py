@@ -204,10 +204,20 @@ class NodeState:
     def _queue(self, name: str) -> QueueState:
         q = self._queues.get(name)
         if q is None:
+            holder = self._elsewhere(name)
+            if holder is not None:
+                raise QueueNotFound(
+                    f"queue {name!r} is on node {holder!r}, not this one: reach it through "
+                    f"this node with --via {holder} (connect(..., via={holder!r}))"
+                )
             raise QueueNotFound(
                 f"queue {name!r} does not exist; create it with `eomsg queue create {name}`"
             )
         return q
+
+    def _elsewhere(self, queue: str) -> str | None:
+        """The linked node that holds ``queue``, if another does (:mod:`eomsg.node.links`)."""
+        return None
 
     def _flow(self, q: QueueState, flow: int) -> FlowState:
         f = self._flows.get(flow)

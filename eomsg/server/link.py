@@ -38,8 +38,11 @@ from eomsg.errors import (
     LinkNotFound,
     ProtocolError,
     RemoteProtocolError,
+    Unavailable,
     one_line,
 )
+from eomsg.server.session import Session
+from eomsg.server.tunnel import CHUNK, ChannelEnd, ChannelTransport, Relay
 from eomsg.wire import events as ev
 from eomsg.wire.address import Address, parse_address
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
@@ -77,6 +80,12 @@ class LinkConnection(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._tasks: list[asyncio.Task[Any]] = []
+        # Tunnelled connections (server/tunnel.py): the dialler numbers the channels it
+        # opens odd, the dialled node even; a channel the peer opens must be numbered
+        # above every one it opened before (one not here and not above is over).
+        self.channels: dict[int, ChannelEnd] = {}
+        self._next_channel = 1 if conn.our_role is Role.CLIENT else 2
+        self._their_channels = 0
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -101,14 +110,20 @@ class LinkConnection(asyncio.Protocol):
             log.info("link to %s: disconnected", self.peer)
         for task in self._tasks:
             task.cancel()
+        for end in list(self.channels.values()):
+            end.ended(f"the link to {self.peer} went down")
         self.closed.set()
         self.started.set()  # nothing more to wait for
 
     def pause_writing(self) -> None:
         self._writable.clear()
+        for end in list(self.channels.values()):
+            end.link_writable(False)
 
     def resume_writing(self) -> None:
         self._writable.set()
+        for end in list(self.channels.values()):
+            end.link_writable(True)
 
     # -- the link -------------------------------------------------------------------------
 
@@ -163,6 +178,16 @@ class LinkConnection(asyncio.Protocol):
                 self._work.set()
             case ev.Interest():
                 self.node.link_heard(self.peer, event.full, event.moves)
+            case ev.Channel():
+                self._channel_data(event)
+            case ev.ChannelClose():
+                end = self.channels.pop(event.channel, None)
+                if end is not None:
+                    end.ended(event.reason)
+            case ev.ChannelPause():
+                end = self.channels.get(event.channel)
+                if end is not None:
+                    end.peer_paused(event.paused)
             case ev.Ping():
                 self.send(ev.Pong(event.nonce, self.node.clock()))
             case ev.Pong():
@@ -265,6 +290,52 @@ class LinkConnection(asyncio.Protocol):
                 next_table = now + TABLE_EVERY * heartbeat
             if self.node.link_tick(self.peer):
                 self._work.set()
+
+    # -- tunnelled connections (server/tunnel.py) -------------------------------------------
+
+    def _channel_data(self, event: ev.Channel) -> None:
+        end = self.channels.get(event.channel)
+        if end is None:
+            theirs = 2 if self.conn.our_role is Role.CLIENT else 1
+            if event.channel % 2 != theirs % 2 or event.channel <= self._their_channels:
+                return  # one that is over (its close crossed this data), or ours: dropped
+            self._their_channels = event.channel
+            end = self._serve_channel(event.channel)
+        end.feed(event.data)
+
+    def _serve_channel(self, channel: int) -> ChannelTransport:
+        """The peer opened ``channel``: a client reaching this node (or one further)
+        through it, served as any connection is, with a linked node's rights."""
+        transport = ChannelTransport(self, channel)
+        self.channels[channel] = transport
+        transport.start(Session(self.server, needs_token=False, through=self.peer))
+        if not self._writable.is_set():
+            transport.link_writable(False)
+        return transport
+
+    def open_relay(self, client: asyncio.Transport, first: bytes) -> Relay:
+        """A channel to the peer for the connection ``client``, whose first bytes
+        (``first``: its hello, rewritten, and what followed it) go at once."""
+        channel = self._next_channel
+        self._next_channel += 2
+        relay = Relay(self, channel, client)
+        self.channels[channel] = relay
+        client.set_protocol(relay)
+        self.send_channel(channel, first)
+        if not self._writable.is_set():
+            relay.link_writable(False)
+        return relay
+
+    def send_channel(self, channel: int, data: bytes) -> None:
+        """``data`` of ``channel``, in frames within the peer's limit."""
+        step = max(1, min(CHUNK, self.conn.peer_max_frame - 64))
+        for at in range(0, len(data), step):
+            self.send(ev.Channel(channel, data[at : at + step]))
+
+    def close_channel(self, channel: int, reason: str) -> None:
+        """This side ends ``channel``: the peer is told (the caller ends its own end)."""
+        if self.channels.pop(channel, None) is not None:
+            self.send(ev.ChannelClose(channel, reason[:200]))
 
     # -- sending and ending -----------------------------------------------------------------
 
@@ -471,6 +542,26 @@ class LinkManager:
             connection.fail(e)
             return
         connection.process()  # what came after the hello, buffered meanwhile
+
+    def toward(self, node: str) -> LinkConnection:
+        """The link connection a client reaching ``node`` goes through now (the first
+        hop of the route toward it); Unavailable if no route reaches it or its link is
+        down."""
+        me = self.server.node_name
+        hop = self.server.node.link_hop(node)
+        if hop is None:
+            raise Unavailable(
+                f"node {me!r} has no route to a node named {node!r} (see `eomsg inspect links`)"
+            )
+        connection = self.connections.get(hop)
+        if connection is None or not connection.linked:
+            via = "" if hop == node else f" is reached through {hop!r}, and"
+            raise Unavailable(
+                f"node {node!r}{via} the link to {hop!r} is down now; try again shortly"
+                if via
+                else f"the link from {me!r} to node {node!r} is down now; try again shortly"
+            )
+        return connection
 
     def _accepts(self, hello: ev.LinkHello) -> str:
         """The key (a token's hash) ``hello`` authenticates with, on any socket: the

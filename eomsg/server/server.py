@@ -44,7 +44,7 @@ from eomsg.errors import (
     StorageError,
     one_line,
 )
-from eomsg.node.node import Node
+from eomsg.node.node import Node, room_to_reopen
 from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
@@ -352,17 +352,6 @@ class Server:
         for future in self._waiters.pop(queue, ()):
             if not future.done():
                 future.set_result(None)
-
-
-def room_to_reopen(data_dir: Path) -> tuple[int, int]:
-    """Free bytes on the data directory's disk, and what reopening needs: DuckDB replays
-    its WAL and checkpoints it, which takes about the WAL's size again, the journal's
-    records DuckDB does not hold yet go into the WAL, plus a margin."""
-    st = os.statvfs(data_dir)
-    wal = data_dir / "eomsg.duckdb.wal"
-    size = wal.stat().st_size if wal.exists() else 0
-    journal = sum(p.stat().st_size for p in (data_dir / "journal").glob("*.seg"))
-    return st.f_bavail * st.f_frsize, size + journal + (16 << 20)
 
 
 GC_YOUNG = 10_000  # allocations between the cycle collector's young passes (CPython: 700)

@@ -44,6 +44,7 @@ from eomsg.errors import (
     EomsgError,
     InvalidConfig,
     LocalProtocolError,
+    NotAllowed,
     Overloaded,
     ProtocolError,
     RemoteProtocolError,
@@ -87,11 +88,14 @@ class _Subscription:
 class Session(asyncio.Protocol):
     """The server side of one connection."""
 
-    def __init__(self, server: Server, *, needs_token: bool) -> None:
+    def __init__(self, server: Server, *, needs_token: bool, through: str | None = None) -> None:
         self.server = server
         self.node = server.node
         self.loop = server.loop
         self.needs_token = needs_token
+        # The linked node this client came through (server/tunnel.py), if it did: it may
+        # not run admin operations here.
+        self.through = through
         self.conn = Connection(Role.SERVER, server.settings.max_frame)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
@@ -120,7 +124,10 @@ class Session(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are not subclasses
         peer = self.transport.get_extra_info("peername")
-        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else "unix"
+        if isinstance(peer, tuple):
+            self.peer = f"{peer[0]}:{peer[1]}"
+        else:
+            self.peer = peer if isinstance(peer, str) and peer else "unix"
         if not self.server.admit(self):
             self._fail(Overloaded("the node is at its connection limit; retry later"))
             return
@@ -253,6 +260,9 @@ class Session(asyncio.Protocol):
                 )
                 return
         self.client_name = hello.name
+        if hello.via is not None and hello.via != self.server.node_name:
+            self._relay(hello)
+            return
         s = self.server.settings
         welcome = ev.Welcome(
             ev.PROTOCOL_VERSION,
@@ -267,16 +277,44 @@ class Session(asyncio.Protocol):
         self._timers["watchdog"] = self.loop.call_later(3 * s.heartbeat, self._watchdog)
         self._timers["resend"] = self.loop.call_later(s.resend, self._resend)
 
+    def _relay(self, hello: ev.Hello) -> None:
+        """The client reaches node ``hello.via`` through this one: its connection goes
+        on as a channel over the link toward it (server/tunnel.py), and this session
+        ends here. Unavailable if no link toward that node is up."""
+        try:
+            hop = self.server.links.toward(hello.via or "")
+        except EomsgError as e:
+            self._fail(e)
+            return
+        onward = ev.Hello(
+            hello.version,
+            hello.name,
+            None,  # this node vouches for it: its token stays here
+            None if hello.via == hop.peer else hello.via,
+        )
+        first = Connection(Role.CLIENT).send(onward) + self.conn.hand_over()
+        self._end_here()
+        assert self.transport is not None
+        hop.open_relay(self.transport, first)
+
+    def _end_here(self) -> None:
+        """The connection goes on elsewhere (a link, a channel): this session is over
+        without a word, and without giving anything back (it took nothing)."""
+        self.closing = True
+        for timer in self._timers.values():
+            timer.cancel()
+        self.server.forget(self)
+
     def _hand_over(self, hello: ev.LinkHello) -> None:
         """Another node dialled: the connection is a link's, not a client's. This
         session ends here (without a word: the link answers)."""
         if self.server.down is not None:
             self._fail(StorageError(self.server.down))
             return
-        self.closing = True
-        for timer in self._timers.values():
-            timer.cancel()
-        self.server.forget(self)
+        if self.through is not None:
+            self._fail(RemoteProtocolError("a link cannot be made through another link"))
+            return
+        self._end_here()
         self.server.spawn(self.server.links.accept(self, hello))
 
     # -- requests ---------------------------------------------------------------------------
@@ -519,6 +557,12 @@ class Session(asyncio.Protocol):
 
     async def _call(self, event: ev.Call) -> None:
         op = calls.operation(event.op)
+        if op.admin and self.through is not None:
+            me = self.server.node_name
+            raise NotAllowed(
+                f"{op.name} changes node {me!r}'s set-up, which a client that came through "
+                f"node {self.through!r} may not do: run it on {me!r} itself"
+            )
         budget = self.server.settings.max_frame - FRAME_SLACK
         args = calls.decode(op, event.args, calls.Caller(self.owner, self.holder, budget))
         if op.caller:

@@ -224,6 +224,27 @@ def check(directory: Path, applied: int) -> Scan:
     return found
 
 
+def written_bytes(data_dir: Path) -> int:
+    """About how many bytes of records ``data_dir``'s journal holds — what replaying it
+    may write into DuckDB's WAL — by hopping from header to header, not the segments'
+    allocated size (mostly zeros, and already on the disk). Checks nothing: an estimate."""
+    total = 0
+    for _, path in segments(data_dir / DIR_NAME):
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                pos = 0
+                while pos + HEADER.size <= size:
+                    _, length, lsn = HEADER.unpack(os.pread(f.fileno(), HEADER.size, pos))
+                    if lsn == 0 or pos + HEADER.size + length > size:
+                        break  # the zeroed rest of the segment (or a torn record)
+                    pos += HEADER.size + length
+                total += pos
+        except OSError:  # deleted meanwhile: the writer applied it
+            continue
+    return total
+
+
 def pending(data_dir: Path) -> bool:
     """Whether ``data_dir`` has journal records at all (a node stopped without closing;
     DuckDB may hold them: :func:`check` says which it lacks)."""

@@ -142,20 +142,30 @@ class Event(abc.ABC):
 
 @dataclass(frozen=True, slots=True)
 class Hello(Event):
-    """The client's first frame: protocol version, a name for logs, and its token."""
+    """The client's first frame: protocol version, a name for logs, its token, and
+    ``via``: the node to reach through this one (None: this one), for a queue that
+    lives there."""
 
     TYPE: ClassVar[int] = 1
     version: int
     name: str
     token: str | None = None
+    via: str | None = None
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.version, self.name, self.token]
+        if self.via is None:  # as every client of this protocol version can read it
+            return [self.TYPE, self.version, self.name, self.token]
+        return [self.TYPE, self.version, self.name, self.token, self.via]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Hello:
-        _, version, name, token = _fields(body, 3, "hello")
-        return cls(_int(version, "version"), _str(name, "client name"), _opt_str(token, "token"))
+        _, version, name, token, *via = _fields(body, 4 if len(body) > 4 else 3, "hello")
+        return cls(
+            _int(version, "version"),
+            _str(name, "client name"),
+            _opt_str(token, "token"),
+            _opt_str(via[0], "via") if via else None,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -758,17 +768,18 @@ class LinkWelcome(Event):
 
 
 def _move(item: object) -> Route | Withdraw:
-    fields = _list(item, "a route", 4)
+    fields = _list(item, "a route", 5)
     if len(fields) == 1:
         return Withdraw(_str(fields[0], "node"))
-    if len(fields) != 4:
-        raise RemoteProtocolError("malformed frame: a route has 1 or 4 fields")
-    node, version, patterns, path = fields
+    if len(fields) != 5:
+        raise RemoteProtocolError("malformed frame: a route has 1 or 5 fields")
+    node, version, patterns, path, queues = fields
     return Route(
         _str(node, "node"),
         _int(version, "version"),
         frozenset(_names(patterns, "patterns", MAX_BATCH)),
         _names(path, "path"),
+        frozenset(_names(queues, "queues", MAX_BATCH)),
     )
 
 
@@ -788,7 +799,7 @@ class Interest(Event):
             [
                 [m.node]
                 if isinstance(m, Withdraw)
-                else [m.node, m.version, sorted(m.patterns), list(m.path)]
+                else [m.node, m.version, sorted(m.patterns), list(m.path), sorted(m.queues)]
                 for m in self.moves
             ],
         ]
@@ -857,6 +868,60 @@ class Taken(Event):
         return cls(_int(read, "read"), _bool(gap, "gap"))
 
 
+@dataclass(frozen=True, slots=True)
+class Channel(Event):
+    """Bytes of the connection tunnelled as ``channel`` over a link: a client connected
+    to one node and talking, through it, to the node at the link's other end (or
+    further). The first frame of a channel opens it; the node that opens a channel
+    numbers it odd if it dialled the link, even if it was dialled."""
+
+    TYPE: ClassVar[int] = 26
+    channel: int
+    data: bytes
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.channel, self.data]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Channel:
+        _, channel, data = _fields(body, 2, "channel")
+        return cls(_int(channel, "channel"), _bytes(data, "data"))
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelClose(Event):
+    """The tunnelled connection ``channel`` is over, and why (either side may say so)."""
+
+    TYPE: ClassVar[int] = 27
+    channel: int
+    reason: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.channel, self.reason]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> ChannelClose:
+        _, channel, reason = _fields(body, 2, "channel close")
+        return cls(_int(channel, "channel"), _str(reason, "reason"))
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelPause(Event):
+    """The sender can take no more of ``channel`` for now (``paused``), or can again."""
+
+    TYPE: ClassVar[int] = 28
+    channel: int
+    paused: bool
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.channel, self.paused]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> ChannelPause:
+        _, channel, paused = _fields(body, 2, "channel pause")
+        return cls(_int(channel, "channel"), _bool(paused, "paused"))
+
+
 EVENT_TYPES: dict[int, type[Event]] = {
     cls.TYPE: cls
     for cls in (
@@ -885,6 +950,9 @@ EVENT_TYPES: dict[int, type[Event]] = {
         Interest,
         Transfer,
         Taken,
+        Channel,
+        ChannelClose,
+        ChannelPause,
     )
 }
 

@@ -36,6 +36,9 @@ from eomsg.errors import (
 from eomsg.wire.events import (
     Call,
     Cancel,
+    Channel,
+    ChannelClose,
+    ChannelPause,
     Delete,
     Deleted,
     Deliver,
@@ -94,7 +97,7 @@ PEER_CLOSED: Final = _Sentinel.CLOSED
 _C, _S = Role.CLIENT, Role.SERVER
 _REQUESTS = (Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck)
 _ANSWERS = (Published, Deliver, Deleted, Result, Error, FlowChanged, Unbound)
-_LINK = (Interest, Transfer, Taken, Ping, Pong)
+_LINK = (Interest, Transfer, Taken, Channel, ChannelClose, ChannelPause, Ping, Pong)
 
 TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
     (_C, State.START, Hello): State.HELLO_SENT,
@@ -163,6 +166,15 @@ class Connection:
     def buffered(self) -> int:
         """Bytes received but not yet turned into events."""
         return len(self._buffer) - self._pos
+
+    def hand_over(self) -> bytes:
+        """The bytes received but not yet turned into events, taken: the connection
+        goes on elsewhere (a tunnel relays it as bytes), and this one is closed."""
+        rest = bytes(self._buffer[self._pos :])
+        self._buffer.clear()
+        self._pos = 0
+        self.state = State.CLOSED
+        return rest
 
     def _next_event(self) -> Event | _Sentinel:
         buffer, pos = self._buffer, self._pos

@@ -1,0 +1,261 @@
+"""Consumers of a queue on another node, through their own (issue 19: "a queue lives on
+one node and its consumers may connect to it from anywhere through their own node; flows,
+epochs and notices hold end to end"). Real `eomsg serve` processes, linked; consumers
+as `eomsg consume --via` processes and Python clients, killed, paused and cut off."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import eomsg
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import NotAllowed, QueueNotFound, StaleEpoch, Unavailable
+from tests.conftest import eventually
+from tests.test_network import Network, drain
+
+
+@pytest.fixture
+def network(eomsg_bin: str, tmp_path: Path, cli_env: dict[str, str]) -> Iterator[Network]:
+    net = Network(eomsg_bin, tmp_path, cli_env)
+    yield net
+    net.close()
+
+
+def linked(network: Network, *names: str) -> None:
+    """A chain of nodes, each dialling the next, all links up."""
+    for name in names:
+        network.start(name)
+    for a, b in itertools.pairwise(names):
+        network.link(a, b)
+    for a, b in itertools.pairwise(names):
+        assert eventually(lambda a=a, b=b: network.up(a, b) and network.up(b, a))
+
+
+def located(network: Network, at: str, queue: str, holder: str) -> None:
+    with network.client(at) as client:
+        assert eventually(lambda: client.locate_queue(queue) == holder)
+
+
+class Consumer:
+    """`eomsg consume QUEUE --follow --json --activity` in a process of its own: the
+    payloads and the changes of activity it printed, read as they come, and what it
+    said on stderr."""
+
+    def __init__(self, network: Network, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [network.eomsg_bin, "consume", *args, "--follow", "--json", "--activity"],
+            env=network.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.payloads: list[str] = []
+        self.activity: list[str] = []  # "active" / "inactive", in order
+        self.errors: list[str] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read_out, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            item = json.loads(line)
+            with self._lock:
+                if "event" in item:
+                    self.activity.append(item["event"])
+                else:
+                    self.payloads.append(item["payload"])
+
+    def _read_err(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._lock:
+                self.errors.append(line.rstrip("\n"))
+
+    def active(self) -> bool:
+        with self._lock:
+            return bool(self.activity) and self.activity[-1] == "active"
+
+    def standby(self) -> bool:
+        with self._lock:
+            return bool(self.activity) and self.activity[-1] == "inactive"
+
+    def got(self) -> list[str]:
+        with self._lock:
+            return list(self.payloads)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def flows(network: Network, node: str, queue: str) -> list[tuple[str, bool]]:
+    with network.client(node) as client:
+        return [(f.owner, f.active) for f in client.flows(queue)]
+
+
+def test_a_consumer_on_one_node_takes_a_queue_of_another_through_it(network: Network) -> None:
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("billing", subscriptions=("billing/>",)))
+    located(network, "a", "billing", "b")
+    with network.client("a") as a:
+        for i in range(50):
+            a.publish(f"billing/{i}", f"m{i}".encode())
+    with eomsg.connect(network.tmp / "a", via="b") as through:
+        assert through.node == "b"
+        with through.consumer("billing", prefetch=16, until_empty=True) as consumer:
+            got = []
+            for msg in consumer:
+                got.append(msg.payload)
+                msg.delete()
+        assert got == [f"m{i}".encode() for i in range(50)]
+    with network.client("b") as b:
+        assert {s.name: s.depth for s in b.stats()}["billing"] == 0  # deleted at b, durably
+
+
+def test_an_exclusive_queue_elects_across_nodes_and_fails_over(network: Network) -> None:
+    """A consumer through a (priority 10) and one on b itself (priority 5): the one
+    through a is active; killed, the other takes over; a consumer through a paused past
+    the keep-alive loses its flow; node a killed, its consumer is told at once and b's
+    election moves on."""
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("billing", subscriptions=("billing/>",), max_active=1))
+    located(network, "a", "billing", "b")
+    da, db = str(network.tmp / "a"), str(network.tmp / "b")
+    far = Consumer(network, "billing", "--via", "b", "--priority", "10", "--data", da)
+    near = Consumer(network, "billing", "--priority", "5", "--data", db)
+    try:
+        assert eventually(lambda: far.active() and near.standby())
+        assert sorted(flows(network, "b", "billing")) == [
+            (f"eomsg-cli:{far.proc.pid}@via a", True),
+            (f"eomsg-cli:{near.proc.pid}@unix", False),
+        ]
+        with network.client("a") as a:
+            for i in range(10):
+                a.publish(f"billing/{i}", f"m{i}".encode())
+        assert eventually(lambda: len(far.got()) == 10)
+        assert far.got() == [f"m{i}" for i in range(10)] and near.got() == []
+        far.kill()  # SIGKILL: its channel closes, its flow unbinds at b
+        assert eventually(near.active)
+        with network.client("a") as a:
+            a.publish("billing/after", b"after")
+        assert eventually(lambda: near.got() == ["after"])
+        # Paused past the keep-alive (three 1 s heartbeats): cut off end to end.
+        paused = Consumer(network, "billing", "--via", "b", "--priority", "20", "--data", da)
+        try:
+            assert eventually(lambda: paused.active() and near.standby())
+            paused.proc.send_signal(signal.SIGSTOP)
+            assert eventually(near.active)
+        finally:
+            paused.proc.send_signal(signal.SIGCONT)
+            paused.kill()
+        # Node a killed: a consumer through it loses its connection at once.
+        third = Consumer(network, "billing", "--via", "b", "--priority", "30", "--data", da)
+        try:
+            assert eventually(lambda: third.active() and near.standby())
+            network.procs["a"].kill()
+            assert eventually(lambda: third.proc.poll() is not None)
+            assert third.proc.returncode == 9, third.errors
+            assert eventually(near.active)
+        finally:
+            third.kill()
+    finally:
+        far.kill()
+        near.kill()
+
+
+def test_a_deposed_consumer_through_a_link_cannot_settle(network: Network) -> None:
+    """Epochs hold end to end: a consumer through a is deposed by one of higher priority
+    on b; its delete of what it held is refused (stale epoch) and the message goes to
+    the new active consumer."""
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("ex", subscriptions=("ex",), max_active=1))
+        b.publish("ex", b"one")
+    with eomsg.connect(network.tmp / "a", via="b") as far, far.consumer("ex", priority=1) as c:
+        msg = next(iter(c))
+        with network.client("b") as b, b.consumer("ex", priority=9) as better:
+            assert eventually(lambda: not c.active)
+            with pytest.raises(StaleEpoch, match="no longer active"):
+                msg.delete().result(10)
+            again = next(iter(better))
+            assert again.payload == b"one" and again.attempt == 2
+            again.delete()
+
+
+def test_a_queue_several_hops_away(network: Network) -> None:
+    linked(network, "a", "b", "c")
+    with network.client("c") as c:
+        c.create_queue(QueueConfig("far", subscriptions=("far/>",)))
+    located(network, "a", "far", "c")
+    big = b"x" * 300_000  # several channel frames each way
+    with eomsg.connect(network.tmp / "a", via="c") as through:
+        assert through.node == "c"
+        for i in range(20):
+            through.publish("far/x", big + str(i).encode())
+        got = drain(through, "far", 20)  # type: ignore[arg-type]
+    assert got == [big + str(i).encode() for i in range(20)]
+
+
+def test_what_a_client_through_a_link_may_not_do(network: Network, tmp_path: Path) -> None:
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("q", subscriptions=("q",)))
+    located(network, "a", "q", "b")
+    with eomsg.connect(network.tmp / "a", via="b") as through:
+        with pytest.raises(NotAllowed, match="create_queue changes node 'b'"):
+            through.create_queue(QueueConfig("x", subscriptions=("x",)))
+        with pytest.raises(NotAllowed):
+            through.purge("q")
+        assert [s.name for s in through.stats()] == ["q"]  # looking is allowed
+    done = subprocess.run(
+        [network.eomsg_bin, "queue", "purge", "q", "--yes", "--via", "b", "--data",
+         str(network.tmp / "a")],
+        env=network.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (
+        10,
+        "Error: purge changes node 'b''s set-up, which a client that came through node 'a' "
+        "may not do: run it on 'b' itself\n",
+    )
+    # A queue of another node, asked for here: the error says where it is.
+    done = subprocess.run(
+        [network.eomsg_bin, "consume", "q", "--max", "1", "--data", str(network.tmp / "a")],
+        env=network.env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stderr) == (
+        4,
+        "Error: queue 'q' is on node 'b', not this one: reach it through this node with "
+        "--via b (connect(..., via='b'))\n",
+    )
+    with pytest.raises(Unavailable, match="no route to a node named 'zz'"):
+        eomsg.connect(network.tmp / "a", via="zz")
+    with pytest.raises(QueueNotFound), network.client("a") as a:
+        a.queue_config("q")
+
+
+def test_a_cut_link_ends_the_connections_through_it(network: Network) -> None:
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("q", subscriptions=("q",), max_active=1))
+    through = eomsg.connect(network.tmp / "a", via="b")
+    try:
+        with through.consumer("q") as c:
+            assert eventually(lambda: c.active)
+            network.procs["b"].kill()  # the far node goes: the channel with it
+            with pytest.raises(Unavailable):
+                for _ in range(100):
+                    through.stats()
+            assert not c.active
+        with pytest.raises(Unavailable, match="the link from 'a' to node 'b' is down now"):
+            eomsg.connect(network.tmp / "a", via="b")
+    finally:
+        through.close()
