@@ -6,6 +6,7 @@ each consumer is told, fenced by epochs."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -582,3 +583,28 @@ def test_failover_after_sigkill_of_the_active_consumer(
     with eomsg.connect(data_dir) as client:
         stats = next(s for s in client.stats() if s.name == "ex")
         assert (stats.depth, stats.deleted) == (0, n + 1)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_the_kernel_hands_to_another_thread_still_stops_consume(
+    node: NodeProcess, eomsg_bin: str, cli_env: dict[str, str], signum: int
+) -> None:
+    """A signal sent to the process may be taken by any of its threads that does not
+    block it; Python runs its handler on the main thread only, and a main thread asleep
+    in a lock never runs it. `consume --follow` waiting for messages must stop all the
+    same: here the signal goes to another thread (the client's loop) on purpose."""
+    proc = subprocess.Popen(
+        [eomsg_bin, "consume", "ex", "--follow", "--json"],
+        env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline())["event"] == "active"  # bound, and idle
+        others = [int(t.name) for t in Path(f"/proc/{proc.pid}/task").iterdir()]
+        others.remove(proc.pid)  # the main thread's id is the process's
+        assert others  # the client's loop thread
+        os.kill(others[0], signum)  # kill(2) with a thread's id: that thread gets it first
+        assert proc.wait(30) == 128 + signum
+    finally:
+        proc.kill()
+        proc.wait()

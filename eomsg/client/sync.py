@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import queue as queuelib
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from concurrent.futures import Future
@@ -31,6 +32,7 @@ from eomsg.errors import EomsgError, Unavailable
 from eomsg.wire.tls import ClientTls
 
 T = TypeVar("T")
+WAKE_EVERY = 0.5  # seconds a consumer's wait lasts at most before it looks again
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
@@ -426,10 +428,18 @@ class Consumer(RemoteConsumer, BlockingConsumer):
         await self.client._ac.cancel(subscription, self._unseen_on_close())
 
     def _next_item(self) -> Item | None:
-        try:
-            return self._inbox.get(timeout=self.idle_timeout)
-        except queuelib.Empty:
-            return None
+        """The next item, waiting up to ``idle_timeout`` (None: for ever) — in steps
+        of :data:`WAKE_EVERY`: a signal the kernel handed to another thread (the loop's)
+        leaves a thread blocked in a lock asleep, and Python runs the handler only on
+        the main thread, so a main thread that never woke would never stop."""
+        deadline = None if self.idle_timeout is None else time.monotonic() + self.idle_timeout
+        while True:
+            step = WAKE_EVERY if deadline is None else min(WAKE_EVERY, deadline - time.monotonic())
+            try:
+                return self._inbox.get(timeout=max(step, 0.0))
+            except queuelib.Empty:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
 
     def _more_arrived(self) -> bool:
         return not self._inbox.empty()
