@@ -259,3 +259,34 @@ def test_a_cut_link_ends_the_connections_through_it(network: Network) -> None:
             eomsg.connect(network.tmp / "a", via="b")
     finally:
         through.close()
+
+
+def test_a_transaction_through_a_link(network: Network, tmp_path: Path) -> None:
+    """A transaction over b's queue, run by a client of a: the application's change, a
+    publish and the delete commit together (2PC with the application's DuckDB), and
+    the publish is routed from b like any publish — here back to a queue on a."""
+    import duckdb
+
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("orders", subscriptions=("orders/>",)))
+    with network.client("a") as a:
+        a.create_queue(QueueConfig("shipped", subscriptions=("shipped/>",)))
+        for i in range(5):
+            a.publish(f"orders/{i}", str(i).encode())
+    located(network, "b", "shipped", "a")
+    app = duckdb.connect(str(tmp_path / "app.duckdb"))
+    app.execute("CREATE TABLE done (n INTEGER)")
+    with eomsg.connect(network.tmp / "a", via="b") as through:
+        assert eventually(lambda: {s.name: s.depth for s in through.stats()}["orders"] == 5)
+        for _ in range(5):
+            with through.transaction(resources=[eomsg.DuckDBResource(app)]) as tx:
+                msg = tx.receive("orders", timeout=5)
+                assert msg is not None
+                tx.resource(app).execute("INSERT INTO done VALUES (?)", [int(msg.message.payload)])
+                tx.publish(f"shipped/{int(msg.message.payload)}", msg.message.payload)
+                tx.delete(msg)
+        assert {s.name: s.depth for s in through.stats()}["orders"] == 0
+    assert sorted(r[0] for r in app.execute("SELECT n FROM done").fetchall()) == [0, 1, 2, 3, 4]
+    with network.client("a") as a:
+        assert sorted(drain(a, "shipped", 5)) == [b"0", b"1", b"2", b"3", b"4"]
