@@ -455,3 +455,22 @@ def spark() -> Iterator[Any]:
     session = start("local[2]", {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
+
+
+@pytest.fixture
+def net(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Make in-process networks of nodes (tests/linknet.py) on ``tmp_path``, closed at
+    the end: ``net("abc", seed=0, faults=0.0, egress="store")``."""
+    import random
+
+    from tests.linknet import Net
+
+    nets: list[Net] = []
+
+    def make(names: str, seed: int = 0, faults: float = 0.0, egress: str = "store") -> Net:
+        nets.append(Net(tmp_path, names, random.Random(seed), faults, egress))
+        return nets[-1]
+
+    yield make
+    for n in nets:
+        n.close()

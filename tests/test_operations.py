@@ -55,11 +55,29 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     ),
     "remove_link": ({"peer": "b"}, 3),
     "locate_queue": ({"name": "billing"}, "b"),
+    "set_link_egress": ({"peer": "b", "egress": "memory", "hold": 0.5}, True),
     "link_info": (
         {},
         [
             LinkInfo(
-                "b", None, False, 3, 2, 1.5, 1, 40, 12, 99, ("b", "c"), 12.5, None, "refused", 2, 1
+                "b",
+                None,
+                False,
+                3,
+                2,
+                1.5,
+                1,
+                40,
+                12,
+                99,
+                ("b", "c"),
+                12.5,
+                None,
+                "refused",
+                2,
+                1,
+                "memory",
+                7,
             )
         ],
     ),

@@ -17,7 +17,7 @@ from eomsg.cli.common import (
     read_secret,
 )
 from eomsg.cli.output import print_json, say, show, styled, table
-from eomsg.core.durations import format_duration
+from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.links import check_node_name
 from eomsg.errors import UsageError
 from eomsg.wire.address import parse_address
@@ -132,6 +132,49 @@ def remove(
         say(f"removed link to {peer}" + (f" ({owed} messages it owed are dropped)" if owed else ""))
 
 
+@app.command("set")
+@handles_errors
+def set_(
+    peer: Annotated[str, typer.Argument(help="The other node's name.")],
+    egress: Annotated[
+        str,
+        typer.Option(
+            metavar="MODE",
+            help="What this node does with the messages the other sends for its own queues: "
+            "'store' them, or hold them in 'memory' until settled here (or --hold passes).",
+        ),
+    ],
+    hold: Annotated[
+        str,
+        typer.Option(
+            metavar="DURATION",
+            help="With --egress memory: how long a message is held before it is stored.",
+        ),
+    ] = "1s",
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Set how this node takes what another node sends for its own queues. In memory,
+    a message settled here within --hold is never written (the other node keeps it until
+    then); one not settled by then is stored with what its queues recorded. A crash of
+    this node then delivers again what its consumers took from memory: use publish ids
+    and the inbox for exactly once.
+
+    \b
+    Examples:
+      eomsg link set a --egress memory --hold 500ms
+      eomsg link set a --egress store
+    """
+    seconds = parse_duration(hold)
+    with open_broker(data) as broker:
+        changed = broker.set_link_egress(peer, egress, seconds)
+    if json:
+        print_json({"peer": peer, "egress": egress, "hold": seconds, "changed": changed})
+        return
+    held = f", hold {format_duration(seconds)}" if egress == "memory" else ""
+    say(f"link to {peer}: egress {egress}{held}" + ("" if changed else " (unchanged)"))
+
+
 @app.command("list")
 @handles_errors
 def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
@@ -149,7 +192,9 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
         return
     headers = ["peer", "address", "state", "pending", "reaches"]
     if detail:
-        headers += ["in flight", "oldest", "resends", "out/s", "in/s", "taken", "received"]
+        headers += [
+            "in flight", "oldest", "resends", "out/s", "in/s", "taken", "received", "held",
+        ]  # fmt: skip
     grid = table(*headers)
     for i in links:
         row: list[str | Text] = [
@@ -168,6 +213,7 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
                 "-" if i.in_rate is None else f"{i.in_rate:,.0f}",
                 str(i.taken),
                 str(i.received),
+                str(i.held) if i.egress == "memory" else "-",
             ]
         grid.add_row(*row)
     show(grid)

@@ -4,6 +4,7 @@ and :mod:`eomsg.core.transfer`; the node keeps links in :mod:`eomsg.node.links`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import re
@@ -13,6 +14,9 @@ from typing import Any
 from eomsg.errors import InvalidConfig
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+EGRESS = ("store", "memory")  # what a node does with a peer's messages for its own queues
+DEFAULT_HOLD = 1.0  # seconds a message is held in memory before it is stored
+MIN_HOLD, MAX_HOLD = 0.01, 60.0
 
 
 def check_node_name(name: str) -> str:
@@ -33,13 +37,17 @@ class LinkConfig:
     shown by ``inspect links``) and, for ``tls://``, the CA certificates (PEM) that
     signed the peer's certificate (None: the system's). On the side that is dialled,
     ``accepts`` is the SHA-256 of the token the peer must present (None: this node's own
-    token)."""
+    token). Either side: what this node does with what the peer sends for its own
+    queues (``egress``: ``store`` it, or hold it in ``memory`` for up to ``hold``
+    seconds; see :mod:`eomsg.node.egress`)."""
 
     peer: str
     address: str | None = None
     token: str | None = None
     accepts: str | None = None
     peer_ca: str | None = None
+    egress: str = "store"
+    hold: float = DEFAULT_HOLD
 
     @classmethod
     def make(
@@ -74,13 +82,36 @@ class LinkConfig:
             "token": self.token,
             "accepts": self.accepts,
             "peer_ca": self.peer_ca,
+            "egress": self.egress,
+            "hold": self.hold,
         }
 
     @classmethod
     def from_json(cls, peer: str, data: dict[str, Any]) -> LinkConfig:
         return cls(
-            peer, data.get("address"), data.get("token"), data.get("accepts"), data.get("peer_ca")
+            peer,
+            data.get("address"),
+            data.get("token"),
+            data.get("accepts"),
+            data.get("peer_ca"),
+            data.get("egress", "store"),
+            float(data.get("hold", DEFAULT_HOLD)),
         )
+
+    def dialling(self) -> tuple[str | None, str | None, str | None]:
+        """What dialling the peer depends on (a change of it means dialling anew)."""
+        return self.address, self.token, self.peer_ca
+
+    def with_egress(self, egress: str, hold: float) -> LinkConfig:
+        """This link, holding or storing what the peer sends for this node's queues;
+        InvalidConfig for a mode or a hold it cannot have."""
+        if egress not in EGRESS:
+            raise InvalidConfig(f"egress {egress!r}: use {' or '.join(EGRESS)}")
+        if not MIN_HOLD <= hold <= MAX_HOLD:
+            raise InvalidConfig(
+                f"--hold must be between {MIN_HOLD * 1000:.0f} ms and {MAX_HOLD:.0f} s"
+            )
+        return dataclasses.replace(self, egress=egress, hold=hold)
 
 
 def token_hash(token: str) -> str:
@@ -122,6 +153,8 @@ class LinkInfo:
     error: str | None = None  # why the last attempt to connect failed, while it is down
     refused: int = 0  # messages from the peer this node could not take, since start
     unroutable: int = 0  # … for nodes it has no route to (not carried there)
+    egress: str = "store"  # what this node does with the peer's messages for its queues
+    held: int = 0  # messages from the peer held in memory now (egress memory)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -141,6 +174,8 @@ class LinkInfo:
             "error": self.error,
             "refused": self.refused,
             "unroutable": self.unroutable,
+            "egress": self.egress,
+            "held": self.held,
         }
 
     @classmethod
@@ -162,4 +197,6 @@ class LinkInfo:
             d["error"],
             d["refused"],
             d["unroutable"],
+            d["egress"],
+            d["held"],
         )

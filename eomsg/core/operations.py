@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
 from eomsg.core.election import FlowInfo
-from eomsg.core.links import LinkInfo
+from eomsg.core.links import DEFAULT_HOLD, LinkInfo
 from eomsg.core.message import Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
@@ -219,6 +219,14 @@ class Operations(Protocol):
         None: the system's CAs); or, without an address, waiting for the peer to dial
         with ``token`` (kept hashed; None: this node's own token).
         Idempotent: False if the same link exists; InvalidConfig if with others."""
+        raise Declaration
+
+    @operation(admin=True)
+    def set_link_egress(peer: str, egress: str, hold: float = DEFAULT_HOLD) -> bool:
+        """What this node does with the messages ``peer`` sends for its own queues:
+        ``store`` them, or hold them in ``memory`` — settled here within ``hold``
+        seconds, they are never written; else written then. False if it does so
+        already. LinkNotFound; InvalidConfig."""
         raise Declaration
 
     @operation(admin=True)

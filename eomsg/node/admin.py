@@ -72,6 +72,7 @@ class Admin(NodeState):
                     self._matcher.remove(pattern, q)
                 self._routes.clear()
                 del self._queues[name], self._by_id[q.id]
+                self._queue_dropped(q.id)
                 self._interest_changed()
                 for v in q.election.flows():
                     f = self._flows.pop(v.flow)

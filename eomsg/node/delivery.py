@@ -96,10 +96,11 @@ class Delivery(NodeState):
         self._await_commit(future)
         if not taken.deliveries:
             return [], more
-        messages = self.store.fetch([d.seq for d in taken.deliveries])
-        delivered = [
+        messages = self._fetch_messages([d.seq for d in taken.deliveries])
+        delivered = [  # one purged meanwhile is gone: settled, it needs no delivery
             Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
             for d in taken.deliveries
+            if d.seq in messages
         ]
         return delivered, more
 
@@ -142,7 +143,7 @@ class Delivery(NodeState):
                 return deleted
             batch = RowBatch()
             batch.rows_of("settled").extend(rows)
-            committed = self.store.writer.write(batch)
+            committed = self._write(batch)
 
         def on_commit(f: Future[None]) -> None:
             error = f.exception()

@@ -109,7 +109,7 @@ class Ingress(NodeState):
             batch = RowBatch()
             # What expired by now expires, rather than being moved with a moment to live.
             self._record_settlements(batch, q, q.cursor.poll(now), now)
-            found = self.store.fetch(q.cursor.waiting(max_messages))  # before any change
+            found = self._fetch_messages(q.cursor.waiting(max_messages))  # before any change
             moved = [found[seq] for seq in sorted(found)]
             again = [
                 Outgoing(
@@ -206,7 +206,7 @@ class Ingress(NodeState):
         """Queue a batch holding staged messages; if the writer refuses it, forget them
         (nothing was queued), so their seqs and ids are free again."""
         try:
-            return self.store.writer.write(batch)
+            return self._write(batch)
         except BaseException:
             self._next_seq = first_seq
             for _, msg_id, _, _ in fresh:
@@ -227,34 +227,41 @@ class Ingress(NodeState):
 
     def _published(self, fresh: list[Fresh]) -> None:
         """After commit (writer thread, commit order): make the messages deliverable and
-        their ids known. Consecutive messages with the same route go to the cursors as
-        one run, since a batch usually shares one topic."""
+        their ids known."""
+        with self._lock:
+            routes = self._deliverable(fresh)
+            self._durable_seq = fresh[-1][0]
+        self._forward(routes)  # seed 004 k: toward further nodes first, then locally
+        self._notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
+
+    def _deliverable(self, fresh: list[Fresh]) -> set[Route]:
+        """Hand messages to their destinations (the queues' cursors, the links) and their
+        ids to the dedup window; the routes they took. Consecutive messages with the
+        same route go as one run, since a batch usually shares one topic. Under
+        ``_lock``."""
         ids: list[str] = []
         id_seqs: list[int] = []
         id_expiry: list[float | None] = []
         routes: set[Route] = set()
-        with self._lock:
-            run_route: Route | None = None
-            run_seqs: list[int] = []
-            run_expiry: list[float | None] = []
-            for seq, msg_id, expires, route in fresh:
-                if route is not run_route:
-                    self._append_run(run_route, run_seqs, run_expiry)
-                    run_route, run_seqs, run_expiry = route, [], []
-                    routes.add(route)
-                run_seqs.append(seq)
-                run_expiry.append(expires)
-                if msg_id is not None:
-                    ids.append(msg_id)
-                    id_seqs.append(seq)
-                    id_expiry.append(expires)
-            self._append_run(run_route, run_seqs, run_expiry)
-            self._dedup.remember_many(ids, id_seqs, id_expiry)
-            for msg_id in ids:
-                self._uncommitted_ids.pop(msg_id, None)
-            self._durable_seq = fresh[-1][0]
-        self._forward(routes)  # seed 004 k: toward further nodes first, then locally
-        self._notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
+        run_route: Route | None = None
+        run_seqs: list[int] = []
+        run_expiry: list[float | None] = []
+        for seq, msg_id, expires, route in fresh:
+            if route is not run_route:
+                self._append_run(run_route, run_seqs, run_expiry)
+                run_route, run_seqs, run_expiry = route, [], []
+                routes.add(route)
+            run_seqs.append(seq)
+            run_expiry.append(expires)
+            if msg_id is not None:
+                ids.append(msg_id)
+                id_seqs.append(seq)
+                id_expiry.append(expires)
+        self._append_run(run_route, run_seqs, run_expiry)
+        self._dedup.remember_many(ids, id_seqs, id_expiry)
+        for msg_id in ids:
+            self._uncommitted_ids.pop(msg_id, None)
+        return routes
 
     @staticmethod
     def _append_run(route: Route | None, seqs: list[int], expiry: list[float | None]) -> None:

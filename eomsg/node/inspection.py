@@ -97,15 +97,22 @@ class Inspection(Maintenance):
         with self._lock:
             self._check_open()
             seqs = self._queue(name).cursor.pending_from(from_seq, limit)
-        found = self.store.fetch(seqs)
+        found = self._fetch_messages(seqs)
         return [found[s] for s in seqs if s in found]  # settled meanwhile: gone from view
 
     # -- replay (read by eomsg.spark) -------------------------------------------------------
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
-        """The first and last committed seq that ``sel`` selects, or None."""
+        """The first and last committed seq that ``sel`` selects, or None — never past
+        a message held in memory, which may yet be written below the last (so a range
+        read is read the same again)."""
         self._check_open()
-        return self.store.log_bounds(sel)
+        with self._lock:
+            ceiling = self._log_ceiling()
+        found = self.store.log_bounds(sel)
+        if found is None or ceiling is None or found[1] <= ceiling:
+            return found
+        return (found[0], ceiling) if found[0] <= ceiling else None
 
     def log_horizon(self) -> tuple[int, int | None]:
         """The first seq the log still holds (log GC drops what is below it; 1 if it

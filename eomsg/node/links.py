@@ -26,6 +26,7 @@ the node, so it may be called under ``_lock``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import secrets
@@ -36,13 +37,13 @@ from typing import Any
 
 from eomsg.core.cursor import Outcome
 from eomsg.core.limits import check_outgoing
-from eomsg.core.links import LinkConfig, LinkInfo, check_node_name
-from eomsg.core.message import Carried, Outgoing
+from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
+from eomsg.core.message import Carried, Message, Outgoing
 from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, LinkNotFound
-from eomsg.node.ingress import Ingress
+from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import Destination, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
@@ -88,9 +89,14 @@ class LinkState:
     error: str | None = None  # why the last attempt to connect failed
     refused: int = 0  # messages from the peer this node could not take (since start)
     unroutable: int = 0  # messages from the peer for nodes this node has no route to
+    # Egress in memory (node/egress.py): the peer's messages held now, by the peer's
+    # seq (ascending); the last acknowledgement sent; the last commit of a frame stored.
+    held: dict[int, Held] = field(default_factory=dict)
+    ack_sent: int = 0
+    last_commit: Future[None] | None = None
 
 
-class Links(Ingress):
+class Links(Egress):
     """Linked peers: interest, routes, what each link owes and has taken."""
 
     # Set by _load_links, at recovery.
@@ -134,6 +140,7 @@ class Links(Ingress):
             batch.set_meta("incarnation", self._incarnation)
             self.store.writer.write(batch).result()
         self._routing = Routes(self._node_name)
+        self._init_egress()
         self._links = {}
         self._links_listeners: list[Callable[[], None]] = []
         self._route_ids = {}
@@ -214,6 +221,29 @@ class Links(Ingress):
         self._links_changed()
         return True
 
+    def set_link_egress(self, peer: str, egress: str, hold: float = DEFAULT_HOLD) -> bool:
+        """What this node does with the messages ``peer`` sends for its own queues:
+        ``store`` them, or hold them in ``memory`` for up to ``hold`` seconds (see
+        :mod:`eomsg.node.egress`; to ``store``, what is held is stored at once).
+        Idempotent: False if the link does so already. LinkNotFound; InvalidConfig."""
+        with self._admin:
+            with self._lock:
+                link = self._link(peer)
+            config = link.config.with_egress(egress, hold)
+            if config == link.config:
+                return False
+            self._check_open()
+            self.store.writer.run(
+                Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            ).result()
+            with self._lock:
+                link.config = config  # messages held already keep their hold…
+                if egress == "store":  # … unless they are to be stored: now, then
+                    written = self._write_held(self.clock(), link=link, every=True)
+        if egress == "store":
+            self._await_commit(written)
+        return True
+
     def remove_link(self, peer: str) -> int:
         """Remove the link to ``peer`` and forget what it owed (returns how many
         messages that was) and what the peer offered; routes through it go. It leaves
@@ -257,10 +287,10 @@ class Links(Ingress):
                 link = self._links[peer]
                 sender = link.outbox.sender
                 rows.append((link, sender.pending, sender.in_flight if link.connected else 0,
-                             link.outbox.lowest(), sender.resends))  # fmt: skip
+                             link.outbox.lowest(), sender.resends, len(link.held)))  # fmt: skip
         published = self.store.published_at([r[3] for r in rows if r[3] is not None])
         out = []
-        for link, pending, in_flight, lowest, resends in rows:
+        for link, pending, in_flight, lowest, resends, held in rows:
             peer = link.config.peer
             oldest = published.get(lowest) if lowest is not None else None
             received_rate, taken_rate = rates.get(LINK_TOTALS + peer, (None, None))
@@ -282,6 +312,8 @@ class Links(Ingress):
                     None if link.connected else link.error,
                     link.refused,
                     link.unroutable,
+                    link.config.egress,
+                    held,
                 )
             )
         return out
@@ -321,13 +353,15 @@ class Links(Ingress):
                     f"link/{peer}/read", json.dumps({"incarnation": incarnation, "read": 0})
                 )
                 self._queue_write(batch)
-            return link.receiver.read
+            link.ack_sent = self._ack_point(link)
+            return link.ack_sent
 
     def link_read(self, peer: str) -> tuple[str, int]:
         """The peer's incarnation this node last took messages from, and how far."""
         with self._lock:
             link = self._link(peer)
-            return link.peer_incarnation, link.receiver.read
+            link.ack_sent = self._ack_point(link)
+            return link.peer_incarnation, link.ack_sent
 
     def link_connected(self, peer: str, read: int, wake: Wake) -> Update:
         """The connection to ``peer`` is up, and the peer holds this node's messages up
@@ -410,7 +444,7 @@ class Links(Ingress):
             targets = {r: self._route_ids[r].targets for rs in routes for r in rs}
         if not frames:
             return []
-        found = self.store.fetch([s for f in frames for s in f.seqs])
+        found = self._fetch_messages([s for f in frames for s in f.seqs])
         out = []
         for frame, frame_routes in zip(frames, routes, strict=True):
             carried = []
@@ -435,11 +469,18 @@ class Links(Ingress):
             self._settle_link(link, link.outbox.acknowledged(read, now, gap=gap), now)
 
     def link_tick(self, peer: str) -> bool:
-        """The resend timer: whether the link went back to resend (nothing acknowledged
-        for a while)."""
+        """The link's timers: the peer's messages held past their hold are written
+        (and acknowledged once durable); whether the link went back to resend (nothing
+        acknowledged for a while)."""
+        now = self.clock()
         with self._lock:
             link = self._links.get(peer)
-            return link is not None and link.connected and link.outbox.sender.tick(self.clock())
+            if link is None:
+                return False
+            if link.held:
+                with contextlib.suppress(EomsgError):  # a failed store: the node reopens
+                    self._write_held(now, link=link)
+            return link.connected and link.outbox.sender.tick(now)
 
     def _settle_link(
         self, link: LinkState, done: dict[int, list[int]], now: float
@@ -470,7 +511,11 @@ class Links(Ingress):
         to acknowledge. A frame all taken before resolves at once; one that does not
         follow what was taken says so (``gap``). A message this node cannot take is
         counted as refused and passed over; one for a node this node has no route to
-        is not carried there (both logged, and counted in :meth:`link_info`)."""
+        is not carried there (both logged, and counted in :meth:`link_info`).
+
+        On a link whose egress is ``memory``, a frame whose messages are all for this
+        node's queues alone is held in memory instead (:mod:`eomsg.node.egress`): taken
+        at once, and acknowledged as each is settled here or written."""
         limits = self.settings.limits
         outgoing: list[Outgoing | None] = []  # None: refused here (see below)
         for m in messages:
@@ -494,9 +539,9 @@ class Links(Ingress):
             receiver = link.receiver
             offer = receiver.offer(prev, [m.seq for m in messages])
             if offer.verdict is not Verdict.TAKE:
-                done.set_result((receiver.read, offer.verdict is Verdict.GAP))
+                done.set_result((self._acked(link), offer.verdict is Verdict.GAP))
                 return done
-            routes, kept = [], []
+            routes, kept, peer_seqs = [], [], []
             for m, taken in zip(messages[offer.start :], outgoing[offer.start :], strict=True):
                 if taken is None:
                     link.refused += 1
@@ -513,20 +558,19 @@ class Links(Ingress):
                 route.extend(self._hop(self._links[h], to) for h, to in onward.items())
                 routes.append(tuple(route))
                 kept.append(taken)
-            batch = RowBatch()
-            first_seq = self._next_seq
-            _, fresh = self._stage(batch, kept, now, routes=routes)
+                peer_seqs.append(m.seq)
             read = messages[-1].seq
-            batch.set_meta(
-                f"link/{peer}/read",
-                json.dumps({"incarnation": link.peer_incarnation, "read": read}),
-            )
-            try:
-                committed = self._write_staged(batch, first_seq, fresh)
-            except BaseException:
-                receiver.refused()
-                raise
             link.received += len(kept)
+            if self._holds(link, kept, routes):
+                wake = self._hold_frame(link, kept, routes, peer_seqs, now)
+                receiver.committed(read)  # taken by this process: never taken twice
+                done.set_result((self._acked(link), False))
+            else:
+                wake = None
+                committed = self._store_frame(link, kept, routes, read, now)
+        if wake is not None:
+            self._notify(wake)
+            return done
 
         def on_commit(f: Future[None]) -> None:
             error = f.exception()
@@ -535,10 +579,175 @@ class Links(Ingress):
                 return
             with self._lock:
                 receiver.committed(read)
-            done.set_result((read, False))
+                point = self._acked(link)
+            done.set_result((point, False))
 
         committed.add_done_callback(on_commit)
         return done
+
+    def _store_frame(
+        self,
+        link: LinkState,
+        kept: list[Outgoing],
+        routes: list[tuple[Destination, ...]],
+        read: int,
+        now: float,
+    ) -> Future[None]:
+        """Store a frame's messages with the link's read sequence (as far as it may be
+        acknowledged) in one commit. Under ``_lock``."""
+        batch = RowBatch()
+        first_seq = self._next_seq
+        _, fresh = self._stage(batch, kept, now, routes=routes)
+        persisted = self._ack_point(link, read)
+        batch.set_meta(
+            f"link/{link.config.peer}/read",
+            json.dumps({"incarnation": link.peer_incarnation, "read": persisted}),
+        )
+        try:
+            committed = self._write_staged(batch, first_seq, fresh)
+        except BaseException:
+            link.received -= len(kept)
+            link.receiver.refused()
+            raise
+        link.last_commit = committed
+        return committed
+
+    # -- egress in memory (node/egress.py) ------------------------------------------------
+
+    def _holds(
+        self, link: LinkState, kept: list[Outgoing], routes: list[tuple[Destination, ...]]
+    ) -> bool:
+        """Whether a frame is held in memory: the link says so, and every message of it
+        is for this node's queues alone (none to carry further, none for no queue),
+        within the room left. Under ``_lock``."""
+        if link.config.egress != "memory" or not kept:
+            return False
+        for route in routes:
+            if not route or any(isinstance(d, HopRoute) for d in route):
+                return False
+        return self._hold_room(sum(len(m.payload) for m in kept))
+
+    def _hold_frame(
+        self,
+        link: LinkState,
+        kept: list[Outgoing],
+        routes: list[tuple[Destination, ...]],
+        peer_seqs: list[int],
+        now: float,
+    ) -> set[str]:
+        """Number the frame's messages and hold them; their queues get them at once —
+        or, if a frame of this link stored before is not durable yet, once it is (so
+        the queues see the peer's messages in its order). The queues to wake once
+        ``_lock`` is released. Under ``_lock``."""
+        staged = RowBatch()
+        results, fresh = self._stage(staged, kept, now, routes=routes)
+        rows: dict[int, RowBatch] = {}
+        for name, table in staged.tables.items():
+            at = SEQ_AT.get(name)
+            if at is None:
+                continue  # the routes' records: saved with the next batch stored
+            for row in table:
+                rows.setdefault(row[at], RowBatch()).rows_of(name).append(row)
+        deadline = now + link.config.hold
+        for m, result, peer_seq, route in zip(kept, results, peer_seqs, routes, strict=True):
+            if result.duplicate:
+                continue
+            held = Held(
+                result.seq,
+                peer_seq,
+                link,
+                Message(
+                    result.seq,
+                    m.topic,
+                    m.payload,
+                    m.id,
+                    now,
+                    None if m.ttl is None else now + m.ttl,
+                    dict(m.headers),
+                ),
+                deadline,
+                {d.id for d in route},
+                rows[result.seq],
+            )
+            self._keep(held)
+            link.held[peer_seq] = held
+        if not fresh:
+            return set()
+        before = link.last_commit
+        if before is None or before.done():
+            return self._publish_held(fresh)
+
+        def after(_: Future[None]) -> None:
+            with self._lock:
+                names = self._publish_held(fresh)
+            self._notify(names)
+
+        before.add_done_callback(after)
+        return set()
+
+    def _ack_point(self, link: LinkState, read: int | None = None) -> int:
+        """How far the peer's messages may be acknowledged: what this node took
+        (``read``, else the receiver's read sequence), short of the first message still
+        held. Under ``_lock``."""
+        point = link.receiver.read if read is None else read
+        for peer_seq in link.held:  # ascending: the first is the lowest
+            return min(point, peer_seq - 1)
+        return point
+
+    def _held_done(self, held: Held) -> None:  # see Egress
+        link = held.link
+        link.held.pop(held.peer_seq, None)
+        if link.wake is not None and self._ack_point(link) > link.ack_sent:
+            link.wake()
+
+    def link_ack(self, peer: str) -> int | None:
+        """An acknowledgement to send ``peer`` now — how far its messages are taken —
+        if it moved since the last (messages held in memory settled or written)."""
+        with self._lock:
+            link = self._links.get(peer)
+            if link is None:
+                return None
+            point = self._ack_point(link)
+            if point <= link.ack_sent:
+                return None
+            link.ack_sent = point
+            return point
+
+    def _acked(self, link: LinkState) -> int:
+        """The acknowledgement to send now (noted as sent). Under ``_lock``."""
+        point = self._ack_point(link)
+        link.ack_sent = max(link.ack_sent, point)
+        return point
+
+    def _write_held(
+        self, now: float, *, link: LinkState | None = None, every: bool = False
+    ) -> Future[None] | None:
+        """Write the held messages whose hold is over (``every``: all of them; ``link``:
+        that link's only) with what was recorded about them, and each link's read
+        sequence past them, in one commit; they are acknowledged once it is durable.
+        Under ``_lock``."""
+        due = [
+            h
+            for h in self._held.values()
+            if not h.writing and (every or h.deadline <= now) and (link is None or h.link is link)
+        ]
+        if not due:
+            return None
+        batch = RowBatch()
+        self._write_with(batch, due)
+        for each in {h.link for h in due}:
+            if self._links.get(each.config.peer) is not each:
+                continue  # removed: nothing of it is kept
+            point = each.receiver.read
+            for peer_seq, h in each.held.items():
+                if not h.writing:
+                    point = min(point, peer_seq - 1)
+                    break
+            batch.set_meta(
+                f"link/{each.config.peer}/read",
+                json.dumps({"incarnation": each.peer_incarnation, "read": point}),
+            )
+        return self._write(batch)
 
     # -- interest and routes ------------------------------------------------------------
 

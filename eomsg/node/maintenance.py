@@ -28,6 +28,7 @@ class Maintenance(NodeState):
         now = self.clock()
         self._poll(now)
         with self._lock:
+            self._write_held(now)  # held in memory past their hold: stored now
             self._rates.note(now, self._totals())
             compact = self._settled_since_compaction >= self.settings.compact_every
             if compact:

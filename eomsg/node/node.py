@@ -89,6 +89,8 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Inspection, Main
             self._ticker.join()
         try:
             if not self.store.writer.failed:
+                with self._lock:  # what is held in memory is stored: nothing comes twice
+                    self._write_held(self.clock(), every=True)
                 self.maintain()
         finally:
             self._closed = True

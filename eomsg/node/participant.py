@@ -77,7 +77,7 @@ class Participant(Ingress):
                     batch.add("txn_deletes", txid, q.id, seq)
             self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner)
             failpoint("txn.prepare.before_commit")
-            committed = self.store.writer.write(batch)
+            committed = self._write(batch)
         committed.result()
         failpoint("txn.prepare.after_commit")
 
@@ -133,7 +133,7 @@ class Participant(Ingress):
             del self._txns[txid]
             self._finished[txid] = state
             failpoint("txn.abort.before_commit")
-            committed = self.store.writer.write(batch)
+            committed = self._write(batch)
         committed.result()
         self._notify({q.config.name for q in t.deletes})
         return True

@@ -46,14 +46,14 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Protocol
+from typing import Any, Protocol
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Election, Epochs, FlowEvent
-from eomsg.core.message import Outgoing
+from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.rates import Rates, Totals
 from eomsg.core.topics import Matcher
@@ -249,7 +249,47 @@ class NodeState:
         """Hand ``batch`` to the writer if it holds anything (None if not). Call under
         ``_lock``, so commits follow the order the state changed in, then wait with
         :meth:`_await_commit` after releasing it."""
-        return self.store.writer.write(batch) if not batch.empty else None
+        return None if batch.empty else self._write(batch)
+
+    def _write(self, batch: RowBatch) -> Future[None]:
+        """Hand ``batch`` to the writer — what it records about messages held in memory
+        kept with them instead (:mod:`eomsg.node.egress`); resolved at once if nothing
+        is left to write. Under ``_lock``."""
+        batch = self._divert(batch)
+        if batch.empty and not batch.callbacks:
+            done: Future[None] = Future()
+            done.set_result(None)
+            return done
+        return self.store.writer.write(batch)
+
+    def _write_held(
+        self, now: float, *, link: Any = None, every: bool = False
+    ) -> Future[None] | None:
+        """Write the messages held in memory whose hold is over (``every``: all);
+        see :mod:`eomsg.node.links`. Under ``_lock``."""
+        return None
+
+    def _divert(self, batch: RowBatch) -> RowBatch:
+        """``batch`` without the rows about messages held in memory (see
+        :class:`~eomsg.node.egress.Egress`). Under ``_lock``."""
+        return batch
+
+    def _queue_dropped(self, queue_id: int) -> None:
+        """Queue ``queue_id`` is gone: what is held in memory no longer waits for it
+        (see :class:`~eomsg.node.egress.Egress`). Under ``_lock``."""
+
+    def _log_ceiling(self) -> int | None:
+        """The highest seq readers of the log may rely on, if any is below the last
+        (see :class:`~eomsg.node.egress.Egress`). Under ``_lock``."""
+        return None
+
+    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
+        """The messages with these seqs (ascending), held in memory or stored."""
+        return self.store.fetch(seqs)
+
+    def _expiries(self, seqs: Sequence[int]) -> dict[int, float]:
+        """Expiry times of the messages among ``seqs`` that have one."""
+        return self.store.expiries(seqs)
 
     @staticmethod
     def _await_commit(future: Future[None] | None) -> None:
@@ -277,7 +317,7 @@ class NodeState:
                 moved.append(s.seq)
         self._settled_since_compaction += len(settlements)
         if moved and dlq is not None:
-            expiries = self.store.expiries(moved)
+            expiries = self._expiries(moved)
             target = dlq
 
             def to_dlq() -> None:

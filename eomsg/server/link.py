@@ -252,6 +252,9 @@ class LinkConnection(asyncio.Protocol):
                 return
             for update in self.node.link_updates(self.peer):
                 self.send(ev.Interest(update.full, update.moves))
+            ack = self.node.link_ack(self.peer)  # messages held in memory, settled here
+            if ack is not None:
+                self.send(ev.Taken(ack, False))
             frames = await self.server.blocking(self.node.link_frames, self.peer)
             for prev, messages in frames:
                 self._send_transfer(prev, messages)
@@ -378,7 +381,8 @@ class LinkManager:
         removed or changed (and drop their connections)."""
         wanted = {c.peer: c for c in self.server.node.link_configs() if c.address}
         for peer, (config, task) in list(self._diallers.items()):
-            if wanted.get(peer) != config:
+            now = wanted.get(peer)
+            if now is None or now.dialling() != config.dialling():
                 task.cancel()
                 del self._diallers[peer]
         known = {c.peer for c in self.server.node.link_configs()}

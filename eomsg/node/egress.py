@@ -1,0 +1,212 @@
+"""Egress in memory (seed 004, egress i to xi): messages a linked peer sends for this
+node's own queues, held in memory instead of being stored, when the link says so.
+
+A link whose ``egress`` is ``memory`` holds each message that arrives over it for this
+node's queues alone (none to carry further) in memory: it is numbered and handed to the
+queues' cursors at once, as if stored, but nothing of it is written (ii, iii). What the
+queues record about it meanwhile — deliveries, releases, deletes — stays with it in
+memory too (iv, v). When every queue has settled it, it is forgotten, and the peer is
+told this node holds it (vi): not one byte of it ever reached this node's disk. One not
+settled everywhere within the link's ``hold`` is written then, whole — the message, its
+queues, and what they recorded so far — and acknowledged once durable (vii, viii); from
+there it is a stored message like any other (ix to xi). A held message that a durable
+record needs (moved to a dead-letter queue, deleted by a transaction) is written whole
+with that record, the same way.
+
+What it trades: the peer keeps the message (it is not acknowledged) until it is settled
+here or written, so a crash of this node loses nothing the peer sent — but what local
+consumers took from memory is delivered again after it (the peer sends it again): at
+least once for those messages, exactly once with the inbox and publish ids (the inbox
+dedups by id). Held messages that are settled in time never enter this node's log (the
+node they were published on keeps them in its own); one written late enters the log
+below seqs already there, so readers of the log see no further than the lowest held
+message (:meth:`Egress._log_ceiling`).
+
+This module keeps the held messages and the rows recorded about them; the link's side
+— what is held, when to write it, what to acknowledge — is in :mod:`eomsg.node.links`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from eomsg.core.message import Message
+from eomsg.node.ingress import Fresh, Ingress
+from eomsg.node.state import QueueState
+from eomsg.store.writer import RowBatch
+
+if TYPE_CHECKING:
+    from eomsg.node.links import LinkState
+
+# Where each table that names a message keeps its seq.
+SEQ_AT = {
+    "messages": 0,
+    "publish_ids": 1,
+    "destinations": 0,
+    "deliveries": 1,
+    "returned": 1,
+    "settled": 1,
+    "txn_deletes": 2,
+}
+KEPT = ("deliveries", "returned", "settled")  # what a held message keeps while held
+_QUEUE_AT = {"destinations": 1, "deliveries": 0, "returned": 0, "settled": 0}
+MAX_HELD_BYTES = 64 << 20  # payload bytes held at once; past it, messages are stored
+
+
+@dataclass(eq=False)
+class Held:
+    """A message held in memory: its seq here, the peer's seq it came as and its link,
+    its rows (those that store it, then those recorded about it since), the queues
+    that have not settled it, when it must be written, and the message itself."""
+
+    seq: int
+    peer_seq: int
+    link: LinkState
+    message: Message
+    deadline: float
+    owed: set[int]  # queue ids
+    rows: RowBatch = field(default_factory=RowBatch)
+    writing: bool = False  # written with a batch not yet durable
+
+    @property
+    def size(self) -> int:
+        return len(self.message.payload) + 256
+
+
+class Egress(Ingress):
+    """Messages held in memory for this node's queues, and the rows kept with them."""
+
+    _held: dict[int, Held]  # by seq, in the order they were held (ascending)
+    _held_bytes: int
+
+    def _init_egress(self) -> None:
+        self._held = {}
+        self._held_bytes = 0
+
+    def _hold_room(self, size: int) -> bool:
+        """Whether ``size`` more payload bytes may be held. Under ``_lock``."""
+        return self._held_bytes + size <= MAX_HELD_BYTES
+
+    def _keep(self, held: Held) -> None:
+        """Hold ``held`` (its rows staged, its queues in ``owed``). Under ``_lock``."""
+        self._held[held.seq] = held
+        self._held_bytes += held.size
+
+    def _publish_held(self, fresh: list[Fresh]) -> set[str]:
+        """Hand held messages to their queues' cursors and their ids to the dedup
+        window, as a commit does for stored ones; the names of the queues to wake once
+        ``_lock`` is released. Under ``_lock``."""
+        routes = self._deliverable(fresh)
+        return {q.config.name for r in routes for q in r if isinstance(q, QueueState)}
+
+    # -- what the rest of the node sees (hooks of NodeState) --------------------------------
+
+    def _divert(self, batch: RowBatch) -> RowBatch:
+        """``batch`` as it goes to the writer: rows about held messages kept with them
+        instead; a held message that another record needs (a dead-letter destination, a
+        transaction's delete) written whole with it. Under ``_lock``."""
+        held = self._held
+        if not held:
+            return batch
+        needed: set[int] = set()
+        for name, rows in batch.tables.items():
+            at = SEQ_AT.get(name)
+            if at is not None and name not in KEPT:
+                needed.update(
+                    row[at] for row in rows if row[at] in held and not held[row[at]].writing
+                )
+        if needed:
+            self._write_with(batch, [held[s] for s in sorted(needed)])
+        settled_all: list[Held] = []
+        for name in KEPT:
+            if not batch.tables.get(name):
+                continue
+            rows, at = batch.tables[name], SEQ_AT[name]
+            rest = []
+            for row in rows:
+                h = held.get(row[at])
+                if h is None or h.writing:
+                    rest.append(row)
+                    continue
+                h.rows.rows_of(name).append(row)
+                if name == "settled":
+                    h.owed.discard(row[0])
+                    if not h.owed:
+                        settled_all.append(h)
+            if rest:
+                batch.tables[name] = rest
+            else:
+                del batch.tables[name]
+        for h in settled_all:
+            self._forget_held(h)
+            self._held_done(h)
+        return batch
+
+    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
+        # Not under _lock: a message may leave memory meanwhile, written (the writer's
+        # overlay has it then) or settled (then it is gone, as a stored one may be).
+        held = self._held
+        if not held:
+            return self.store.fetch(seqs)
+        found = {s: h.message for s in seqs if (h := held.get(s)) is not None}
+        rest = [s for s in seqs if s not in found]
+        if rest:
+            found.update(self.store.fetch(rest))
+        return found
+
+    def _expiries(self, seqs: Sequence[int]) -> dict[int, float]:
+        found = {s: e for s in seqs if s in self._held and (e := self._held[s].message.expires_at)}
+        rest = [s for s in seqs if s not in self._held]
+        if rest:
+            found.update(self.store.expiries(rest))
+        return found
+
+    def _queue_dropped(self, queue_id: int) -> None:
+        for h in list(self._held.values()):
+            if queue_id not in h.owed or h.writing:
+                continue
+            h.owed.discard(queue_id)
+            for name, rows in h.rows.tables.items():
+                if name != "messages" and name != "publish_ids":
+                    h.rows.tables[name] = [r for r in rows if r[_QUEUE_AT[name]] != queue_id]
+            if not h.owed:
+                self._forget_held(h)
+                self._held_done(h)
+
+    def _log_ceiling(self) -> int | None:
+        """The highest seq readers of the log may rely on: below the lowest message
+        held (it may yet be written). None when none is held."""
+        for seq in self._held:  # ascending: the first is the lowest
+            return seq - 1
+        return None
+
+    # -- writing held messages ----------------------------------------------------------------
+
+    def _write_with(self, batch: RowBatch, helds: list[Held]) -> None:
+        """Put ``helds`` whole into ``batch``, ahead of its own rows (so what was
+        recorded about them comes first); they count as done once it is durable.
+        Under ``_lock``."""
+        for name in {n for h in helds for n in h.rows.tables}:
+            before = [row for h in helds for row in h.rows.tables.get(name, ())]
+            batch.tables[name] = before + batch.tables.get(name, [])
+        for h in helds:
+            h.writing = True
+
+        def written() -> None:
+            with self._lock:
+                for h in helds:
+                    if self._held.get(h.seq) is h:
+                        self._forget_held(h)
+                        self._held_done(h)
+
+        batch.after_commit(written)
+
+    def _forget_held(self, held: Held) -> None:
+        del self._held[held.seq]
+        self._held_bytes -= held.size
+
+    def _held_done(self, held: Held) -> None:
+        """``held`` is settled everywhere here, or durable: the link may acknowledge it
+        (:mod:`eomsg.node.links`). Under ``_lock``."""
