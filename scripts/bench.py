@@ -28,7 +28,9 @@ on node a for a queue on node b and compares how fast they arrive there with a s
 node's publish rate in the same run; ``link-latency`` times ``--n`` messages, one in
 flight, through a chain a → b → c (the latency each hop adds); ``link-resume`` SIGKILLs
 and restarts the receiving node ``--n`` times (the time until the link is up again and
-the first message arrives).
+the first message arrives); ``link-egress`` publishes ``--n`` messages on a for a queue
+on b that a consumer there drains, with b storing them and then holding them in memory
+(the rate the consumer got them at, and what b wrote).
 
 Failover of an exclusive queue (scripts/bench_failover.py), ``--n`` failovers with
 ``--held`` messages held by the consumer that goes away:

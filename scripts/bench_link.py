@@ -9,6 +9,10 @@ link-latency     a chain a → b → c; one message in flight at a time, publish
                  latency of each hop, p50 / p99
 link-resume      messages flow a → b; b is SIGKILLed and started again: the time from
                  b's restart to the link being up, and to the first message b takes
+link-egress      a takes ``n`` publishes for a queue on b, which a consumer on b drains
+                 as they come (fetch and delete, batches of 256), once with b storing
+                 what a sends and once holding it in memory (``link set --egress
+                 memory``): the rate b's consumer got them at, and the messages b wrote
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 import eomsg
 from eomsg.core.queues import QueueConfig
 
-SCENARIOS = ("link-throughput", "link-latency", "link-resume")
+SCENARIOS = ("link-throughput", "link-latency", "link-resume", "link-egress")
 WINDOW = 256
 
 
@@ -230,9 +234,53 @@ def resume(rounds: int, payload: bytes, tmp: Path) -> dict[str, object]:
         b.stop()
 
 
+def egress(n: int, payload: bytes, tmp: Path) -> dict[str, object]:
+    out: dict[str, object] = {"scenario": "link-egress", "n": n, "payload": len(payload)}
+    for mode in ("store", "memory"):
+        a, b = Node(tmp / mode, "a"), Node(tmp / mode, "b")
+        try:
+            with b.client() as c:
+                c.create_queue(QueueConfig("far", subscriptions=("far/>",)))
+            a.link_to(b)
+            _until(lambda a=a: _reaches(a, "b"))
+            with b.client() as c:
+                c.set_link_egress("a", mode, 1.0)
+            got = 0
+            done = threading.Event()
+
+            def drain(b: Node = b) -> None:
+                nonlocal got
+                with b.client() as c:
+                    while got < n:
+                        batch = c.fetch("far", 256, wait=1)
+                        if batch:
+                            c.delete("far", [m.key for m in batch])
+                            got += len(batch)
+                done.set()
+
+            reader = threading.Thread(target=drain, daemon=True)
+            reader.start()
+            start = time.perf_counter()
+            with a.client() as c:
+                _publish_windowed(c, "far/x", n, payload, "e")
+            if not done.wait(600):
+                raise SystemExit("bench: the consumer on b did not get every message")
+            took = time.perf_counter() - start
+            with b.client() as c:
+                written = c.query("SELECT count(*) FROM messages")[1][0][0]
+            out[f"{mode}_consumed_per_s"] = round(n / took)
+            out[f"{mode}_written_at_b"] = written
+        finally:
+            a.stop()
+            b.stop()
+    return out
+
+
 def run(scenario: str, n: int, payload: bytes, tmp: Path) -> dict[str, object]:
     if scenario == "link-throughput":
         return throughput(n, payload, tmp)
+    if scenario == "link-egress":
+        return egress(n, payload, tmp)
     if scenario == "link-latency":
         return latency(n, payload, tmp)
     return resume(n, payload, tmp)

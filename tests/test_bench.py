@@ -99,3 +99,11 @@ def test_replay_scenario_prints_rows_per_second_and_startup() -> None:
     result = bench("--scenario", "replay", "--n", "500", "--rounds", "1", "--transform", "rows")
     assert result["scenario"] == "replay" and result["rows_per_s"] > 0  # type: ignore[operator]
     assert result["spark_startup_s"] > 0 and result["job_fixed_s"] > 0  # type: ignore[operator]
+
+
+def test_the_link_egress_scenario_reports_both_modes() -> None:
+    result = bench("--scenario", "link-egress", "--n", "300")
+    assert result["scenario"] == "link-egress" and result["n"] == 300
+    for mode in ("store", "memory"):
+        assert result[f"{mode}_consumed_per_s"] > 0  # type: ignore[operator]
+    assert result["store_written_at_b"] == 300  # stored: every message written at b

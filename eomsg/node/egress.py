@@ -141,7 +141,8 @@ class Egress(Ingress):
                 del batch.tables[name]
         for h in settled_all:
             self._forget_held(h)
-            self._held_done(h)
+        if settled_all:
+            self._held_done(settled_all)
         return batch
 
     def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
@@ -164,6 +165,7 @@ class Egress(Ingress):
         return found
 
     def _queue_dropped(self, queue_id: int) -> None:
+        done = []
         for h in list(self._held.values()):
             if queue_id not in h.owed or h.writing:
                 continue
@@ -173,7 +175,9 @@ class Egress(Ingress):
                     h.rows.tables[name] = [r for r in rows if r[_QUEUE_AT[name]] != queue_id]
             if not h.owed:
                 self._forget_held(h)
-                self._held_done(h)
+                done.append(h)
+        if done:
+            self._held_done(done)
 
     def _log_ceiling(self) -> int | None:
         """The highest seq readers of the log may rely on: below the lowest message
@@ -196,10 +200,11 @@ class Egress(Ingress):
 
         def written() -> None:
             with self._lock:
-                for h in helds:
-                    if self._held.get(h.seq) is h:
-                        self._forget_held(h)
-                        self._held_done(h)
+                done = [h for h in helds if self._held.get(h.seq) is h]
+                for h in done:
+                    self._forget_held(h)
+                if done:
+                    self._held_done(done)
 
         batch.after_commit(written)
 
@@ -207,6 +212,6 @@ class Egress(Ingress):
         del self._held[held.seq]
         self._held_bytes -= held.size
 
-    def _held_done(self, held: Held) -> None:
-        """``held`` is settled everywhere here, or durable: the link may acknowledge it
-        (:mod:`eomsg.node.links`). Under ``_lock``."""
+    def _held_done(self, done: list[Held]) -> None:
+        """These are settled everywhere here, or durable: their links may acknowledge
+        them (:mod:`eomsg.node.links`). Under ``_lock``."""

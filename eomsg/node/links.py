@@ -694,11 +694,12 @@ class Links(Egress):
             return min(point, peer_seq - 1)
         return point
 
-    def _held_done(self, held: Held) -> None:  # see Egress
-        link = held.link
-        link.held.pop(held.peer_seq, None)
-        if link.wake is not None and self._ack_point(link) > link.ack_sent:
-            link.wake()
+    def _held_done(self, done: list[Held]) -> None:  # see Egress
+        for held in done:
+            held.link.held.pop(held.peer_seq, None)
+        for link in {held.link for held in done}:  # woken once: it sends one acknowledgement
+            if link.wake is not None and self._ack_point(link) > link.ack_sent:
+                link.wake()
 
     def link_ack(self, peer: str) -> int | None:
         """An acknowledgement to send ``peer`` now — how far its messages are taken —
