@@ -248,7 +248,7 @@ def egress(n: int, payload: bytes, tmp: Path) -> dict[str, object]:
             got = 0
             done = threading.Event()
 
-            def drain(b: Node = b) -> None:
+            def drain(b: Node = b, done: threading.Event = done) -> None:
                 nonlocal got
                 with b.client() as c:
                     while got < n:
