@@ -654,7 +654,8 @@ class AsyncClient(Operations):
     def _lost(self, error: EomsgError) -> None:
         """The connection is over: fail everything still waiting, once. Requests in
         flight get Unavailable, whatever ended the connection: they may or may not
-        have taken effect (retry idempotently); subscriptions get the cause itself."""
+        have taken effect (retry idempotently); subscriptions get the cause itself, and
+        the handshake the first cause (a refused token, not the close after it)."""
         if self._failed is None:
             self._failed = error
         unknown = (
@@ -665,8 +666,6 @@ class AsyncClient(Operations):
                 "retry it with the same ids)"
             )
         )
-        if self._transport is not None and not self._transport.is_closing():
-            self._transport.close()
         if not self._welcome.done():
             self._welcome.set_exception(error)
             self._welcome.exception()  # retrieved: no "never retrieved" warning
@@ -695,6 +694,10 @@ class AsyncClient(Operations):
             # now rather than wait for a node that cannot tell it.
             sub.change(False, sub.epoch)
             sub.sink(error)
+        # Last: closing may call this protocol back at once (an SSL transport says its
+        # end of stream), and what ended the connection must be said first.
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.close()
 
 
 def _concat(
