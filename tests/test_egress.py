@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
-from eomsg.core.message import Outgoing
+from eomsg.core.message import Carried, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import InvalidConfig, LinkNotFound
 from eomsg.node.node import Node
+from eomsg.store.writer import RowBatch
 from tests.conftest import eventually
 from tests.linknet import MakeNet, Net
 from tests.test_network import Network
@@ -259,3 +262,78 @@ def test_a_queue_deleted_no_longer_keeps_a_held_message(net: MakeNet) -> None:
     b.delete("q", [m.key])  # q was the last queue to settle it
     settle(n)
     assert owed(n) == 0 and rows(b, "messages") == 0
+
+
+def test_a_held_message_requeued_is_acknowledged_once_its_copy_is_durable(
+    net: MakeNet,
+) -> None:
+    n = pair(net, Q, QueueConfig("other"))
+    a, b = n.nodes["a"], n.nodes["b"]
+    a.publish("t/x", b"only copy")
+    settle(n)
+    real, parked = b.store.writer.write, []
+
+    def park(batch: RowBatch) -> Future[None]:  # the requeue's commit, held back
+        if "messages" in batch.tables:
+            parked.append((batch, Future()))
+            return parked[-1][1]
+        return real(batch)
+
+    b.store.writer.write = park  # type: ignore[method-assign]
+    mover = threading.Thread(target=b.requeue, args=("q", "other"), daemon=True)
+    mover.start()
+    assert eventually(lambda: bool(parked))
+    assert b.link_ack("a") is None  # the original is settled, its copy not yet durable
+    b.store.writer.write = real  # type: ignore[method-assign]
+    batch, future = parked[0]
+    real(batch).add_done_callback(lambda f: future.set_result(None))
+    mover.join(10)
+    assert eventually(lambda: settled_all(n))
+
+
+def test_a_frame_stored_after_held_ones_writes_them_with_it(net: MakeNet) -> None:
+    """b holds a frame; the next cannot be held (no queue wants one of its messages):
+    the held one is written with it, so the read kept on disk passes both and a restart
+    takes neither again."""
+    n = pair(net, Q)
+    b = n.nodes["b"]
+    read = b.link_info()[0].read
+    assert b.accept_transfer("a", read, [carried(read + 1, "t/x")]).result(5)[0] == read
+    assert b.link_info()[0].held == 1
+    assert b.accept_transfer("a", read + 1, [carried(read + 2, "nobody")]).result(5) == (
+        read + 2,
+        False,
+    )
+    b.store.writer.sync()
+    assert json.loads(b.store.meta("link/a/read") or "{}")["read"] == read + 2
+    assert b.link_info()[0].held == 0 and rows(b, "messages") == 2  # both in the log
+
+
+def test_no_frame_is_held_while_one_stored_before_is_not_durable(net: MakeNet) -> None:
+    """Held, a frame would reach the queues before the stored one ahead of it, and be
+    acknowledged past it: it is stored too, behind it."""
+    n = pair(net, Q)
+    b = n.nodes["b"]
+    read = b.link_info()[0].read
+    real, parked = b.store.writer.write, []
+
+    def park(batch: RowBatch) -> Future[None]:
+        if "messages" in batch.tables or any(k == "node_meta" for k in batch.tables):
+            parked.append((batch, Future()))
+            return parked[-1][1]
+        return real(batch)
+
+    b.store.writer.write = park  # type: ignore[method-assign]
+    first = b.accept_transfer("a", read, [carried(read + 1, "nobody")])
+    second = b.accept_transfer("a", read + 1, [carried(read + 2, "t/x")])
+    assert not first.done() and not second.done()  # both wait for their commits
+    assert b.link_info()[0].held == 0
+    b.store.writer.write = real  # type: ignore[method-assign]
+    for batch, future in parked:
+        real(batch).add_done_callback(lambda f, future=future: future.set_result(None))
+    assert first.result(10) == (read + 1, False) and second.result(10) == (read + 2, False)
+
+
+def carried(seq: int, topic: str) -> Carried:
+    """A message as node a sends it to b."""
+    return Carried(seq, topic, f"m{seq}".encode(), None, None, {}, ("b",))

@@ -133,9 +133,8 @@ def test_a_wrong_token_is_refused_and_changes_nothing(network: Network, tmp_path
         (info,) = client.link_info()
         assert not info.connected
         assert info.error == (
-            "refused: wrong or missing token for a link from 'a': give the token this node "
-            "made for it (`eomsg link add` here with --token-file) or its node token "
-            "(DIR/eomsg.token)"
+            "refused: it does not know the link's token: a wrong --token-file, or not the "
+            "peer (check the address)"
         )
     with network.client("b") as client:
         assert client.link_info() == []

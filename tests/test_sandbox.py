@@ -112,6 +112,24 @@ def test_anything_but_a_plain_select_is_refused_and_changes_nothing(
     assert not Path("/tmp/eomsg-leak.csv").exists()
 
 
+SECRETS = [  # node_meta holds the tokens a node presents to linked nodes
+    "SELECT * FROM node_meta",
+    'SELECT value FROM main."NODE_META"',
+    "WITH x AS (SELECT * FROM node_meta) SELECT * FROM x",
+    "SELECT (SELECT value FROM node_meta LIMIT 1)",
+    "SUMMARIZE node_meta",
+    "SELECT * FROM pragma_storage_info('node_meta')",
+    "SELECT * FROM pragma_table_info('main.node_meta')",
+]
+
+
+@pytest.mark.parametrize("sql", SECRETS)
+def test_the_table_of_link_tokens_is_never_read(sql: str, node: Node) -> None:
+    node.add_link("b", "tcp://127.0.0.1:1", "s3cret-token")
+    with pytest.raises(InvalidQuery, match="holds this node's link tokens: inspect sql cannot"):
+        node.query(sql)
+
+
 @pytest.mark.parametrize(("sql", "rows"), READS)
 def test_plain_selects_run(sql: str, rows: list[tuple[Any, ...]], node: Node) -> None:
     node.publish("t", b"x")

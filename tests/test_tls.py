@@ -6,6 +6,7 @@ link token, and a node that answers a link without knowing its token."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
@@ -13,15 +14,20 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import trustme
 
 import eomsg
-from eomsg.core.links import link_proof
+from eomsg.core.links import link_proof, token_hash
+from eomsg.core.message import Carried
+from eomsg.core.queues import QueueConfig
 from eomsg.errors import AuthenticationFailed, InvalidConfig, Unavailable
+from eomsg.server.link import LinkConnection, LinkManager
 from eomsg.wire import events as ev
-from eomsg.wire.protocol import NEED_DATA, Connection, Role
+from eomsg.wire.protocol import NEED_DATA, Connection, Role, State
 from eomsg.wire.tls import ClientTls, ServerTls
 from tests.conftest import NodeProcess, eventually
 from tests.test_network import drain
@@ -211,6 +217,11 @@ def test_serve_checks_its_tls_options_before_taking_the_directory(
 
 # -- links -------------------------------------------------------------------------------
 
+REFUSED = (  # what the dialler says of a node that does not know the link's token
+    "refused: it does not know the link's token: a wrong --token-file, or not the peer "
+    "(check the address)"
+)
+
 
 def test_a_link_over_tls_with_a_token_of_its_own(nodes: Nodes, pki: Pki, tmp_path: Path) -> None:
     """b accepts a with a token made for that link alone; both ask for client
@@ -263,7 +274,7 @@ def test_a_link_token_is_for_its_peer_alone(nodes: Nodes, pki: Pki, tmp_path: Pa
 
     def refused() -> bool:
         (link,) = json.loads(nodes.run("link", "list", "--json", "--data", str(c.data_dir)).stdout)
-        return (link["error"] or "").startswith("refused: wrong or missing token for a link")
+        return (link["error"] or "") == REFUSED
 
     assert eventually(refused)
     peers = json.loads(nodes.run("link", "list", "--json", "--data", str(b.data_dir)).stdout)
@@ -274,7 +285,8 @@ def test_a_link_to_a_node_that_does_not_know_its_token_takes_nothing(
     nodes: Nodes, tmp_path: Path
 ) -> None:
     """Something listening where b should be answers the hello as b, without knowing the
-    link's token: a does not start the link, so nothing it owes is taken as held."""
+    link's token: a does not start the link, so nothing it owes is taken as held — and
+    the token never reached it."""
     a = nodes.start("a")
     fake = FakeNode("b")
     try:
@@ -288,13 +300,12 @@ def test_a_link_to_a_node_that_does_not_know_its_token_takes_nothing(
         def refused() -> bool:
             shown = nodes.run("link", "list", "--json", "--data", str(a.data_dir)).stdout
             (link,) = json.loads(shown)
-            return link["error"] == (
-                "refused: it does not know the link's token: it is not the peer (check the address)"
-            )
+            return bool(link["error"] == REFUSED)
 
         assert eventually(refused)
-        assert fake.hellos and fake.hellos[0].token == "the-token"
-        assert not fake.after_welcome  # a sent nothing past its hello
+        assert fake.hellos  # and nothing of the token travelled in them:
+        assert b"the-token" not in fake.heard
+        assert not fake.after_welcome  # a sent nothing past its hello: not even its proof
     finally:
         fake.close()
 
@@ -307,6 +318,7 @@ class FakeNode:
         self.name = name
         self.hellos: list[ev.LinkHello] = []
         self.after_welcome: list[ev.Event] = []
+        self.heard = b""
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
         self.sock.settimeout(0.2)
@@ -335,14 +347,15 @@ class FakeNode:
             except OSError:
                 return
             proto.receive_data(data)
+            self.heard += data
             if not data:
                 return
             while (event := proto.next_event()) is not NEED_DATA:
                 if isinstance(event, ev.LinkHello) and not welcomed:
                     self.hellos.append(event)
-                    proof = link_proof("00" * 32, event.nonce, event.node, self.name)
+                    proof = link_proof("00" * 32, event.nonce, event.node, self.name, "dialled")
                     welcome = ev.LinkWelcome(
-                        ev.LINK_VERSION, self.name, "fake", 0, 1 << 22, 1.0, proof
+                        ev.LINK_VERSION, self.name, "fake", 0, 1 << 22, 1.0, (proof,), "n"
                     )
                     conn.sendall(proto.send(welcome))
                     welcomed = True
@@ -375,3 +388,91 @@ def test_link_add_says_what_is_wrong_in_one_line(nodes: Nodes, pki: Pki, tmp_pat
     done = nodes.run("link", "add", "b", "--token-file", str(token), *d, code=2)
     assert "is open to other users" in done.stderr
     assert json.loads(nodes.run("link", "list", "--json", *d).stdout) == []
+
+
+class FakeTransport:
+    """Where a link connection under test writes; it never reads."""
+
+    def __init__(self) -> None:
+        self.out: list[bytes] = []
+        self.closing = False
+        self.protocol: object = None
+
+    def write(self, data: bytes) -> None:
+        self.out.append(data)
+
+    def close(self) -> None:
+        self.closing = True
+
+    abort = close
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def set_protocol(self, protocol: object) -> None:
+        self.protocol = protocol
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return default
+
+
+def fake_server(node: object, loop: asyncio.AbstractEventLoop) -> SimpleNamespace:
+    settings = SimpleNamespace(max_frame=1 << 20, heartbeat=5.0, handshake_timeout=5.0, tls=None)
+    server = SimpleNamespace(
+        node=node, loop=loop, settings=settings, token="the-node-token", node_name="a"
+    )
+    server.links = LinkManager(server)  # type: ignore[arg-type]
+    server.spawn = loop.create_task
+    return server
+
+
+def forged(seq: int) -> tuple[Carried, ...]:
+    return (Carried(seq, "t/x", b"forged", None, None, {}, ("a",)),)
+
+
+def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
+    """Frames pipelined behind a handshake that fails — a welcome without the token's
+    proof (dialling side), a wrong proof (dialled side) — are dropped with it."""
+    a = net("a").nodes["a"]
+    a.create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    loop = asyncio.new_event_loop()
+    try:
+        server = fake_server(a, loop)
+        # Dialling side: the welcome's proof is made with a key it does not know.
+        a.add_link("b", "tcp://127.0.0.1:9", "the-real-token")
+        dialler = LinkConnection(server, "b", Connection(Role.CLIENT, 1 << 20))  # type: ignore[arg-type]
+        dialler.key, dialler.nonce = token_hash("the-real-token"), "n1"
+        dialler.connection_made(FakeTransport())  # type: ignore[arg-type]
+        dialler.send(ev.LinkHello(ev.LINK_VERSION, "a", a.incarnation, "", 0, 1 << 20, "n1"))
+        impostor = Connection(Role.SERVER, 1 << 20)
+        impostor.receive_data(b"".join(dialler.transport.out))  # type: ignore[union-attr]
+        impostor.next_event()
+        bogus = link_proof(token_hash("guessed"), "n1", "a", "b", "dialled")
+        data = impostor.send(
+            ev.LinkWelcome(ev.LINK_VERSION, "b", "i" * 16, 0, 1 << 20, 5.0, (bogus,), "n2")
+        )
+        impostor.state = State.LINKED  # it sends on as if linked (the rules forbid it)
+        dialler.data_received(data + impostor.send(ev.Transfer(0, forged(1))))
+        assert dialler.ending and not dialler.linked
+        assert a.link_info()[0].received == 0  # the frame behind it: not taken
+        # Dialled side: a node says it is c (a link a knows), proves nothing, and sends a
+        # frame behind its proof.
+        a.add_link("c", None, None)
+        c = Connection(Role.CLIENT, 1 << 20)
+        hello = ev.LinkHello(ev.LINK_VERSION, "c", "c" * 16, "", 0, 1 << 20, "n3")
+        session_conn = Connection(Role.SERVER, 1 << 20)
+        session_conn.receive_data(c.send(hello))
+        assert session_conn.next_event() == hello
+        transport = FakeTransport()
+        session = SimpleNamespace(conn=session_conn, transport=transport)
+        loop.run_until_complete(server.links.accept(session, hello))
+        accepted = transport.protocol
+        assert isinstance(accepted, LinkConnection)
+        c.receive_data(b"".join(transport.out))
+        assert isinstance(c.next_event(), ev.LinkWelcome)
+        accepted.data_received(c.send(ev.LinkProof("0" * 64)) + c.send(ev.Transfer(0, forged(1))))
+        loop.run_until_complete(asyncio.sleep(0.05))
+        assert accepted.ending and not accepted.linked
+        assert [(i.peer, i.received) for i in a.link_info()] == [("b", 0), ("c", 0)]
+    finally:
+        loop.close()

@@ -181,7 +181,7 @@ def handled_events(dispatch: Any) -> set[str]:
     }
 
 
-LINK_STATES = {State.LINK_HELLO_SENT, State.LINKED}
+LINK_STATES = {State.LINK_HELLO_SENT, State.LINK_WELCOMED, State.LINKED}
 CLIENT_STATES = set(State) - LINK_STATES
 
 

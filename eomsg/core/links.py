@@ -119,12 +119,13 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def link_proof(key: str, nonce: str, dialler: str, dialled: str) -> str:
-    """What the dialled node answers the dialler's ``nonce`` with, to show it knows the
-    link's token (``key``: the token's :func:`token_hash`): so a node that is not the
-    peer — a wrong address, a stale name — cannot take the link's messages and say it
-    holds them."""
-    text = f"eomsg-link-welcome|{nonce}|{dialler}|{dialled}".encode()
+def link_proof(key: str, nonce: str, dialler: str, dialled: str, by: str) -> str:
+    """How one side of a link answers the other's ``nonce`` to show it knows the link's
+    token without sending it (``key``: the token's :func:`token_hash`, which both
+    sides hold; ``by``: ``"dialler"`` or ``"dialled"``, so a proof is never good the
+    other way round). A node that does not know the token — at a wrong address, or
+    dialling with a name not its own — can neither make one nor learn the token."""
+    text = f"eomsg-link|{by}|{nonce}|{dialler}|{dialled}".encode()
     return hmac.new(bytes.fromhex(key), text, hashlib.sha256).hexdigest()
 
 

@@ -141,9 +141,21 @@ class Egress(Ingress):
                 del batch.tables[name]
         for h in settled_all:
             self._forget_held(h)
-        if settled_all:
+        if settled_all and batch.empty:
             self._held_done(settled_all)
+        elif settled_all:  # acknowledged once what came with it is durable (a requeue)
+            batch.after_commit(lambda: self._done_after_commit(settled_all))
         return batch
+
+    def _done_after_commit(self, done: list[Held]) -> None:
+        with self._lock:
+            self._held_done(done)
+
+    def _unwritten(self, batch: RowBatch) -> None:
+        for row in batch.tables.get("messages", ()):
+            h = self._held.get(row[0])
+            if h is not None:
+                h.writing = False  # still held: written later, or settled
 
     def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
         # Not under _lock: a message may leave memory meanwhile, written (the writer's

@@ -30,6 +30,7 @@ import contextlib
 import json
 import logging
 import secrets
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -90,10 +91,11 @@ class LinkState:
     refused: int = 0  # messages from the peer this node could not take (since start)
     unroutable: int = 0  # messages from the peer for nodes this node has no route to
     # Egress in memory (node/egress.py): the peer's messages held now, by the peer's
-    # seq (ascending); the last acknowledgement sent; the last commit of a frame stored.
+    # seq (ascending); the last acknowledgement sent; the first peer seq of each frame
+    # being stored, whose commit is not durable yet (ascending).
     held: dict[int, Held] = field(default_factory=dict)
     ack_sent: int = 0
-    last_commit: Future[None] | None = None
+    storing: deque[int] = field(default_factory=deque)
 
 
 class Links(Egress):
@@ -205,7 +207,8 @@ class Links(Egress):
         with self._admin:
             existing = self._links.get(peer)
             if existing is not None:
-                if existing.config == config:
+                kept = existing.config  # its egress is set apart (set_link_egress)
+                if (kept.dialling(), kept.accepts) == (config.dialling(), config.accepts):
                     return False
                 raise InvalidConfig(
                     f"a link to {peer!r} exists with other settings; remove it first "
@@ -355,6 +358,16 @@ class Links(Egress):
                 self._queue_write(batch)
             link.ack_sent = self._ack_point(link)
             return link.ack_sent
+
+    def link_peek(self, peer: str, incarnation: str) -> int:
+        """How far this node has taken the messages of ``peer`` (of data directory
+        ``incarnation``), changing nothing: 0 for a link it does not know, or another
+        incarnation (said to a dialler before it has proved who it is)."""
+        with self._lock:
+            link = self._links.get(peer)
+            if link is None or link.peer_incarnation != incarnation:
+                return 0
+            return self._ack_point(link)
 
     def link_read(self, peer: str) -> tuple[str, int]:
         """The peer's incarnation this node last took messages from, and how far."""
@@ -567,7 +580,7 @@ class Links(Egress):
                 done.set_result((self._acked(link), False))
             else:
                 wake = None
-                committed = self._store_frame(link, kept, routes, read, now)
+                committed = self._store_frame(link, kept, routes, messages[offer.start].seq, now)
         if wake is not None:
             self._notify(wake)
             return done
@@ -578,6 +591,7 @@ class Links(Egress):
                 done.set_exception(error)
                 return
             with self._lock:
+                link.storing.popleft()  # commits come in the order they were queued
                 receiver.committed(read)
                 point = self._acked(link)
             done.set_result((point, False))
@@ -590,18 +604,22 @@ class Links(Egress):
         link: LinkState,
         kept: list[Outgoing],
         routes: list[tuple[Destination, ...]],
-        read: int,
+        first: int,
         now: float,
     ) -> Future[None]:
-        """Store a frame's messages with the link's read sequence (as far as it may be
-        acknowledged) in one commit. Under ``_lock``."""
+        """Store a frame's messages (the peer's seqs from ``first``) with the link's
+        read sequence, in one commit — and, with them, the messages of this link still
+        held in memory, so that the read sequence kept on disk may pass them: a restart
+        then takes nothing stored here twice. Under ``_lock``."""
         batch = RowBatch()
+        held = [h for h in link.held.values() if not h.writing]
+        if held:
+            self._write_with(batch, held)
         first_seq = self._next_seq
         _, fresh = self._stage(batch, kept, now, routes=routes)
-        persisted = self._ack_point(link, read)
         batch.set_meta(
             f"link/{link.config.peer}/read",
-            json.dumps({"incarnation": link.peer_incarnation, "read": persisted}),
+            json.dumps({"incarnation": link.peer_incarnation, "read": link.receiver.accepted}),
         )
         try:
             committed = self._write_staged(batch, first_seq, fresh)
@@ -609,7 +627,7 @@ class Links(Egress):
             link.received -= len(kept)
             link.receiver.refused()
             raise
-        link.last_commit = committed
+        link.storing.append(first)
         return committed
 
     # -- egress in memory (node/egress.py) ------------------------------------------------
@@ -617,10 +635,11 @@ class Links(Egress):
     def _holds(
         self, link: LinkState, kept: list[Outgoing], routes: list[tuple[Destination, ...]]
     ) -> bool:
-        """Whether a frame is held in memory: the link says so, and every message of it
-        is for this node's queues alone (none to carry further, none for no queue),
-        within the room left. Under ``_lock``."""
-        if link.config.egress != "memory" or not kept:
+        """Whether a frame is held in memory: the link says so, no frame of it stored
+        before is waiting for its commit (the queues must get the peer's messages in its
+        order), and every message of it is for this node's queues alone (none to carry
+        further, none for no queue), within the room left. Under ``_lock``."""
+        if link.config.egress != "memory" or not kept or link.storing:
             return False
         for route in routes:
             if not route or any(isinstance(d, HopRoute) for d in route):
@@ -635,10 +654,8 @@ class Links(Egress):
         peer_seqs: list[int],
         now: float,
     ) -> set[str]:
-        """Number the frame's messages and hold them; their queues get them at once —
-        or, if a frame of this link stored before is not durable yet, once it is (so
-        the queues see the peer's messages in its order). The queues to wake once
-        ``_lock`` is released. Under ``_lock``."""
+        """Number the frame's messages and hold them; their queues get them at once.
+        The queues to wake once ``_lock`` is released. Under ``_lock``."""
         staged = RowBatch()
         results, fresh = self._stage(staged, kept, now, routes=routes)
         rows: dict[int, RowBatch] = {}
@@ -671,25 +688,15 @@ class Links(Egress):
             )
             self._keep(held)
             link.held[peer_seq] = held
-        if not fresh:
-            return set()
-        before = link.last_commit
-        if before is None or before.done():
-            return self._publish_held(fresh)
+        return self._publish_held(fresh) if fresh else set()
 
-        def after(_: Future[None]) -> None:
-            with self._lock:
-                names = self._publish_held(fresh)
-            self._notify(names)
-
-        before.add_done_callback(after)
-        return set()
-
-    def _ack_point(self, link: LinkState, read: int | None = None) -> int:
-        """How far the peer's messages may be acknowledged: what this node took
-        (``read``, else the receiver's read sequence), short of the first message still
-        held. Under ``_lock``."""
-        point = link.receiver.read if read is None else read
+    def _ack_point(self, link: LinkState) -> int:
+        """How far the peer's messages may be acknowledged: what this node took, short
+        of the first frame whose commit is not durable yet and of the first message
+        still held (or being written). Under ``_lock``."""
+        point = link.receiver.accepted
+        if link.storing:
+            point = min(point, link.storing[0] - 1)
         for peer_seq in link.held:  # ascending: the first is the lowest
             return min(point, peer_seq - 1)
         return point
@@ -739,7 +746,9 @@ class Links(Egress):
         for each in {h.link for h in due}:
             if self._links.get(each.config.peer) is not each:
                 continue  # removed: nothing of it is kept
-            point = each.receiver.read
+            # Frames stored before are durable before this commit, held ones in it or
+            # before: the read kept may pass all but the held ones still to be written.
+            point = each.receiver.accepted
             for peer_seq, h in each.held.items():
                 if not h.writing:
                     point = min(point, peer_seq - 1)

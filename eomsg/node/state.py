@@ -260,7 +260,15 @@ class NodeState:
             done: Future[None] = Future()
             done.set_result(None)
             return done
-        return self.store.writer.write(batch)
+        try:
+            return self.store.writer.write(batch)
+        except BaseException:
+            self._unwritten(batch)
+            raise
+
+    def _unwritten(self, batch: RowBatch) -> None:
+        """The writer refused ``batch``: messages held in memory that were to be
+        written with it stay held. Under ``_lock``."""
 
     def _write_held(
         self, now: float, *, link: Any = None, every: bool = False

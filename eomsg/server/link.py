@@ -2,9 +2,13 @@
 and keeps; this carries routes, messages and acknowledgements over a socket.
 
 A link is one connection, dialled by the node that has the peer's address (``eomsg link
-add``) and accepted by the other, which learns of the link then. The dialling node says
-who it is, its token (the peer's node token), and how far it has taken the peer's
-messages; the dialled node answers likewise. Then both sides, alike: each sends its whole
+add``) and accepted by the other, which learns of the link then. The handshake proves
+each side knows the link's token without sending it: the dialling node says who it is,
+how far it has taken the peer's messages, and a nonce; the dialled node answers likewise
+with its proofs (an HMAC of that nonce, keyed by the token's hash) and a nonce of its
+own; the dialler checks them — a node that is not the peer is refused there, before it
+can take anything — and answers with its proof, which the dialled node checks before it
+takes anything of the link or changes anything. Then both sides, alike: each sends its whole
 table of routes, then route changes as they come, the messages its link owes in
 sequence order (within the window, resending when nothing is acknowledged for a while),
 and an acknowledgement of its read sequence after each commit of what it took. Pings keep
@@ -55,6 +59,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("eomsg.link")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
+# What only a made link carries: nothing of it is taken before both sides proved who they are.
+LINK_TRAFFIC = (ev.Transfer, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose, ev.ChannelPause)
 TICK = 0.25  # how often the resend timer is looked at
 TABLE_EVERY = 5  # heartbeats between two sendings of the whole route table
 
@@ -73,6 +79,12 @@ class LinkConnection(asyncio.Protocol):
         self.started = asyncio.Event()  # the handshake is done
         self.linked = False
         self.was_linked = False
+        self.ending = False  # failed, closed or aborted: what still comes is dropped
+        # On the dialled side, between the welcome and the dialler's proof: its hello,
+        # the keys offered and the nonce to answer; then, while the link is taken on,
+        # what the dialler sent waits (``proving``).
+        self.awaiting: tuple[ev.LinkHello, list[tuple[str, str]], str] | None = None
+        self.proving = False
         self.last_heard = self.loop.time()
         self.key = ""  # the link token's hash, on the dialling side: checks the welcome
         self.nonce = ""  # … and what it asked the peer to prove it with
@@ -147,7 +159,7 @@ class LinkConnection(asyncio.Protocol):
             self.loop.call_soon_threadsafe(self._work.set)
 
     def process(self) -> None:
-        while not self.closed.is_set():
+        while not self.closed.is_set() and not self.ending and not self.proving:
             try:
                 event = self.conn.next_event()
             except ProtocolError as e:
@@ -170,6 +182,10 @@ class LinkConnection(asyncio.Protocol):
                 return
 
     def _dispatch(self, event: ev.Event) -> None:
+        if not self.linked and isinstance(event, LINK_TRAFFIC):
+            raise RemoteProtocolError(
+                f"{type(event).__name__} before the link was made (no welcome, or one refused)"
+            )
         match event:
             case ev.Transfer():
                 self._transfer(event)
@@ -194,6 +210,8 @@ class LinkConnection(asyncio.Protocol):
                 pass
             case ev.LinkWelcome():
                 self.server.links.welcomed(self, event)
+            case ev.LinkProof():
+                self.server.links.proven(self, event)
             case ev.Error():  # the dialled node refused the link
                 log.warning("link to %s refused: %s", self.peer, event.message)
                 self.node.link_failed(self.peer, f"refused: {event.message}")
@@ -349,6 +367,7 @@ class LinkConnection(asyncio.Protocol):
 
     def fail(self, error: EomsgError) -> None:
         log.warning("link to %s: %s", self.peer, error.message)
+        self.ending = True  # nothing more it sent is acted on
         if self.transport is not None and not self.closed.is_set():
             if self.conn.our_role is Role.SERVER:
                 last = ev.Error(0, error.code, error.message)
@@ -357,6 +376,7 @@ class LinkConnection(asyncio.Protocol):
             self.transport.close()
 
     def close(self) -> None:
+        self.ending = True
         if self.transport is not None:
             if self.conn.state not in (State.CLOSED,):
                 with contextlib.suppress(ProtocolError):
@@ -364,6 +384,7 @@ class LinkConnection(asyncio.Protocol):
             self.transport.close()
 
     def abort(self) -> None:
+        self.ending = True
         if self.transport is not None:
             self.transport.abort()
 
@@ -462,7 +483,6 @@ class LinkManager:
                 ev.LINK_VERSION,
                 node.node_name,
                 node.incarnation,
-                config.token,
                 peer_incarnation,
                 read,
                 server.settings.max_frame,
@@ -473,8 +493,8 @@ class LinkManager:
         return connection
 
     def welcomed(self, connection: LinkConnection, welcome: ev.LinkWelcome) -> None:
-        """The dialled node accepted: check it is the peer meant — its name, and its proof
-        that it knows the link's token — and start."""
+        """The dialled node answered: check it is the peer meant — its name, and a proof
+        that it knows the link's token — then prove this side knows it too, and start."""
         if welcome.node != connection.peer:
             connection.fail(
                 EomsgError(
@@ -483,19 +503,26 @@ class LinkManager:
                 )
             )
             return
-        node = connection.node
-        expected = link_proof(connection.key, connection.nonce, node.node_name, welcome.node)
-        if not hmac.compare_digest(welcome.proof.encode(), expected.encode()):
-            why = "it does not know the link's token: it is not the peer (check the address)"
+        node, me = connection.node, connection.node.node_name
+        expected = link_proof(connection.key, connection.nonce, me, welcome.node, "dialled")
+        if not any(hmac.compare_digest(p, expected) for p in welcome.proofs):
+            why = (
+                "it does not know the link's token: a wrong --token-file, or not the peer "
+                "(check the address)"
+            )
             node.link_failed(connection.peer, f"refused: {why}")
             connection.fail(AuthenticationFailed(f"the node answering as {welcome.node!r}: {why}"))
             return
-        connection.node.link_hello(connection.peer, welcome.incarnation)
+        connection.send(
+            ev.LinkProof(link_proof(connection.key, welcome.nonce, me, welcome.node, "dialler"))
+        )
+        node.link_hello(connection.peer, welcome.incarnation)
         connection.start(welcome.read)
 
     async def accept(self, session: Any, hello: ev.LinkHello) -> None:
-        """A node dialled this one (on ``session``'s connection): check it, take the link
-        on (creating it if this side did not know it), and hand the connection over."""
+        """A node dialled this one (on ``session``'s connection): check what it says,
+        answer with this node's proofs and a nonce, and wait for its own proof
+        (:meth:`proven`) before anything of the link is taken or changed."""
         server = self.server
         node = server.node
         conn: Connection = session.conn
@@ -511,10 +538,6 @@ class LinkManager:
                     f"link protocol version {hello.version} is not supported; this node "
                     f"speaks version {ev.LINK_VERSION}"
                 )
-            key = self._accepts(hello)
-            # Only now may it replace a connection of that name: one that did not
-            # authenticate must not be able to keep a link down.
-            self._track(connection)
             conn.peer_max_frame = hello.max_frame
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
@@ -524,28 +547,69 @@ class LinkManager:
                     f"both {node.node_name!r} and {hello.node!r} dial this link: only "
                     f"{node.node_name!r} does (remove the address on one side)"
                 )
-            try:
-                read = node.link_hello(hello.node, hello.incarnation)
-            except LinkNotFound:
-                await server.blocking(node.add_link, hello.node, None, None)
-                read = node.link_hello(hello.node, hello.incarnation)
+            keys = self._keys(hello.node)
+            read = node.link_peek(hello.node, hello.incarnation)  # changes nothing yet
+            me, s = node.node_name, server.settings
+            nonce = secrets.token_hex(16)
+            proofs = tuple(link_proof(k, hello.nonce, hello.node, me, "dialled") for k, _ in keys)
+            connection.awaiting = (hello, keys, nonce)
+            connection.send(
+                ev.LinkWelcome(
+                    ev.LINK_VERSION, me, node.incarnation, read, s.max_frame, s.heartbeat,
+                    proofs, nonce,
+                )
+            )  # fmt: skip
         except EomsgError as e:
             connection.fail(e)
             return
-        theirs = hello.read if hello.peer_incarnation == node.incarnation else 0
-        s = server.settings
+
+        def too_slow() -> None:
+            if connection.awaiting is not None:
+                connection.fail(RemoteProtocolError("no proof came after the welcome"))
+
+        server.loop.call_later(server.settings.handshake_timeout, too_slow)
+        connection.process()  # what came after the hello, buffered meanwhile
+
+    def proven(self, connection: LinkConnection, proof: ev.LinkProof) -> None:
+        """The dialling node's proof: checked against the keys the welcome offered; if
+        good, the link is taken on (made, if it was dialled with this node's own token
+        and this side did not know it) and started. AuthenticationFailed if not. What
+        the dialler sent after its proof waits meanwhile."""
+        if connection.awaiting is None:
+            raise RemoteProtocolError("a link proof came unasked")
+        hello, keys, nonce = connection.awaiting
+        connection.awaiting = None
+        me = self.server.node_name
+        expected = {kind: link_proof(k, nonce, hello.node, me, "dialler") for k, kind in keys}
+        good = [kind for kind, p in expected.items() if hmac.compare_digest(proof.proof, p)]
+        if not good:
+            raise AuthenticationFailed(
+                f"wrong or missing token for a link from {hello.node!r}: give the token this "
+                "node made for it (`eomsg link add` here with --token-file) or its node token "
+                "(DIR/eomsg.token)"
+            )
+        # Only now may it replace a connection of that name: one that did not
+        # authenticate must not be able to keep a link down.
+        self._track(connection)
+        connection.proving = True
+        self.server.spawn(self._take_on(connection, hello))
+
+    async def _take_on(self, connection: LinkConnection, hello: ev.LinkHello) -> None:
+        node = self.server.node
         try:
-            connection.send(
-                ev.LinkWelcome(
-                    ev.LINK_VERSION, node.node_name, node.incarnation, read, s.max_frame,
-                    s.heartbeat, link_proof(key, hello.nonce, hello.node, node.node_name),
-                )
-            )  # fmt: skip
+            try:
+                node.link_hello(hello.node, hello.incarnation)
+            except LinkNotFound:  # dialled with this node's own token: the link is made
+                await self.server.blocking(node.add_link, hello.node, None, None)
+                node.link_hello(hello.node, hello.incarnation)
+            theirs = hello.read if hello.peer_incarnation == node.incarnation else 0
             connection.start(theirs)
         except EomsgError as e:  # the node closed meanwhile
             connection.fail(e)
             return
-        connection.process()  # what came after the hello, buffered meanwhile
+        finally:
+            connection.proving = False
+        connection.process()  # what the dialler sent after its proof
 
     def toward(self, node: str) -> LinkConnection:
         """The link connection a client reaching ``node`` goes through now (the first
@@ -567,20 +631,13 @@ class LinkManager:
             )
         return connection
 
-    def _accepts(self, hello: ev.LinkHello) -> str:
-        """The key (a token's hash) ``hello`` authenticates with, on any socket: the
-        token this node keeps for the link to ``hello.node``, else this node's own token
-        (which may also create the link). AuthenticationFailed otherwise."""
-        given = token_hash(hello.token or "")
-        config = next((c for c in self.server.node.link_configs() if c.peer == hello.node), None)
-        for key in (config.accepts if config is not None else None, token_hash(self.server.token)):
-            if key is not None and hmac.compare_digest(given.encode(), key.encode()):
-                return key
-        raise AuthenticationFailed(
-            f"wrong or missing token for a link from {hello.node!r}: give the token this node "
-            "made for it (`eomsg link add` here with --token-file) or its node token "
-            "(DIR/eomsg.token)"
-        )
+    def _keys(self, peer: str) -> list[tuple[str, str]]:
+        """The keys (tokens' hashes) a node dialling as ``peer`` may prove it knows, with
+        what each is: the token this node made for that link, and this node's own token
+        (which may also make the link)."""
+        config = next((c for c in self.server.node.link_configs() if c.peer == peer), None)
+        keys = [] if config is None or config.accepts is None else [(config.accepts, "link")]
+        return [*keys, (token_hash(self.server.token), "node")]
 
     def _track(self, connection: LinkConnection) -> None:
         old = self.connections.get(connection.peer)

@@ -49,6 +49,7 @@ from eomsg.errors import (
     ProtocolError,
     RemoteProtocolError,
     StorageError,
+    Unavailable,
 )
 from eomsg.server import calls
 from eomsg.wire import events as ev
@@ -283,6 +284,11 @@ class Session(asyncio.Protocol):
         ends here. Unavailable if no link toward that node is up."""
         try:
             hop = self.server.links.toward(hello.via or "")
+            if hop.peer == self.through:  # routes changing under it: never ping-pong
+                raise Unavailable(
+                    f"node {hello.via!r} is reached back through {hop.peer!r}, which sent "
+                    "this connection: the routes are changing; try again shortly"
+                )
         except EomsgError as e:
             self._fail(e)
             return

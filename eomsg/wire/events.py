@@ -670,7 +670,7 @@ class Unbound(Event):
 
 # -- links between nodes -----------------------------------------------------------------
 
-LINK_VERSION = 1
+LINK_VERSION = 2
 MAX_TARGETS = 1024  # nodes one transferred message is for
 
 
@@ -681,16 +681,15 @@ def _names(value: object, what: str, limit: int = MAX_TARGETS) -> tuple[str, ...
 @dataclass(frozen=True, slots=True)
 class LinkHello(Event):
     """A node dialling a linked peer: who it is (``node``, and ``incarnation``: its data
-    directory's identity, so a peer notices a node rebuilt from nothing), the token the
-    peer gave it, how far it has taken the peer's messages (``read``, as of the peer's
-    incarnation ``peer_incarnation``; "" if never), and a ``nonce`` the peer's welcome
-    answers with a proof that it knows the token."""
+    directory's identity, so a peer notices a node rebuilt from nothing), how far it has
+    taken the peer's messages (``read``, as of the peer's incarnation
+    ``peer_incarnation``; "" if never), and a ``nonce`` the peer's welcome answers with
+    a proof that it knows the link's token (which never travels)."""
 
     TYPE: ClassVar[int] = 21
     version: int
     node: str
     incarnation: str
-    token: str | None
     peer_incarnation: str
     read: int
     max_frame: int
@@ -702,7 +701,6 @@ class LinkHello(Event):
             self.version,
             self.node,
             self.incarnation,
-            self.token,
             self.peer_incarnation,
             self.read,
             self.max_frame,
@@ -711,14 +709,11 @@ class LinkHello(Event):
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> LinkHello:
-        _, version, node, inc, token, peer_inc, read, max_frame, nonce = _fields(
-            body, 8, "link hello"
-        )
+        _, version, node, inc, peer_inc, read, max_frame, nonce = _fields(body, 7, "link hello")
         return cls(
             _int(version, "version"),
             _str(node, "node"),
             _str(inc, "incarnation"),
-            _opt_str(token, "token"),
             _str(peer_inc, "peer incarnation"),
             _int(read, "read"),
             _int(max_frame, "max frame"),
@@ -728,9 +723,11 @@ class LinkHello(Event):
 
 @dataclass(frozen=True, slots=True)
 class LinkWelcome(Event):
-    """The dialled node accepts the link: who it is, how far it has taken the dialling
-    node's messages, its frame limit and ping interval, and its ``proof`` that it knows
-    the link's token (:func:`eomsg.core.links.link_proof` of the hello's nonce)."""
+    """The dialled node answers: who it is, how far it has taken the dialling node's
+    messages, its frame limit and ping interval, its ``proofs`` that it knows the
+    link's token (:func:`eomsg.core.links.link_proof` of the hello's nonce, one per key
+    it would accept), and a ``nonce`` of its own for the dialler to answer the same way
+    (:class:`LinkProof`) before anything else is taken."""
 
     TYPE: ClassVar[int] = 22
     version: int
@@ -739,7 +736,8 @@ class LinkWelcome(Event):
     read: int
     max_frame: int
     heartbeat: float
-    proof: str
+    proofs: tuple[str, ...]
+    nonce: str
 
     def to_wire(self) -> list[Any]:
         return [
@@ -750,12 +748,15 @@ class LinkWelcome(Event):
             self.read,
             self.max_frame,
             self.heartbeat,
-            self.proof,
+            list(self.proofs),
+            self.nonce,
         ]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> LinkWelcome:
-        _, version, node, inc, read, max_frame, heartbeat, proof = _fields(body, 7, "link welcome")
+        _, version, node, inc, read, max_frame, heartbeat, proofs, nonce = _fields(
+            body, 8, "link welcome"
+        )
         return cls(
             _int(version, "version"),
             _str(node, "node"),
@@ -763,8 +764,26 @@ class LinkWelcome(Event):
             _int(read, "read"),
             _int(max_frame, "max frame"),
             _num(heartbeat, "heartbeat"),
-            _str(proof, "proof"),
+            _names(proofs, "proofs", 4),
+            _str(nonce, "nonce"),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class LinkProof(Event):
+    """The dialling node's proof that it knows the link's token: its answer to the
+    welcome's nonce. The dialled node takes nothing of the link before it checks it."""
+
+    TYPE: ClassVar[int] = 29
+    proof: str
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.proof]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> LinkProof:
+        _, proof = _fields(body, 1, "link proof")
+        return cls(_str(proof, "proof"))
 
 
 def _move(item: object) -> Route | Withdraw:
@@ -953,6 +972,7 @@ EVENT_TYPES: dict[int, type[Event]] = {
         Channel,
         ChannelClose,
         ChannelPause,
+        LinkProof,
     )
 }
 

@@ -51,6 +51,7 @@ from eomsg.wire.events import (
     Hello,
     Interest,
     LinkHello,
+    LinkProof,
     LinkWelcome,
     Ping,
     Pong,
@@ -80,6 +81,7 @@ class State(enum.Enum):
     HELLO_SENT = "hello-sent"  # the client introduced itself; the node has not answered
     OPEN = "open"
     LINK_HELLO_SENT = "link-hello-sent"  # a node dialled a linked peer: not yet answered
+    LINK_WELCOMED = "link-welcomed"  # the peer proved it knows the token: the dialler's turn
     LINKED = "linked"  # a link between two nodes: each side sends as the other
     CLOSED = "closed"  # a Goodbye went either way, the peer hung up, or it broke
 
@@ -107,13 +109,22 @@ TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
     **{(_C, State.OPEN, e): State.OPEN for e in (*_REQUESTS, Ping, Pong)},
     **{(_S, State.OPEN, e): State.OPEN for e in (*_ANSWERS, Ping, Pong)},
     (_C, State.START, LinkHello): State.LINK_HELLO_SENT,
-    (_S, State.LINK_HELLO_SENT, LinkWelcome): State.LINKED,
+    (_S, State.LINK_HELLO_SENT, LinkWelcome): State.LINK_WELCOMED,
     (_S, State.LINK_HELLO_SENT, Error): State.CLOSED,
+    (_C, State.LINK_WELCOMED, LinkProof): State.LINKED,
+    (_S, State.LINK_WELCOMED, Error): State.CLOSED,  # the dialler's proof refused
+    (_S, State.LINKED, Error): State.CLOSED,  # … said after the dialler went on
     **{(r, State.LINKED, e): State.LINKED for r in Role for e in _LINK},
     **{
         (r, s, Goodbye): State.CLOSED
         for r in Role
-        for s in (State.HELLO_SENT, State.OPEN, State.LINK_HELLO_SENT, State.LINKED)
+        for s in (
+            State.HELLO_SENT,
+            State.OPEN,
+            State.LINK_HELLO_SENT,
+            State.LINK_WELCOMED,
+            State.LINKED,
+        )
     },
 }
 """(sender, state, event) → the state after it. Anything else is a protocol error."""
