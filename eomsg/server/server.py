@@ -199,7 +199,7 @@ class Server:
             return
         wait, said = 0.5, ""
         while not self._stopping:
-            free, need = room_to_reopen(self.data_dir)
+            free, need = await self.blocking(room_to_reopen, self.data_dir)
             if free >= need:
                 try:
                     node = await self.blocking(self.reopen)
