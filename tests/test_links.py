@@ -12,7 +12,7 @@ import pytest
 
 from eomsg.core.message import Carried
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import InvalidConfig, LinkNotFound
+from eomsg.errors import InvalidConfig, InvalidPattern, LinkNotFound
 from tests.linknet import MakeNet
 
 
@@ -174,3 +174,34 @@ def test_a_message_for_a_node_out_of_reach_is_counted_not_a_wedge(net: MakeNet) 
     (info,) = n.nodes["b"].link_info()
     assert info.unroutable == 1
     assert [p for _, p in n.drain("b", "q")] == ["p"]
+
+
+def test_a_link_carries_only_the_topics_it_is_set_to(net: MakeNet) -> None:
+    """Either way: a publish of another topic is not routed to the link, a message of
+    another topic the peer sends is passed over, and one to carry on over a link that
+    does not carry its topic stops there — each counted as withheld where it stopped."""
+    n = net("abc")
+    n.link("a", "b")
+    n.link("b", "c")
+    for name in "bc":
+        n.nodes[name].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.run()
+    a, b, c = n.nodes["a"], n.nodes["b"], n.nodes["c"]
+    assert a.set_link_topics("b", ["t/ok/>", "t/more/*"])
+    assert not a.set_link_topics("b", ["t/more/*", "t/ok/>"])  # the same set
+    assert b.set_link_topics("c", ["t/ok/>"])
+    for topic in ("t/ok/1", "t/no/1", "t/more/x"):
+        assert a.publish(topic, topic.encode()).queues == (0 if topic == "t/no/1" else 1)
+    n.run()
+    assert [p for _, p in n.drain("b", "q")] == ["t/ok/1", "t/more/x"]
+    assert [p for _, p in n.drain("c", "q")] == ["t/ok/1"]  # t/more/x stopped at b
+    assert {i.peer: i.withheld for i in b.link_info()} == {"a": 0, "c": 1}
+    assert b.set_link_topics("a", ["t/ok/>"])  # b's side now refuses t/more too
+    a.set_link_topics("b", None)
+    a.publish("t/more/y", b"refused at b")
+    n.run()
+    assert n.drain("b", "q") == [] and {i.peer: i.withheld for i in b.link_info()}["a"] == 1
+    assert a.link_info()[0].pending == 0  # passed over, not left owed
+    with pytest.raises(InvalidPattern):
+        a.set_link_topics("b", ["t/>/x"])
+    assert b.link_info()[0].topics == ("t/ok/>",)

@@ -56,6 +56,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "remove_link": ({"peer": "b"}, 3),
     "locate_queue": ({"name": "billing"}, "b"),
     "set_link_egress": ({"peer": "b", "egress": "memory", "hold": 0.5}, True),
+    "set_link_topics": ({"peer": "b", "topics": ["orders/>"]}, False),
     "link_info": (
         {},
         [

@@ -137,13 +137,13 @@ def remove(
 def set_(
     peer: Annotated[str, typer.Argument(help="The other node's name.")],
     egress: Annotated[
-        str,
+        str | None,
         typer.Option(
             metavar="MODE",
             help="What this node does with the messages the other sends for its own queues: "
             "'store' them, or hold them in 'memory' until settled here (or --hold passes).",
         ),
-    ],
+    ] = None,
     hold: Annotated[
         str,
         typer.Option(
@@ -151,28 +151,57 @@ def set_(
             help="With --egress memory: how long a message is held before it is stored.",
         ),
     ] = "1s",
+    topic: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--topic",
+            metavar="PATTERN",
+            help="Carry only topics matching PATTERN over this link, either way (repeatable).",
+        ),
+    ] = None,
+    any_topic: Annotated[
+        bool, typer.Option("--any-topic", help="Carry every topic over this link (the default).")
+    ] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Set how this node takes what another node sends for its own queues. In memory,
-    a message settled here within --hold is never written (the other node keeps it until
-    then); one not settled by then is stored with what its queues recorded. A crash of
-    this node then delivers again what its consumers took from memory: use publish ids
-    and the inbox for exactly once.
+    """Set how a link works: how this node takes what the other sends for its own
+    queues, and which topics the link carries. In memory, a message settled here within
+    --hold is never written (the other node keeps it until then); one not settled by
+    then is stored with what its queues recorded. A crash of this node then delivers
+    again what its consumers took from memory: use publish ids and the inbox for exactly
+    once. With --topic, messages of other topics are not sent to the other node, and
+    those it sends are passed over (counted as withheld): set it on both sides.
 
     \b
     Examples:
       eomsg link set a --egress memory --hold 500ms
-      eomsg link set a --egress store
+      eomsg link set a --topic 'orders/>' --topic 'audit/>'
+      eomsg link set a --egress store --any-topic
     """
+    if egress is None and not topic and not any_topic:
+        raise UsageError("say what to set: --egress, --topic or --any-topic")
+    if topic and any_topic:
+        raise UsageError("--topic and --any-topic do not combine (use one)")
     seconds = parse_duration(hold)
+    said: dict[str, object] = {"peer": peer}
+    lines = []
     with open_broker(data) as broker:
-        changed = broker.set_link_egress(peer, egress, seconds)
+        if egress is not None:
+            changed = broker.set_link_egress(peer, egress, seconds)
+            said.update(egress=egress, hold=seconds, egress_changed=changed)
+            held = f", hold {format_duration(seconds)}" if egress == "memory" else ""
+            lines.append(f"egress {egress}{held}" + ("" if changed else " (unchanged)"))
+        if topic or any_topic:
+            patterns = list(topic) if topic else None
+            changed = broker.set_link_topics(peer, patterns)
+            said.update(topics=patterns, topics_changed=changed)
+            carries = "every topic" if patterns is None else "topics " + ", ".join(patterns)
+            lines.append(carries + ("" if changed else " (unchanged)"))
     if json:
-        print_json({"peer": peer, "egress": egress, "hold": seconds, "changed": changed})
-        return
-    held = f", hold {format_duration(seconds)}" if egress == "memory" else ""
-    say(f"link to {peer}: egress {egress}{held}" + ("" if changed else " (unchanged)"))
+        print_json(said)
+    else:
+        say(f"link to {peer}: {'; '.join(lines)}")
 
 
 @app.command("list")

@@ -8,9 +8,11 @@ import dataclasses
 import hashlib
 import hmac
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from eomsg.core.topics import Matcher, validate_pattern
 from eomsg.errors import InvalidConfig
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -39,7 +41,8 @@ class LinkConfig:
     ``accepts`` is the SHA-256 of the token the peer must present (None: this node's own
     token). Either side: what this node does with what the peer sends for its own
     queues (``egress``: ``store`` it, or hold it in ``memory`` for up to ``hold``
-    seconds; see :mod:`eomsg.node.egress`)."""
+    seconds; see :mod:`eomsg.node.egress`), and the topics the link may carry either way
+    (``topics``: patterns; None: every topic)."""
 
     peer: str
     address: str | None = None
@@ -48,6 +51,7 @@ class LinkConfig:
     peer_ca: str | None = None
     egress: str = "store"
     hold: float = DEFAULT_HOLD
+    topics: tuple[str, ...] | None = None
 
     @classmethod
     def make(
@@ -84,10 +88,12 @@ class LinkConfig:
             "peer_ca": self.peer_ca,
             "egress": self.egress,
             "hold": self.hold,
+            "topics": None if self.topics is None else list(self.topics),
         }
 
     @classmethod
     def from_json(cls, peer: str, data: dict[str, Any]) -> LinkConfig:
+        topics = data.get("topics")
         return cls(
             peer,
             data.get("address"),
@@ -96,7 +102,25 @@ class LinkConfig:
             data.get("peer_ca"),
             data.get("egress", "store"),
             float(data.get("hold", DEFAULT_HOLD)),
+            None if topics is None else tuple(topics),
         )
+
+    def with_topics(self, topics: Sequence[str] | None) -> LinkConfig:
+        """This link, carrying only topics matching ``topics`` (None: every topic);
+        InvalidPattern for a pattern that is not one."""
+        if topics is None:
+            return dataclasses.replace(self, topics=None)
+        checked = tuple(sorted({validate_pattern(p) for p in topics}))
+        return dataclasses.replace(self, topics=checked)
+
+    def carries(self) -> Matcher[bool] | None:
+        """A matcher of the topics this link may carry (None: every topic)."""
+        if self.topics is None:
+            return None
+        matcher: Matcher[bool] = Matcher()
+        for pattern in self.topics:
+            matcher.add(pattern, True)
+        return matcher
 
     def dialling(self) -> tuple[str | None, str | None, str | None]:
         """What dialling the peer depends on (a change of it means dialling anew)."""
@@ -156,6 +180,8 @@ class LinkInfo:
     unroutable: int = 0  # … for nodes it has no route to (not carried there)
     egress: str = "store"  # what this node does with the peer's messages for its queues
     held: int = 0  # messages from the peer held in memory now (egress memory)
+    topics: tuple[str, ...] | None = None  # what the link may carry (None: every topic)
+    withheld: int = 0  # messages from the peer, or to carry on, of topics not its own
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -177,6 +203,8 @@ class LinkInfo:
             "unroutable": self.unroutable,
             "egress": self.egress,
             "held": self.held,
+            "topics": None if self.topics is None else list(self.topics),
+            "withheld": self.withheld,
         }
 
     @classmethod
@@ -200,4 +228,6 @@ class LinkInfo:
             d["unroutable"],
             d["egress"],
             d["held"],
+            None if d["topics"] is None else tuple(d["topics"]),
+            d["withheld"],
         )

@@ -230,6 +230,13 @@ class Operations(Protocol):
         raise Declaration
 
     @operation(admin=True)
+    def set_link_topics(peer: str, topics: list[str] | None) -> bool:
+        """The topics the link to ``peer`` may carry either way (None: every topic);
+        others are not sent over it, nor taken from it. False if it carries those
+        already. LinkNotFound; InvalidPattern."""
+        raise Declaration
+
+    @operation(admin=True)
     def remove_link(peer: str) -> int:
         """Remove the link to ``peer``: how many messages it still owed the peer
         (forgotten). LinkNotFound."""

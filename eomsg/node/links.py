@@ -42,6 +42,7 @@ from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import Carried, Message, Outgoing
 from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
+from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, LinkNotFound
 from eomsg.node.egress import SEQ_AT, Egress, Held
@@ -96,6 +97,11 @@ class LinkState:
     held: dict[int, Held] = field(default_factory=dict)
     ack_sent: int = 0
     storing: deque[int] = field(default_factory=deque)
+    carries: Matcher[bool] | None = None  # the topics it may carry (None: every topic)
+    withheld: int = 0  # messages from the peer, or carried on, not the link's (since start)
+
+    def allows(self, topic: str) -> bool:
+        return self.carries is None or bool(self.carries.match(topic))
 
 
 class Links(Egress):
@@ -186,7 +192,9 @@ class Links(Egress):
             self._links[peer].outbox.restore(routes)
 
     def _new_link(self, config: LinkConfig) -> LinkState:
-        return LinkState(config, Outbox(0, self.clock()), Receiver(0))
+        link = LinkState(config, Outbox(0, self.clock()), Receiver(0))
+        link.carries = config.carries()
+        return link
 
     # -- administration ---------------------------------------------------------------------
 
@@ -245,6 +253,27 @@ class Links(Egress):
                     written = self._write_held(self.clock(), link=link, every=True)
         if egress == "store":
             self._await_commit(written)
+        return True
+
+    def set_link_topics(self, peer: str, topics: list[str] | None) -> bool:
+        """The topics the link to ``peer`` may carry, either way: only those matching
+        ``topics`` (None: every topic). A message of another topic is not sent over it,
+        and one the peer sends is passed over (both counted as ``withheld``). Messages
+        owed already go as they are. Idempotent: False if it carries those already.
+        LinkNotFound; InvalidPattern."""
+        with self._admin:
+            with self._lock:
+                link = self._link(peer)
+            config = link.config.with_topics(topics)
+            if config == link.config:
+                return False
+            self._check_open()
+            self.store.writer.run(
+                Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            ).result()
+            with self._lock:
+                link.config, link.carries = config, config.carries()
+                self._routes.clear()
         return True
 
     def remove_link(self, peer: str) -> int:
@@ -317,6 +346,8 @@ class Links(Egress):
                     link.unroutable,
                     link.config.egress,
                     held,
+                    link.config.topics,
+                    link.withheld,
                 )
             )
         return out
@@ -559,7 +590,14 @@ class Links(Egress):
                 if taken is None:
                     link.refused += 1
                     continue
+                if not link.allows(m.topic):  # not this link's to carry: passed over
+                    link.withheld += 1
+                    log.warning("link to %s: message %d's topic is not the link's", peer, m.seq)
+                    continue
                 here, onward, unreachable = self._routing.forward(m.targets)
+                for h in [h for h in onward if not self._links[h].allows(m.topic)]:
+                    del onward[h]  # not the next link's to carry
+                    self._links[h].withheld += 1
                 if unreachable:
                     link.unroutable += 1
                     log.warning(
@@ -812,11 +850,16 @@ class Links(Egress):
                     d.link.wake()
 
     def _hops(self, topic: str) -> tuple[Destination, ...]:
-        return tuple(
-            self._hop(self._links[hop], targets)
-            for hop, targets in self._routing.targets(topic).items()
-            if hop in self._links
-        )
+        """The routes out a message of ``topic`` published here takes: toward each
+        next hop whose link carries the topic. Under ``_lock``."""
+        hops = []
+        for hop, targets in self._routing.targets(topic).items():
+            link = self._links.get(hop)
+            if link is None:
+                continue
+            if link.allows(topic):
+                hops.append(self._hop(link, targets))
+        return tuple(hops)
 
     def _hop(self, link: LinkState, targets: frozenset[str]) -> HopRoute:
         """The route out over ``link`` to ``targets``, made if new (saved with the next
