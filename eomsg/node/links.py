@@ -237,23 +237,17 @@ class Links(Egress):
         ``store`` them, or hold them in ``memory`` for up to ``hold`` seconds (see
         :mod:`eomsg.node.egress`; to ``store``, what is held is stored at once).
         Idempotent: False if the link does so already. LinkNotFound; InvalidConfig."""
-        with self._admin:
-            with self._lock:
-                link = self._link(peer)
-            config = link.config.with_egress(egress, hold)
-            if config == link.config:
-                return False
-            self._check_open()
-            self.store.writer.run(
-                Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
-            ).result()
-            with self._lock:
-                link.config = config  # messages held already keep their hold…
-                if egress == "store":  # … unless they are to be stored: now, then
-                    written = self._write_held(self.clock(), link=link, every=True)
-        if egress == "store":
-            self._await_commit(written)
-        return True
+        written: list[Future[None] | None] = []
+
+        def apply(link: LinkState, config: LinkConfig) -> None:
+            link.config = config  # messages held already keep their hold…
+            if egress == "store":  # … unless they are to be stored: now, then
+                written.append(self._write_held(self.clock(), link=link, every=True))
+
+        changed = self._reconfigure(peer, lambda c: c.with_egress(egress, hold), apply)
+        for future in written:
+            self._await_commit(future)
+        return changed
 
     def set_link_topics(self, peer: str, topics: list[str] | None) -> bool:
         """The topics the link to ``peer`` may carry, either way: only those matching
@@ -261,10 +255,25 @@ class Links(Egress):
         and one the peer sends is passed over (both counted as ``withheld``). Messages
         owed already go as they are. Idempotent: False if it carries those already.
         LinkNotFound; InvalidPattern."""
+
+        def apply(link: LinkState, config: LinkConfig) -> None:
+            link.config, link.carries = config, config.carries()
+            self._routes.clear()
+
+        return self._reconfigure(peer, lambda c: c.with_topics(topics), apply)
+
+    def _reconfigure(
+        self,
+        peer: str,
+        change: Callable[[LinkConfig], LinkConfig],
+        apply: Callable[[LinkState, LinkConfig], None],
+    ) -> bool:
+        """Save the link's config as ``change`` makes it, then ``apply`` it (under
+        ``_lock``); False if it was so already."""
         with self._admin:
             with self._lock:
                 link = self._link(peer)
-            config = link.config.with_topics(topics)
+            config = change(link.config)
             if config == link.config:
                 return False
             self._check_open()
@@ -272,8 +281,7 @@ class Links(Egress):
                 Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
             ).result()
             with self._lock:
-                link.config, link.carries = config, config.carries()
-                self._routes.clear()
+                apply(link, config)
         return True
 
     def remove_link(self, peer: str) -> int:
