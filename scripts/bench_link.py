@@ -3,7 +3,10 @@
 link-throughput  node a takes ``n`` publishes (an id each, 256 unacknowledged) for a
                  queue on node b; reported: a's publish rate, the rate b's queue
                  filled at (first publish to last message stored at b), and, in the
-                 same run, a single node's publish rate into a local queue
+                 same run, a single node's publish rate into a local queue — once
+                 with every process sharing the machine's cores, once (``pinned_``)
+                 with a and the publisher on one core and b on another, as if each
+                 node had a machine of one core
 link-latency     a chain a → b → c; one message in flight at a time, published at a
                  and fetched by a waiting consumer on a, on b and on c: the added
                  latency of each hop, p50 / p99
@@ -18,6 +21,7 @@ link-egress      a takes ``n`` publishes for a queue on b, which a consumer on b
 from __future__ import annotations
 
 import json
+import os
 import signal
 import statistics
 import subprocess
@@ -36,12 +40,15 @@ WINDOW = 256
 class Node:
     """``eomsg serve`` named ``name`` on ``tmp/name``, on a TCP port of its own."""
 
-    def __init__(self, tmp: Path, name: str, port: int = 0) -> None:
+    def __init__(
+        self, tmp: Path, name: str, port: int = 0, cpus: set[int] | None = None
+    ) -> None:
         self.data, self.name = tmp / name, name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "eomsg", "serve", "--data", str(self.data), "--json",
              "--node-name", name, "--listen", f"tcp://127.0.0.1:{port}", "--heartbeat", "1"],
             stdout=subprocess.PIPE, text=True,
+            preexec_fn=None if cpus is None else (lambda: os.sched_setaffinity(0, cpus)),
         )  # fmt: skip
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -101,8 +108,25 @@ def _depth(node: Node, queue: str) -> int:
 
 
 def throughput(n: int, payload: bytes, tmp: Path) -> dict[str, object]:
-    a, b = Node(tmp, "a"), Node(tmp, "b")
+    out: dict[str, object] = {"scenario": "link-throughput", "n": n, "payload": len(payload)}
+    out.update(_throughput(n, payload, tmp / "shared", None))
+    if len(os.sched_getaffinity(0)) >= 2:  # as if on two machines of a core each
+        pinned = _throughput(n, payload, tmp / "pinned", ({0}, {1}))
+        out.update({f"pinned_{k}": v for k, v in pinned.items()})
+    return out
+
+
+def _throughput(
+    n: int, payload: bytes, tmp: Path, cpus: tuple[set[int], set[int]] | None
+) -> dict[str, object]:
+    """a single node's publish rate, then a's for a queue on b and b's arrival rate.
+    With ``cpus``: a and this publisher on the first set, b on the second."""
+    mine = os.sched_getaffinity(0)
+    a = Node(tmp, "a", cpus=None if cpus is None else cpus[0])
+    b = Node(tmp, "b", cpus=None if cpus is None else cpus[1])
     try:
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus[0])
         with a.client() as c:
             c.create_queue(QueueConfig("local", subscriptions=("local/>",)))
         with b.client() as c:
@@ -116,15 +140,13 @@ def throughput(n: int, payload: bytes, tmp: Path) -> dict[str, object]:
         _until(lambda: _depth(b, "far") >= n, 600)
         arrived = time.perf_counter() - start
         return {
-            "scenario": "link-throughput",
-            "n": n,
-            "payload": len(payload),
             "single_node_publish_per_s": round(n / single),
             "linked_publish_per_s": round(n / linked),
             "link_delivered_per_s": round(n / arrived),
             "link_vs_single": round((n / arrived) / (n / single), 3),
         }
     finally:
+        os.sched_setaffinity(0, mine)
         a.stop()
         b.stop()
 
