@@ -40,9 +40,7 @@ WINDOW = 256
 class Node:
     """``eomsg serve`` named ``name`` on ``tmp/name``, on a TCP port of its own."""
 
-    def __init__(
-        self, tmp: Path, name: str, port: int = 0, cpus: set[int] | None = None
-    ) -> None:
+    def __init__(self, tmp: Path, name: str, port: int = 0, cpus: set[int] | None = None) -> None:
         self.data, self.name = tmp / name, name
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "eomsg", "serve", "--data", str(self.data), "--json",

@@ -5,8 +5,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TypeVar
 
-from eomsg.core.message import Outgoing
+from eomsg.core.message import Publishable
 from eomsg.core.text import is_text
 from eomsg.core.topics import validate_topic
 from eomsg.errors import (
@@ -35,6 +36,8 @@ _SIZE_UNITS = {
     "gb": 1 << 30,
     "gib": 1 << 30,
 }
+
+P = TypeVar("P", bound=Publishable)
 
 
 def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
@@ -76,7 +79,7 @@ class Limits:
     max_payload: int = DEFAULT_MAX_PAYLOAD
 
 
-def check_outgoing(msg: Outgoing, limits: Limits) -> Outgoing:
+def check_outgoing(msg: P, limits: Limits) -> P:
     """Return ``msg`` if it may be published, else raise the InvalidInput that says why.
 
     Pure and side-effect free, so a batch is checked whole before any of it is written.

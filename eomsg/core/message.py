@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from eomsg.errors import InvalidInput
 
@@ -81,6 +81,22 @@ class Delivered:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.message.to_json(), "queue": self.queue, "attempt": self.attempt}
+
+
+class Publishable(Protocol):
+    """What publishing reads of a message: an :class:`Outgoing`, or a :class:`Carried`
+    taken from a linked node as it came."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def id(self) -> str | None: ...
+    @property
+    def ttl(self) -> float | None: ...
+    @property
+    def headers(self) -> dict[str, str]: ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from eomsg.core.limits import check_outgoing
-from eomsg.core.message import Outgoing, PublishResult
+from eomsg.core.message import Outgoing, Publishable, PublishResult
 from eomsg.errors import InvalidConfig
 from eomsg.failpoints import failpoint
 from eomsg.node.state import Destination, NodeState, QueueState, to_us
@@ -150,7 +150,7 @@ class Ingress(NodeState):
     def _stage(
         self,
         batch: RowBatch,
-        messages: Sequence[Outgoing],
+        messages: Sequence[Publishable],
         now: float,
         route: Route | None = None,
         routes: Sequence[Route] | None = None,

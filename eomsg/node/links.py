@@ -39,7 +39,7 @@ from typing import Any
 from eomsg.core.cursor import Outcome
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
-from eomsg.core.message import Carried, Message, Outgoing
+from eomsg.core.message import Carried, Message
 from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
@@ -55,6 +55,7 @@ LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
 ORIGIN = "eomsg-origin"  # the header naming the node a message was first published on
 ORIGIN_SEQ = "eomsg-origin-seq"  # … and its sequence there
 Wake = Callable[[], None]
+Way = tuple["tuple[Destination, ...]", bool, "tuple[LinkState, ...]"]  # see _route_carried
 
 
 class HopRoute:
@@ -569,11 +570,10 @@ class Links(Egress):
         node's queues alone is held in memory instead (:mod:`eomsg.node.egress`): taken
         at once, and acknowledged as each is settled here or written."""
         limits = self.settings.limits
-        outgoing: list[Outgoing | None] = []  # None: refused here (see below)
+        outgoing: list[Carried | None] = []  # None: refused here (see below)
         for m in messages:
-            out = Outgoing(m.topic, m.payload, m.id, m.ttl, m.headers)
             try:
-                check_outgoing(out, limits)
+                check_outgoing(m, limits)
             except EomsgError as e:
                 # A message this node cannot take (over its payload limit, a topic it
                 # refuses) is taken as refused: held, it would block every message
@@ -581,7 +581,7 @@ class Links(Egress):
                 log.warning("link to %s: message %d refused: %s", peer, m.seq, e.message)
                 outgoing.append(None)
                 continue
-            outgoing.append(out)
+            outgoing.append(m)
         self._check_room()
         now = self.clock()
         done: Future[tuple[int, bool]] = Future()
@@ -594,6 +594,7 @@ class Links(Egress):
                 done.set_result((self._acked(link), offer.verdict is Verdict.GAP))
                 return done
             routes, kept, peer_seqs = [], [], []
+            routed: dict[tuple[str, tuple[str, ...]], Way] = {}
             for m, taken in zip(messages[offer.start :], outgoing[offer.start :], strict=True):
                 if taken is None:
                     link.refused += 1
@@ -602,20 +603,14 @@ class Links(Egress):
                     link.withheld += 1
                     log.warning("link to %s: message %d's topic is not the link's", peer, m.seq)
                     continue
-                here, onward, unreachable = self._routing.forward(m.targets)
-                for h in [h for h in onward if not self._links[h].allows(m.topic)]:
-                    del onward[h]  # not the next link's to carry
-                    self._links[h].withheld += 1
-                if unreachable:
-                    link.unroutable += 1
-                    log.warning(
-                        "link to %s: no route to %s for message %d: not carried there",
-                        peer, ", ".join(sorted(unreachable)), m.seq,
-                    )  # fmt: skip
-                route: list[Destination] = list(self._matcher.match(m.topic)) if here else []
-                route.sort(key=lambda d: d.id)
-                route.extend(self._hop(self._links[h], to) for h, to in onward.items())
-                routes.append(tuple(route))
+                way = routed.get((m.topic, m.targets))  # a frame's messages share a few
+                if way is None:
+                    way = routed[m.topic, m.targets] = self._route_carried(link, m)
+                route, unreachable, withheld = way
+                link.unroutable += unreachable
+                for out in withheld:  # not the next link's to carry
+                    out.withheld += 1
+                routes.append(route)
                 kept.append(taken)
                 peer_seqs.append(m.seq)
             read = messages[-1].seq
@@ -645,10 +640,32 @@ class Links(Egress):
         committed.add_done_callback(on_commit)
         return done
 
+    def _route_carried(self, link: LinkState, m: Carried) -> Way:
+        """Where a message from ``link`` goes: this node's queues if it is a target,
+        and onward by next hop for the other targets, over links carrying its topic;
+        whether some target has no route from here, and the links that do not carry
+        it. Under ``_lock``."""
+        here, onward, unreachable = self._routing.forward(m.targets)
+        if unreachable:
+            log.warning(
+                "link to %s: no route to %s for message %d: not carried there",
+                link.config.peer, ", ".join(sorted(unreachable)), m.seq,
+            )  # fmt: skip
+        route: list[Destination] = list(self._matcher.match(m.topic)) if here else []
+        route.sort(key=lambda d: d.id)
+        withheld = []
+        for hop, to in onward.items():
+            out = self._links[hop]
+            if out.allows(m.topic):
+                route.append(self._hop(out, to))
+            else:
+                withheld.append(out)
+        return tuple(route), bool(unreachable), tuple(withheld)
+
     def _store_frame(
         self,
         link: LinkState,
-        kept: list[Outgoing],
+        kept: list[Carried],
         routes: list[tuple[Destination, ...]],
         first: int,
         now: float,
@@ -679,7 +696,7 @@ class Links(Egress):
     # -- egress in memory (node/egress.py) ------------------------------------------------
 
     def _holds(
-        self, link: LinkState, kept: list[Outgoing], routes: list[tuple[Destination, ...]]
+        self, link: LinkState, kept: list[Carried], routes: list[tuple[Destination, ...]]
     ) -> bool:
         """Whether a frame is held in memory: the link says so, no frame of it stored
         before is waiting for its commit (the queues must get the peer's messages in its
@@ -695,7 +712,7 @@ class Links(Egress):
     def _hold_frame(
         self,
         link: LinkState,
-        kept: list[Outgoing],
+        kept: list[Carried],
         routes: list[tuple[Destination, ...]],
         peer_seqs: list[int],
         now: float,

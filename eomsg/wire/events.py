@@ -829,17 +829,30 @@ class Interest(Event):
         return cls(_bool(full, "full"), tuple(map(_move, _list(moves, "moves"))))
 
 
-def _carried(item: object) -> Carried:
-    seq, topic, payload, msg_id, ttl, headers, targets = _list(item, "a message", 7)
-    return Carried(
-        _int(seq, "seq"),
-        _str(topic, "topic"),
-        _bytes(payload, "payload"),
-        _opt_str(msg_id, "id"),
-        _opt_num(ttl, "ttl"),
-        _headers(headers),
-        _names(targets, "targets"),
-    )
+def _carried(items: list[Any]) -> tuple[Carried, ...]:
+    """A transfer's messages, every field checked. The targets of one are those of the
+    one before, usually: checked once, and shared."""
+    out: list[Carried] = []
+    last: tuple[list[Any], tuple[str, ...]] | None = None
+    for item in items:
+        seq, topic, payload, msg_id, ttl, headers, targets = _list(item, "a message", 7)
+        if last is not None and targets == last[0]:
+            names = last[1]
+        else:
+            names = _names(targets, "targets")
+            last = (targets, names)
+        out.append(
+            Carried(
+                _int(seq, "seq"),
+                _str(topic, "topic"),
+                _bytes(payload, "payload"),
+                _opt_str(msg_id, "id"),
+                _opt_num(ttl, "ttl"),
+                _headers(headers),
+                names,
+            )
+        )
+    return tuple(out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -863,7 +876,7 @@ class Transfer(Event):
     @classmethod
     def from_wire(cls, body: list[Any]) -> Transfer:
         _, prev, messages = _fields(body, 2, "transfer")
-        carried = tuple(map(_carried, _list(messages, "messages")))
+        carried = _carried(_list(messages, "messages"))
         if not carried:
             raise RemoteProtocolError("malformed frame: a transfer carries no message")
         return cls(_int(prev, "prev"), carried)
