@@ -337,3 +337,26 @@ def test_no_frame_is_held_while_one_stored_before_is_not_durable(net: MakeNet) -
 def carried(seq: int, topic: str) -> Carried:
     """A message as node a sends it to b."""
     return Carried(seq, topic, f"m{seq}".encode(), None, None, {}, ("b",))
+
+
+def test_a_new_incarnation_of_the_peer_gets_nothing_of_the_old_ones_holds(
+    net: MakeNet,
+) -> None:
+    """a's data directory is rebuilt from nothing (a new incarnation) while b holds
+    what the old one sent: b writes it — it is b's now — and tells the new one it has
+    taken nothing of it; the new one's messages are held apart from the old ones'."""
+    n = pair(net, Q)
+    a, b = n.nodes["a"], n.nodes["b"]
+    for i in range(3):
+        a.publish("t/x", f"old{i}".encode())
+    settle(n)
+    assert b.link_info()[0].held == 3
+    assert b.link_hello("a", "a-rebuilt") == 0
+    assert eventually(lambda: rows(b, "messages") == 3)
+    assert b.link_info()[0].held == 0
+    b.accept_transfer("a", 0, [carried(1, "t/x")]).result(5)  # the new a's first message
+    assert b.link_info()[0].held == 1 and b.link_ack("a") is None  # not acknowledged yet
+    got = b.fetch("q", 10)
+    assert [m.message.payload for m in got] == [b"old0", b"old1", b"old2", b"m1"]
+    b.delete("q", [m.key for m in got])
+    assert b.link_ack("a") == 1

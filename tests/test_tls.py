@@ -470,9 +470,29 @@ def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
         assert isinstance(accepted, LinkConnection)
         c.receive_data(b"".join(transport.out))
         assert isinstance(c.next_event(), ev.LinkWelcome)
-        accepted.data_received(c.send(ev.LinkProof("0" * 64)) + c.send(ev.Transfer(0, forged(1))))
+        # A proof that is not even hex (text the decoder takes) is refused the same way.
+        accepted.data_received(c.send(ev.LinkProof("é" * 64)) + c.send(ev.Transfer(0, forged(1))))
         loop.run_until_complete(asyncio.sleep(0.05))
         assert accepted.ending and not accepted.linked
         assert [(i.peer, i.received) for i in a.link_info()] == [("b", 0), ("c", 0)]
+        refusal = Connection(Role.CLIENT, 1 << 20)
+        refusal.state = State.LINKED
+        refusal.receive_data(b"".join(transport.out[1:]))
+        error = refusal.next_event()
+        assert isinstance(error, ev.Error) and error.code == "authentication_failed"
     finally:
         loop.close()
+
+
+def test_link_set_checks_everything_before_it_sets_anything(nodes: Nodes) -> None:
+    a = nodes.start("a")
+    d = ("--data", str(a.data_dir))
+    nodes.run("link", "add", "b", *d)
+    done = nodes.run("link", "set", "b", "--egress", "memory", "--topic", "t/>/x", *d, code=3)
+    assert done.stderr.startswith("Error: pattern 't/>/x'")
+    done = nodes.run("link", "set", "b", "--hold", "2s", *d, code=2)
+    assert done.stderr == "Error: --hold is for --egress memory (give it too)\n"
+    (link,) = json.loads(nodes.run("inspect", "links", "--json", *d).stdout)
+    assert (link["egress"], link["topics"]) == ("store", None)
+    done = nodes.run("link", "set", "b", "--egress", "memory", "--topic", "t/>", *d)
+    assert done.stdout == "link to b: egress memory, hold 1s; topics t/>\n"

@@ -323,3 +323,11 @@ def test_well_framed_random_bodies_parse_or_raise_protocol_error(
     server.receive_data(b"".join(raw_frame([t, *fields]) for t, fields in frames))
     with contextlib.suppress(RemoteProtocolError, FrameTooLarge):
         events_of(server)
+
+
+def test_a_link_handshake_of_another_version_says_so() -> None:
+    """The handshake's shape changes with the link protocol's version: a node of another
+    version is told that, not that its frame is malformed."""
+    old = [ev.LinkHello.TYPE, ev.LINK_VERSION - 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
+    with pytest.raises(RemoteProtocolError, match=r"link protocol version 1 is not supported"):
+        ev.decode_event(old)

@@ -18,7 +18,7 @@ from eomsg.cli.common import (
 )
 from eomsg.cli.output import print_json, say, show, styled, table
 from eomsg.core.durations import format_duration, parse_duration
-from eomsg.core.links import check_node_name
+from eomsg.core.links import LinkConfig, check_node_name
 from eomsg.errors import UsageError
 from eomsg.wire.address import parse_address
 from eomsg.wire.tls import ClientTls
@@ -179,11 +179,19 @@ def set_(
       eomsg link set a --topic 'orders/>' --topic 'audit/>'
       eomsg link set a --egress store --any-topic
     """
+    if egress is None and hold != "1s":
+        raise UsageError("--hold is for --egress memory (give it too)")
     if egress is None and not topic and not any_topic:
         raise UsageError("say what to set: --egress, --topic or --any-topic")
     if topic and any_topic:
         raise UsageError("--topic and --any-topic do not combine (use one)")
     seconds = parse_duration(hold)
+    # Checked whole before anything is set: a bad pattern changes no egress.
+    probe = LinkConfig(peer)
+    if egress is not None:
+        probe.with_egress(egress, seconds)
+    if topic:
+        probe.with_topics(topic)
     said: dict[str, object] = {"peer": peer}
     lines = []
     with open_broker(data) as broker:
@@ -223,6 +231,7 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
     if detail:
         headers += [
             "in flight", "oldest", "resends", "out/s", "in/s", "taken", "received", "held",
+            "topics", "withheld",
         ]  # fmt: skip
     grid = table(*headers)
     for i in links:
@@ -243,6 +252,8 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
                 str(i.taken),
                 str(i.received),
                 str(i.held) if i.egress == "memory" else "-",
+                "*" if i.topics is None else " ".join(i.topics),
+                str(i.withheld),
             ]
         grid.add_row(*row)
     show(grid)

@@ -81,24 +81,30 @@ class LinkConfig:
         return cls(peer, address, token, None, peer_ca)
 
     def to_json(self) -> dict[str, Any]:
+        """What the store keeps of the link: all but its secrets (:meth:`secrets`)."""
         return {
             "address": self.address,
-            "token": self.token,
-            "accepts": self.accepts,
             "peer_ca": self.peer_ca,
             "egress": self.egress,
             "hold": self.hold,
             "topics": None if self.topics is None else list(self.topics),
         }
 
+    def secrets(self) -> dict[str, Any]:
+        """What is kept apart from the store: the token it presents, the key it accepts."""
+        return {"token": self.token, "accepts": self.accepts}
+
     @classmethod
-    def from_json(cls, peer: str, data: dict[str, Any]) -> LinkConfig:
+    def from_json(
+        cls, peer: str, data: dict[str, Any], secrets: dict[str, Any] | None = None
+    ) -> LinkConfig:
         topics = data.get("topics")
+        kept = secrets or {}
         return cls(
             peer,
             data.get("address"),
-            data.get("token"),
-            data.get("accepts"),
+            kept.get("token"),
+            kept.get("accepts"),
             data.get("peer_ca"),
             data.get("egress", "store"),
             float(data.get("hold", DEFAULT_HOLD)),

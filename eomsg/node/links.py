@@ -47,6 +47,7 @@ from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, LinkNotFound
 from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import Destination, to_us
+from eomsg.store import secrets as link_secrets
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
@@ -156,10 +157,12 @@ class Links(Egress):
         self._unsaved_routes = {}
         self._next_route = int(store.meta("route_next") or -1)
         now = self.clock()
+        kept_secrets = link_secrets.load(store.data_dir)
         for key, value in meta.items():
             _, peer, what = key.split("/", 2)
             if what == "config":
-                self._links[peer] = self._new_link(LinkConfig.from_json(peer, json.loads(value)))
+                config = LinkConfig.from_json(peer, json.loads(value), kept_secrets.get(peer))
+                self._links[peer] = self._new_link(config)
         for key, value in meta.items():
             _, peer, what = key.split("/", 2)
             link = self._links.get(peer)
@@ -224,6 +227,7 @@ class Links(Egress):
                     f"(`eomsg link remove {peer}`)"
                 )
             self._check_open()
+            self._keep_secrets(peer, config.secrets())  # first: a link is never kept without
             self.store.writer.run(
                 Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
             ).result()
@@ -302,8 +306,20 @@ class Links(Egress):
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
             self.store.writer.run(Store.drop_link_job(f"link/{peer}/", route_ids)).result()
+            self._keep_secrets(peer, None)
         self._links_changed()
         return owed
+
+    def _keep_secrets(self, peer: str, kept: dict[str, Any] | None) -> None:
+        """Keep (None: forget) ``peer``'s link secrets in the data directory's secrets
+        file, apart from the store (:mod:`eomsg.store.secrets`). Under ``_admin``."""
+        found = link_secrets.load(self.store.data_dir)
+        if kept is None:
+            if found.pop(peer, None) is None:
+                return
+        else:
+            found[peer] = kept
+        link_secrets.save(self.store.data_dir, found)
 
     def add_links_listener(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` after a link is added or removed (on the thread that did
@@ -389,6 +405,11 @@ class Links(Egress):
                     "link to %s: a new incarnation of it (%s, was %s): its sequence starts "
                     "afresh", peer, incarnation, link.peer_incarnation or "none",
                 )  # fmt: skip
+                # What the old one sent and is held here is written (it is this node's
+                # now), and nothing of it counts toward what the new one is told.
+                self._write_held(self.clock(), link=link, every=True)
+                link.held.clear()
+                link.storing.clear()
                 link.peer_incarnation = incarnation
                 link.receiver = Receiver(0)
                 batch = RowBatch()
@@ -621,7 +642,8 @@ class Links(Egress):
                 done.set_result((self._acked(link), False))
             else:
                 wake = None
-                committed = self._store_frame(link, kept, routes, messages[offer.start].seq, now)
+                first = messages[offer.start].seq
+                committed = self._store_frame(link, kept, routes, first, now)
         if wake is not None:
             self._notify(wake)
             return done
@@ -632,7 +654,8 @@ class Links(Egress):
                 done.set_exception(error)
                 return
             with self._lock:
-                link.storing.popleft()  # commits come in the order they were queued
+                if link.storing and link.storing[0] == first:  # commits come in order
+                    link.storing.popleft()
                 receiver.committed(read)
                 point = self._acked(link)
             done.set_result((point, False))
@@ -675,7 +698,7 @@ class Links(Egress):
         held in memory, so that the read sequence kept on disk may pass them: a restart
         then takes nothing stored here twice. Under ``_lock``."""
         batch = RowBatch()
-        held = [h for h in link.held.values() if not h.writing]
+        held = [h for h in link.held.values() if not h.writing and self._held.get(h.seq) is h]
         if held:
             self._write_with(batch, held)
         first_seq = self._next_seq
@@ -766,7 +789,8 @@ class Links(Egress):
 
     def _held_done(self, done: list[Held]) -> None:  # see Egress
         for held in done:
-            held.link.held.pop(held.peer_seq, None)
+            if held.link.held.get(held.peer_seq) is held:  # (not one of a new incarnation)
+                del held.link.held[held.peer_seq]
         for link in {held.link for held in done}:  # woken once: it sends one acknowledgement
             if link.wake is not None and self._ack_point(link) > link.ack_sent:
                 link.wake()

@@ -505,7 +505,7 @@ class LinkManager:
             return
         node, me = connection.node, connection.node.node_name
         expected = link_proof(connection.key, connection.nonce, me, welcome.node, "dialled")
-        if not any(hmac.compare_digest(p, expected) for p in welcome.proofs):
+        if not any(hmac.compare_digest(p.encode(), expected.encode()) for p in welcome.proofs):
             why = (
                 "it does not know the link's token: a wrong --token-file, or not the peer "
                 "(check the address)"
@@ -581,7 +581,8 @@ class LinkManager:
         connection.awaiting = None
         me = self.server.node_name
         expected = {kind: link_proof(k, nonce, hello.node, me, "dialler") for k, kind in keys}
-        good = [kind for kind, p in expected.items() if hmac.compare_digest(proof.proof, p)]
+        given = proof.proof.encode()
+        good = [kind for kind, p in expected.items() if hmac.compare_digest(given, p.encode())]
         if not good:
             raise AuthenticationFailed(
                 f"wrong or missing token for a link from {hello.node!r}: give the token this "
@@ -592,15 +593,34 @@ class LinkManager:
         # authenticate must not be able to keep a link down.
         self._track(connection)
         connection.proving = True
-        self.server.spawn(self._take_on(connection, hello))
+        self.server.spawn(self._take_on(connection, hello, "node" in good))
 
-    async def _take_on(self, connection: LinkConnection, hello: ev.LinkHello) -> None:
+    async def _take_on(
+        self, connection: LinkConnection, hello: ev.LinkHello, may_make: bool
+    ) -> None:
+        """Take the link on for ``connection`` — made first if it proved this node's
+        own token and the link is not known — and start it, unless the connection ended
+        (or another replaced it) meanwhile."""
         node = self.server.node
+
+        def gone() -> bool:
+            return (
+                connection.ending
+                or connection.closed.is_set()
+                or self.connections.get(hello.node) is not connection
+            )
+
         try:
+            if gone():
+                return
             try:
                 node.link_hello(hello.node, hello.incarnation)
-            except LinkNotFound:  # dialled with this node's own token: the link is made
+            except LinkNotFound:
+                if not may_make:  # its link was removed since the welcome
+                    raise
                 await self.server.blocking(node.add_link, hello.node, None, None)
+                if gone():
+                    return
                 node.link_hello(hello.node, hello.incarnation)
             theirs = hello.read if hello.peer_incarnation == node.incarnation else 0
             connection.start(theirs)

@@ -16,9 +16,8 @@ anything, each enough for what it covers:
    and opens with file access off: no setting (``fsync``, ``memory_limit``, ``threads``)
    and no file outside the store can be reached, whatever slipped past the rest.
 
-And one table is not read at all: ``node_meta`` holds secrets — the tokens this node
-presents to linked nodes, the keys it accepts from them — so no query may name it, not
-even to a table function (:data:`SECRET_TABLES`).
+No secret is in the store for a query to find: the tokens of links are kept apart
+(:mod:`eomsg.store.secrets`).
 """
 
 from __future__ import annotations
@@ -72,9 +71,6 @@ READ_ONLY_TABLE_FUNCTIONS = frozenset(
 )
 """Table functions a query may call: each only reads."""
 
-SECRET_TABLES = frozenset({"node_meta"})
-"""Tables no query may read or name: they hold link tokens and keys."""
-
 
 def check(cursor: duckdb.DuckDBPyConnection, sql: str) -> None:
     """Raise InvalidQuery unless ``sql`` is one plain SELECT calling only table functions
@@ -105,9 +101,6 @@ def check(cursor: duckdb.DuckDBPyConnection, sql: str) -> None:
     for name in _table_functions(parsed):
         if name not in READ_ONLY_TABLE_FUNCTIONS:
             raise InvalidQuery(f"inspect sql is read-only: the table function {name}() is refused")
-    for name in _names(parsed):
-        if name.lower().rsplit(".", 1)[-1].strip('"') in SECRET_TABLES:
-            raise InvalidQuery(f"{name} holds this node's link tokens: inspect sql cannot read it")
 
 
 def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
@@ -120,21 +113,6 @@ def _nodes(tree: Any) -> Iterator[dict[str, Any]]:
             stack.extend(item.values())
         elif isinstance(item, list):
             stack.extend(item)
-
-
-def _names(tree: Any) -> list[str]:
-    """Every table a serialized parse tree reads, and every text constant in it (what a
-    table function may take for a table's name)."""
-    found: list[str] = []
-    for item in _nodes(tree):
-        if item.get("type") == "BASE_TABLE":
-            found.append(str(item.get("table_name", "")))
-        elif item.get("type") == "VALUE_CONSTANT":
-            for holder, key in (("literal", "text"), ("value", "value")):
-                value = (item.get(holder) or {}).get(key)
-                if isinstance(value, str):
-                    found.append(value)
-    return found
 
 
 def _table_functions(tree: Any) -> list[str]:

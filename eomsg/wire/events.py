@@ -678,6 +678,17 @@ def _names(value: object, what: str, limit: int = MAX_TARGETS) -> tuple[str, ...
     return tuple(_str(v, what) for v in _list(value, what, limit))
 
 
+def _link_fields(body: list[Any], n: int, name: str) -> list[Any]:
+    """:func:`_fields` of a link handshake frame — whose shape changes with the link
+    protocol's version, so another version is said to be one before its shape is."""
+    if len(body) != n + 1 and len(body) > 1 and type(body[1]) is int and body[1] != LINK_VERSION:
+        raise RemoteProtocolError(
+            f"link protocol version {body[1]} is not supported; this node speaks version "
+            f"{LINK_VERSION} (upgrade the older node)"
+        )
+    return _fields(body, n, name)
+
+
 @dataclass(frozen=True, slots=True)
 class LinkHello(Event):
     """A node dialling a linked peer: who it is (``node``, and ``incarnation``: its data
@@ -709,7 +720,9 @@ class LinkHello(Event):
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> LinkHello:
-        _, version, node, inc, peer_inc, read, max_frame, nonce = _fields(body, 7, "link hello")
+        _, version, node, inc, peer_inc, read, max_frame, nonce = _link_fields(
+            body, 7, "link hello"
+        )
         return cls(
             _int(version, "version"),
             _str(node, "node"),
@@ -754,7 +767,7 @@ class LinkWelcome(Event):
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> LinkWelcome:
-        _, version, node, inc, read, max_frame, heartbeat, proofs, nonce = _fields(
+        _, version, node, inc, read, max_frame, heartbeat, proofs, nonce = _link_fields(
             body, 8, "link welcome"
         )
         return cls(
