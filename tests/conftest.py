@@ -460,15 +460,21 @@ def spark() -> Iterator[Any]:
 @pytest.fixture
 def net(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Make in-process networks of nodes (tests/linknet.py) on ``tmp_path``, closed at
-    the end: ``net("abc", seed=0, faults=0.0, egress="store")``."""
+    the end: ``net("abc", seed=0, faults=0.0, egress="store", compact_every=50_000)``."""
     import random
 
     from tests.linknet import Net
 
     nets: list[Net] = []
 
-    def make(names: str, seed: int = 0, faults: float = 0.0, egress: str = "store") -> Net:
-        nets.append(Net(tmp_path, names, random.Random(seed), faults, egress))
+    def make(
+        names: str,
+        seed: int = 0,
+        faults: float = 0.0,
+        egress: str = "store",
+        compact_every: int = 50_000,
+    ) -> Net:
+        nets.append(Net(tmp_path, names, random.Random(seed), faults, egress, compact_every))
         return nets[-1]
 
     yield make

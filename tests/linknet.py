@@ -31,9 +31,16 @@ class Net:
     acknowledgements until all is quiet, with faults drawn from ``rng``."""
 
     def __init__(
-        self, tmp: Path, names: str, rng: random.Random, faults: float = 0.0, egress: str = "store"
+        self,
+        tmp: Path,
+        names: str,
+        rng: random.Random,
+        faults: float = 0.0,
+        egress: str = "store",
+        compact_every: int = 50_000,
     ) -> None:
         self.tmp, self.rng, self.faults, self.egress = tmp, rng, faults, egress
+        self.compact_every = compact_every
         self.now = time.time()  # every node's clock: a test moves it on
         self.nodes: dict[str, Node] = {n: self._open(n) for n in names}
         self.links: set[tuple[str, str]] = set()  # (a, b) with a < b
@@ -41,7 +48,7 @@ class Net:
         self.wires: dict[tuple[str, str], Wire] = {}
 
     def _open(self, name: str) -> Node:
-        settings = NodeSettings(tick=None, node_name=name)
+        settings = NodeSettings(tick=None, node_name=name, compact_every=self.compact_every)
         return Node.open(self.tmp / name, settings, clock=lambda: self.now)
 
     def link(self, a: str, b: str) -> None:

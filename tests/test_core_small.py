@@ -1,9 +1,13 @@
+import json
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.limits import Limits, check_outgoing
-from eomsg.core.message import Outgoing
+from eomsg.core.message import Outgoing, headers_json
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import (
     InvalidConfig,
@@ -106,3 +110,8 @@ def test_rates_are_the_change_since_the_oldest_note_within_a_minute() -> None:
         r.note(float(t), {"a": (t * 3, t)})
     assert r.rates(200.0, {"a": (600, 200)}) == {"a": (3.0, 1.0)}
     assert r.rates(200.0 + WINDOW + 5, {"a": (600, 200)}) == {}  # every note too old now
+
+
+@given(st.dictionaries(st.text(), st.text(), min_size=1))
+def test_headers_are_stored_as_json_dumps_makes_them(headers: dict[str, str]) -> None:
+    assert headers_json(headers) == json.dumps(headers)

@@ -8,6 +8,11 @@ network of nodes. What travels and how is the server's; what is decided and kept
   link as a destination in the commit that stores it — a *route*: an id (negative, apart
   from the queues') naming the link and the nodes the peer is to carry it to. The
   destination is settled when the peer has taken it, so the log keeps it until then.
+  What a peer has taken is always a prefix of what its link owes (acknowledgements are
+  cumulative), so it is kept as one number per link, ``link/PEER/taken``, written with
+  each acknowledgement: every route's message up to it is settled. Compaction drops the
+  routes' destination rows it covers; a row per message would cost the ingress node
+  about as much as storing the message did.
 - **Transfer** (seeds 000, 003; :mod:`eomsg.core.transfer`): each link's
   :class:`~eomsg.core.transfer.Outbox` sends what it owes in sequence order and settles
   on the peer's cumulative acknowledgement; the receiving side keeps, per peer, its read
@@ -26,6 +31,7 @@ the node, so it may be called under ``_lock``.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import logging
@@ -36,7 +42,6 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from eomsg.core.cursor import Outcome
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import Carried, Message
@@ -48,7 +53,7 @@ from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, LinkNotFound
 from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import Destination, to_us
 from eomsg.store import secrets as link_secrets
-from eomsg.store.store import Store
+from eomsg.store.store import US, Store
 from eomsg.store.writer import RowBatch
 
 log = logging.getLogger("eomsg.link")
@@ -82,6 +87,7 @@ class LinkState:
     outbox: Outbox
     receiver: Receiver
     peer_incarnation: str = ""  # whose sequence ``receiver.read`` counts
+    taken_through: int = 0  # the highest of this node's seqs the peer durably took
     connected: bool = False
     wake: Wake | None = None  # the server's connection, told when there is work
     updates: list[Update] = field(default_factory=list)  # routes to tell the peer
@@ -168,7 +174,9 @@ class Links(Egress):
             link = self._links.get(peer)
             if link is None:
                 continue
-            if what == "read":
+            if what == "taken":
+                link.taken_through = int(value)
+            elif what == "read":
                 kept_read = json.loads(value)
                 link.peer_incarnation = kept_read["incarnation"]
                 link.receiver = Receiver(int(kept_read["read"]))
@@ -191,7 +199,9 @@ class Links(Egress):
         for route_id, seqs in pending.items():
             hop = self._route_ids.get(route_id)
             if hop is not None:
-                by_link.setdefault(hop.link.config.peer, {})[route_id] = seqs
+                owed = bisect.bisect_right(seqs, hop.link.taken_through)
+                by_link.setdefault(hop.link.config.peer, {})[route_id] = seqs[owed:]
+                self._settled_since_compaction += owed  # settled, not compacted yet
         for peer, routes in by_link.items():
             self._links[peer].outbox.restore(routes)
 
@@ -518,18 +528,23 @@ class Links(Egress):
             targets = {r: self._route_ids[r].targets for rs in routes for r in rs}
         if not frames:
             return []
-        found = self._fetch_messages([s for f in frames for s in f.seqs])
+        # Rows, not Messages: a link carries every message it owes through here, and
+        # needs only to add where each came from (unless it came from elsewhere).
+        found = self.store.fetch_rows([s for f in frames for s in f.seqs])
+        now_us, name = to_us(now), self._node_name
+        to_of = {r: tuple(sorted(t)) for r, t in targets.items()}
         out = []
         for frame, frame_routes in zip(frames, routes, strict=True):
             carried = []
             for seq, route_id in zip(frame.seqs, frame_routes, strict=True):
-                m = found[seq]
-                ttl = None if m.expires_at is None else max(m.expires_at - now, 1e-3)
-                headers = m.headers
+                _, topic, msg_id, _, expires_us, text, payload = found[seq]
+                ttl = None if expires_us is None else max(expires_us - now_us, 1000) / US
+                headers = json.loads(text) if text else {}
                 if ORIGIN not in headers:
-                    headers = {**headers, ORIGIN: self._node_name, ORIGIN_SEQ: str(seq)}
-                to = tuple(sorted(targets[route_id]))
-                carried.append(Carried(seq, m.topic, m.payload, m.id, ttl, headers, to))
+                    headers[ORIGIN], headers[ORIGIN_SEQ] = name, str(seq)
+                if type(payload) is not bytes:
+                    payload = bytes(payload)
+                carried.append(Carried(seq, topic, payload, msg_id, ttl, headers, to_of[route_id]))
             out.append((frame.prev, carried))
         return out
 
@@ -559,20 +574,30 @@ class Links(Egress):
     def _settle_link(
         self, link: LinkState, done: dict[int, list[int]], now: float
     ) -> Future[None] | None:
-        """Settle, as deleted, the routes' messages the peer took. Under ``_lock``."""
+        """Settle the routes' messages the peer took (``done``, by route): one number,
+        the highest of them, in one upsert — they are a prefix of what the link owes, so
+        every message of the link's routes up to it is settled (see :meth:`_routes_taken`).
+        Under ``_lock``."""
         if not done:
             return None
-        now_us = to_us(now)
+        count = sum(len(seqs) for seqs in done.values())
+        link.taken_through = max(link.taken_through, *(seqs[-1] for seqs in done.values()))
         batch = RowBatch()
-        rows = batch.rows_of("settled")
-        count = 0
-        for route_id, seqs in done.items():
-            rows.extend((route_id, seq, Outcome.DELETED, now_us) for seq in seqs)
-            count += len(seqs)
+        batch.set_meta(f"link/{link.config.peer}/taken", str(link.taken_through))
         link.taken += count
         link.last_taken_at = now
         self._settled_since_compaction += count
         return self._queue_write(batch)
+
+    def _routes_taken(self) -> dict[int, int]:  # see NodeState
+        """Per route, the seq up to which its messages are settled (the peer took them).
+        For compaction, which runs after every write queued before it, so the numbers it
+        is given are durable by then. Under ``_lock``."""
+        return {
+            route_id: hop.link.taken_through
+            for route_id, hop in self._route_ids.items()
+            if hop.link.taken_through
+        }
 
     # -- receiving ------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class Maintenance(NodeState):
             compact = self._settled_since_compaction >= self.settings.compact_every
             if compact:
                 self._settled_since_compaction = 0
+            taken = self._routes_taken() if compact else {}
             gc_due = now - self._last_gc >= self.settings.gc_interval
             floor = self._durable_seq + 1
             low = self._lowest_link_pending()
@@ -43,7 +44,7 @@ class Maintenance(NodeState):
                 if low is not None:
                     floor = min(floor, low)
         if compact:
-            self.store.writer.run(Store.compact_job()).result()
+            self.store.writer.run(Store.compact_job(taken)).result()
         if gc_due:
             forgotten = self.store.writer.run(
                 Store.forget_txns_job(to_us(now - TXN_MEMORY))

@@ -141,12 +141,12 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Inspection, Main
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
             self._by_id[queue_id].cursor.extend(seqs, expiries)
-        self._restore_link_pending(link_pending)
         self._dedup = DedupWindow(store.load_publish_ids(to_us(now)))
         for queue_id, counts in store.load_counts().items():
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)
         self._settled_since_compaction = store.settled_rows()
+        self._restore_link_pending(link_pending)  # counts the links' settled rows too
         self._finished = {txid: TxnState(s) for txid, s in store.finished_txns().items()}
         for prep in store.load_prepared(set(self._finished)):
             held: dict[QueueState, list[int]] = {}

@@ -13,11 +13,10 @@ under ``_lock``, and waits for the commit after releasing it.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 
 from eomsg.core.cursor import Outcome, Settlement
-from eomsg.core.message import Key, Outgoing, PublishResult
+from eomsg.core.message import Key, Outgoing, PublishResult, headers_json
 from eomsg.core.operations import TxnDelete
 from eomsg.core.text import is_text
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
@@ -70,7 +69,7 @@ class Participant(Ingress):
                 q.cursor.hold_many(seqs)
             batch.add("txn_log", txid, TxnState.PREPARED.value, to_us(now), coordinator)
             for i, m in enumerate(messages):
-                headers = json.dumps(m.headers) if m.headers else None
+                headers = headers_json(m.headers) if m.headers else None
                 batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, headers, m.payload)
             for q, seqs in held.items():
                 for seq in seqs:

@@ -381,6 +381,11 @@ class NodeState:
         """The lowest seq a link still owes, if any (the log keeps it). Under ``_lock``."""
         return None
 
+    def _routes_taken(self) -> dict[int, int]:
+        """Per link route, the seq up to which its messages are settled. Under
+        ``_lock``."""
+        return {}
+
     def _hops(self, topic: str) -> tuple[Destination, ...]:
         """The links a message on ``topic`` published here goes out on (none unless this
         node is linked). Under ``_lock``."""

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -94,6 +94,9 @@ class SettledCounts:
 
 
 _MESSAGE_COLUMNS = "seq, topic, id, epoch_us(published_at), epoch_us(expires_at), headers, payload"
+# A ``messages`` row as the writer's overlay and :meth:`Store.fetch_rows` give it: seq,
+# topic, id, published and expires (µs), headers (JSON text or None), payload.
+MessageRow = tuple[int, str, str | None, int, int | None, str | None, bytes]
 
 
 def _message(row: Sequence[Any]) -> Message:
@@ -482,12 +485,17 @@ class Store:
     # -- reading messages ----------------------------------------------------------------
 
     def fetch(self, seqs: Sequence[int]) -> dict[int, Message]:
-        """The messages with these sequence numbers (ascending), by seq: those DuckDB
-        does not hold yet from the writer's overlay, the rest from DuckDB (a message
-        leaves the overlay only after DuckDB committed it, so looking there first never
-        misses one)."""
-        fresh, rest = self._fresh(seqs)
-        found = {seq: _message(row) for seq, row in fresh.items()}
+        """The messages with these sequence numbers (ascending), by seq (see
+        :meth:`fetch_rows`)."""
+        return {seq: _message(row) for seq, row in self.fetch_rows(seqs).items()}
+
+    def fetch_rows(self, seqs: Sequence[int]) -> dict[int, MessageRow]:
+        """The ``messages`` rows of these sequence numbers (ascending), by seq: those
+        DuckDB does not hold yet from the writer's overlay, the rest from DuckDB (a
+        message leaves the overlay only after DuckDB committed it, so looking there
+        first never misses one). For a caller that needs a few columns of many messages
+        (a link's sender) and would waste a :class:`Message` on each."""
+        found, rest = self._fresh(seqs)
         if not rest:
             return found
         low, high = min(rest), max(rest)
@@ -497,14 +505,14 @@ class Store:
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
                 [low, high],
             )
-            found.update((row[0], _message(row)) for row in rows if row[0] in wanted)
+            found.update((row[0], row) for row in rows if row[0] in wanted)
             return found
         rows = self._query(
             f"""SELECT {_MESSAGE_COLUMNS} FROM messages
                 WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
             [low, high, rest],
         )
-        found.update((row[0], _message(row)) for row in rows)
+        found.update((row[0], row) for row in rows)
         return found
 
     def log(self, topic_regex: str | None, from_seq: int, limit: int) -> list[Message]:
@@ -725,15 +733,29 @@ class Store:
         return job
 
     @staticmethod
-    def compact_job() -> Any:
+    def compact_job(routes_taken: Mapping[int, int]) -> Any:
         """Drop the hot-table rows of every settled (queue, message) pair, folding their
-        outcomes into ``queue_stats``. Returns the number of pairs compacted."""
+        outcomes into ``queue_stats``, and the destination rows of the links' routes up
+        to where each route's peer took them (``routes_taken``: route id → seq; kept as
+        one number per link, not as ``settled`` rows). Returns the number of pairs
+        compacted."""
 
         def job(conn: duckdb.DuckDBPyConnection) -> int:
+            count = 0
+            if routes_taken:
+                row = conn.execute(
+                    """DELETE FROM destinations d
+                       USING (SELECT unnest(?::INTEGER[]) AS queue_id,
+                                     unnest(?::BIGINT[]) AS upto) t
+                       WHERE d.queue_id = t.queue_id AND d.seq <= t.upto""",
+                    [list(routes_taken), list(routes_taken.values())],
+                ).fetchone()
+                count = int(row[0]) if row else 0
             row = conn.execute("SELECT count(*) FROM settled").fetchone()
-            count = int(row[0]) if row else 0
-            if not count:
-                return 0
+            settled = int(row[0]) if row else 0
+            if not settled:
+                return count
+            count += settled
             conn.execute(
                 """INSERT INTO queue_stats
                    SELECT queue_id, count(*) FILTER (outcome = 0), count(*) FILTER (outcome = 1),

@@ -877,14 +877,7 @@ class Transfer(Event):
     messages: tuple[Carried, ...]
 
     def to_wire(self) -> list[Any]:
-        return [
-            self.TYPE,
-            self.prev,
-            [
-                [m.seq, m.topic, m.payload, m.id, m.ttl, m.headers or None, list(m.targets)]
-                for m in self.messages
-            ],
-        ]
+        return [self.TYPE, self.prev, self.messages]  # each Carried packs as its fields
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Transfer:
