@@ -312,6 +312,7 @@ class Links(Egress):
                 for route_id in route_ids:
                     self._route_ids.pop(route_id, None)
                     self._unsaved_routes.pop(route_id, None)
+                self._later.pop(f"link/{peer}/taken", None)  # its records go (below)
                 owed = link.outbox.sender.pending
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
@@ -571,23 +572,21 @@ class Links(Egress):
                     self._write_held(now, link=link)
             return link.connected and link.outbox.sender.tick(now)
 
-    def _settle_link(
-        self, link: LinkState, done: dict[int, list[int]], now: float
-    ) -> Future[None] | None:
+    def _settle_link(self, link: LinkState, done: dict[int, list[int]], now: float) -> None:
         """Settle the routes' messages the peer took (``done``, by route): one number,
-        the highest of them, in one upsert — they are a prefix of what the link owes, so
-        every message of the link's routes up to it is settled (see :meth:`_routes_taken`).
-        Under ``_lock``."""
+        the highest of them — they are a prefix of what the link owes, so every message
+        of the link's routes up to it is settled (see :meth:`_routes_taken`). Written
+        with the next write: lost in a crash, it costs only a resend of what the peer
+        holds, which it recognises and acknowledges again (and then says on
+        reconnecting how far it holds). Under ``_lock``."""
         if not done:
-            return None
+            return
         count = sum(len(seqs) for seqs in done.values())
         link.taken_through = max(link.taken_through, *(seqs[-1] for seqs in done.values()))
-        batch = RowBatch()
-        batch.set_meta(f"link/{link.config.peer}/taken", str(link.taken_through))
+        self._write_later(f"link/{link.config.peer}/taken", str(link.taken_through))
         link.taken += count
         link.last_taken_at = now
         self._settled_since_compaction += count
-        return self._queue_write(batch)
 
     def _routes_taken(self) -> dict[int, int]:  # see NodeState
         """Per route, the seq up to which its messages are settled (the peer took them).

@@ -175,6 +175,7 @@ class NodeState:
         self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
         self._ready_generation = 0
         self._rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
+        self._later: dict[str, str] = {}  # node_meta to set with the next write (see below)
 
     # -- checks -------------------------------------------------------------------------
 
@@ -251,10 +252,21 @@ class NodeState:
         :meth:`_await_commit` after releasing it."""
         return None if batch.empty else self._write(batch)
 
+    def _write_later(self, key: str, value: str) -> None:
+        """Set ``node_meta``'s ``key`` with the next batch written, or at the next tick —
+        for a record whose loss costs only work (what a linked peer took: it says so
+        again when it reconnects), not worth a disk flush of its own. Under ``_lock``."""
+        self._later[key] = value
+
     def _write(self, batch: RowBatch) -> Future[None]:
         """Hand ``batch`` to the writer — what it records about messages held in memory
-        kept with them instead (:mod:`eomsg.node.egress`); resolved at once if nothing
-        is left to write. Under ``_lock``."""
+        kept with them instead (:mod:`eomsg.node.egress`), and what waited to be
+        written later added; resolved at once if nothing is left to write. Under
+        ``_lock``."""
+        if self._later:
+            for key, value in self._later.items():
+                batch.set_meta(key, value)
+            self._later.clear()
         batch = self._divert(batch)
         if batch.empty and not batch.callbacks:
             done: Future[None] = Future()
