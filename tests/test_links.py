@@ -110,6 +110,13 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     a.maintain()  # 30 taken since (25 of them before the restart): compacted
     assert route_rows() == []
     assert [p for _, p in n.drain("b", "q")] == [str(i) for i in range(30)]  # once each
+    a.configure("retention", "0")
+    a.configure("gc-interval", "0")
+    last = n.nodes["a"].publish("t/x", b"30").seq
+    n.run()
+    a.maintain()  # written before the log is collected: the peer holds what goes
+    assert a.log_horizon()[0] > last
+    assert a.store.meta("link/b/taken") == str(last)
 
 
 def test_a_queue_deleted_withdraws_its_interest(net: MakeNet) -> None:

@@ -138,3 +138,34 @@ def test_a_wrong_token_is_refused_and_changes_nothing(network: Network, tmp_path
         )
     with network.client("b") as client:
         assert client.link_info() == []
+
+
+def test_a_killed_after_collecting_what_b_took_owes_none_of_it(network: Network) -> None:
+    """How far b took a's messages is written with a's next write, not with a disk flush
+    of its own (and before a compacts or collects its log). a SIGKILLed after b took them
+    and its log dropped them: on reconnecting b says how far it holds, so a owes none of
+    them — nothing comes twice, and what a publishes after its restart comes."""
+    network.start("a")
+    network.start("b")
+    network.link("a", "b")
+    assert eventually(lambda: network.up("a", "b"))
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    with network.client("a") as a:
+        a.configure("retention", "0")
+        a.configure("gc-interval", "0")  # collected at every tick (a second)
+        assert eventually(lambda: any("b" in i.reaches for i in a.link_info()))
+        last = [a.publish("t/x", str(i).encode()).seq for i in range(50)][-1]
+    with network.client("b") as b:
+        assert drain(b, "q", 50) == [str(i).encode() for i in range(50)]
+    with network.client("a") as a:
+        assert eventually(lambda: a.log_horizon()[0] > last)  # b took them: collected
+    network.procs["a"].kill()
+    network.start("a")
+    with network.client("a") as a:
+        assert eventually(lambda: network.up("a", "b"))
+        assert a.link_info()[0].pending == 0
+        a.publish("t/x", b"after")
+    with network.client("b") as b:
+        assert drain(b, "q", 1) == [b"after"]
+        assert b.fetch("q", 10, wait=1.0) == []  # nothing came twice

@@ -29,8 +29,8 @@ class Maintenance(NodeState):
         self._poll(now)
         with self._lock:
             self._write_held(now)  # held in memory past their hold: stored now
-            if self._later:  # written with no other write since: now
-                self._write(RowBatch())
+            if self._later:  # written now, before the jobs below: a link's messages
+                self._write(RowBatch())  # they drop must be ones its peer is known to hold
             self._rates.note(now, self._totals())
             compact = self._settled_since_compaction >= self.settings.compact_every
             if compact:
