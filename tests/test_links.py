@@ -119,6 +119,23 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     assert a.store.meta("link/b/taken") == str(last)
 
 
+def test_frames_for_the_event_loop_are_made_only_of_messages_in_memory(net: MakeNet) -> None:
+    """The server asks for a link's frames on its event loop first, where nothing may
+    block: if a message must be read from DuckDB, it gets None and nothing is taken
+    (then it asks again on a thread)."""
+    n = net("ab")
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.run()
+    a = n.nodes["a"]
+    for i in range(3):
+        a.publish("t/x", str(i).encode())
+    a.store.writer.run(lambda conn: None).result()  # in DuckDB, out of the overlay
+    assert a.link_frames("b", memory_only=True) is None
+    ((_, messages),) = a.link_frames("b")
+    assert [m.payload for m in messages] == [b"0", b"1", b"2"]  # none was taken before
+
+
 def test_a_queue_deleted_withdraws_its_interest(net: MakeNet) -> None:
     n = net("ab")
     n.link("a", "b")

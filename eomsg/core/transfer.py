@@ -146,16 +146,27 @@ class Sender:
             raise IllegalMove(f"link: {seqs[0]} added after {self._seqs[-1]}")
         self._seqs.extend(seqs)
 
-    def frames(self, now: float) -> list[Frame]:
-        """What to send now: the pending messages not sent yet, within the window."""
-        if self.in_flight == 0:
-            self._progress_at = now  # the timer starts with the first unacknowledged frame
+    def frames(self, now: float, *, take: bool = True) -> list[Frame]:
+        """What to send now: the pending messages not sent yet, within the window
+        (``take=False``: what would be, nothing changed). A frame of fewer than ``batch``
+        goes only when nothing is in flight (Nagle's rule): while the peer has messages
+        to acknowledge, more gather behind them, so a busy link sends full frames — each
+        frame costs both ends the same whatever it holds — and an idle one sends at
+        once."""
         end = min(len(self._seqs), self._head + self.window)
         out: list[Frame] = []
-        while self._next < end:
-            chunk = tuple(self._seqs[self._next : min(self._next + self.batch, end)])
-            out.append(Frame(self.sent, chunk))
-            self._next += len(chunk)
+        sent, nxt = self.sent, self._next
+        while nxt < end:
+            stop = min(nxt + self.batch, end)
+            if stop - nxt < self.batch and nxt > self._head:
+                break  # a part frame, while others are in flight: it waits for them
+            chunk = tuple(self._seqs[nxt:stop])
+            out.append(Frame(sent, chunk))
+            sent, nxt = chunk[-1], stop
+        if take:
+            if self.in_flight == 0:
+                self._progress_at = now  # the timer starts with the first frame unacknowledged
+            self._next = nxt
         return out
 
     def acknowledged(self, read: int, now: float, *, gap: bool = False) -> list[int]:

@@ -40,7 +40,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
@@ -517,21 +517,41 @@ class Links(Egress):
 
     # -- sending ------------------------------------------------------------------------
 
-    def link_frames(self, peer: str) -> list[tuple[int, list[Carried]]]:
-        """What to send ``peer`` now, as (prev, messages) frames, within its window."""
+    @overload
+    def link_frames(self, peer: str) -> list[tuple[int, list[Carried]]]: ...
+    @overload
+    def link_frames(
+        self, peer: str, *, memory_only: bool
+    ) -> list[tuple[int, list[Carried]]] | None: ...
+
+    def link_frames(
+        self, peer: str, *, memory_only: bool = False
+    ) -> list[tuple[int, list[Carried]]] | None:
+        """What to send ``peer`` now, as (prev, messages) frames, within its window.
+        ``memory_only``: None, and nothing taken, if a message must be read from DuckDB
+        (not the writer's overlay) — for the server's event loop, which asks again on
+        a thread then; a busy link's messages are still in memory when they go."""
         now = self.clock()
         with self._lock:
             link = self._link(peer)
             if not link.connected:
                 return []
-            frames = link.outbox.sender.frames(now)
+            sender = link.outbox.sender
+            if memory_only:
+                planned = [s for f in sender.frames(now, take=False) for s in f.seqs]
+                found = self.store.fetch_rows(planned, memory_only=True)
+                if found is None:
+                    return None
+            frames = sender.frames(now)
             routes = [link.outbox.routes_of(f.seqs) for f in frames]
             targets = {r: self._route_ids[r].targets for rs in routes for r in rs}
         if not frames:
             return []
+        if not memory_only:
+            found = self.store.fetch_rows([s for f in frames for s in f.seqs])
+        assert found is not None
         # Rows, not Messages: a link carries every message it owes through here, and
         # needs only to add where each came from (unless it came from elsewhere).
-        found = self.store.fetch_rows([s for f in frames for s in f.seqs])
         now_us, name = to_us(now), self._node_name
         to_of = {r: tuple(sorted(t)) for r, t in targets.items()}
         out = []

@@ -273,7 +273,9 @@ class LinkConnection(asyncio.Protocol):
             ack = self.node.link_ack(self.peer)  # messages held in memory, settled here
             if ack is not None:
                 self.send(ev.Taken(ack, False))
-            frames = await self.server.blocking(self.node.link_frames, self.peer)
+            frames = self.node.link_frames(self.peer, memory_only=True)
+            if frames is None:  # some must be read from the store: not on the loop
+                frames = await self.server.blocking(self.node.link_frames, self.peer)
             for prev, messages in frames:
                 self._send_transfer(prev, messages)
 

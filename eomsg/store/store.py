@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 import duckdb
 
@@ -489,15 +489,27 @@ class Store:
         :meth:`fetch_rows`)."""
         return {seq: _message(row) for seq, row in self.fetch_rows(seqs).items()}
 
-    def fetch_rows(self, seqs: Sequence[int]) -> dict[int, MessageRow]:
+    @overload
+    def fetch_rows(self, seqs: Sequence[int]) -> dict[int, MessageRow]: ...
+    @overload
+    def fetch_rows(
+        self, seqs: Sequence[int], *, memory_only: bool
+    ) -> dict[int, MessageRow] | None: ...
+
+    def fetch_rows(
+        self, seqs: Sequence[int], *, memory_only: bool = False
+    ) -> dict[int, MessageRow] | None:
         """The ``messages`` rows of these sequence numbers (ascending), by seq: those
         DuckDB does not hold yet from the writer's overlay, the rest from DuckDB (a
         message leaves the overlay only after DuckDB committed it, so looking there
         first never misses one). For a caller that needs a few columns of many messages
-        (a link's sender) and would waste a :class:`Message` on each."""
+        (a link's sender) and would waste a :class:`Message` on each. ``memory_only``:
+        None rather than read DuckDB (for a caller that must not block)."""
         found, rest = self._fresh(seqs)
         if not rest:
             return found
+        if memory_only:
+            return None
         low, high = min(rest), max(rest)
         if high - low < 4 * len(rest):  # dense, the usual case: a plain range scan
             wanted = set(rest)
