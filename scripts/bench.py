@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in bench_link.SCENARIOS:
         payload = os.urandom(args.payload // 2 + 1).hex().encode()[: args.payload]
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
-            linked = bench_link.run(args.scenario, args.n, payload, Path(tmp))
+            linked = bench_link.run(args.scenario, args.n, args.rounds, payload, Path(tmp))
         linked["machine"] = machine()
         print(json.dumps(linked) if args.json else ", ".join(f"{k} {v}" for k, v in linked.items()))
         return 0

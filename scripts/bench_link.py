@@ -6,7 +6,9 @@ link-throughput  node a takes ``n`` publishes (an id each, 256 unacknowledged) f
                  same run, a single node's publish rate into a local queue — once
                  with every process sharing the machine's cores, once (``pinned_``)
                  with a and the publisher on one core and b on another, as if each
-                 node had a machine of one core
+                 node had a machine of one core; each ``rounds`` times on the same
+                 nodes, single and linked in turn, the medians reported (the rounds'
+                 figures under ``rounds``)
 link-latency     a chain a → b → c; one message in flight at a time, published at a
                  and fetched by a waiting consumer on a, on b and on c: the added
                  latency of each hop, p50 / p99
@@ -72,12 +74,12 @@ class Node:
         self.proc.wait(60)
 
 
-def _until(condition: object, timeout: float = 120.0) -> None:
+def _until(condition: object, timeout: float = 120.0, every: float = 0.001) -> None:
     deadline = time.monotonic() + timeout
     while not condition():  # type: ignore[operator]
         if time.monotonic() > deadline:
             raise SystemExit("bench: timed out")
-        time.sleep(0.001)
+        time.sleep(every)
 
 
 def _reaches(node: Node, *names: str) -> bool:
@@ -105,20 +107,26 @@ def _depth(node: Node, queue: str) -> int:
         return next(s.depth for s in c.stats() if s.name == queue)
 
 
-def throughput(n: int, payload: bytes, tmp: Path) -> dict[str, object]:
-    out: dict[str, object] = {"scenario": "link-throughput", "n": n, "payload": len(payload)}
-    out.update(_throughput(n, payload, tmp / "shared", None))
+def throughput(n: int, rounds: int, payload: bytes, tmp: Path) -> dict[str, object]:
+    out: dict[str, object] = {
+        "scenario": "link-throughput",
+        "n": n,
+        "rounds": rounds,
+        "payload": len(payload),
+    }
+    out.update(_throughput(n, rounds, payload, tmp / "shared", None))
     if len(os.sched_getaffinity(0)) >= 2:  # as if on two machines of a core each
-        pinned = _throughput(n, payload, tmp / "pinned", ({0}, {1}))
+        pinned = _throughput(n, rounds, payload, tmp / "pinned", ({0}, {1}))
         out.update({f"pinned_{k}": v for k, v in pinned.items()})
     return out
 
 
 def _throughput(
-    n: int, payload: bytes, tmp: Path, cpus: tuple[set[int], set[int]] | None
+    n: int, rounds: int, payload: bytes, tmp: Path, cpus: tuple[set[int], set[int]] | None
 ) -> dict[str, object]:
-    """a single node's publish rate, then a's for a queue on b and b's arrival rate.
-    With ``cpus``: a and this publisher on the first set, b on the second."""
+    """a single node's publish rate, then a's for a queue on b and b's arrival rate,
+    ``rounds`` times; the medians, and each round's. With ``cpus``: a and this
+    publisher on the first set, b on the second."""
     mine = os.sched_getaffinity(0)
     a = Node(tmp, "a", cpus=None if cpus is None else cpus[0])
     b = Node(tmp, "b", cpus=None if cpus is None else cpus[1])
@@ -131,18 +139,32 @@ def _throughput(
             c.create_queue(QueueConfig("far", subscriptions=("far/>",)))
         a.link_to(b)
         _until(lambda: _reaches(a, "b"))
+        each: list[dict[str, float]] = []
         with a.client() as c:
-            single = _publish_windowed(c, "local/x", n, payload, "l")
-            start = time.perf_counter()
-            linked = _publish_windowed(c, "far/x", n, payload, "f")
-        _until(lambda: _depth(b, "far") >= n, 600)
-        arrived = time.perf_counter() - start
-        return {
-            "single_node_publish_per_s": round(n / single),
-            "linked_publish_per_s": round(n / linked),
-            "link_delivered_per_s": round(n / arrived),
-            "link_vs_single": round((n / arrived) / (n / single), 3),
+            for r in range(rounds):
+                single = _publish_windowed(c, "local/x", n, payload, f"l{r}-")
+                start = time.perf_counter()
+                linked = _publish_windowed(c, "far/x", n, payload, f"f{r}-")
+                # b has taken them when a owes it nothing (b acknowledges what it
+                # stored): asked of a over this connection, every 5 ms — a new
+                # connection to b every millisecond would load both nodes' cores.
+                _until(lambda c=c: not any(i.pending for i in c.link_info()), 600, 0.005)
+                arrived = time.perf_counter() - start
+                if _depth(b, "far") != n * (r + 1):
+                    raise SystemExit("bench: b's queue does not hold what a published")
+                each.append(
+                    {
+                        "single_node_publish_per_s": round(n / single),
+                        "linked_publish_per_s": round(n / linked),
+                        "link_delivered_per_s": round(n / arrived),
+                        "link_vs_single": round(single / arrived, 3),
+                    }
+                )
+        out: dict[str, object] = {
+            k: round(statistics.median(e[k] for e in each), 3) for k in each[0]
         }
+        out["each_round"] = each
+        return out
     finally:
         os.sched_setaffinity(0, mine)
         a.stop()
@@ -296,9 +318,9 @@ def egress(n: int, payload: bytes, tmp: Path) -> dict[str, object]:
     return out
 
 
-def run(scenario: str, n: int, payload: bytes, tmp: Path) -> dict[str, object]:
+def run(scenario: str, n: int, rounds: int, payload: bytes, tmp: Path) -> dict[str, object]:
     if scenario == "link-throughput":
-        return throughput(n, payload, tmp)
+        return throughput(n, rounds, payload, tmp)
     if scenario == "link-egress":
         return egress(n, payload, tmp)
     if scenario == "link-latency":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,15 @@ def test_replay_scenario_prints_rows_per_second_and_startup() -> None:
     result = bench("--scenario", "replay", "--n", "500", "--rounds", "1", "--transform", "rows")
     assert result["scenario"] == "replay" and result["rows_per_s"] > 0  # type: ignore[operator]
     assert result["spark_startup_s"] > 0 and result["job_fixed_s"] > 0  # type: ignore[operator]
+
+
+def test_the_link_throughput_scenario_reports_medians_of_its_rounds() -> None:
+    result = bench("--scenario", "link-throughput", "--n", "300", "--rounds", "2")
+    assert result["scenario"] == "link-throughput" and result["rounds"] == 2
+    rounds = result["each_round"]
+    assert isinstance(rounds, list) and len(rounds) == 2
+    for key in ("single_node_publish_per_s", "link_delivered_per_s", "link_vs_single"):
+        assert result[key] == pytest.approx(statistics.median(r[key] for r in rounds), abs=1e-3)
 
 
 def test_the_link_egress_scenario_reports_both_modes() -> None:
