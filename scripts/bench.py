@@ -25,8 +25,9 @@ consumes ``--n`` messages into a DuckDB table, ``--batch`` per transaction (defa
 
 Linked nodes (scripts/bench_link.py): ``link-throughput`` publishes ``--n`` messages
 on node a for a queue on node b and compares how fast they arrive there with a single
-node's publish rate in the same run (``--rounds`` times, medians); ``link-latency`` times ``--n`` messages, one in
-flight, through a chain a → b → c (the latency each hop adds); ``link-resume`` SIGKILLs
+node's publish rate in the same run (``--rounds`` times, medians); ``link-latency``
+times ``--n`` messages, one in flight, through a chain a → b → c (the latency each hop
+adds); ``link-resume`` SIGKILLs
 and restarts the receiving node ``--n`` times (the time until the link is up again and
 the first message arrives); ``link-egress`` publishes ``--n`` messages on a for a queue
 on b that a consumer there drains, with b storing them and then holding them in memory

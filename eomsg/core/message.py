@@ -1,4 +1,5 @@
-"""Messages and what publishing or consuming one returns: frozen values, no behaviour."""
+"""Messages and what publishing or consuming one returns: immutable values, no
+behaviour."""
 
 from __future__ import annotations
 

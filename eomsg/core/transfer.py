@@ -148,18 +148,12 @@ class Sender:
 
     def frames(self, now: float, *, take: bool = True) -> list[Frame]:
         """What to send now: the pending messages not sent yet, within the window
-        (``take=False``: what would be, nothing changed). A frame of fewer than ``batch``
-        goes only when nothing is in flight (Nagle's rule): while the peer has messages
-        to acknowledge, more gather behind them, so a busy link sends full frames — each
-        frame costs both ends the same whatever it holds — and an idle one sends at
-        once."""
+        (``take=False``: what would be, nothing changed)."""
         end = min(len(self._seqs), self._head + self.window)
         out: list[Frame] = []
         sent, nxt = self.sent, self._next
         while nxt < end:
             stop = min(nxt + self.batch, end)
-            if stop - nxt < self.batch and nxt > self._head:
-                break  # a part frame, while others are in flight: it waits for them
             chunk = tuple(self._seqs[nxt:stop])
             out.append(Frame(sent, chunk))
             sent, nxt = chunk[-1], stop

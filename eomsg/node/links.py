@@ -10,9 +10,9 @@ network of nodes. What travels and how is the server's; what is decided and kept
   destination is settled when the peer has taken it, so the log keeps it until then.
   What a peer has taken is always a prefix of what its link owes (acknowledgements are
   cumulative), so it is kept as one number per link, ``link/PEER/taken``, written with
-  each acknowledgement: every route's message up to it is settled. Compaction drops the
-  routes' destination rows it covers; a row per message would cost the ingress node
-  about as much as storing the message did.
+  the next write after an acknowledgement (or by the ticker): every route's message up
+  to it is settled. Compaction drops the routes' destination rows it covers; a row per
+  message would cost the ingress node about as much as storing the message did.
 - **Transfer** (seeds 000, 003; :mod:`eomsg.core.transfer`): each link's
   :class:`~eomsg.core.transfer.Outbox` sends what it owes in sequence order and settles
   on the peer's cumulative acknowledgement; the receiving side keeps, per peer, its read
@@ -457,7 +457,9 @@ class Links(Egress):
             self._check_open()
             link = self._link(peer)
             link.connected, link.wake, link.connected_at, link.error = True, wake, now, None
-            read = min(read, self._next_seq - 1)  # past what this node ever numbered: a lie
+            # Past what this node committed (and handed its links, in the same step): a
+            # lie, or a confusion — believed, it would settle a message still committing.
+            read = min(read, self._durable_seq)
             link.updates.clear()
             # Settlements need not be waited for: the peer holds the messages already.
             self._settle_link(link, link.outbox.reconnected(read, now), now)

@@ -29,8 +29,9 @@ class Maintenance(NodeState):
         self._poll(now)
         with self._lock:
             self._write_held(now)  # held in memory past their hold: stored now
-            if self._later:  # written now, before the jobs below: a link's messages
-                self._write(RowBatch())  # they drop must be ones its peer is known to hold
+            # Before the jobs below: the link messages they drop are ones its peer is
+            # known, on disk, to hold.
+            self._write_now()
             self._rates.note(now, self._totals())
             compact = self._settled_since_compaction >= self.settings.compact_every
             if compact:

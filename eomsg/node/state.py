@@ -253,21 +253,32 @@ class NodeState:
         return None if batch.empty else self._write(batch)
 
     def _write_later(self, key: str, value: str) -> None:
-        """Set ``node_meta``'s ``key`` with the next batch written, or at the next tick —
-        for a record whose loss costs only work (what a linked peer took: it says so
-        again when it reconnects), not worth a disk flush of its own. Under ``_lock``."""
+        """Set ``node_meta``'s ``key`` with the next batch written, or at the next tick
+        (within ``tick`` seconds) — for a record not worth a disk flush of its own: what
+        a linked peer took, which it says again when it reconnects. Under ``_lock``."""
         self._later[key] = value
+
+    def _write_now(self) -> None:
+        """Write what waits to be written later, now (the ticker, before it compacts or
+        collects the log). Under ``_lock``."""
+        if self._later:
+            batch = RowBatch()
+            for key, value in self._later.items():
+                batch.set_meta(key, value)
+            self._later.clear()
+            self._write(batch)
 
     def _write(self, batch: RowBatch) -> Future[None]:
         """Hand ``batch`` to the writer — what it records about messages held in memory
         kept with them instead (:mod:`eomsg.node.egress`), and what waited to be
-        written later added; resolved at once if nothing is left to write. Under
+        written later added to what is left; resolved at once if nothing is left to
+        write (so a batch that only settles held messages costs no write). Under
         ``_lock``."""
-        if self._later:
+        batch = self._divert(batch)
+        if self._later and (not batch.empty or batch.callbacks):
             for key, value in self._later.items():
                 batch.set_meta(key, value)
             self._later.clear()
-        batch = self._divert(batch)
         if batch.empty and not batch.callbacks:
             done: Future[None] = Future()
             done.set_result(None)

@@ -612,12 +612,15 @@ class Store:
     def pending_bytes(self) -> dict[int, int]:
         """Payload bytes of the messages each queue still holds, by queue id. Reads the
         hot tables and the log range they point into: its cost grows with the backlog,
-        not with the log (an operator's look, not a per-message path)."""
+        not with the log (an operator's look, not a per-message path). Queues only:
+        links' routes (negative ids) keep rows of what their peers took until the next
+        compaction, which would widen the range read."""
         self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         rows = self._query(
             """WITH hot AS (
                    SELECT d.queue_id, d.seq FROM destinations d
                    ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+                   WHERE d.queue_id > 0
                )
                SELECT h.queue_id, sum(octet_length(m.payload))::BIGINT
                FROM hot h JOIN messages m ON m.seq = h.seq
