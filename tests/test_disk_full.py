@@ -177,7 +177,11 @@ def publish_until_refused(data: Path, payload: Callable[[int], bytes]) -> dict[s
 def test_a_full_disk_fails_the_write_whole_and_the_node_reopens_itself(
     small_disk: Callable[[int], SmallDisk], eomsg_bin: str, cli_env: dict[str, str]
 ) -> None:
-    disk = small_disk(48 * MiB)
+    # Room to reopen once the filler goes: the node waits for about its WAL again, its
+    # journal's records and a 16 MiB margin (node.room_to_reopen). On a loaded machine
+    # the applier is further behind when the disk fills, and a 48 MiB disk left it
+    # waiting (30.0 MiB free, 31.6 needed), rightly.
+    disk = small_disk(80 * MiB)
     data = disk.root / "data"
     env = {**cli_env, "EOMSG_DATA": str(data)}
     node = NodeProcess(eomsg_bin, data, env).start()
