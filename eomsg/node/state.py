@@ -262,11 +262,15 @@ class NodeState:
         """Write what waits to be written later, now (the ticker, before it compacts or
         collects the log). Under ``_lock``."""
         if self._later:
-            batch = RowBatch()
-            for key, value in self._later.items():
-                batch.set_meta(key, value)
-            self._later.clear()
-            self._write(batch)
+            self._write(self._with_later(RowBatch()))
+
+    def _with_later(self, batch: RowBatch) -> RowBatch:
+        """``batch`` with what waits to be written later added (then no longer waiting).
+        Under ``_lock``."""
+        for key, value in self._later.items():
+            batch.set_meta(key, value)
+        self._later.clear()
+        return batch
 
     def _write(self, batch: RowBatch) -> Future[None]:
         """Hand ``batch`` to the writer — what it records about messages held in memory
@@ -276,9 +280,7 @@ class NodeState:
         ``_lock``."""
         batch = self._divert(batch)
         if self._later and (not batch.empty or batch.callbacks):
-            for key, value in self._later.items():
-                batch.set_meta(key, value)
-            self._later.clear()
+            batch = self._with_later(batch)
         if batch.empty and not batch.callbacks:
             done: Future[None] = Future()
             done.set_result(None)
