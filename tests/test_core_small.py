@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.limits import Limits, check_outgoing
-from eomsg.core.message import Outgoing, headers_json
+from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Carried, Outgoing, headers_json
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import (
     InvalidConfig,
@@ -115,3 +115,14 @@ def test_rates_are_the_change_since_the_oldest_note_within_a_minute() -> None:
 @given(st.dictionaries(st.text(), st.text(), min_size=1))
 def test_headers_are_stored_as_json_dumps_makes_them(headers: dict[str, str]) -> None:
     assert headers_json(headers) == json.dumps(headers)
+
+
+@given(st.dictionaries(st.text(), st.text()), st.text(), st.text())
+def test_a_carried_message_is_stored_with_where_it_came_from_as_json_dumps_makes_it(
+    headers: dict[str, str], origin: str, origin_seq: str
+) -> None:
+    m = Carried(1, "t", b"", None, None, headers, ("b",), origin, origin_seq)
+    shown = m.all_headers()
+    assert shown == {**headers, ORIGIN: origin, ORIGIN_SEQ: origin_seq}
+    assert m.log_headers == json.dumps(shown)
+    assert m.headers == headers  # the publisher's own, unchanged

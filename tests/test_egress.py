@@ -336,7 +336,7 @@ def test_no_frame_is_held_while_one_stored_before_is_not_durable(net: MakeNet) -
 
 def carried(seq: int, topic: str) -> Carried:
     """A message as node a sends it to b."""
-    return Carried(seq, topic, f"m{seq}".encode(), None, None, {}, ("b",))
+    return Carried(seq, topic, f"m{seq}".encode(), None, None, {}, ("b",), "a", str(seq))
 
 
 def test_a_new_incarnation_of_the_peer_gets_nothing_of_the_old_ones_holds(

@@ -235,7 +235,7 @@ def test_a_message_for_a_node_out_of_reach_is_counted_not_a_wedge(net: MakeNet) 
     n.link("a", "b")
     n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
-    nowhere = Carried(1, "t/x", b"p", None, None, {}, ("b", "zz"))
+    nowhere = Carried(1, "t/x", b"p", None, None, {}, ("b", "zz"), "a", "1")
     assert n.nodes["b"].accept_transfer("a", 0, [nowhere]).result() == (1, False)
     (info,) = n.nodes["b"].link_info()
     assert info.unroutable == 1

@@ -427,7 +427,7 @@ def fake_server(node: object, loop: asyncio.AbstractEventLoop) -> SimpleNamespac
 
 
 def forged(seq: int) -> tuple[Carried, ...]:
-    return (Carried(seq, "t/x", b"forged", None, None, {}, ("a",)),)
+    return (Carried(seq, "t/x", b"forged", None, None, {}, ("a",), "c", str(seq)),)
 
 
 def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eomsg.client.aio import AsyncClient
-from eomsg.core.message import Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import Carried, Delivered, Message, Outgoing, PublishResult
 from eomsg.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from eomsg.server.link import LinkConnection
 from eomsg.server.session import Session
@@ -325,9 +325,29 @@ def test_well_framed_random_bodies_parse_or_raise_protocol_error(
         events_of(server)
 
 
+def test_a_transfer_carries_where_each_message_came_from_as_fields() -> None:
+    """Provenance travels as two fields of each message, not as its headers; every
+    field is checked."""
+    sent = ev.Transfer(
+        4,
+        (
+            Carried(5, "t/x", b"p", None, None, {}, ("b",), "a", "5"),
+            Carried(6, "t/y", b"", "id", 2.5, {"h": "v"}, ("b", "c"), "z", "91"),
+        ),
+    )
+    body = msgpack.unpackb(msgpack.packb(sent.to_wire(), use_bin_type=True), raw=False)
+    assert ev.decode_event(body) == sent
+    body[2][0][7] = 7  # an origin that is not text
+    with pytest.raises(RemoteProtocolError, match="origin"):
+        ev.decode_event(body)
+    body[2][0] = body[2][0][:7]  # the shape of link protocol version 2
+    with pytest.raises(RemoteProtocolError, match="transfer"):
+        ev.decode_event(body)
+
+
 def test_a_link_handshake_of_another_version_says_so() -> None:
     """The handshake's shape changes with the link protocol's version: a node of another
     version is told that, not that its frame is malformed."""
-    old = [ev.LinkHello.TYPE, ev.LINK_VERSION - 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
+    old = [ev.LinkHello.TYPE, 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
     with pytest.raises(RemoteProtocolError, match=r"link protocol version 1 is not supported"):
         ev.decode_event(old)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import lru_cache
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, NamedTuple, Protocol
 
@@ -13,6 +14,9 @@ from eomsg.errors import InvalidInput
 
 Key = tuple[int, int]
 """A delivery: ``(seq, attempt)`` (:attr:`Delivered.key`)."""
+
+ORIGIN = "eomsg-origin"  # the header naming the node a message was first published on
+ORIGIN_SEQ = "eomsg-origin-seq"  # … and its sequence there
 
 
 def check_keys(keys: Iterable[Key]) -> tuple[Key, ...]:
@@ -87,9 +91,15 @@ class Delivered:
 
 def headers_json(headers: dict[str, str]) -> str:
     """``headers`` (validated: names and values are text) as the JSON object the log
-    keeps — exactly what ``json.dumps`` makes of them, at under half its cost (every
-    message from a linked node has headers: where it came from)."""
+    keeps — exactly what ``json.dumps`` makes of them, at under half its cost."""
     return "{" + ", ".join([_quote(k) + ": " + _quote(v) for k, v in headers.items()]) + "}"
+
+
+@lru_cache(maxsize=256)
+def _from_origin(origin: str) -> str:
+    """The start of the headers of a message from ``origin`` that has no others: one
+    string per linked node, where every message it sends begins."""
+    return "{" + _quote(ORIGIN) + ": " + _quote(origin) + ", " + _quote(ORIGIN_SEQ) + ": "
 
 
 class Publishable(Protocol):
@@ -106,6 +116,8 @@ class Publishable(Protocol):
     def ttl(self) -> float | None: ...
     @property
     def headers(self) -> dict[str, str]: ...
+    @property
+    def log_headers(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +129,11 @@ class Outgoing:
     id: str | None = None
     ttl: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def log_headers(self) -> str | None:
+        """The headers as the log keeps them (JSON), None if there are none."""
+        return headers_json(self.headers) if self.headers else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,11 +154,16 @@ class PublishResult:
 class Carried(NamedTuple):
     """A message on a link between nodes: its sequence on the sending node, what it is,
     and the nodes the receiver is to carry it to (itself among them if its queues want
-    it). ``ttl`` is what remained of its time to live when it was sent.
+    it). ``ttl`` is what remained of its time to live when it was sent; ``headers`` are
+    its publisher's; ``origin`` names the node it was first published on and
+    ``origin_seq`` its sequence there, which every node it reaches shows as the headers
+    ``eomsg-origin`` and ``eomsg-origin-seq``.
 
     A named tuple, not a frozen dataclass like the other values: one is made for every
     message a link carries, at both ends, and a tuple costs a third as much to make;
-    its fields are also its wire form, in order (:class:`~eomsg.wire.events.Transfer`)."""
+    its fields are also its wire form, in order (:class:`~eomsg.wire.events.Transfer`).
+    Where it came from travels as two fields, not as headers: a message with none of
+    its own then costs no headers to send, check or store."""
 
     seq: int
     topic: str
@@ -150,3 +172,16 @@ class Carried(NamedTuple):
     ttl: float | None
     headers: dict[str, str]
     targets: tuple[str, ...]
+    origin: str
+    origin_seq: str
+
+    def all_headers(self) -> dict[str, str]:
+        """Its headers with where it came from: what a consumer here sees."""
+        return {**self.headers, ORIGIN: self.origin, ORIGIN_SEQ: self.origin_seq}
+
+    @property
+    def log_headers(self) -> str:
+        """:meth:`all_headers` as the log keeps them (JSON, as :func:`headers_json`)."""
+        if self.headers:
+            return headers_json(self.all_headers())
+        return _from_origin(self.origin) + _quote(self.origin_seq) + "}"

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from eomsg.core.limits import check_outgoing
-from eomsg.core.message import Outgoing, Publishable, PublishResult, headers_json
+from eomsg.core.message import Outgoing, Publishable, PublishResult
 from eomsg.errors import InvalidConfig
 from eomsg.failpoints import failpoint
 from eomsg.node.state import Destination, NodeState, QueueState, to_us
@@ -179,7 +179,7 @@ class Ingress(NodeState):
                 queues = routes[i]
             else:
                 queues = self._route(m.topic) if route is None else route
-            headers = headers_json(m.headers) if m.headers else None
+            headers = m.log_headers
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:
                 id_rows.append((msg_id, seq, expires_us))

@@ -44,7 +44,7 @@ from typing import Any, overload
 
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
-from eomsg.core.message import Carried, Message
+from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Carried, Message
 from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
@@ -58,8 +58,6 @@ from eomsg.store.writer import RowBatch
 
 log = logging.getLogger("eomsg.link")
 LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
-ORIGIN = "eomsg-origin"  # the header naming the node a message was first published on
-ORIGIN_SEQ = "eomsg-origin-seq"  # … and its sequence there
 Wake = Callable[[], None]
 Way = tuple["tuple[Destination, ...]", bool, "tuple[LinkState, ...]"]  # see _route_carried
 
@@ -563,11 +561,16 @@ class Links(Egress):
                 _, topic, msg_id, _, expires_us, text, payload = found[seq]
                 ttl = None if expires_us is None else max(expires_us - now_us, 1000) / US
                 headers = json.loads(text) if text else {}
-                if ORIGIN not in headers:
-                    headers[ORIGIN], headers[ORIGIN_SEQ] = name, str(seq)
+                if ORIGIN in headers and ORIGIN_SEQ in headers:  # it came from elsewhere
+                    origin, origin_seq = headers.pop(ORIGIN), headers.pop(ORIGIN_SEQ)
+                else:
+                    origin, origin_seq = name, str(seq)
                 if type(payload) is not bytes:
                     payload = bytes(payload)
-                carried.append(Carried(seq, topic, payload, msg_id, ttl, headers, to_of[route_id]))
+                to = to_of[route_id]
+                carried.append(
+                    Carried(seq, topic, payload, msg_id, ttl, headers, to, origin, origin_seq)
+                )
             out.append((frame.prev, carried))
         return out
 
@@ -812,7 +815,7 @@ class Links(Egress):
                     m.id,
                     now,
                     None if m.ttl is None else now + m.ttl,
-                    dict(m.headers),
+                    m.all_headers(),
                 ),
                 deadline,
                 {d.id for d in route},

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from eomsg.core.cursor import Outcome, Settlement
-from eomsg.core.message import Key, Outgoing, PublishResult, headers_json
+from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.text import is_text
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
@@ -69,8 +69,7 @@ class Participant(Ingress):
                 q.cursor.hold_many(seqs)
             batch.add("txn_log", txid, TxnState.PREPARED.value, to_us(now), coordinator)
             for i, m in enumerate(messages):
-                headers = headers_json(m.headers) if m.headers else None
-                batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, headers, m.payload)
+                batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, m.log_headers, m.payload)
             for q, seqs in held.items():
                 for seq in seqs:
                     batch.add("txn_deletes", txid, q.id, seq)

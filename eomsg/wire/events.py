@@ -670,7 +670,7 @@ class Unbound(Event):
 
 # -- links between nodes -----------------------------------------------------------------
 
-LINK_VERSION = 2
+LINK_VERSION = 3
 MAX_TARGETS = 1024  # nodes one transferred message is for
 
 
@@ -844,27 +844,36 @@ class Interest(Event):
 
 def _carried(items: list[Any]) -> tuple[Carried, ...]:
     """A transfer's messages, every field checked. The targets of one are those of the
-    one before, usually: checked once, and shared."""
+    one before, usually: checked once, and shared. A message whose fields are of the
+    usual kinds passes one inline test (a link carries every message through here);
+    any other goes through the checks that convert or say what is wrong."""
     out: list[Carried] = []
-    last: tuple[list[Any], tuple[str, ...]] | None = None
+    last: object = None
+    names: tuple[str, ...] = ()
     for item in items:
-        seq, topic, payload, msg_id, ttl, headers, targets = _list(item, "a message", 7)
-        if last is not None and targets == last[0]:
-            names = last[1]
-        else:
-            names = _names(targets, "targets")
-            last = (targets, names)
-        out.append(
-            Carried(
-                _int(seq, "seq"),
-                _str(topic, "topic"),
-                _bytes(payload, "payload"),
-                _opt_str(msg_id, "id"),
-                _opt_num(ttl, "ttl"),
-                _headers(headers),
-                names,
-            )
+        seq, topic, payload, msg_id, ttl, headers, targets, origin, origin_seq = _list(
+            item, "a message", 9
         )
+        if targets != last:
+            names, last = _names(targets, "targets"), targets
+        if not (
+            type(seq) is int
+            and type(topic) is str
+            and len(topic) <= MAX_NAME
+            and type(payload) is bytes
+            and (msg_id is None or (type(msg_id) is str and len(msg_id) <= MAX_NAME))
+            and (ttl is None or type(ttl) is float)
+            and type(headers) is dict
+            and not headers
+            and type(origin) is str
+            and len(origin) <= MAX_NAME
+            and type(origin_seq) is str
+            and len(origin_seq) <= MAX_NAME
+        ):
+            seq, topic, payload = _int(seq, "seq"), _str(topic, "topic"), _bytes(payload, "payload")
+            msg_id, ttl, headers = _opt_str(msg_id, "id"), _opt_num(ttl, "ttl"), _headers(headers)
+            origin, origin_seq = _str(origin, "origin"), _str(origin_seq, "origin seq")
+        out.append(Carried(seq, topic, payload, msg_id, ttl, headers, names, origin, origin_seq))
     return tuple(out)
 
 
