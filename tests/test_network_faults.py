@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 import eomsg
+from eomsg.chaos.check import check
+from eomsg.chaos.history import Applied, Event, Outcome, Published, QueueDeclared
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import EomsgError
 from tests.conftest import NodeProcess, eventually
 from tests.faultproxy import FaultProxy
-from tests.history import check
 
 pytestmark = pytest.mark.slow
 
@@ -31,6 +32,7 @@ TOPOLOGIES = {  # (dialler, dialled)
     "ring": [("a", "b"), ("b", "c"), ("c", "a")],
 }
 PER_NODE = 1500  # messages each node publishes
+QUEUES = ("a/q", "b/q", "c/q")  # the queue q of each node: every message is for all three
 FAULTS = {"drop": 0.1, "duplicate": 0.1, "reorder": 0.1}
 
 
@@ -73,22 +75,28 @@ def cluster(eomsg_bin: str, tmp_path: Path, cli_env: dict[str, str]) -> Iterator
 
 
 def produce(
-    cluster: Cluster, origin: str, ids: list[str], acked: set[str], stop: threading.Event
+    cluster: Cluster, origin: str, ids: list[str], history: list[Event], stop: threading.Event
 ) -> None:
-    """Publish ``ids`` in order as payloads. Every other message carries its name as a
-    publish id and is retried until acknowledged; the others carry no id, so only the
-    links' own exactly-once transfer keeps them from arriving twice: they are sent once,
-    and one whose publish failed has an unknown outcome (it may arrive, never twice)."""
+    """Publish ``ids`` in order as payloads, each attempt recorded in ``history`` with
+    its outcome. Every other message carries its name as a publish id and is retried
+    until acknowledged; the others carry no id, so only the links' own exactly-once
+    transfer keeps them from arriving twice: they are sent once, and one whose publish
+    failed has an unknown outcome (it may arrive, never twice)."""
     for n, name in enumerate(ids):
         with_id = n % 2 == 0
         while not stop.is_set():
+            invoked = time.monotonic()
             try:
                 with cluster.client(origin) as client:
                     client.publish(f"t/{origin}", name.encode(), id=name if with_id else None)
-                acked.add(name)
+                done = time.monotonic()
+                history.append(Published(name, origin, QUEUES, Outcome.OK, invoked, done))
                 break
             except (EomsgError, OSError):
-                time.sleep(0.05)  # the node is down or restarting: the outcome is unknown
+                # the node is down or restarting: the outcome is unknown
+                done = time.monotonic()
+                history.append(Published(name, origin, QUEUES, Outcome.UNKNOWN, invoked, done))
+                time.sleep(0.05)
                 if not with_id:
                     break
         time.sleep(0.002)
@@ -143,10 +151,10 @@ def test_every_message_reaches_every_queue_once_in_order_through_faults_and_kill
     assert eventually(converged, 120), "the routes never reached every node"
 
     published = {o: [f"{o}-{i}" for i in range(PER_NODE)] for o in "abc"}
-    acked: set[str] = set()
+    history: list[Event] = [QueueDeclared(q, True) for q in QUEUES]  # one consumer each
     stop = threading.Event()
     producers = [
-        threading.Thread(target=produce, args=(cluster, o, ids, acked, stop), daemon=True)
+        threading.Thread(target=produce, args=(cluster, o, ids, history, stop), daemon=True)
         for o, ids in published.items()
     ]
     for p in producers:
@@ -170,11 +178,14 @@ def test_every_message_reaches_every_queue_once_in_order_through_faults_and_kill
         stop.set()
         for p in producers:
             p.join(60)
+    acked = {e.id for e in history if isinstance(e, Published) and e.outcome is Outcome.OK}
     assert len(acked) >= 3 * PER_NODE // 2  # every retried publish was acknowledged in the end
     assert eventually(lambda: owed(cluster) == 0, 300), "the links never delivered it all"
-    received = {name: drain(cluster, name) for name in "abc"}
-    report = check(published, acked, received)
+    for name in "abc":
+        history += [Applied(name, f"{name}/q", i) for i in drain(cluster, name)]
+    report = check(history)
     assert report.ok, str(report)
+    assert report.checked["applied"] >= 3 * len(acked)
     faults = sum((p.counts for p in cluster.proxies.values()), start=Counter())
     assert min(kills.values()) >= 2 and cuts >= 3
     assert faults["dropped"] and faults["duplicated"] and faults["reordered"], faults
