@@ -1,0 +1,280 @@
+"""A fault-injection run on one node: producers and consumers in processes of their own,
+faults injected at random times (reproducibly, from a seed), then healed and drained,
+and the whole history checked (:mod:`eomsg.chaos.check`).
+
+The plan is computed separately from its execution (:func:`schedule`), so a run can be
+printed before it starts and repeated from its seed. Queues: ``q``, exclusive (one
+active consumer at a time: ordered), and ``s``, shared; every message is for both."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from eomsg.chaos.check import Report, check
+from eomsg.chaos.history import Applied, Event, QueueDeclared, read
+from eomsg.errors import EomsgError
+
+QUEUES = {"q": True, "s": False}  # name -> ordered (exclusive)
+TOPIC = "chaos/m"
+FAULTS = ("node_kill", "consumer_kill", "producer_kill", "consumer_pause")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run does: its clients, how many of each fault, and the seed that places
+    them in time."""
+
+    seed: int = 0
+    producers: int = 2
+    messages: int = 1000  # each producer's
+    consumers: int = 2  # of each queue
+    node_kills: int = 5
+    consumer_kills: int = 5
+    producer_kills: int = 3
+    consumer_pauses: int = 2  # each past the keep-alive
+    heartbeat: float = 1.0
+    gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
+
+    @property
+    def pause(self) -> float:
+        """How long a paused consumer stays stopped: past the keep-alive (three
+        heartbeats), so its flow ends and another consumer takes over."""
+        return 3 * self.heartbeat + 0.5
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One fault: its kind, the seconds to wait before it, and its target's index."""
+
+    kind: str
+    after: float
+    target: int
+
+
+def schedule(plan: Plan) -> list[Fault]:
+    """The faults of ``plan``, in order: the same for the same plan, every time."""
+    rng = random.Random(plan.seed)
+    counts = {
+        "node_kill": plan.node_kills,
+        "consumer_kill": plan.consumer_kills,
+        "producer_kill": plan.producer_kills,
+        "consumer_pause": plan.consumer_pauses,
+    }
+    kinds = [kind for kind, n in counts.items() for _ in range(n)]
+    rng.shuffle(kinds)
+    clients = {"node_kill": 1, "producer_kill": plan.producers}
+    return [
+        Fault(
+            kind,
+            round(rng.uniform(*plan.gap), 3),
+            rng.randrange(clients.get(kind, plan.consumers * len(QUEUES))),
+        )
+        for kind in kinds
+    ]
+
+
+def duration(plan: Plan, faults: list[Fault]) -> float:
+    """The seconds ``faults`` take to inject."""
+    return sum(f.after + (plan.pause if f.kind == "consumer_pause" else 0.0) for f in faults)
+
+
+@dataclass
+class Outcome:
+    """What a run found: the checker's report, the faults injected, how long it took."""
+
+    report: Report
+    faults: Counter[str] = field(default_factory=Counter)
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**self.report.to_json(), "faults": dict(self.faults), "seconds": self.seconds}
+
+
+class _Process:
+    """A process of the run, started again after each kill with the same command."""
+
+    def __init__(self, name: str, cmd: list[str], workdir: Path) -> None:
+        self.name, self.cmd, self.workdir = name, cmd, workdir
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        with (self.workdir / f"{self.name}.log").open("a") as log:
+            self.proc = subprocess.Popen(
+                self.cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=self.workdir
+            )
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.alive:
+            assert self.proc is not None
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM, and SIGKILL if it is still there after ``timeout``."""
+        if self.alive:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+class _Node(_Process):
+    def start(self) -> None:
+        super().start()
+        assert self.proc is not None and self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line or json.loads(line).get("event") != "ready":
+            raise EomsgError(f"the node did not start: see {self.workdir / self.name}.log")
+
+
+def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Outcome:
+    """Run ``plan`` in ``workdir`` (made if missing: the node's data, the histories,
+    the applications' databases and each process's log) and check what happened."""
+    import eomsg
+    from eomsg.core.queues import QueueConfig
+
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    started = time.monotonic()
+    py = sys.executable
+    data = str(workdir / "node")
+    node = _Node(
+        "node",
+        [py, "-m", "eomsg", "serve", "--data", data, "--json", "--heartbeat", str(plan.heartbeat)],
+        workdir,
+    )
+    node.start()
+    with eomsg.connect(data) as client:
+        for name, ordered in QUEUES.items():
+            config = QueueConfig.create(name, (TOPIC,), max_active=int(ordered))
+            if name not in {s.name for s in client.stats()}:
+                client.create_queue(config)
+    faults = schedule(plan)
+    rate = round(plan.messages / max(1.0, duration(plan, faults)), 1)  # to last the faults
+    worker = [py, "-m", "eomsg.chaos.workers"]
+    expect = [a for q in QUEUES for a in ("--expect", q)]
+    producers = [
+        _Process(
+            f"p{i}",
+            [*worker, "produce", data, f"p{i}.jsonl", f"p{i}", str(plan.messages),
+             "--origin", "node", "--topic", TOPIC, *expect, "--rate", str(rate)],
+            workdir,
+        )
+        for i in range(plan.producers)
+    ]  # fmt: skip
+    consumers = [
+        _Process(f"{q}{i}", [*worker, "consume", data, f"{q}{i}.jsonl", f"{q}{i}", q,
+                             f"{q}.sqlite"], workdir)
+        for q in QUEUES
+        for i in range(plan.consumers)
+    ]  # fmt: skip
+    outcome = Outcome(Report())
+    try:
+        for p in [*consumers, *producers]:
+            p.start()
+        for fault in faults:
+            time.sleep(fault.after)
+            _inject(fault, node, producers, consumers, plan)
+            outcome.faults[fault.kind] += 1
+            say(f"{fault.kind} {fault.target}")
+        _heal(node, producers, consumers)
+        _drain(data, producers)
+    finally:
+        for p in [*producers, *consumers]:
+            p.stop()
+        node.stop()
+    outcome.report = check(_history(workdir, producers, consumers))
+    outcome.seconds = round(time.monotonic() - started, 1)
+    return outcome
+
+
+def _inject(
+    fault: Fault, node: _Node, producers: list[_Process], consumers: list[_Process], plan: Plan
+) -> None:
+    match fault.kind:
+        case "node_kill":
+            node.kill()
+            node.start()
+        case "consumer_kill":
+            victim = consumers[fault.target]
+            victim.kill()
+            victim.start()
+        case "producer_kill":
+            victim = producers[fault.target]
+            if victim.alive:
+                victim.kill()
+                victim.start()
+        case "consumer_pause":
+            victim = consumers[fault.target]
+            victim.signal(signal.SIGSTOP)
+            time.sleep(plan.pause)
+            victim.signal(signal.SIGCONT)
+
+
+def _heal(node: _Node, producers: list[_Process], consumers: list[_Process]) -> None:
+    """Every process up (a killed producer is started again, to finish its messages)."""
+    if not node.alive:
+        node.start()
+    for p in consumers:
+        if not p.alive:
+            p.start()
+    for p in producers:
+        assert p.proc is not None
+        if p.proc.poll() not in (None, 0):
+            p.start()
+
+
+def _drain(data: str, producers: list[_Process], timeout: float = 600.0) -> None:
+    """Wait until every producer is done and the queues are empty."""
+    import eomsg
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(p.alive for p in producers):
+            with eomsg.connect(data) as client:
+                stats = {s.name: s for s in client.stats()}
+            if all(stats[q].depth == 0 and stats[q].in_flight == 0 for q in QUEUES):
+                return
+        time.sleep(0.2)
+    raise EomsgError(f"the run did not drain within {timeout:.0f} s")
+
+
+def _history(workdir: Path, producers: list[_Process], consumers: list[_Process]) -> list[Event]:
+    events: list[Event] = [QueueDeclared(q, ordered) for q, ordered in QUEUES.items()]
+    for p in [*producers, *consumers]:
+        path = workdir / f"{p.name}.jsonl"
+        if path.exists():
+            events += read(path)
+    for q in QUEUES:
+        path = workdir / f"{q}.sqlite"
+        if path.exists():
+            with sqlite3.connect(path) as conn:
+                rows = conn.execute("SELECT queue, id FROM applied ORDER BY n").fetchall()
+            events += [Applied(q, queue, msg_id) for queue, msg_id in rows]
+    return events

@@ -1,0 +1,234 @@
+"""The clients of a fault-injection run, each a process of its own so that it can be
+killed and paused like a real one: a producer and a consumer, each recording what it
+does and sees in its own history file (:mod:`eomsg.chaos.history`).
+
+``python -m eomsg.chaos.workers produce NODE HISTORY NAME COUNT [--once]`` publishes the
+messages ``NAME-0`` … ``NAME-(COUNT-1)`` in order, each with its name as its publish id;
+an attempt's line is written *before* the call (outcome unknown), so a producer killed
+mid-call leaves that attempt known, and again once answered. Started again on the same
+history, it goes on after the last message acknowledged, and — unless ``--once`` —
+retries the one whose outcome it did not learn, with the same id.
+
+``python -m eomsg.chaos.workers consume NODE HISTORY NAME QUEUE APP`` consumes ``QUEUE``
+into the SQLite database ``APP`` through an :class:`~eomsg.client.inbox.Inbox`, each
+message appended to its table ``applied`` in the transaction that records it in the
+inbox, then deleted; it records each change of activity, delivery and delete. The
+consumers of one queue share its database, as an application's do: the inbox is what
+keeps one that takes over from applying again what another applied. SIGTERM stops it;
+a node that goes away is connected to again."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sqlite3
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from eomsg.chaos.history import (
+    Activity,
+    Outcome,
+    Published,
+    Received,
+    Recorder,
+    Settled,
+    read,
+)
+from eomsg.errors import EomsgError, StaleDelivery
+
+RETRY_EVERY = 0.05  # seconds between attempts while the node is down
+APPLIED = """CREATE TABLE IF NOT EXISTS applied (
+    n INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, id TEXT NOT NULL)"""
+
+
+def _outcome(error: BaseException | None) -> Outcome:
+    """A refusal changed nothing; anything else (a lost connection) is not known."""
+    if error is None:
+        return Outcome.OK
+    return Outcome.FAILED if isinstance(error, StaleDelivery) else Outcome.UNKNOWN
+
+
+def produce(
+    node: str,
+    history: Path,
+    name: str,
+    count: int,
+    *,
+    origin: str,
+    topic: str,
+    expect: tuple[str, ...],
+    retry: bool = True,
+    rate: float | None = None,
+) -> None:
+    """Publish ``name-i`` for i below ``count`` in order to ``topic`` on ``node``
+    (``origin`` in the history), which the queues ``expect`` are subscribed to; at most
+    ``rate`` a second, so that a run's faults find it publishing."""
+    import eomsg
+
+    done, unsure = _progress(history)
+    i = 0 if not done else max(_index(i) for i in done) + 1
+    if unsure is not None and not retry:
+        i = max(i, _index(unsure) + 1)
+    client = None
+    step = 0.0 if rate is None else 1.0 / rate
+    due = time.monotonic()
+    with Recorder(history) as record:
+        while i < count:
+            due += step
+            time.sleep(max(0.0, due - time.monotonic()))
+            msg_id = f"{name}-{i}"
+            invoked = time.monotonic()
+            record(Published(msg_id, origin, expect, Outcome.UNKNOWN, invoked, invoked))
+            try:
+                if client is None:
+                    client = eomsg.connect(node, timeout=2.0)
+                client.publish(topic, msg_id.encode(), id=msg_id)
+            except (EomsgError, OSError):
+                if client is not None:
+                    client.close()
+                    client = None
+                time.sleep(RETRY_EVERY)  # the node is down: the outcome is unknown
+                i += 0 if retry else 1
+                continue
+            record(Published(msg_id, origin, expect, Outcome.OK, invoked, time.monotonic()))
+            i += 1
+    if client is not None:
+        client.close()
+
+
+def _index(msg_id: str) -> int:
+    return int(msg_id.rsplit("-", 1)[1])
+
+
+def _progress(history: Path) -> tuple[set[str], str | None]:
+    """What an earlier run of this producer had acknowledged, and the attempt it was in
+    when it stopped (if unanswered)."""
+    if not history.exists():
+        return set(), None
+    done: set[str] = set()
+    last: str | None = None
+    for e in read(history):
+        if isinstance(e, Published):
+            if e.outcome is Outcome.OK:
+                done.add(e.id)
+            last = e.id
+    return done, None if last in done else last
+
+
+class _Stop(BaseException):
+    """SIGTERM: leave at once, whatever the consumer is waiting for."""
+
+
+def _stop(*_: object) -> None:
+    raise _Stop
+
+
+def consume(node: str, history: Path, name: str, queue: str, app: Path) -> None:
+    """Consume ``queue`` into ``app`` until SIGTERM (see the module's docstring)."""
+    import eomsg
+
+    signal.signal(signal.SIGTERM, _stop)
+    conn = sqlite3.connect(app, isolation_level=None, timeout=60.0)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(APPLIED)
+        inbox = eomsg.Inbox(conn)
+        with Recorder(history) as record:
+            while True:
+                try:
+                    with eomsg.connect(node, timeout=2.0) as client:
+                        _consume(client, record, name, queue, conn, inbox)
+                except (EomsgError, OSError):
+                    time.sleep(RETRY_EVERY)  # the node is down, or cut this client off
+    except _Stop:
+        pass
+    finally:
+        conn.close()
+
+
+def _consume(
+    client: Any,
+    record: Callable[..., None],
+    name: str,
+    queue: str,
+    conn: Any,
+    inbox: Any,
+) -> None:
+    def noted(event: Any) -> None:
+        record(Activity(name, queue, event.epoch, event.active, time.monotonic()))
+
+    with client.consumer(queue, prefetch=32, on_active=noted, on_inactive=noted) as consumer:
+        for batch in consumer.batches(32):
+            if not isinstance(batch, list):
+                continue
+            at = time.monotonic()
+            record(*(Received(name, queue, r.id, r.seq, r.attempt, r.epoch, at) for r in batch))
+            settling = [_Recorded(r, record, name) for r in batch]
+            with inbox.batch(settling) as b:
+                conn.executemany(
+                    "INSERT INTO applied (queue, id) VALUES (?, ?)",
+                    [(queue, m.delivered.message.id) for m in b.fresh],
+                )
+
+
+class _Recorded:
+    """A received message whose delete is recorded, with the node's answer."""
+
+    def __init__(self, received: Any, record: Callable[..., None], consumer: str) -> None:
+        self._received = received
+        self._record = record
+        self._consumer = consumer
+        self.delivered = received.delivered
+
+    def delete(self) -> Any:
+        d = self.delivered
+        invoked = time.monotonic()
+        future = self._received.delete()
+
+        def answered(f: Any) -> None:
+            done, outcome = time.monotonic(), _outcome(f.exception())
+            key = (d.seq, d.attempt, d.epoch)
+            self._record(Settled(self._consumer, d.queue, *key, outcome, invoked, done))
+
+        future.add_done_callback(answered)
+        return future
+
+    def release(self, delay: float = 0.0) -> Any:
+        return self._received.release(delay)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eomsg.chaos.workers")
+    roles = parser.add_subparsers(dest="role", required=True)
+    p = roles.add_parser("produce")
+    p.add_argument("node")
+    p.add_argument("history", type=Path)
+    p.add_argument("name")
+    p.add_argument("count", type=int)
+    p.add_argument("--origin", default="node", help="the node it publishes on")
+    p.add_argument("--topic", default="chaos/m")
+    p.add_argument("--expect", action="append", default=[], help="a queue the topic reaches")
+    p.add_argument("--once", action="store_true", help="do not retry an unknown outcome")
+    p.add_argument("--rate", type=float, help="messages a second, at most")
+    c = roles.add_parser("consume")
+    c.add_argument("node")
+    c.add_argument("history", type=Path)
+    c.add_argument("name")
+    c.add_argument("queue")
+    c.add_argument("app", type=Path)
+    args = parser.parse_args(argv)
+    if args.role == "produce":
+        produce(
+            args.node, args.history, args.name, args.count, origin=args.origin,
+            topic=args.topic, expect=tuple(args.expect), retry=not args.once, rate=args.rate,
+        )  # fmt: skip
+    else:
+        consume(args.node, args.history, args.name, args.queue, args.app)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""A fault-injection run (eomsg.chaos.run, scripts/chaos.py), CI-sized: real node,
+producer and consumer processes SIGKILLed and paused at times drawn from a seed, then
+healed, drained and checked whole — no violation; and its plan is the same for the same
+seed, printed by --dry-run without running anything."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from eomsg.chaos.run import Plan, run, schedule
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_faults_of_a_plan_are_the_same_for_the_same_seed() -> None:
+    plan = Plan(seed=5, node_kills=3, consumer_kills=2, producer_kills=1, consumer_pauses=1)
+    faults = schedule(plan)
+    assert faults == schedule(plan)
+    assert faults != schedule(Plan(seed=6, node_kills=3, consumer_kills=2, producer_kills=1))
+    kinds = sorted(f.kind for f in faults)
+    assert kinds == ["consumer_kill"] * 2 + ["consumer_pause"] + ["node_kill"] * 3 + [
+        "producer_kill"
+    ]
+    assert all(0 <= f.target < plan.consumers * 2 for f in faults if f.kind.startswith("consumer"))
+
+
+def test_dry_run_prints_the_faults_and_runs_nothing(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--seed", "5", "--node-kills", "1",
+         "--consumer-kills", "0", "--producer-kills", "0", "--consumer-pauses", "0",
+         "--dry-run", "--dir", str(tmp_path / "run")],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    [fault, total] = out.stdout.splitlines()
+    assert fault.startswith("after ") and fault.endswith(" s: node_kill 0")
+    assert total.startswith("1 faults over ")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path) -> None:
+    plan = Plan(
+        seed=11,
+        producers=2,
+        messages=400,
+        node_kills=3,
+        consumer_kills=3,
+        producer_kills=2,
+        consumer_pauses=1,
+    )
+    outcome = run(plan, tmp_path)
+    assert outcome.report.ok, str(outcome.report)
+    assert outcome.faults == {
+        "node_kill": 3, "consumer_kill": 3, "producer_kill": 2, "consumer_pause": 1
+    }  # fmt: skip
+    checked = outcome.report.checked
+    assert checked["applied"] == 2 * 2 * 400  # every message, into both queues' databases
+    assert checked["settles"] >= checked["applied"]
