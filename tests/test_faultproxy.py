@@ -9,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from eomsg.chaos.proxy import FaultProxy
 from tests.conftest import eventually
-from tests.faultproxy import FaultProxy
 
 
 class Sink:
@@ -94,3 +94,24 @@ def closed(c: socket.socket) -> bool:
         return True
     finally:
         c.close()
+
+
+def test_a_lost_reply_cuts_the_client_off_after_its_request_landed() -> None:
+    """The request reaches upstream; upstream's answer never reaches the client."""
+    server = socket.create_server(("127.0.0.1", 0))
+    got: list[bytes] = []
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            (n,) = struct.unpack(">I", conn.recv(4))
+            got.append(conn.recv(n))
+            conn.sendall(struct.pack(">I", 2) + b"ok")
+
+    threading.Thread(target=answer, daemon=True).start()
+    with FaultProxy(server.getsockname()[1], lose_reply=1.0) as proxy:
+        c = socket.create_connection(("127.0.0.1", proxy.port))
+        c.sendall(struct.pack(">I", 7) + b"publish")
+        assert closed(c)  # cut, with nothing of the answer
+        assert got == [b"publish"] and proxy.counts["replies lost"] == 1
+    server.close()

@@ -19,10 +19,10 @@ import pytest
 import eomsg
 from eomsg.chaos.check import check
 from eomsg.chaos.history import Applied, Event, Outcome, Published, QueueDeclared
+from eomsg.chaos.proxy import FaultProxy
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import EomsgError
 from tests.conftest import NodeProcess, eventually
-from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.slow
 

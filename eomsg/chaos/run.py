@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 import signal
 import sqlite3
@@ -24,6 +25,7 @@ from typing import Any
 
 from eomsg.chaos.check import Report, check
 from eomsg.chaos.history import Applied, Event, QueueDeclared, read
+from eomsg.chaos.proxy import FaultProxy
 from eomsg.errors import EomsgError
 
 QUEUES = {"q": True, "s": False}  # name -> ordered (exclusive)
@@ -44,6 +46,7 @@ class Plan:
     consumer_kills: int = 5
     producer_kills: int = 3
     consumer_pauses: int = 2  # each past the keep-alive
+    lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
     heartbeat: float = 1.0
     gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
 
@@ -108,15 +111,18 @@ class Outcome:
 class _Process:
     """A process of the run, started again after each kill with the same command."""
 
-    def __init__(self, name: str, cmd: list[str], workdir: Path) -> None:
-        self.name, self.cmd, self.workdir = name, cmd, workdir
+    def __init__(
+        self, name: str, cmd: list[str], workdir: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.name, self.cmd, self.workdir, self.env = name, cmd, workdir, env
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
         with (self.workdir / f"{self.name}.log").open("a") as log:
             self.proc = subprocess.Popen(
-                self.cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=self.workdir
-            )
+                self.cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=self.workdir,
+                env=self.env,
+            )  # fmt: skip
 
     @property
     def alive(self) -> bool:
@@ -146,12 +152,19 @@ class _Process:
 
 
 class _Node(_Process):
+    """The node; its clients reach it through ``proxy``, which follows it to the port
+    each start listens on."""
+
+    proxy: FaultProxy
+
     def start(self) -> None:
         super().start()
         assert self.proc is not None and self.proc.stdout is not None
         line = self.proc.stdout.readline()
-        if not line or json.loads(line).get("event") != "ready":
+        ready = json.loads(line) if line else {}
+        if ready.get("event") != "ready":
             raise EomsgError(f"the node did not start: see {self.workdir / self.name}.log")
+        self.proxy.upstream = int(ready["listen"][1].rsplit(":", 1)[1])
 
 
 def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Outcome:
@@ -166,10 +179,15 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
     data = str(workdir / "node")
     node = _Node(
         "node",
-        [py, "-m", "eomsg", "serve", "--data", data, "--json", "--heartbeat", str(plan.heartbeat)],
+        [py, "-m", "eomsg", "serve", "--data", data, "--json", "--heartbeat", str(plan.heartbeat),
+         "--listen", "tcp://127.0.0.1:0"],
         workdir,
-    )
+    )  # fmt: skip
+    node.proxy = FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed).__enter__()
     node.start()
+    # every client reaches the node through the proxy: a reply may be lost on the way
+    address = f"tcp://127.0.0.1:{node.proxy.port}"
+    env = {**os.environ, "EOMSG_TOKEN": (Path(data) / "eomsg.token").read_text().strip()}
     with eomsg.connect(data) as client:
         for name, ordered in QUEUES.items():
             config = QueueConfig.create(name, (TOPIC,), max_active=int(ordered))
@@ -182,15 +200,16 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
     producers = [
         _Process(
             f"p{i}",
-            [*worker, "produce", data, f"p{i}.jsonl", f"p{i}", str(plan.messages),
+            [*worker, "produce", address, f"p{i}.jsonl", f"p{i}", str(plan.messages),
              "--origin", "node", "--topic", TOPIC, *expect, "--rate", str(rate)],
             workdir,
+            env,
         )
         for i in range(plan.producers)
     ]  # fmt: skip
     consumers = [
-        _Process(f"{q}{i}", [*worker, "consume", data, f"{q}{i}.jsonl", f"{q}{i}", q,
-                             f"{q}.sqlite"], workdir)
+        _Process(f"{q}{i}", [*worker, "consume", address, f"{q}{i}.jsonl", f"{q}{i}", q,
+                             f"{q}.sqlite"], workdir, env)
         for q in QUEUES
         for i in range(plan.consumers)
     ]  # fmt: skip
@@ -209,6 +228,8 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
         for p in [*producers, *consumers]:
             p.stop()
         node.stop()
+        node.proxy.__exit__(None, None, None)
+    outcome.faults["reply_lost"] = node.proxy.counts["replies lost"]
     outcome.report = check(_history(workdir, producers, consumers))
     outcome.seconds = round(time.monotonic() - started, 1)
     return outcome

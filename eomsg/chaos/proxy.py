@@ -1,7 +1,9 @@
-"""A fault proxy for tests of linked nodes: a TCP relay on loopback that cuts the byte
-streams into eomsg frames (a 4-byte big-endian length, then the body) and, frame by
-frame and direction by direction, drops, duplicates, reorders or delays them — or cuts
-every connection and refuses new ones until restored.
+"""A fault proxy: a TCP relay on loopback that cuts the byte streams into eomsg frames
+(a 4-byte big-endian length, then the body) and, frame by frame and direction by
+direction, drops, duplicates, reorders or delays them; or loses a reply — a frame from
+the node is not passed on and the connection is cut, so the request it answers has
+landed and its client cannot know it (``lose_reply``); or cuts every connection and
+refuses new ones until restored.
 
 It runs its own event loop on a thread, so a test drives it from plain code::
 
@@ -10,7 +12,9 @@ It runs its own event loop on a thread, so a test drives it from plain code::
         proxy.cut(); …; proxy.restore()
 
 What it did is counted in ``proxy.counts`` (connections relayed; frames passed, dropped,
-duplicated, reordered; cuts), so a test can show the faults really happened.
+duplicated, reordered; replies lost; cuts), so a test can show the faults really happened.
+``upstream`` may be changed while it runs (a node restarted on another port): new
+connections go there.
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ _HEADER = struct.Struct(">I")
 
 class FaultProxy:
     """Relays 127.0.0.1:``port`` to 127.0.0.1:``upstream`` with frame faults (each a
-    probability per frame, drawn from one seeded generator)."""
+    probability per frame, drawn from one seeded generator; ``lose_reply`` only for
+    frames from upstream)."""
 
     def __init__(
         self,
@@ -37,10 +42,12 @@ class FaultProxy:
         duplicate: float = 0.0,
         reorder: float = 0.0,
         delay: float = 0.0,
+        lose_reply: float = 0.0,
         seed: int = 0,
     ) -> None:
         self.upstream = upstream
         self.drop, self.duplicate, self.reorder, self.delay = drop, duplicate, reorder, delay
+        self.lose_reply = lose_reply
         self.counts: Counter[str] = Counter()
         self._rng = random.Random(seed)
         self._loop = asyncio.new_event_loop()
@@ -65,9 +72,10 @@ class FaultProxy:
         self._thread.join(10)
 
     def faults(self, **rates: float) -> None:
-        """Change the fault rates (``drop=…``, ``duplicate=…``, ``reorder=…``, ``delay=…``)."""
+        """Change the fault rates (``drop=…``, ``duplicate=…``, ``reorder=…``, ``delay=…``,
+        ``lose_reply=…``)."""
         for name, value in rates.items():
-            if name not in ("drop", "duplicate", "reorder", "delay"):
+            if name not in ("drop", "duplicate", "reorder", "delay", "lose_reply"):
                 raise TypeError(f"no fault {name!r}")
             setattr(self, name, value)
 
@@ -116,14 +124,19 @@ class FaultProxy:
         self._writers |= {writer, up_writer}
         self.counts["connections"] += 1
         await asyncio.gather(
-            self._relay(reader, up_writer), self._relay(up_reader, writer), return_exceptions=True
+            self._relay(reader, up_writer),
+            self._relay(up_reader, writer, replies=True),
+            return_exceptions=True,
         )
         for w in (writer, up_writer):
             w.transport.abort()
             self._writers.discard(w)
 
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Frames from ``reader`` to ``writer``, faults applied; until either side ends."""
+    async def _relay(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, replies: bool = False
+    ) -> None:
+        """Frames from ``reader`` to ``writer``, faults applied; until either side ends.
+        ``replies``: these frames come from upstream (a reply may be lost)."""
         held: bytes | None = None  # a frame kept back, to go after the next one
         while True:
             try:
@@ -131,6 +144,10 @@ class FaultProxy:
                 frame = header + await reader.readexactly(_HEADER.unpack(header)[0])
             except (asyncio.IncompleteReadError, ConnectionError):
                 writer.transport.abort()
+                return
+            if replies and self.lose_reply and self._rng.random() < self.lose_reply:
+                self.counts["replies lost"] += 1
+                writer.transport.abort()  # the client's end: it never hears this reply
                 return
             roll = self._rng.random()
             if roll < self.drop:
