@@ -23,6 +23,7 @@ from eomsg.chaos.history import (
     Recorder,
     Resolved,
     Settled,
+    Transacted,
     read,
 )
 from eomsg.errors import InvalidInput
@@ -62,9 +63,12 @@ def clean() -> list[Event]:
         Applied("app2", "q", "n1"),
         Applied("app3", "s", "m2"),  # a shared queue: any order
         Applied("app3", "s", "m1"),
-        Resolved("t1", OK, "committed"),
-        Resolved("t2", UNKNOWN, "aborted"),
-        Resolved("t3", FAILED, "aborted"),
+        Transacted("c2", "t1", OK, 9.0, 9.1),
+        Transacted("c2", "t2", UNKNOWN, 9.2, 9.3),
+        Transacted("c2", "t3", FAILED, 9.4, 9.5),
+        Resolved("t1", "committed"),
+        Resolved("t2", "aborted"),
+        Resolved("t3", "aborted"),
     ]
 
 
@@ -99,8 +103,8 @@ VIOLATING: dict[str, list[Event]] = {
         # a flow of epoch 3 settled before epoch 2 did, never announced to anyone
         Settled("c3", "q", 3, 1, 3, OK, 6.0, 6.61),
     ],
-    "in_doubt": [Resolved("t4", UNKNOWN, "prepared")],
-    "txn_outcome": [Resolved("t5", OK, "aborted")],
+    "in_doubt": [Transacted("c1", "t4", UNKNOWN, 9.6, 9.7), Resolved("t4", "prepared")],
+    "txn_outcome": [Transacted("c1", "t5", OK, 9.6, 9.7), Resolved("t5", "aborted")],
 }
 
 
@@ -175,7 +179,7 @@ def test_a_history_survives_its_file_and_a_torn_last_line(tmp_path: Path) -> Non
         ('{"kind":"nope"}', "unknown history event kind 'nope'"),
         ('{"kind":"apply","app":"x","queue":"q"}', "history event 'apply' lacks 'id'"),
         (
-            '{"kind":"txn","txid":"t","outcome":"maybe","state":"committed"}',
+            '{"kind":"txn","consumer":"c","txid":"t","outcome":"maybe","invoked":1,"completed":2}',
             "outcome 'maybe' is not ok, failed or unknown",
         ),
         ("[1, 2]", "a history line must be a JSON object"),

@@ -39,6 +39,7 @@ from eomsg.chaos.history import (
     Received,
     Resolved,
     Settled,
+    Transacted,
 )
 
 VIOLATIONS = (
@@ -111,6 +112,7 @@ def check(events: Iterable[Event]) -> Report:
     received: list[Received] = []
     settled: list[Settled] = []
     activity: list[Activity] = []
+    told: dict[str, list[Outcome]] = defaultdict(list)  # txid -> what its client was told
     resolved: list[Resolved] = []
     for e in events:
         match e:
@@ -137,6 +139,8 @@ def check(events: Iterable[Event]) -> Report:
                 settled.append(e)
             case Activity():
                 activity.append(e)
+            case Transacted():
+                told[e.txid].append(e.outcome)
             case Resolved():
                 resolved.append(e)
     report.checked.update(receives=len(received), settles=len(settled), transactions=len(resolved))
@@ -144,7 +148,7 @@ def check(events: Iterable[Event]) -> Report:
     _origin_order(report, published, applied, ordered)
     _queue_order(report, received, ordered)
     _fencing(report, received, settled, activity, ordered)
-    _transactions(report, resolved)
+    _transactions(report, told, resolved)
     return report
 
 
@@ -277,11 +281,12 @@ def _fencing(
             )
 
 
-def _transactions(report: Report, resolved: list[Resolved]) -> None:
+def _transactions(report: Report, told: dict[str, list[Outcome]], resolved: list[Resolved]) -> None:
     for t in resolved:
+        outcomes = told.get(t.txid, [])
         if t.state == "prepared":
             report.found["in_doubt"].append(f"{t.txid} is still in doubt")
-        elif t.outcome is Outcome.OK and t.state != "committed":
+        elif Outcome.OK in outcomes and t.state != "committed":
             report.found["txn_outcome"].append(f"{t.txid} was acknowledged but is {t.state}")
-        elif t.outcome is Outcome.FAILED and t.state == "committed":
+        elif Outcome.FAILED in outcomes and t.state == "committed":
             report.found["txn_outcome"].append(f"{t.txid} was refused but is committed")

@@ -132,20 +132,40 @@ class Applied(Event):
 
 
 @dataclass(frozen=True, slots=True)
-class Resolved(Event):
-    """The transaction ``txid``: what its client was told of its commit (``outcome``),
-    and where it stands after the run has healed and drained (``state``: committed,
-    aborted, or prepared — still in doubt)."""
+class Transacted(Event):
+    """``consumer`` ran the transaction ``txid`` and was told ``outcome`` of its commit
+    (ok: committed; failed: rolled back, nothing took effect; unknown: no answer)."""
 
     KIND: ClassVar[str] = "txn"
+    consumer: str
     txid: str
     outcome: Outcome
+    invoked: float
+    completed: float
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved(Event):
+    """Where the transaction ``txid`` stands once the run has healed and drained:
+    ``committed``, ``aborted``, or ``prepared`` — still in doubt."""
+
+    KIND: ClassVar[str] = "resolved"
+    txid: str
     state: str
 
 
 KINDS: dict[str, type[Event]] = {
     cls.KIND: cls
-    for cls in (QueueDeclared, Published, Received, Settled, Activity, Applied, Resolved)
+    for cls in (
+        QueueDeclared,
+        Published,
+        Received,
+        Settled,
+        Activity,
+        Applied,
+        Transacted,
+        Resolved,
+    )
 }
 
 

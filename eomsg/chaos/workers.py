@@ -14,12 +14,16 @@ into the SQLite database ``APP`` through an :class:`~eomsg.client.inbox.Inbox`, 
 message appended to its table ``applied`` in the transaction that records it in the
 inbox, then deleted; it records each change of activity, delivery and delete. The
 consumers of one queue share its database, as an application's do: the inbox is what
-keeps one that takes over from applying again what another applied. SIGTERM stops it;
-a node that goes away is connected to again."""
+keeps one that takes over from applying again what another applied. With ``--txn`` it
+applies and deletes each batch in one two-phase transaction instead (the deletes are
+part of it), recording what it was told of each commit; the rows it appends name their
+transaction. SIGTERM stops it; a node that goes away is connected to again (and, with
+``--txn``, the transactions it left in doubt are recovered then)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sqlite3
 import sys
@@ -35,13 +39,14 @@ from eomsg.chaos.history import (
     Received,
     Recorder,
     Settled,
+    Transacted,
     read,
 )
 from eomsg.errors import EomsgError, StaleDelivery
 
 RETRY_EVERY = 0.05  # seconds between attempts while the node is down
 APPLIED = """CREATE TABLE IF NOT EXISTS applied (
-    n INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, id TEXT NOT NULL)"""
+    n INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, id TEXT NOT NULL, txid TEXT)"""
 
 
 def _outcome(error: BaseException | None) -> Outcome:
@@ -126,7 +131,9 @@ def _stop(*_: object) -> None:
     raise _Stop
 
 
-def consume(node: str, history: Path, name: str, queue: str, app: Path) -> None:
+def consume(
+    node: str, history: Path, name: str, queue: str, app: Path, *, transactional: bool = False
+) -> None:
     """Consume ``queue`` into ``app`` until SIGTERM (see the module's docstring)."""
     import eomsg
 
@@ -135,12 +142,16 @@ def consume(node: str, history: Path, name: str, queue: str, app: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(APPLIED)
-        inbox = eomsg.Inbox(conn)
         with Recorder(history) as record:
             while True:
                 try:
                     with eomsg.connect(node, timeout=2.0) as client:
-                        _consume(client, record, name, queue, conn, inbox)
+                        apply = (
+                            _Transactions(client, conn, record, name)
+                            if transactional
+                            else _Express(conn, record, name)
+                        )
+                        _consume(client, record, name, queue, apply)
                 except (EomsgError, OSError):
                     time.sleep(RETRY_EVERY)  # the node is down, or cut this client off
     except _Stop:
@@ -150,12 +161,7 @@ def consume(node: str, history: Path, name: str, queue: str, app: Path) -> None:
 
 
 def _consume(
-    client: Any,
-    record: Callable[..., None],
-    name: str,
-    queue: str,
-    conn: Any,
-    inbox: Any,
+    client: Any, record: Callable[..., None], name: str, queue: str, apply: Callable[..., None]
 ) -> None:
     def noted(event: Any) -> None:
         record(Activity(name, queue, event.epoch, event.active, time.monotonic()))
@@ -166,12 +172,59 @@ def _consume(
                 continue
             at = time.monotonic()
             record(*(Received(name, queue, r.id, r.seq, r.attempt, r.epoch, at) for r in batch))
-            settling = [_Recorded(r, record, name) for r in batch]
-            with inbox.batch(settling) as b:
-                conn.executemany(
-                    "INSERT INTO applied (queue, id) VALUES (?, ?)",
-                    [(queue, m.delivered.message.id) for m in b.fresh],
+            apply(batch)
+
+
+class _Express:
+    """Apply a batch through the inbox, then delete it (seed 001)."""
+
+    def __init__(self, conn: Any, record: Callable[..., None], name: str) -> None:
+        import eomsg
+
+        self.conn, self.record, self.name = conn, record, name
+        self.inbox = eomsg.Inbox(conn)
+
+    def __call__(self, batch: list[Any]) -> None:
+        settling = [_Recorded(r, self.record, self.name) for r in batch]
+        with self.inbox.batch(settling) as b:
+            self.conn.executemany(
+                "INSERT INTO applied (queue, id) VALUES (?, ?)",
+                [(m.delivered.queue, m.delivered.message.id) for m in b.fresh],
+            )
+
+
+class _Transactions:
+    """Apply and delete a batch in one transaction (seed 000), recording its outcome."""
+
+    def __init__(self, client: Any, conn: Any, record: Callable[..., None], name: str) -> None:
+        import eomsg
+
+        self.client, self.conn, self.record, self.name = client, conn, record, name
+        self.resource = eomsg.SQLiteResource(conn)  # new on each connection: recovered first
+
+    def __call__(self, batch: list[Any]) -> None:
+        from eomsg.errors import TxnAborted
+
+        tx = self.client.transaction(resources=[self.resource])
+        invoked = time.monotonic()
+        outcome = Outcome.UNKNOWN
+        try:
+            with tx:
+                rows = [(r.queue, r.id, tx.txid) for r in batch]
+                tx.resource(self.conn).executemany(
+                    "INSERT INTO applied (queue, id, txid) VALUES (?, ?, ?)", rows
                 )
+                for r in batch:
+                    tx.delete(r)
+            outcome = Outcome.OK
+        except TxnAborted:
+            outcome = Outcome.FAILED
+            for r in batch:  # delivered again at once, not after the ack timeout
+                with contextlib.suppress(EomsgError):
+                    r.release()
+        finally:
+            done = time.monotonic()
+            self.record(Transacted(self.name, tx.txid, outcome, invoked, done))
 
 
 class _Recorded:
@@ -219,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("name")
     c.add_argument("queue")
     c.add_argument("app", type=Path)
+    c.add_argument("--txn", action="store_true", help="apply and delete in transactions")
     args = parser.parse_args(argv)
     if args.role == "produce":
         produce(
@@ -226,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
             topic=args.topic, expect=tuple(args.expect), retry=not args.once, rate=args.rate,
         )  # fmt: skip
     else:
-        consume(args.node, args.history, args.name, args.queue, args.app)
+        consume(args.node, args.history, args.name, args.queue, args.app, transactional=args.txn)
     return 0
 
 
