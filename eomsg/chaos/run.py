@@ -215,7 +215,8 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
             if name not in {s.name for s in client.stats()}:
                 client.create_queue(config)
     faults = schedule(plan)
-    rate = round(plan.messages / max(1.0, duration(plan, faults)), 1)  # to last the faults
+    # slow enough that every producer is still publishing when the last fault comes
+    rate = round(plan.messages / (1.25 * max(1.0, duration(plan, faults))), 1)
     worker = [py, "-m", "eomsg.chaos.workers"]
     expect = [a for q in QUEUES for a in ("--expect", q)]
     producers = [
@@ -241,8 +242,8 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
             p.start()
         for fault in faults:
             time.sleep(fault.after)
-            _inject(fault, node, producers, consumers, plan)
-            outcome.faults[fault.kind] += 1
+            if _inject(fault, node, producers, consumers, plan):
+                outcome.faults[fault.kind] += 1
             say(f"{fault.kind} {fault.target}")
         _heal(node, producers, consumers)
         _drain(data, producers)
@@ -262,7 +263,8 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
 
 def _inject(
     fault: Fault, node: _Node, producers: list[_Process], consumers: list[_Process], plan: Plan
-) -> None:
+) -> bool:
+    """Inject ``fault``; whether it was (a producer that has finished is not killed)."""
     match fault.kind:
         case "node_kill":
             node.kill()
@@ -273,14 +275,16 @@ def _inject(
             victim.start()
         case "producer_kill":
             victim = producers[fault.target]
-            if victim.alive:
-                victim.kill()
-                victim.start()
+            if not victim.alive:
+                return False
+            victim.kill()
+            victim.start()
         case "consumer_pause":
             victim = consumers[fault.target]
             victim.signal(signal.SIGSTOP)
             time.sleep(plan.pause)
             victim.signal(signal.SIGCONT)
+    return True
 
 
 def _heal(node: _Node, producers: list[_Process], consumers: list[_Process]) -> None:

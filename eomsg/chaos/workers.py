@@ -82,7 +82,7 @@ def produce(
     due = time.monotonic()
     with Recorder(history) as record:
         while i < count:
-            due += step
+            due = max(due + step, time.monotonic())  # a stall is not made up for later
             time.sleep(max(0.0, due - time.monotonic()))
             msg_id = f"{name}-{i}"
             invoked = time.monotonic()
