@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from eomsg.core.transfer import Frame, Receiver, Sender, Verdict
+from eomsg.core.transfer import Frame, Outbox, Receiver, Sender, Verdict
 from eomsg.errors import IllegalMove
 
 
@@ -168,3 +168,29 @@ def test_a_peer_that_lost_its_state_is_sent_what_follows_from_where_it_stands() 
     receiver = Receiver(0)
     (frame,) = sender.frames(1.0)
     assert receiver.offer(frame.prev, frame.seqs).verdict is Verdict.TAKE
+
+
+@given(st.lists(st.integers(1, 3), min_size=1, max_size=60), st.data())
+def test_an_outbox_knows_each_message_s_route_and_settles_by_route(
+    routes: list[int], data: st.DataObject
+) -> None:
+    """Messages 1..n, each added on its route: a frame's routes are theirs (one route or
+    several), and an acknowledgement settles, by route, exactly what it newly covers."""
+    box = Outbox(0, 0.0)
+    for seq, route in enumerate(routes, 1):
+        box.add(route, [seq])
+    seqs = list(range(1, len(routes) + 1))
+    lo = data.draw(st.integers(1, len(seqs)))
+    hi = data.draw(st.integers(lo, len(seqs)))
+    assert box.routes_of(seqs[lo - 1 : hi]) == routes[lo - 1 : hi]
+    settled: dict[int, list[int]] = {}
+    for read in sorted(data.draw(st.lists(st.integers(0, len(seqs)), max_size=4))):
+        for route, done in box.acknowledged(read, 1.0).items():
+            settled.setdefault(route, []).extend(done)
+        assert box.sender.acked == max(read, box.sender.acked)
+    covered = box.sender.acked
+    want: dict[int, list[int]] = {}
+    for seq, route in enumerate(routes[:covered], 1):
+        want.setdefault(route, []).append(seq)
+    assert settled == want
+    assert box.lowest() == (covered + 1 if covered < len(seqs) else None)

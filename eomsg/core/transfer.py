@@ -239,6 +239,8 @@ class Outbox:
 
     def routes_of(self, seqs: Sequence[int]) -> list[int]:
         """The route of each of ``seqs`` (ascending, all pending)."""
+        if len(self._routes) == 1:  # the usual link: every message it owes goes one way
+            return [next(iter(self._routes))] * len(seqs)
         found: dict[int, int] = {}
         lo, hi = seqs[0], seqs[-1]
         for route, arr in self._routes.items():
