@@ -51,7 +51,6 @@ QUEUES = {
     "t": Role(exclusive=True, transactional=True, ordered=False),
 }
 TOPIC = "chaos/m"
-FAULTS = ("node_kill", "consumer_kill", "producer_kill", "consumer_pause")
 
 
 @dataclass(frozen=True)
@@ -191,33 +190,64 @@ class _Node(_Process):
 def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Outcome:
     """Run ``plan`` in ``workdir`` (made if missing: the node's data, the histories,
     the applications' databases and each process's log) and check what happened."""
-    import eomsg
-    from eomsg.core.queues import QueueConfig
-
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     started = time.monotonic()
-    py = sys.executable
+    faults = schedule(plan)
     data = str(workdir / "node")
     node = _Node(
         "node",
-        [py, "-m", "eomsg", "serve", "--data", data, "--json", "--heartbeat", str(plan.heartbeat),
-         "--listen", "tcp://127.0.0.1:0"],
+        [sys.executable, "-m", "eomsg", "serve", "--data", data, "--json",
+         "--heartbeat", str(plan.heartbeat), "--listen", "tcp://127.0.0.1:0"],
         workdir,
     )  # fmt: skip
-    node.proxy = FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed).__enter__()
-    node.start()
-    # every client reaches the node through the proxy: a reply may be lost on the way
-    address = f"tcp://127.0.0.1:{node.proxy.port}"
-    env = {**os.environ, "EOMSG_TOKEN": (Path(data) / "eomsg.token").read_text().strip()}
+    outcome = Outcome(Report())
+    workers: list[_Process] = []
+    with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
+        try:
+            node.start()
+            producers, consumers = _workers(plan, faults, workdir, node)
+            workers = [*consumers, *producers]
+            for p in workers:
+                p.start()
+            for fault in faults:
+                time.sleep(fault.after)
+                if _inject(fault, node, producers, consumers, plan):
+                    outcome.faults[fault.kind] += 1
+                say(f"{fault.kind} {fault.target}")
+            _heal(node, workers)
+            _drain(data, producers)
+            for p in workers:
+                p.stop()
+            prepared = _recover(data, workdir)
+        finally:
+            for p in workers:
+                p.stop()
+            node.stop()
+        outcome.faults["reply_lost"] = node.proxy.counts["replies lost"]
+    outcome.report = check(_history(workdir, workers, prepared))
+    outcome.seconds = round(time.monotonic() - started, 1)
+    return outcome
+
+
+def _workers(
+    plan: Plan, faults: list[Fault], workdir: Path, node: _Node
+) -> tuple[list[_Process], list[_Process]]:
+    """The queues made on the node, and the producers and consumers of the run: every
+    one reaches the node through its proxy, where a reply may be lost on the way."""
+    import eomsg
+    from eomsg.core.queues import QueueConfig
+
+    data = str(workdir / "node")
     with eomsg.connect(data) as client:
         for name, role in QUEUES.items():
             config = QueueConfig.create(name, (TOPIC,), max_active=int(role.exclusive))
             if name not in {s.name for s in client.stats()}:
                 client.create_queue(config)
-    faults = schedule(plan)
+    address = f"tcp://127.0.0.1:{node.proxy.port}"
+    env = {**os.environ, "EOMSG_TOKEN": (Path(data) / "eomsg.token").read_text().strip()}
     # slow enough that every producer is still publishing when the last fault comes
-    rate = round(plan.messages / (1.25 * max(1.0, duration(plan, faults))), 1)
-    worker = [py, "-m", "eomsg.chaos.workers"]
+    rate = round(plan.messages / (1.5 * max(1.0, duration(plan, faults))), 1)
+    worker = [sys.executable, "-m", "eomsg.chaos.workers"]
     expect = [a for q in QUEUES for a in ("--expect", q)]
     producers = [
         _Process(
@@ -236,29 +266,7 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
         for q in QUEUES
         for i in range(plan.consumers)
     ]  # fmt: skip
-    outcome = Outcome(Report())
-    try:
-        for p in [*consumers, *producers]:
-            p.start()
-        for fault in faults:
-            time.sleep(fault.after)
-            if _inject(fault, node, producers, consumers, plan):
-                outcome.faults[fault.kind] += 1
-            say(f"{fault.kind} {fault.target}")
-        _heal(node, producers, consumers)
-        _drain(data, producers)
-        for p in [*producers, *consumers]:
-            p.stop()
-        prepared = _recover(data, workdir)
-    finally:
-        for p in [*producers, *consumers]:
-            p.stop()
-        node.stop()
-        node.proxy.__exit__(None, None, None)
-    outcome.faults["reply_lost"] = node.proxy.counts["replies lost"]
-    outcome.report = check(_history(workdir, producers, consumers, prepared))
-    outcome.seconds = round(time.monotonic() - started, 1)
-    return outcome
+    return producers, consumers
 
 
 def _inject(
@@ -287,14 +295,12 @@ def _inject(
     return True
 
 
-def _heal(node: _Node, producers: list[_Process], consumers: list[_Process]) -> None:
-    """Every process up (a killed producer is started again, to finish its messages)."""
+def _heal(node: _Node, workers: list[_Process]) -> None:
+    """Every process up again: one that died is started again (a producer that has
+    finished its messages is left)."""
     if not node.alive:
         node.start()
-    for p in consumers:
-        if not p.alive:
-            p.start()
-    for p in producers:
+    for p in workers:
         assert p.proc is not None
         if p.proc.poll() not in (None, 0):
             p.start()
@@ -333,14 +339,12 @@ def _recover(data: str, workdir: Path) -> set[str]:
         return {t.txid for t in client.txns() if t.state is TxnState.PREPARED}
 
 
-def _history(
-    workdir: Path, producers: list[_Process], consumers: list[_Process], prepared: set[str]
-) -> list[Event]:
+def _history(workdir: Path, workers: list[_Process], prepared: set[str]) -> list[Event]:
     """Every event of the run: the workers' histories, what each queue's database
     applied, and where each transaction stands (``prepared`` at the node: in doubt;
     with its rows applied: committed; else aborted)."""
     events: list[Event] = [QueueDeclared(q, role.ordered) for q, role in QUEUES.items()]
-    for p in [*producers, *consumers]:
+    for p in workers:
         path = workdir / f"{p.name}.jsonl"
         if path.exists():
             events += read(path)
