@@ -10,7 +10,9 @@ at times drawn from ``--seed``, and every client reaches the node through a prox
 loses a reply now and then (the request landed, the client is cut off); then everything
 is healed and drained and the checker reads the whole history. ``--dry-run`` prints the
 faults it would inject. Exit status: 0 when no violation was found, 1 when one was (the
-report says which), 2 for a usage error.
+report says which), 2 for a usage error, 3 when the run could not be completed (the node
+did not start, the queues did not drain, a producer failed: the message says where to
+look).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ import tempfile
 from pathlib import Path
 
 from eomsg.chaos.run import Plan, duration, run, schedule
+from eomsg.errors import EomsgError
 
 VIOLATION = 1
+USAGE = 2
+NOT_COMPLETED = 3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,11 +68,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"after {f.after:.3f} s: {f.kind} {f.target}")
         print(f"{len(faults)} faults over {duration(plan, faults):.1f} s")
         return 0
-    if args.dir is not None:
-        outcome = run(plan, args.dir, say=lambda s: print(s, file=sys.stderr))
-    else:
-        with tempfile.TemporaryDirectory(prefix="eomsg-chaos-") as tmp:
-            outcome = run(plan, Path(tmp), say=lambda s: print(s, file=sys.stderr))
+    if args.dir is not None and args.dir.exists() and any(args.dir.iterdir()):
+        print(f"Error: {args.dir} is not empty: a run starts afresh (use a new --dir)")
+        return USAGE
+    try:
+        if args.dir is not None:
+            outcome = run(plan, args.dir, say=lambda s: print(s, file=sys.stderr))
+        else:
+            with tempfile.TemporaryDirectory(prefix="eomsg-chaos-") as tmp:
+                outcome = run(plan, Path(tmp), say=lambda s: print(s, file=sys.stderr))
+    except EomsgError as e:
+        print(f"Error: the run could not be completed: {e.message}")
+        return NOT_COMPLETED
     if args.json:
         print(json.dumps({"plan": plan.to_json(), **outcome.to_json()}))
     else:

@@ -35,8 +35,8 @@ def clean() -> list[Event]:
     """Two producers on node a, one on b; an ordered queue q whose flow moved from
     consumer c1 (epoch 1) to c2 (epoch 2); a shared queue s; one transaction."""
     return [
-        QueueDeclared("q", True),
-        QueueDeclared("s", False),
+        QueueDeclared("q", True, True),
+        QueueDeclared("s", False, False),
         Published("m1", "a", ("q", "s"), OK, 1.0, 2.0),
         Published("m2", "a", ("q", "s"), OK, 2.5, 3.0),
         Published("m3", "a", ("q",), UNKNOWN, 3.5, 9.0),  # lost reply: may be applied once
@@ -126,7 +126,7 @@ def test_an_unknown_outcome_may_be_applied_once_but_not_twice() -> None:
 def test_concurrent_publishes_may_be_applied_in_either_order() -> None:
     """Two publishes whose calls overlapped in time were never ordered."""
     events = [
-        QueueDeclared("q", True),
+        QueueDeclared("q", True, True),
         Published("x", "a", ("q",), OK, 1.0, 3.0),
         Published("y", "a", ("q",), OK, 2.0, 4.0),
         Applied("app", "q", "y"),
@@ -143,7 +143,7 @@ def test_histories_of_a_correct_queue_pass_and_a_dropped_or_repeated_apply_is_ca
     """A model of a correct node: publishes get increasing sequence numbers in the order
     they are acknowledged, and one consumer applies them in that order, each once."""
     n = data.draw(st.integers(1, 30))
-    events: list[Event] = [QueueDeclared("q", True)]
+    events: list[Event] = [QueueDeclared("q", True, True)]
     t = 0.0
     landed = []
     for i in range(n):
@@ -191,3 +191,18 @@ def test_a_bad_history_line_is_named(tmp_path: Path, line: str, message: str) ->
     path.write_text(line + "\n" + json.dumps(clean()[0].to_json()) + "\n")
     with pytest.raises(InvalidInput, match=f"history.jsonl:1: .*{message}"):
         read(path)
+
+
+def test_a_writer_killed_mid_line_leaves_no_torn_line_inside_the_history(
+    tmp_path: Path,
+) -> None:
+    """A restarted writer appends after the last whole line, not after the torn one."""
+    path = tmp_path / "history.jsonl"
+    first, second = clean()[:2]
+    with Recorder(path) as record:
+        record(first)
+    with path.open("a") as f:
+        f.write('{"kind":"queue","que')  # killed mid-line
+    with Recorder(path) as record:
+        record(second)
+    assert read(path) == [first, second]

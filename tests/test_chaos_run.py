@@ -65,3 +65,13 @@ def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path) -> None:
     checked = outcome.report.checked
     assert checked["applied"] == 2 * len(QUEUES) * 400  # every message, into each queue's database
     assert checked["receives"] >= checked["applied"] and checked["transactions"]
+
+
+def test_a_run_into_a_directory_already_used_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "p0.jsonl").write_text("")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chaos.py"), "--dir", str(tmp_path)],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stdout == f"Error: {tmp_path} is not empty: a run starts afresh (use a new --dir)\n"

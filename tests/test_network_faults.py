@@ -151,7 +151,7 @@ def test_every_message_reaches_every_queue_once_in_order_through_faults_and_kill
     assert eventually(converged, 120), "the routes never reached every node"
 
     published = {o: [f"{o}-{i}" for i in range(PER_NODE)] for o in "abc"}
-    history: list[Event] = [QueueDeclared(q, True) for q in QUEUES]  # one consumer each
+    history: list[Event] = [QueueDeclared(q, False, True) for q in QUEUES]  # one consumer each
     stop = threading.Event()
     producers = [
         threading.Thread(target=produce, args=(cluster, o, ids, history, stop), daemon=True)

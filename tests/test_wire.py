@@ -351,3 +351,9 @@ def test_a_link_handshake_of_another_version_says_so() -> None:
     old = [ev.LinkHello.TYPE, 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
     with pytest.raises(RemoteProtocolError, match=r"link protocol version 1 is not supported"):
         ev.decode_event(old)
+
+
+def test_the_first_message_of_a_transfer_has_its_targets_checked() -> None:
+    message = [1, "t", b"x", None, None, {}, None, "a", "1"]
+    with pytest.raises(RemoteProtocolError, match="targets"):
+        ev.decode_event([ev.Transfer.TYPE, 0, [message]])

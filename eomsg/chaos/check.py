@@ -5,14 +5,14 @@ promises, every violation found and named.
   had applied; **duplicated**: one applied twice from a queue (an unknown outcome may
   be applied once or not at all, never twice); **unexpected**: one applied that was never
   published, or whose publish was refused, or from a queue it was not for.
-- **queue order**: an ordered (exclusive) queue handed one flow its first deliveries
-  out of sequence; **origin order**: from an ordered queue, an application applied a
+- **queue order**: an ordered queue handed one flow its first deliveries out of
+  sequence; **origin order**: from an ordered queue, an application applied a
   message after one that its origin node had been sent only once the first was
   acknowledged (real-time order, per origin node: across nodes no order is promised).
 - **stale attempt**: a delete accepted for a delivery after the same message had been
-  delivered again; **stale epoch**: a delete accepted from a flow after its consumer's
-  queue had announced a newer epoch active; **overlapping flows**: one accepted from a
-  flow after a delete of a newer flow of that queue had been accepted.
+  delivered again; **stale epoch**: on an exclusive queue, a delete accepted from a flow
+  after the queue had announced a newer epoch active; **overlapping flows**: one accepted
+  from a flow after a delete of a newer flow of that queue had been accepted.
 - **in doubt**: a transaction still prepared once the run has healed; **transaction
   outcome**: one whose client was told committed that is not, or told refused that is.
 
@@ -107,6 +107,7 @@ def check(events: Iterable[Event]) -> Report:
     """Check a whole history: every event of the run, healed and drained."""
     report = Report()
     ordered: set[str] = set()
+    exclusive: set[str] = set()
     published: dict[str, _Publish] = {}
     applied: dict[tuple[str, str], list[str]] = defaultdict(list)  # (queue, app) -> ids
     received: list[Received] = []
@@ -119,6 +120,8 @@ def check(events: Iterable[Event]) -> Report:
             case QueueDeclared():
                 if e.ordered:
                     ordered.add(e.queue)
+                if e.exclusive:
+                    exclusive.add(e.queue)
                 report.checked["queues"] += 1
             case Published():
                 known = published.get(e.id)
@@ -147,7 +150,7 @@ def check(events: Iterable[Event]) -> Report:
     _delivery(report, published, applied)
     _origin_order(report, published, applied, ordered)
     _queue_order(report, received, ordered)
-    _fencing(report, received, settled, activity, ordered)
+    _fencing(report, received, settled, activity, exclusive)
     _transactions(report, told, resolved)
     return report
 
@@ -240,7 +243,7 @@ def _fencing(
     received: list[Received],
     settled: list[Settled],
     activity: list[Activity],
-    ordered: set[str],
+    exclusive: set[str],
 ) -> None:
     attempts: dict[tuple[str, int], _Latest] = {}
     by_message: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)
@@ -250,7 +253,7 @@ def _fencing(
         attempts[key] = _Latest(points)
     epochs: dict[str, _Latest] = {}
     accepted: dict[str, _Latest] = {}
-    for queue in ordered:
+    for queue in exclusive:
         epochs[queue] = _Latest((a.at, a.epoch) for a in activity if a.queue == queue and a.active)
         accepted[queue] = _Latest(
             (s.completed, s.epoch)
@@ -266,7 +269,7 @@ def _fencing(
                 f"{s.queue}'s {s.seq} deleted as attempt {s.attempt} after attempt "
                 f"{latest.before(s.invoked)} was delivered"
             )
-        if s.queue not in ordered or not s.epoch:
+        if s.queue not in exclusive or not s.epoch:
             continue
         newer = epochs[s.queue].before(s.invoked)
         if newer > s.epoch:

@@ -54,11 +54,13 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class QueueDeclared(Event):
-    """A queue of the run; ``ordered``: it has one active consumer at a time (exclusive),
-    so what it delivers and what is applied from it follow its order."""
+    """A queue of the run. ``exclusive``: one active consumer at a time, so a flow's
+    epoch fences the one before it; ``ordered``: what it delivers and what is applied
+    from it must follow its order (what eomsg promises of it)."""
 
     KIND: ClassVar[str] = "queue"
     queue: str
+    exclusive: bool
     ordered: bool
 
 
@@ -215,7 +217,8 @@ class Recorder:
     is its owner's alone."""
 
     def __init__(self, path: Path) -> None:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        _cut_torn_line(fd)
         self._file: TextIO = os.fdopen(fd, "a", encoding="utf-8")
         self._lock = threading.Lock()
 
@@ -234,3 +237,21 @@ class Recorder:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _cut_torn_line(fd: int) -> None:
+    """Cut the file back to its last whole line: one cut short when its writer was
+    killed would otherwise end up in the middle of the history, once a restarted writer
+    appends after it."""
+    size = os.fstat(fd).st_size
+    end = size
+    while end > 0:
+        start = max(0, end - 4096)
+        chunk = os.pread(fd, end - start, start)
+        at = chunk.rfind(b"\n")
+        if at >= 0:
+            end = start + at + 1
+            break
+        end = start
+    if end != size:
+        os.ftruncate(fd, end)

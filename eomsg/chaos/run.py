@@ -10,6 +10,7 @@ is for all three."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -26,8 +27,18 @@ from pathlib import Path
 from typing import Any
 
 from eomsg.chaos.check import Report, check
-from eomsg.chaos.history import Applied, Event, QueueDeclared, Resolved, Transacted, read
+from eomsg.chaos.history import (
+    Applied,
+    Event,
+    Outcome,
+    Published,
+    QueueDeclared,
+    Resolved,
+    Transacted,
+    read,
+)
 from eomsg.chaos.proxy import FaultProxy
+from eomsg.chaos.workers import applied
 from eomsg.errors import EomsgError
 
 
@@ -117,7 +128,7 @@ def duration(plan: Plan, faults: list[Fault]) -> float:
 
 
 @dataclass
-class Outcome:
+class Result:
     """What a run found: the checker's report, the faults injected, how long it took."""
 
     report: Report
@@ -137,10 +148,12 @@ class _Process:
         self.name, self.cmd, self.workdir, self.env = name, cmd, workdir, env
         self.proc: subprocess.Popen[str] | None = None
 
+    output: int = subprocess.DEVNULL  # where its standard output goes
+
     def start(self) -> None:
         with (self.workdir / f"{self.name}.log").open("a") as log:
             self.proc = subprocess.Popen(
-                self.cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=self.workdir,
+                self.cmd, stdout=self.output, stderr=log, text=True, cwd=self.workdir,
                 env=self.env,
             )  # fmt: skip
 
@@ -176,8 +189,11 @@ class _Node(_Process):
     each start listens on."""
 
     proxy: FaultProxy
+    output = subprocess.PIPE  # its first line says it is ready, and where it listens
 
     def start(self) -> None:
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()  # the last start's
         super().start()
         assert self.proc is not None and self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -187,7 +203,7 @@ class _Node(_Process):
         self.proxy.upstream = int(ready["listen"][1].rsplit(":", 1)[1])
 
 
-def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Outcome:
+def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Result:
     """Run ``plan`` in ``workdir`` (made if missing: the node's data, the histories,
     the applications' databases and each process's log) and check what happened."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -200,7 +216,7 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
          "--heartbeat", str(plan.heartbeat), "--listen", "tcp://127.0.0.1:0"],
         workdir,
     )  # fmt: skip
-    outcome = Outcome(Report())
+    result = Result(Report())
     workers: list[_Process] = []
     with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
         try:
@@ -212,10 +228,10 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
             for fault in faults:
                 time.sleep(fault.after)
                 if _inject(fault, node, producers, consumers, plan):
-                    outcome.faults[fault.kind] += 1
+                    result.faults[fault.kind] += 1
                 say(f"{fault.kind} {fault.target}")
             _heal(node, workers)
-            _drain(data, producers)
+            _drain(data, workdir, producers)
             for p in workers:
                 p.stop()
             prepared = _recover(data, workdir)
@@ -223,10 +239,16 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
             for p in workers:
                 p.stop()
             node.stop()
-        outcome.faults["reply_lost"] = node.proxy.counts["replies lost"]
-    outcome.report = check(_history(workdir, workers, prepared))
-    outcome.seconds = round(time.monotonic() - started, 1)
-    return outcome
+        result.faults["reply_lost"] = node.proxy.counts["replies lost"]
+    events = _history(workdir, workers, prepared)
+    acked = {e.id for e in events if isinstance(e, Published) and e.outcome is Outcome.OK}
+    if len(acked) < plan.producers * plan.messages:  # a run that checked less than planned
+        raise EomsgError(
+            f"only {len(acked)} of {plan.producers * plan.messages} messages were published"
+        )
+    result.report = check(events)
+    result.seconds = round(time.monotonic() - started, 1)
+    return result
 
 
 def _workers(
@@ -246,7 +268,7 @@ def _workers(
     address = f"tcp://127.0.0.1:{node.proxy.port}"
     env = {**os.environ, "EOMSG_TOKEN": (Path(data) / "eomsg.token").read_text().strip()}
     # slow enough that every producer is still publishing when the last fault comes
-    rate = round(plan.messages / (1.5 * max(1.0, duration(plan, faults))), 1)
+    rate = max(0.1, round(plan.messages / (1.5 * max(1.0, duration(plan, faults))), 1))
     worker = [sys.executable, "-m", "eomsg.chaos.workers"]
     expect = [a for q in QUEUES for a in ("--expect", q)]
     producers = [
@@ -289,6 +311,8 @@ def _inject(
             victim.start()
         case "consumer_pause":
             victim = consumers[fault.target]
+            if not victim.alive:
+                return False
             victim.signal(signal.SIGSTOP)
             time.sleep(plan.pause)
             victim.signal(signal.SIGCONT)
@@ -306,44 +330,64 @@ def _heal(node: _Node, workers: list[_Process]) -> None:
             p.start()
 
 
-def _drain(data: str, producers: list[_Process], timeout: float = 600.0) -> None:
-    """Wait until every producer is done and the queues are empty."""
+def _drain(data: str, workdir: Path, producers: list[_Process], timeout: float = 600.0) -> None:
+    """Wait until every producer has finished and the queues are empty. What the
+    transactional consumers left in doubt is recovered meanwhile: a message whose delete
+    waits in a prepared transaction is no consumer's until then, and the consumer that
+    would recover it — at its next transaction — may have no message left to run one."""
     import eomsg
 
     deadline = time.monotonic() + timeout
+    next_recovery = time.monotonic()
     while time.monotonic() < deadline:
         if not any(p.alive for p in producers):
+            for p in producers:
+                assert p.proc is not None
+                if p.proc.returncode != 0:
+                    raise EomsgError(
+                        f"producer {p.name} exited with {p.proc.returncode}: see "
+                        f"{workdir / p.name}.log"
+                    )
             with eomsg.connect(data) as client:
-                stats = {s.name: s for s in client.stats()}
-            if all(stats[q].depth == 0 and stats[q].in_flight == 0 for q in QUEUES):
-                return
+                if all(s.depth == 0 for s in client.stats() if s.name in QUEUES):
+                    return
+                if time.monotonic() >= next_recovery:
+                    _recover_in_doubt(client, workdir)
+                    next_recovery = time.monotonic() + 2.0
         time.sleep(0.2)
     raise EomsgError(f"the run did not drain within {timeout:.0f} s")
 
 
 def _recover(data: str, workdir: Path) -> set[str]:
-    """Recover what the transactional consumers left in doubt (as ``eomsg recover``
-    would), then the transactions the node still holds prepared."""
+    """Recover what the transactional consumers left in doubt, then the transactions
+    the node still holds prepared."""
     import eomsg
     from eomsg.core.txn import TxnState
 
     with eomsg.connect(data) as client:
-        for q in (q for q, role in QUEUES.items() if role.transactional):
-            path = workdir / f"{q}.sqlite"
-            if path.exists():
-                conn = sqlite3.connect(path, isolation_level=None, timeout=60.0)
-                try:
-                    eomsg.recover_resource(client, eomsg.SQLiteResource(conn))
-                finally:
-                    conn.close()
+        _recover_in_doubt(client, workdir)
         return {t.txid for t in client.txns() if t.state is TxnState.PREPARED}
+
+
+def _recover_in_doubt(client: Any, workdir: Path) -> None:
+    """``eomsg recover`` on each transactional queue's database: transactions whose
+    coordinator is gone are decided by their marker (one still connected is left)."""
+    import eomsg
+
+    for q in (q for q, role in QUEUES.items() if role.transactional):
+        path = workdir / f"{q}.sqlite"
+        if path.exists():
+            with contextlib.closing(sqlite3.connect(path, isolation_level=None, timeout=60.0)) as c:
+                eomsg.recover_resource(client, eomsg.SQLiteResource(c))
 
 
 def _history(workdir: Path, workers: list[_Process], prepared: set[str]) -> list[Event]:
     """Every event of the run: the workers' histories, what each queue's database
     applied, and where each transaction stands (``prepared`` at the node: in doubt;
     with its rows applied: committed; else aborted)."""
-    events: list[Event] = [QueueDeclared(q, role.ordered) for q, role in QUEUES.items()]
+    events: list[Event] = [
+        QueueDeclared(q, role.exclusive, role.ordered) for q, role in QUEUES.items()
+    ]
     for p in workers:
         path = workdir / f"{p.name}.jsonl"
         if path.exists():
@@ -352,12 +396,11 @@ def _history(workdir: Path, workers: list[_Process], prepared: set[str]) -> list
     for q in QUEUES:
         path = workdir / f"{q}.sqlite"
         if path.exists():
-            with sqlite3.connect(path) as conn:
-                rows = conn.execute("SELECT queue, id, txid FROM applied ORDER BY n").fetchall()
+            rows = applied(path)
             events += [Applied(q, queue, msg_id) for queue, msg_id, _ in rows]
             committed |= {txid for _, _, txid in rows if txid is not None}
     tried = {e.txid for e in events if isinstance(e, Transacted)}
-    for txid in sorted(tried):
+    for txid in sorted(tried | prepared | committed):
         state = "prepared" if txid in prepared else "committed" if txid in committed else "aborted"
         events.append(Resolved(txid, state))
     return events

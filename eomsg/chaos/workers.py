@@ -207,6 +207,8 @@ class _Transactions:
 
         tx = self.client.transaction(resources=[self.resource])
         invoked = time.monotonic()
+        # written first, so that one killed mid-commit is still known (and checked)
+        self.record(Transacted(self.name, tx.txid, Outcome.UNKNOWN, invoked, invoked))
         outcome = Outcome.UNKNOWN
         try:
             with tx:
@@ -224,7 +226,20 @@ class _Transactions:
                     r.release()
         finally:
             done = time.monotonic()
-            self.record(Transacted(self.name, tx.txid, outcome, invoked, done))
+            self.record(
+                Transacted(self.name, tx.txid, outcome, invoked, done),
+                # its deletes, settled as it was: fenced by attempt and epoch like any
+                *(
+                    Settled(self.name, r.queue, r.seq, r.attempt, r.epoch, outcome, invoked, done)
+                    for r in batch
+                ),
+            )
+
+
+def applied(app: Path) -> list[tuple[str, str, str | None]]:
+    """What the database ``app`` applied, in the order it did: (queue, id, txid)."""
+    with contextlib.closing(sqlite3.connect(app)) as conn:
+        return conn.execute("SELECT queue, id, txid FROM applied ORDER BY n").fetchall()
 
 
 class _Recorded:

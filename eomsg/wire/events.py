@@ -842,13 +842,16 @@ class Interest(Event):
         return cls(_bool(full, "full"), tuple(map(_move, _list(moves, "moves"))))
 
 
+_NO_TARGETS = object()  # what no message's targets equal: the first is always checked
+
+
 def _carried(items: list[Any]) -> tuple[Carried, ...]:
     """A transfer's messages, every field checked. The targets of one are those of the
     one before, usually: checked once, and shared. A message whose fields are of the
     usual kinds passes one inline test (a link carries every message through here);
     any other goes through the checks that convert or say what is wrong."""
     out: list[Carried] = []
-    last: object = None
+    last: object = _NO_TARGETS
     names: tuple[str, ...] = ()
     for item in items:
         seq, topic, payload, msg_id, ttl, headers, targets, origin, origin_seq = _list(
