@@ -5,6 +5,8 @@ seed, printed by --dry-run without running anything."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from eomsg.chaos.run import QUEUES, Plan, run, schedule
+from eomsg.chaos.workers import PARENT
+from tests.conftest import eventually
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,3 +79,28 @@ def test_a_run_into_a_directory_already_used_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stdout == f"Error: {tmp_path} is not empty: a run starts afresh (use a new --dir)\n"
+
+
+def test_a_worker_ends_when_the_run_that_started_it_is_gone(tmp_path: Path) -> None:
+    """A run killed without cleaning up leaves no consumer reconnecting for ever."""
+    starter = (
+        "import os, subprocess, sys;"
+        "p = subprocess.Popen([sys.executable, '-m', 'eomsg.chaos.workers', 'consume',"
+        f" 'tcp://127.0.0.1:1', '{tmp_path / 'c.jsonl'}', 'c', 'q', '{tmp_path / 'c.sqlite'}'],"
+        f" stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,"
+        f" env={{**os.environ, '{PARENT}': str(os.getpid())}}); print(p.pid)"
+    )  # it exits at once, before the worker has even started
+    out = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True)
+    pid = int(out.stdout)
+    assert eventually(lambda: not _alive(pid), 20)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone too: it only waits to be reaped by init
+    with contextlib.suppress(FileNotFoundError):
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    return False

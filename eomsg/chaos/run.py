@@ -38,7 +38,7 @@ from eomsg.chaos.history import (
     read,
 )
 from eomsg.chaos.proxy import FaultProxy
-from eomsg.chaos.workers import applied
+from eomsg.chaos.workers import PARENT, applied
 from eomsg.errors import EomsgError
 
 
@@ -266,7 +266,8 @@ def _workers(
             if name not in {s.name for s in client.stats()}:
                 client.create_queue(config)
     address = f"tcp://127.0.0.1:{node.proxy.port}"
-    env = {**os.environ, "EOMSG_TOKEN": (Path(data) / "eomsg.token").read_text().strip()}
+    token = (Path(data) / "eomsg.token").read_text().strip()
+    env = {**os.environ, "EOMSG_TOKEN": token, PARENT: str(os.getpid())}
     # slow enough that every producer is still publishing when the last fault comes
     rate = max(0.1, round(plan.messages / (1.5 * max(1.0, duration(plan, faults))), 1))
     worker = [sys.executable, "-m", "eomsg.chaos.workers"]

@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import signal
 import sqlite3
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -268,6 +270,23 @@ class _Recorded:
         return self._received.release(delay)
 
 
+PARENT = "EOMSG_CHAOS_PARENT"  # the run's pid, as the run sets it for its workers
+
+
+def _die_with_parent() -> None:
+    """End this worker when the run that started it is gone (killed without cleaning
+    up): a consumer would otherwise reconnect for ever. The run names itself in the
+    environment, since it may be gone before this process looks at its parent."""
+    parent = int(os.environ.get(PARENT, os.getppid()))
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="chaos-parent", daemon=True).start()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eomsg.chaos.workers")
     roles = parser.add_subparsers(dest="role", required=True)
@@ -289,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("app", type=Path)
     c.add_argument("--txn", action="store_true", help="apply and delete in transactions")
     args = parser.parse_args(argv)
+    _die_with_parent()
     if args.role == "produce":
         produce(
             args.node, args.history, args.name, args.count, origin=args.origin,
