@@ -12,10 +12,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-from eomsg.core.message import Carried
+import msgpack
+
+from eomsg.core.message import Batch, Carried
 from eomsg.node.node import Node, NodeSettings
+from eomsg.wire import events as ev
 
 T = TypeVar("T")
+
+
+def _through_the_wire(prev: int, batch: Batch) -> tuple[int, tuple[Carried, ...]]:
+    """A frame as the peer gets it: packed, unpacked, checked, one by one."""
+    body = msgpack.unpackb(msgpack.packb(ev.Transfer(prev, batch).to_wire()), raw=False)
+    event = ev.decode_event(body)
+    assert isinstance(event, ev.Transfer)
+    return event.prev, event.batch.carried()
 
 
 @dataclass
@@ -114,7 +125,7 @@ class Net:
             for u in nx.link_updates(y):
                 ny.link_heard(x, u.full, u.moves)
                 moved = True
-            wire.frames.extend((prev, tuple(m)) for prev, m in nx.link_frames(y))
+            wire.frames.extend(_through_the_wire(prev, b) for prev, b in nx.link_frames(y))
             frames, wire.frames = self._faulty(wire.frames), []
             for prev, messages in frames:
                 wire.acks.append(ny.accept_transfer(x, prev, messages).result())

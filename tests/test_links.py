@@ -132,8 +132,8 @@ def test_frames_for_the_event_loop_are_made_only_of_messages_in_memory(net: Make
         a.publish("t/x", str(i).encode())
     a.store.writer.run(lambda conn: None).result()  # in DuckDB, out of the overlay
     assert a.link_frames("b", memory_only=True) is None
-    ((_, messages),) = a.link_frames("b")
-    assert [m.payload for m in messages] == [b"0", b"1", b"2"]  # none was taken before
+    ((_, batch),) = a.link_frames("b")
+    assert batch.payloads == (b"0", b"1", b"2")  # none was taken before
 
 
 def test_a_queue_deleted_withdraws_its_interest(net: MakeNet) -> None:

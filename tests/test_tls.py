@@ -22,7 +22,7 @@ import trustme
 
 import eomsg
 from eomsg.core.links import link_proof, token_hash
-from eomsg.core.message import Carried
+from eomsg.core.message import Batch, Carried
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import AuthenticationFailed, InvalidConfig, Unavailable
 from eomsg.server.link import LinkConnection, LinkManager
@@ -426,8 +426,8 @@ def fake_server(node: object, loop: asyncio.AbstractEventLoop) -> SimpleNamespac
     return server
 
 
-def forged(seq: int) -> tuple[Carried, ...]:
-    return (Carried(seq, "t/x", b"forged", None, None, {}, ("a",), "c", str(seq)),)
+def forged(seq: int) -> Batch:
+    return Batch.of([Carried(seq, "t/x", b"forged", None, None, {}, ("a",), "c", str(seq))])
 
 
 def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:

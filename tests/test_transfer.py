@@ -182,7 +182,10 @@ def test_an_outbox_knows_each_message_s_route_and_settles_by_route(
     seqs = list(range(1, len(routes) + 1))
     lo = data.draw(st.integers(1, len(seqs)))
     hi = data.draw(st.integers(lo, len(seqs)))
-    assert box.routes_of(seqs[lo - 1 : hi]) == routes[lo - 1 : hi]
+    table, index = box.routes_of(seqs[lo - 1 : hi])
+    each = [table[0]] * (hi - lo + 1) if index is None else [table[i] for i in index]
+    assert each == routes[lo - 1 : hi]
+    assert len(table) == len(set(table)) and (index is None) == (len(table) == 1)
     settled: dict[int, list[int]] = {}
     for read in sorted(data.draw(st.lists(st.integers(0, len(seqs)), max_size=4))):
         for route, done in box.acknowledged(read, 1.0).items():

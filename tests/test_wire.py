@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eomsg.client.aio import AsyncClient
-from eomsg.core.message import Carried, Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import Batch, Carried, Delivered, Message, Outgoing, PublishResult
 from eomsg.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from eomsg.server.link import LinkConnection
 from eomsg.server.session import Session
@@ -326,22 +326,93 @@ def test_well_framed_random_bodies_parse_or_raise_protocol_error(
 
 
 def test_a_transfer_carries_where_each_message_came_from_as_fields() -> None:
-    """Provenance travels as two fields of each message, not as its headers; every
-    field is checked."""
+    """Provenance travels as fields, not as headers — a column only when some message
+    came from further away; every value is checked."""
     sent = ev.Transfer(
         4,
-        (
-            Carried(5, "t/x", b"p", None, None, {}, ("b",), "a", "5"),
-            Carried(6, "t/y", b"", "id", 2.5, {"h": "v"}, ("b", "c"), "z", "91"),
+        Batch.of(
+            [
+                Carried(5, "t/x", b"p", None, None, {}, ("b",), "a", "5"),
+                Carried(6, "t/y", b"", "id", 2.5, {"h": "v"}, ("b", "c"), "z", "91"),
+            ]
         ),
     )
     body = msgpack.unpackb(msgpack.packb(sent.to_wire(), use_bin_type=True), raw=False)
     assert ev.decode_event(body) == sent
-    body[2][0][7] = 7  # an origin that is not text
+    assert body[2] == "a" and body[9] == [None, ["z", "91"]]
+    body[9][1][0] = 7  # an origin that is not text
     with pytest.raises(RemoteProtocolError, match="origin"):
         ev.decode_event(body)
-    body[2][0] = body[2][0][:7]  # the shape of link protocol version 2
+    body[3:] = [[[5, "t/x", b"p", None, None, {}, ["b"], "a", "5"]]]  # version 3's shape
     with pytest.raises(RemoteProtocolError, match="transfer"):
+        ev.decode_event(body)
+
+
+carried_messages = st.lists(
+    st.builds(
+        Carried,
+        st.integers(1, 2**40),
+        st.text(max_size=8),
+        st.binary(max_size=8),
+        st.none() | st.text(max_size=8),
+        st.none() | st.floats(0.001, 1e6),
+        st.dictionaries(st.text(max_size=4), st.text(max_size=4), max_size=2),
+        st.sampled_from([("b",), ("b", "c"), ("c",)]),
+        st.sampled_from(["a", "z"]),
+        st.sampled_from(["1", "77"]),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@given(carried_messages)
+def test_a_transfer_s_columns_give_back_its_messages(messages: list[Carried]) -> None:
+    """Whatever mix of messages a frame holds — times to live, headers, routes and
+    origins alike or not — the peer gets each one back as it was, and a frame cut in two
+    (for a peer's frame limit) gives the same messages in the same order."""
+    batch = Batch.of(messages)
+    body = msgpack.unpackb(msgpack.packb(ev.Transfer(0, batch).to_wire()), raw=False)
+    event = ev.decode_event(body)
+    assert isinstance(event, ev.Transfer)
+    assert event.batch.carried() == tuple(messages)
+    first, rest = batch.split()
+    assert first.carried() + rest.carried() == tuple(messages)
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        (3, [], "no message"),
+        (3, [5, "6"], "seq"),
+        (4, ["t/x"], "1 topics for 2 messages"),
+        (5, [b"p", "p"], "payload"),
+        (6, [None, 6], "id"),
+        (7, [None, "1"], "ttl"),
+        (8, [{"h": 1}, None], "header value"),
+        (9, [None, ["z"]], "source"),
+        (10, [], "no route"),
+        (10, [None], "targets"),
+        (10, [["b", 7]], "targets"),
+        (11, [0, 1], "route index"),
+        (11, [0], "1 route indexes for 2"),
+    ],
+)
+def test_a_malformed_transfer_column_is_a_protocol_error(
+    column: int, value: object, says: str
+) -> None:
+    sent = ev.Transfer(
+        4,
+        Batch.of(
+            [
+                Carried(5, "t/x", b"p", None, None, {}, ("b",), "a", "5"),
+                Carried(6, "t/y", b"q", None, None, {}, ("b",), "a", "6"),
+            ]
+        ),
+    )
+    body = msgpack.unpackb(msgpack.packb(sent.to_wire()), raw=False)
+    body[column] = value
+    with pytest.raises(RemoteProtocolError, match=says):
         ev.decode_event(body)
 
 
@@ -351,9 +422,3 @@ def test_a_link_handshake_of_another_version_says_so() -> None:
     old = [ev.LinkHello.TYPE, 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
     with pytest.raises(RemoteProtocolError, match=r"link protocol version 1 is not supported"):
         ev.decode_event(old)
-
-
-def test_the_first_message_of_a_transfer_has_its_targets_checked() -> None:
-    message = [1, "t", b"x", None, None, {}, None, "a", "1"]
-    with pytest.raises(RemoteProtocolError, match="targets"):
-        ev.decode_event([ev.Transfer.TYPE, 0, [message]])

@@ -4,9 +4,10 @@ behaviour."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from itertools import repeat
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any, NamedTuple, Protocol
 
@@ -185,3 +186,107 @@ class Carried(NamedTuple):
         if self.headers:
             return headers_json(self.all_headers())
         return _from_origin(self.origin) + _quote(self.origin_seq) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The messages of one frame a link carries, as columns: what the sender reads from
+    its log turns into a frame without a value made per message, and packs as a few
+    lists (a link carries every message through here, and the sending node's core is
+    what limits a link). :meth:`carried` gives them as :class:`Carried`.
+
+    Columns whose values are all alike are sent once: ``ttls`` None when no message has
+    a time to live, ``headers`` None when none has headers, ``sources`` None when every
+    message was first published on ``origin`` (the sender) with its seq there (else, per
+    message, ``(origin, origin_seq)`` or None for that default). ``routes`` are the
+    target lists of the frame's messages and ``route_of`` each message's index among them
+    (None: all have the first)."""
+
+    origin: str
+    seqs: tuple[int, ...]
+    topics: tuple[str, ...]
+    payloads: tuple[bytes, ...]
+    ids: tuple[str | None, ...]
+    ttls: tuple[float | None, ...] | None
+    headers: tuple[dict[str, str], ...] | None
+    sources: tuple[tuple[str, str] | None, ...] | None
+    routes: tuple[tuple[str, ...], ...]
+    route_of: tuple[int, ...] | None
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def carried(self) -> tuple[Carried, ...]:
+        """The messages one by one (for the receiving node)."""
+        n = len(self.seqs)
+        targets = (
+            repeat(self.routes[0], n)
+            if self.route_of is None
+            else map(self.routes.__getitem__, self.route_of)
+        )
+        if self.sources is None:
+            origins: Iterable[str] = repeat(self.origin, n)
+            origin_seqs: Iterable[str] = map(str, self.seqs)
+        else:
+            pairs = [
+                (self.origin, str(seq)) if s is None else s
+                for seq, s in zip(self.seqs, self.sources, strict=True)
+            ]
+            origins, origin_seqs = [p[0] for p in pairs], [p[1] for p in pairs]
+        return tuple(
+            map(
+                Carried,
+                self.seqs,
+                self.topics,
+                self.payloads,
+                self.ids,
+                repeat(None, n) if self.ttls is None else self.ttls,
+                [{} for _ in range(n)] if self.headers is None else self.headers,
+                targets,
+                origins,
+                origin_seqs,
+            )
+        )
+
+    def split(self) -> tuple[Batch, Batch]:
+        """Its first half and the rest (for a frame too large for the peer)."""
+        half = len(self.seqs) // 2
+
+        def cut(part: slice) -> Batch:
+            return Batch(
+                self.origin,
+                self.seqs[part],
+                self.topics[part],
+                self.payloads[part],
+                self.ids[part],
+                None if self.ttls is None else self.ttls[part],
+                None if self.headers is None else self.headers[part],
+                None if self.sources is None else self.sources[part],
+                self.routes,
+                None if self.route_of is None else self.route_of[part],
+            )
+
+        return cut(slice(None, half)), cut(slice(half, None))
+
+    @classmethod
+    def of(cls, messages: Sequence[Carried]) -> Batch:
+        """The columns of these messages (a frame's worth, at least one)."""
+        origin = messages[0].origin
+        routes = list(dict.fromkeys(m.targets for m in messages))
+        index = {r: i for i, r in enumerate(routes)}
+        sources = tuple(
+            None if (m.origin, m.origin_seq) == (origin, str(m.seq)) else (m.origin, m.origin_seq)
+            for m in messages
+        )
+        return cls(
+            origin,
+            tuple(m.seq for m in messages),
+            tuple(m.topic for m in messages),
+            tuple(m.payload for m in messages),
+            tuple(m.id for m in messages),
+            None if all(m.ttl is None for m in messages) else tuple(m.ttl for m in messages),
+            tuple(m.headers for m in messages) if any(m.headers for m in messages) else None,
+            None if sources.count(None) == len(sources) else sources,
+            tuple(routes),
+            None if len(routes) == 1 else tuple(index[m.targets] for m in messages),
+        )

@@ -237,10 +237,12 @@ class Outbox:
             self._heads[route] = 0
         self.sender.add([seq for seq, _ in merged])
 
-    def routes_of(self, seqs: Sequence[int]) -> list[int]:
-        """The route of each of ``seqs`` (ascending, all pending)."""
-        if len(self._routes) == 1:  # the usual link: every message it owes goes one way
-            return [next(iter(self._routes))] * len(seqs)
+    def routes_of(self, seqs: Sequence[int]) -> tuple[list[int], list[int] | None]:
+        """The routes of ``seqs`` (ascending, all pending): the ids of those among them,
+        and each one's index in that list — None when all go the one way (the usual
+        link: then nothing is looked up a message)."""
+        if len(self._routes) == 1:
+            return list(self._routes), None
         found: dict[int, int] = {}
         lo, hi = seqs[0], seqs[-1]
         for route, arr in self._routes.items():
@@ -248,7 +250,12 @@ class Outbox:
             end = bisect.bisect_right(arr, hi, i)
             for seq in arr[i:end]:
                 found[seq] = route
-        return [found[seq] for seq in seqs]
+        each = [found[seq] for seq in seqs]
+        table = list(dict.fromkeys(each))
+        if len(table) == 1:
+            return table, None
+        index = {route: i for i, route in enumerate(table)}
+        return table, [index[route] for route in each]
 
     def acknowledged(self, read: int, now: float, *, gap: bool = False) -> dict[int, list[int]]:
         """:meth:`Sender.acknowledged`; returns, by route, the sequences the peer now

@@ -40,20 +40,21 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import Any, overload
 
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
-from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Carried, Message
+from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Batch, Carried, Message
 from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
-from eomsg.errors import EomsgError, InvalidConfig, InvalidInput, LinkNotFound
+from eomsg.errors import DataDirDamaged, EomsgError, InvalidConfig, InvalidInput, LinkNotFound
 from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import Destination, to_us
 from eomsg.store import secrets as link_secrets
-from eomsg.store.store import US, Store
+from eomsg.store.store import US, MessageRow, Store
 from eomsg.store.writer import RowBatch
 
 log = logging.getLogger("eomsg.link")
@@ -518,15 +519,13 @@ class Links(Egress):
     # -- sending ------------------------------------------------------------------------
 
     @overload
-    def link_frames(self, peer: str) -> list[tuple[int, list[Carried]]]: ...
+    def link_frames(self, peer: str) -> list[tuple[int, Batch]]: ...
     @overload
-    def link_frames(
-        self, peer: str, *, memory_only: bool
-    ) -> list[tuple[int, list[Carried]]] | None: ...
+    def link_frames(self, peer: str, *, memory_only: bool) -> list[tuple[int, Batch]] | None: ...
 
     def link_frames(
         self, peer: str, *, memory_only: bool = False
-    ) -> list[tuple[int, list[Carried]]] | None:
+    ) -> list[tuple[int, Batch]] | None:
         """What to send ``peer`` now, as (prev, messages) frames, within its window.
         ``memory_only``: None, and nothing taken, if a message must be read from DuckDB
         (not the writer's overlay) — for the server's event loop, which asks again on
@@ -537,41 +536,28 @@ class Links(Egress):
             if not link.connected:
                 return []
             sender = link.outbox.sender
-            if memory_only:
-                planned = [s for f in sender.frames(now, take=False) for s in f.seqs]
-                found = self.store.fetch_rows(planned, memory_only=True)
-                if found is None:
-                    return None
-            frames = sender.frames(now)
+            frames = sender.frames(now, take=False)
+            if not frames:
+                return []
+            seqs = list(chain.from_iterable(f.seqs for f in frames))
+            rows = self.store.fetch_rows(seqs, memory_only=True)
+            if rows is None and memory_only:
+                return None
+            sender.frames(now)  # the same frames, now taken
             routes = [link.outbox.routes_of(f.seqs) for f in frames]
-            targets = {r: self._route_ids[r].targets for rs in routes for r in rs}
-        if not frames:
-            return []
-        if not memory_only:
-            found = self.store.fetch_rows([s for f in frames for s in f.seqs])
-        assert found is not None
-        # Rows, not Messages: a link carries every message it owes through here, and
-        # needs only to add where each came from (unless it came from elsewhere).
+            targets = {r: self._route_ids[r].targets for table, _ in routes for r in table}
+        if rows is None:
+            rows = self.store.fetch_rows(seqs)
+        if None in rows:  # what a link owes is kept until the peer took it
+            lost = seqs[rows.index(None)]
+            raise DataDirDamaged(f"message {lost}, owed to {peer}, is not in the log")
         now_us, name = to_us(now), self._node_name
         to_of = {r: tuple(sorted(t)) for r, t in targets.items()}
-        out = []
-        for frame, frame_routes in zip(frames, routes, strict=True):
-            carried = []
-            for seq, route_id in zip(frame.seqs, frame_routes, strict=True):
-                _, topic, msg_id, _, expires_us, text, payload = found[seq]
-                ttl = None if expires_us is None else max(expires_us - now_us, 1000) / US
-                headers = json.loads(text) if text else {}
-                if ORIGIN in headers and ORIGIN_SEQ in headers:  # it came from elsewhere
-                    origin, origin_seq = headers.pop(ORIGIN), headers.pop(ORIGIN_SEQ)
-                else:
-                    origin, origin_seq = name, str(seq)
-                if type(payload) is not bytes:
-                    payload = bytes(payload)
-                to = to_of[route_id]
-                carried.append(
-                    Carried(seq, topic, payload, msg_id, ttl, headers, to, origin, origin_seq)
-                )
-            out.append((frame.prev, carried))
+        out, at = [], 0
+        for frame, (table, route_of) in zip(frames, routes, strict=True):
+            part, at = rows[at : at + len(frame.seqs)], at + len(frame.seqs)
+            route_targets = tuple(to_of[r] for r in table)
+            out.append((frame.prev, _batch(name, part, now_us, route_targets, route_of)))
         return out
 
     def link_taken(self, peer: str, read: int, gap: bool) -> None:
@@ -993,6 +979,41 @@ class Links(Egress):
         """The lowest seq any link still owes (the log keeps it). Under ``_lock``."""
         lows = [low for link in self._links.values() if (low := link.outbox.lowest()) is not None]
         return min(lows, default=None)
+
+
+def _batch(
+    origin: str,
+    rows: Sequence[MessageRow | None],
+    now_us: int,
+    routes: tuple[tuple[str, ...], ...],
+    route_of: list[int] | None,
+) -> Batch:
+    """A frame's messages from their log rows, as columns: one transposition, and a
+    look at each message only for what some have (a time to live, headers, an origin
+    elsewhere — where the node that sent it here put it in its headers)."""
+    seqs, topics, ids, _, expires, texts, payloads = zip(*rows, strict=True)
+    n = len(seqs)
+    ttls = None
+    if expires.count(None) != n:
+        ttls = tuple(None if e is None else max(e - now_us, 1000) / US for e in expires)
+    headers = sources = None
+    if texts.count(None) != n:
+        each: list[dict[str, str]] = []
+        came: list[tuple[str, str] | None] = []
+        for text in texts:
+            h = json.loads(text) if text else {}
+            came.append(
+                (h.pop(ORIGIN), h.pop(ORIGIN_SEQ)) if ORIGIN in h and ORIGIN_SEQ in h else None
+            )
+            each.append(h)
+        headers = tuple(each) if any(each) else None
+        sources = tuple(came) if came.count(None) != n else None
+    if not all(type(p) is bytes for p in payloads):
+        payloads = tuple(bytes(p) for p in payloads)
+    return Batch(
+        origin, seqs, topics, payloads, ids, ttls, headers, sources, routes,
+        None if route_of is None else tuple(route_of),
+    )  # fmt: skip
 
 
 def _route_json(r: Route) -> list[Any]:

@@ -29,12 +29,12 @@ import logging
 import random
 import secrets
 import ssl
-from collections.abc import Coroutine, Sequence
+from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
 from eomsg.core.links import LinkConfig, link_proof, token_hash
-from eomsg.core.message import Carried
+from eomsg.core.message import Batch
 from eomsg.errors import (
     AuthenticationFailed,
     EomsgError,
@@ -225,7 +225,7 @@ class LinkConnection(asyncio.Protocol):
 
     def _transfer(self, event: ev.Transfer) -> None:
         try:
-            taken = self.node.accept_transfer(self.peer, event.prev, event.messages)
+            taken = self.node.accept_transfer(self.peer, event.prev, event.batch.carried())
         except EomsgError as e:
             if e.code in ("invalid_input", "invalid_topic", "invalid_config", "payload_too_large"):
                 raise
@@ -276,19 +276,19 @@ class LinkConnection(asyncio.Protocol):
             frames = self.node.link_frames(self.peer, memory_only=True)
             if frames is None:  # some must be read from the store: not on the loop
                 frames = await self.server.blocking(self.node.link_frames, self.peer)
-            for prev, messages in frames:
-                self._send_transfer(prev, messages)
+            for prev, batch in frames:
+                self._send_transfer(prev, batch)
 
-    def _send_transfer(self, prev: int, messages: Sequence[Carried]) -> None:
+    def _send_transfer(self, prev: int, batch: Batch) -> None:
         """Send one frame, split in halves while it is over the peer's frame limit."""
         try:
-            self.send(ev.Transfer(prev, tuple(messages)))
+            self.send(ev.Transfer(prev, batch))
         except FrameTooLarge:
-            if len(messages) == 1:
+            if len(batch) == 1:
                 raise
-            half = len(messages) // 2
-            self._send_transfer(prev, messages[:half])
-            self._send_transfer(messages[half - 1].seq, messages[half:])
+            first, rest = batch.split()
+            self._send_transfer(prev, first)
+            self._send_transfer(first.seqs[-1], rest)
 
     async def _timers(self) -> None:
         """The resend timer, pings, and the watchdog for a silent peer."""

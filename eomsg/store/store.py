@@ -487,45 +487,45 @@ class Store:
     def fetch(self, seqs: Sequence[int]) -> dict[int, Message]:
         """The messages with these sequence numbers (ascending), by seq (see
         :meth:`fetch_rows`)."""
-        return {seq: _message(row) for seq, row in self.fetch_rows(seqs).items()}
+        return {row[0]: _message(row) for row in self.fetch_rows(seqs) if row is not None}
 
     @overload
-    def fetch_rows(self, seqs: Sequence[int]) -> dict[int, MessageRow]: ...
+    def fetch_rows(self, seqs: Sequence[int]) -> list[MessageRow | None]: ...
     @overload
     def fetch_rows(
         self, seqs: Sequence[int], *, memory_only: bool
-    ) -> dict[int, MessageRow] | None: ...
+    ) -> list[MessageRow | None] | None: ...
 
     def fetch_rows(
         self, seqs: Sequence[int], *, memory_only: bool = False
-    ) -> dict[int, MessageRow] | None:
-        """The ``messages`` rows of these sequence numbers (ascending), by seq: those
-        DuckDB does not hold yet from the writer's overlay, the rest from DuckDB (a
-        message leaves the overlay only after DuckDB committed it, so looking there
-        first never misses one). For a caller that needs a few columns of many messages
-        (a link's sender) and would waste a :class:`Message` on each. ``memory_only``:
-        None rather than read DuckDB (for a caller that must not block)."""
-        found, rest = self._fresh(seqs)
-        if not rest:
-            return found
+    ) -> list[MessageRow | None] | None:
+        """The ``messages`` rows of these sequence numbers (ascending), in their order,
+        None for one not in the log: those DuckDB does not hold yet from the writer's
+        overlay, the rest from DuckDB (a message leaves the overlay only after DuckDB
+        committed it, so looking there first never misses one). For a caller that needs
+        a few columns of many messages (a link's sender) and would waste a
+        :class:`Message` on each. ``memory_only``: None rather than read DuckDB (for a
+        caller that must not block)."""
+        rows: list[Any] = list(map(self.writer.overlay.get, seqs))
+        if None not in rows:  # the usual case: a busy link sends what was just written
+            return rows
         if memory_only:
             return None
-        low, high = min(rest), max(rest)
+        rest = [seq for seq, row in zip(seqs, rows, strict=True) if row is None]
+        low, high = rest[0], rest[-1]
         if high - low < 4 * len(rest):  # dense, the usual case: a plain range scan
-            wanted = set(rest)
-            rows = self._query(
+            read = self._query(
                 f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
                 [low, high],
             )
-            found.update((row[0], row) for row in rows if row[0] in wanted)
-            return found
-        rows = self._query(
-            f"""SELECT {_MESSAGE_COLUMNS} FROM messages
-                WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
-            [low, high, rest],
-        )
-        found.update((row[0], row) for row in rows)
-        return found
+        else:
+            read = self._query(
+                f"""SELECT {_MESSAGE_COLUMNS} FROM messages
+                    WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
+                [low, high, rest],
+            )
+        found = {row[0]: row for row in read}
+        return [found.get(seq) if row is None else row for seq, row in zip(seqs, rows, strict=True)]
 
     def log(self, topic_regex: str | None, from_seq: int, limit: int) -> list[Message]:
         """Retained messages from ``from_seq`` on, optionally filtered by a topic regex."""

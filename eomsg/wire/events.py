@@ -19,7 +19,7 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from eomsg.core.message import Carried, Delivered, Key, Message, Outgoing, PublishResult
+from eomsg.core.message import Batch, Delivered, Key, Message, Outgoing, PublishResult
 from eomsg.core.routing import Route, Withdraw
 from eomsg.errors import RemoteProtocolError
 
@@ -670,7 +670,7 @@ class Unbound(Event):
 
 # -- links between nodes -----------------------------------------------------------------
 
-LINK_VERSION = 3
+LINK_VERSION = 4
 MAX_TARGETS = 1024  # nodes one transferred message is for
 
 
@@ -842,62 +842,93 @@ class Interest(Event):
         return cls(_bool(full, "full"), tuple(map(_move, _list(moves, "moves"))))
 
 
-_NO_TARGETS = object()  # what no message's targets equal: the first is always checked
+def _column(value: object, n: int, what: str) -> list[Any]:
+    """One column of a transfer: a list of ``n`` values."""
+    column = _list(value, what)
+    if len(column) != n:
+        raise RemoteProtocolError(f"malformed frame: {len(column)} {what} for {n} messages")
+    return column
 
 
-def _carried(items: list[Any]) -> tuple[Carried, ...]:
-    """A transfer's messages, every field checked. The targets of one are those of the
-    one before, usually: checked once, and shared. A message whose fields are of the
-    usual kinds passes one inline test (a link carries every message through here);
+def _batch(origin: object, *columns: object) -> Batch:
+    """A transfer's messages, every value checked. Columns of the usual kinds pass one
+    test each, at C speed where it can be (a link carries every message through here);
     any other goes through the checks that convert or say what is wrong."""
-    out: list[Carried] = []
-    last: object = _NO_TARGETS
-    names: tuple[str, ...] = ()
-    for item in items:
-        seq, topic, payload, msg_id, ttl, headers, targets, origin, origin_seq = _list(
-            item, "a message", 9
-        )
-        if targets != last:
-            names, last = _names(targets, "targets"), targets
-        if not (
-            type(seq) is int
-            and type(topic) is str
-            and len(topic) <= MAX_NAME
-            and type(payload) is bytes
-            and (msg_id is None or (type(msg_id) is str and len(msg_id) <= MAX_NAME))
-            and (ttl is None or type(ttl) is float)
-            and type(headers) is dict
-            and not headers
-            and type(origin) is str
-            and len(origin) <= MAX_NAME
-            and type(origin_seq) is str
-            and len(origin_seq) <= MAX_NAME
-        ):
-            seq, topic, payload = _int(seq, "seq"), _str(topic, "topic"), _bytes(payload, "payload")
-            msg_id, ttl, headers = _opt_str(msg_id, "id"), _opt_num(ttl, "ttl"), _headers(headers)
-            origin, origin_seq = _str(origin, "origin"), _str(origin_seq, "origin seq")
-        out.append(Carried(seq, topic, payload, msg_id, ttl, headers, names, origin, origin_seq))
-    return tuple(out)
+    seqs, topics, payloads, ids, ttls, headers, sources, routes, route_of = columns
+    seqs = _list(seqs, "seqs")
+    n = len(seqs)
+    if not n:
+        raise RemoteProtocolError("malformed frame: a transfer carries no message")
+    if not all(type(s) is int for s in seqs):
+        seqs = [_int(s, "seq") for s in seqs]
+    topics = _column(topics, n, "topics")
+    if not all(type(t) is str and len(t) <= MAX_NAME for t in topics):
+        topics = [_str(t, "topic") for t in topics]
+    payloads = _column(payloads, n, "payloads")
+    if not all(type(p) is bytes for p in payloads):
+        payloads = [_bytes(p, "payload") for p in payloads]
+    ids = _column(ids, n, "ids")
+    if not all(i is None or (type(i) is str and len(i) <= MAX_NAME) for i in ids):
+        ids = [_opt_str(i, "id") for i in ids]
+    if ttls is not None:
+        ttls = [_opt_num(t, "ttl") for t in _column(ttls, n, "ttls")]
+    if headers is not None:
+        headers = tuple(_headers(h) for h in _column(headers, n, "headers"))
+    if sources is not None:
+        sources = tuple(_source(s) for s in _column(sources, n, "sources"))
+    table = tuple(_names(r, "targets") for r in _list(routes, "routes", MAX_TARGETS))
+    if not table:
+        raise RemoteProtocolError("malformed frame: a transfer names no route")
+    if route_of is not None:
+        route_of = _column(route_of, n, "route indexes")
+        if not all(type(i) is int and 0 <= i < len(table) for i in route_of):
+            raise RemoteProtocolError("malformed frame: a route index names no route")
+        route_of = tuple(route_of)
+    return Batch(
+        _str(origin, "origin"),
+        tuple(seqs),
+        tuple(topics),
+        tuple(payloads),
+        tuple(ids),
+        None if ttls is None else tuple(ttls),
+        headers,
+        sources,
+        table,
+        route_of,
+    )
+
+
+def _source(value: object) -> tuple[str, str] | None:
+    """Where a relayed message was first published: None (the sender), or its origin
+    and its seq there."""
+    if value is None:
+        return None
+    pair = _list(value, "a source", 2)
+    if len(pair) != 2:
+        raise RemoteProtocolError("malformed frame: a source is [origin, origin seq]")
+    return _str(pair[0], "origin"), _str(pair[1], "origin seq")
 
 
 @dataclass(frozen=True, slots=True)
 class Transfer(Event):
-    """Messages on a link, continuing from the sender's sequence ``prev``."""
+    """Messages on a link, continuing from the sender's sequence ``prev``; they travel
+    as the columns of a :class:`~eomsg.core.message.Batch`."""
 
     TYPE: ClassVar[int] = 24
     prev: int
-    messages: tuple[Carried, ...]
+    batch: Batch
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.prev, self.messages]  # each Carried packs as its fields
+        b = self.batch
+        return [
+            self.TYPE, self.prev, b.origin, b.seqs, b.topics, b.payloads, b.ids, b.ttls,
+            b.headers, b.sources, b.routes, b.route_of,
+        ]  # fmt: skip
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Transfer:
-        _, prev, messages = _fields(body, 2, "transfer")
-        carried = _carried(_list(messages, "messages"))
-        if not carried:
-            raise RemoteProtocolError("malformed frame: a transfer carries no message")
-        return cls(_int(prev, "prev"), carried)
+        _, prev, origin, *columns = _fields(body, 11, "transfer")
+        return cls(_int(prev, "prev"), _batch(origin, *columns))
 
 
 @dataclass(frozen=True, slots=True)
