@@ -191,6 +191,25 @@ def test_bad_read_log_calls_are_typed_errors(node: Node) -> None:
         read_log({"sel": {}, "lo": 1, "hi": 2, "max_bytes": 0})
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("spec", {"sink": b"bytes"}, "only JSON values"),
+        ("spec", {"n": float("nan")}, "only JSON values"),
+        ("spec", ["a"], "is an object"),
+        ("digest", 7, "a digest is text"),
+    ],
+)
+def test_a_job_record_from_a_client_holds_only_what_the_store_keeps(
+    field: str, value: object, says: str
+) -> None:
+    """What a client sends as a job record (over the wire, JSON-like but not JSON: bytes,
+    NaN) is refused with a typed error, not stored half-way (found by fuzzing)."""
+    good = JobRecord("j1", JobStatus.RUNNING, {"sink": "parquet:x"}, 1, 101).to_json()
+    with pytest.raises(InvalidInput, match=f"malformed replay job record: .*{says}"):
+        JobRecord.from_json({**good, field: value})
+
+
 def test_job_records_follow_the_job_table(open_node: NodeFactory, clock: FakeClock) -> None:
     node = open_node()
     rec = JobRecord("j1", JobStatus.RUNNING, {"sink": "parquet:x"}, 1, 101)

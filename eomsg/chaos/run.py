@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import random
 import signal
 import sqlite3
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,6 +35,7 @@ from eomsg.chaos.history import (
     Transacted,
     read,
 )
+from eomsg.chaos.process import Node, Process
 from eomsg.chaos.proxy import FaultProxy
 from eomsg.chaos.workers import PARENT, applied
 from eomsg.errors import EomsgError
@@ -139,68 +138,15 @@ class Result:
         return {**self.report.to_json(), "faults": dict(self.faults), "seconds": self.seconds}
 
 
-class _Process:
-    """A process of the run, started again after each kill with the same command."""
-
-    def __init__(
-        self, name: str, cmd: list[str], workdir: Path, env: dict[str, str] | None = None
-    ) -> None:
-        self.name, self.cmd, self.workdir, self.env = name, cmd, workdir, env
-        self.proc: subprocess.Popen[str] | None = None
-
-    output: int = subprocess.DEVNULL  # where its standard output goes
-
-    def start(self) -> None:
-        with (self.workdir / f"{self.name}.log").open("a") as log:
-            self.proc = subprocess.Popen(
-                self.cmd, stdout=self.output, stderr=log, text=True, cwd=self.workdir,
-                env=self.env,
-            )  # fmt: skip
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def signal(self, sig: int) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.alive:
-            assert self.proc is not None
-            self.proc.kill()
-            self.proc.wait()
-
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM, and SIGKILL if it is still there after ``timeout``."""
-        if self.alive:
-            assert self.proc is not None
-            self.proc.send_signal(signal.SIGCONT)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-class _Node(_Process):
+class _Node(Node):
     """The node; its clients reach it through ``proxy``, which follows it to the port
     each start listens on."""
 
     proxy: FaultProxy
-    output = subprocess.PIPE  # its first line says it is ready, and where it listens
 
     def start(self) -> None:
-        if self.proc is not None and self.proc.stdout is not None:
-            self.proc.stdout.close()  # the last start's
         super().start()
-        assert self.proc is not None and self.proc.stdout is not None
-        line = self.proc.stdout.readline()
-        ready = json.loads(line) if line else {}
-        if ready.get("event") != "ready":
-            raise EomsgError(f"the node did not start: see {self.workdir / self.name}.log")
-        self.proxy.upstream = int(ready["listen"][1].rsplit(":", 1)[1])
+        self.proxy.upstream = int(self.ready["listen"][1].rsplit(":", 1)[1])
 
 
 def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Result:
@@ -217,7 +163,7 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
         workdir,
     )  # fmt: skip
     result = Result(Report())
-    workers: list[_Process] = []
+    workers: list[Process] = []
     with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
         try:
             node.start()
@@ -253,7 +199,7 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
 
 def _workers(
     plan: Plan, faults: list[Fault], workdir: Path, node: _Node
-) -> tuple[list[_Process], list[_Process]]:
+) -> tuple[list[Process], list[Process]]:
     """The queues made on the node, and the producers and consumers of the run: every
     one reaches the node through its proxy, where a reply may be lost on the way."""
     import eomsg
@@ -273,7 +219,7 @@ def _workers(
     worker = [sys.executable, "-m", "eomsg.chaos.workers"]
     expect = [a for q in QUEUES for a in ("--expect", q)]
     producers = [
-        _Process(
+        Process(
             f"p{i}",
             [*worker, "produce", address, f"p{i}.jsonl", f"p{i}", str(plan.messages),
              "--origin", "node", "--topic", TOPIC, *expect, "--rate", str(rate)],
@@ -283,7 +229,7 @@ def _workers(
         for i in range(plan.producers)
     ]  # fmt: skip
     consumers = [
-        _Process(f"{q}{i}", [*worker, "consume", address, f"{q}{i}.jsonl", f"{q}{i}", q,
+        Process(f"{q}{i}", [*worker, "consume", address, f"{q}{i}.jsonl", f"{q}{i}", q,
                              f"{q}.sqlite", *(["--txn"] if QUEUES[q].transactional else [])],
                  workdir, env)
         for q in QUEUES
@@ -293,7 +239,7 @@ def _workers(
 
 
 def _inject(
-    fault: Fault, node: _Node, producers: list[_Process], consumers: list[_Process], plan: Plan
+    fault: Fault, node: _Node, producers: list[Process], consumers: list[Process], plan: Plan
 ) -> bool:
     """Inject ``fault``; whether it was (a producer that has finished is not killed)."""
     match fault.kind:
@@ -320,7 +266,7 @@ def _inject(
     return True
 
 
-def _heal(node: _Node, workers: list[_Process]) -> None:
+def _heal(node: _Node, workers: list[Process]) -> None:
     """Every process up again: one that died is started again (a producer that has
     finished its messages is left)."""
     if not node.alive:
@@ -331,7 +277,7 @@ def _heal(node: _Node, workers: list[_Process]) -> None:
             p.start()
 
 
-def _drain(data: str, workdir: Path, producers: list[_Process], timeout: float = 600.0) -> None:
+def _drain(data: str, workdir: Path, producers: list[Process], timeout: float = 600.0) -> None:
     """Wait until every producer has finished and the queues are empty. What the
     transactional consumers left in doubt is recovered meanwhile: a message whose delete
     waits in a prepared transaction is no consumer's until then, and the consumer that
@@ -382,7 +328,7 @@ def _recover_in_doubt(client: Any, workdir: Path) -> None:
                 eomsg.recover_resource(client, eomsg.SQLiteResource(c))
 
 
-def _history(workdir: Path, workers: list[_Process], prepared: set[str]) -> list[Event]:
+def _history(workdir: Path, workers: list[Process], prepared: set[str]) -> list[Event]:
     """Every event of the run: the workers' histories, what each queue's database
     applied, and where each transaction stands (``prepared`` at the node: in doubt;
     with its rows applied: committed; else aborted)."""

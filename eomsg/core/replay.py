@@ -272,12 +272,28 @@ class JobRecord:
             return cls(
                 validate_job_id(obj["job_id"]),
                 JobStatus(obj["status"]),
-                dict(obj["spec"]),
+                _json_object(obj["spec"]),
                 int(obj["lo"]),
                 int(obj["hi"]),
                 None if obj.get("rows") is None else int(obj["rows"]),
-                obj.get("digest"),
+                _opt_text(obj.get("digest")),
                 float(obj.get("recorded_at") or 0.0),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise InvalidInput(f"malformed replay job record: {e}") from e
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object (as a job's spec is stored); ValueError if not."""
+    if not isinstance(value, Mapping):
+        raise ValueError(f"a spec is an object, not {type(value).__name__}")
+    try:
+        return dict(json.loads(json.dumps(value, allow_nan=False)))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"a spec holds only JSON values ({e})") from e
+
+
+def _opt_text(value: Any) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"a digest is text, not {type(value).__name__}")
+    return value
