@@ -6,13 +6,14 @@
 Producers and consumers run in processes of their own — the consumers of each queue
 applying into the queue's SQLite database through an inbox — while the node, the
 consumers and the producers are SIGKILLed and consumers are paused past the keep-alive,
-at times drawn from ``--seed``, and every client reaches the node through a proxy that
-loses a reply now and then (the request landed, the client is cut off); then everything
-is healed and drained and the checker reads the whole history. ``--dry-run`` prints the
-faults it would inject. Exit status: 0 when no violation was found, 1 when one was (the
-report says which), 2 for a usage error, 3 when the run could not be completed (the node
-did not start, the queues did not drain, a producer failed: the message says where to
-look).
+at times drawn from ``--seed`` (``--power-losses``: the node killed and what it wrote
+and did not fsync dropped, see eomsg.chaos.powerloss), and every client reaches the node
+through a proxy that loses a reply now and then (the request landed, the client is cut
+off); then everything is healed and drained and the checker reads the whole history.
+``--dry-run`` prints the faults it would inject. Exit status: 0 when no violation was
+found, 1 when one was (the report says which), 2 for a usage error, 3 when the run could
+not be completed (the node did not start, the queues did not drain, a producer failed:
+the message says where to look).
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--producer-kills", type=int, default=d.producer_kills)
     p.add_argument("--consumer-pauses", type=int, default=d.consumer_pauses)
     p.add_argument(
+        "--power-losses", type=int, default=d.power_losses,
+        help="node kills that also drop what it did not fsync (needs a C compiler)",
+    )  # fmt: skip
+    p.add_argument(
         "--lose-reply", type=float, default=d.lose_reply, help="of the node's frames to a client"
     )
     p.add_argument("--heartbeat", type=float, default=d.heartbeat, help="the node's, seconds")
@@ -59,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         consumer_kills=args.consumer_kills,
         producer_kills=args.producer_kills,
         consumer_pauses=args.consumer_pauses,
+        power_losses=args.power_losses,
         lose_reply=args.lose_reply,
         heartbeat=args.heartbeat,
     )

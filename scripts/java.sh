@@ -27,19 +27,8 @@ find_java() {
 }
 
 if ! find_java >/dev/null; then
-  if ! command -v apt-get >/dev/null; then
-    echo "java.sh: Spark needs Java 17 or newer; install one and set JAVA_HOME" >&2
-    exit 1
-  fi
-  sudo=""
-  if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null || { echo "java.sh: Spark needs Java 17+; installing it needs root" >&2; exit 1; }
-    sudo="sudo"
-  fi
   echo "java.sh: installing Java 17 (openjdk-17-jre-headless) for Spark" >&2
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -q >&2
-  $sudo apt-get install -y -q --no-install-recommends openjdk-17-jre-headless >&2
+  bash "$(dirname "$0")/debian.sh" --install openjdk-17-jre-headless
   unset JAVA_HOME
 fi
 find_java || { echo "java.sh: Java 17+ still not found after installing it" >&2; exit 1; }

@@ -18,20 +18,8 @@ server_bin() {
 }
 
 if ! server_bin >/dev/null; then
-  if ! command -v apt-get >/dev/null; then
-    echo "postgres.sh: no PostgreSQL server here, and no apt-get to install one" >&2
-    exit 1
-  fi
-  sudo=""
-  if [ "$(id -u)" != 0 ]; then
-    command -v sudo >/dev/null || { echo "postgres.sh: installing PostgreSQL needs root" >&2; exit 1; }
-    sudo="sudo"
-  fi
-  echo "postgres.sh: installing PostgreSQL from Debian's packages" >&2
   # Whether the package starts a cluster of its own does not matter: the tests start
   # theirs on a socket directory and port of their own.
-  export DEBIAN_FRONTEND=noninteractive
-  $sudo apt-get update -q >&2
-  $sudo apt-get install -y -q --no-install-recommends postgresql >&2
+  bash "$(dirname "$0")/debian.sh" --install postgresql
 fi
 server_bin

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (or reuse) .venv with eomsg and its dev and spark extras, make sure PostgreSQL's
-# server (the tests start a throwaway one), Java 17+ (for Spark) and strace (the
-# acknowledgement-order test) are installed, then run the whole test suite.
+# server (the tests start a throwaway one), Java 17+ (for Spark), strace (the
+# acknowledgement-order test) and a C compiler (the power-loss shim) are installed, then
+# run the whole test suite.
 # Extra arguments go to pytest, e.g. scripts/test.sh -m "not slow".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,13 @@ if ! bash scripts/strace.sh >/dev/null; then
     exit 1
   fi
   echo "test.sh: no strace: the acknowledgement-order test is skipped" >&2
+fi
+if ! bash scripts/debian.sh cc gcc >/dev/null; then
+  if [ "${CI:-}" = true ]; then
+    echo "test.sh: a C compiler is needed for the power-loss tests under CI=true" >&2
+    exit 1
+  fi
+  echo "test.sh: no C compiler: the power-loss tests are skipped" >&2
 fi
 python -m ruff check eomsg tests scripts
 python -m mypy eomsg

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from eomsg.chaos.run import QUEUES, Plan, run, schedule
 from eomsg.chaos.workers import PARENT
-from tests.conftest import eventually
+from tests.conftest import eventually, missing_service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,6 +70,23 @@ def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path) -> None:
     checked = outcome.report.checked
     assert checked["applied"] == 2 * len(QUEUES) * 400  # every message, into each queue's database
     assert checked["receives"] >= checked["applied"] and checked["transactions"]
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+def test_a_run_through_power_losses_finds_no_violation(tmp_path: Path) -> None:
+    """The node killed with what it wrote and did not fsync dropped (eomsg.chaos.powerloss),
+    between consumers killed: every acknowledged message is still applied once."""
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        missing_service("no C compiler to build the power-loss shim")
+    plan = Plan(
+        seed=12, producers=2, messages=300, node_kills=0, consumer_kills=2,
+        producer_kills=0, consumer_pauses=0, power_losses=4,
+    )  # fmt: skip
+    outcome = run(plan, tmp_path)
+    assert outcome.report.ok, str(outcome.report)
+    assert outcome.faults["power_loss"] == 4
+    assert outcome.report.checked["applied"] == 2 * len(QUEUES) * 300
 
 
 def test_a_run_into_a_directory_already_used_is_refused(tmp_path: Path) -> None:

@@ -35,6 +35,7 @@ from eomsg.chaos.history import (
     Transacted,
     read,
 )
+from eomsg.chaos.powerloss import Disk, Lost, build
 from eomsg.chaos.process import Node, Process
 from eomsg.chaos.proxy import FaultProxy
 from eomsg.chaos.workers import PARENT, applied
@@ -76,6 +77,7 @@ class Plan:
     consumer_kills: int = 5
     producer_kills: int = 3
     consumer_pauses: int = 2  # each past the keep-alive
+    power_losses: int = 0  # the node killed and its unsynced writes dropped
     lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
     heartbeat: float = 1.0
     gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
@@ -107,10 +109,11 @@ def schedule(plan: Plan) -> list[Fault]:
         "consumer_kill": plan.consumer_kills,
         "producer_kill": plan.producer_kills,
         "consumer_pause": plan.consumer_pauses,
+        "power_loss": plan.power_losses,
     }
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
-    clients = {"node_kill": 1, "producer_kill": plan.producers}
+    clients = {"node_kill": 1, "power_loss": 1, "producer_kill": plan.producers}
     return [
         Fault(
             kind,
@@ -140,9 +143,19 @@ class Result:
 
 class _Node(Node):
     """The node; its clients reach it through ``proxy``, which follows it to the port
-    each start listens on."""
+    each start listens on. With ``disk``, it runs on a disk that can lose power (what
+    it wrote and did not sync, ``lost`` tells how much, goes with each power loss)."""
 
     proxy: FaultProxy
+    disk: Disk | None = None
+    lost: Lost
+
+    def power_loss(self) -> None:
+        assert self.disk is not None
+        self.kill()
+        lost = self.disk.power_off()
+        self.lost.files += lost.files
+        self.lost.blocks += lost.blocks
 
     def start(self) -> None:
         super().start()
@@ -162,6 +175,9 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
          "--heartbeat", str(plan.heartbeat), "--listen", "tcp://127.0.0.1:0"],
         workdir,
     )  # fmt: skip
+    if plan.power_losses:
+        node.disk = Disk(Path(data), workdir / "durable", build(workdir))
+        node.env, node.lost = node.disk.env(), Lost()
     result = Result(Report())
     workers: list[Process] = []
     with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
@@ -186,6 +202,8 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
                 p.stop()
             node.stop()
         result.faults["reply_lost"] = node.proxy.counts["replies lost"]
+        if node.disk is not None:
+            result.faults["unsynced_blocks_dropped"] = node.lost.blocks
     events = _history(workdir, workers, prepared)
     acked = {e.id for e in events if isinstance(e, Published) and e.outcome is Outcome.OK}
     if len(acked) < plan.producers * plan.messages:  # a run that checked less than planned
@@ -245,6 +263,9 @@ def _inject(
     match fault.kind:
         case "node_kill":
             node.kill()
+            node.start()
+        case "power_loss":
+            node.power_loss()
             node.start()
         case "consumer_kill":
             victim = consumers[fault.target]
