@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from eomsg.chaos.fuzz import REQUESTS, Frames, Values, _raised, fuzz
+from eomsg.chaos.fuzz import REQUESTS, Frames, Values, _frame, _internal, _raised, fuzz
 from eomsg.core.operations import OPERATIONS
+from eomsg.wire import events as ev
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +39,22 @@ def test_the_same_seed_draws_the_same_frames(tmp_path: Path) -> None:
     assert draw(4) == draw(4) != draw(5)
 
 
+def test_what_the_node_answered_changes_values_not_which_frames_follow(tmp_path: Path) -> None:
+    """The seqs a node handed out feed later frames; how many came by the time one is
+    drawn depends on timing — the kinds of frame drawn must not."""
+    quiet, told = Values(random.Random(4), tmp_path), Values(random.Random(4), tmp_path)
+    told.seen["seq"].extend([40, 41, 42])
+    a, b = Frames(quiet), Frames(told)
+    assert [a.next()[0] for _ in range(300)] == [b.next()[0] for _ in range(300)]
+
+
+def test_an_internal_error_is_blamed_on_the_frame_whose_rid_it_names() -> None:
+    first, second = _frame([ev.Fetch.TYPE, 7, "q", 1, 0.0]), _frame([ev.Fetch.TYPE, 8, "q", 1])
+    answers = [ev.Error(7, "error", "internal error: boom")]
+    (said,) = _internal(answers, [("Fetch", first), ("Fetch", second)])
+    assert said.startswith("Fetch (rid 7): internal error: boom after ") and repr(first) in said
+
+
 def test_what_a_handler_raised_is_read_from_the_node_s_log(tmp_path: Path) -> None:
     log = tmp_path / "node.log"
     log.write_text(
@@ -54,8 +71,8 @@ def test_what_a_handler_raised_is_read_from_the_node_s_log(tmp_path: Path) -> No
 @pytest.mark.chaos
 @pytest.mark.slow
 def test_a_fuzzed_node_neither_dies_nor_hangs_nor_fails_inside(tmp_path: Path) -> None:
-    found = fuzz(tmp_path / "run", 20.0, seed=1)
-    assert found.sessions > 20 and sum(found.frames.values()) > 200
+    found = fuzz(tmp_path / "run", 900.0, seed=1, sessions=300)  # sessions, not seconds
+    assert found.sessions == 300 and sum(found.frames.values()) > 1000
     assert not found.failed, json.dumps(
         {**found.to_json(), "internal": found.internal, "raised": found.tracebacks}
     )

@@ -20,6 +20,7 @@ to the timing of the node's answers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import math
@@ -171,7 +172,9 @@ class Values:
         r = self.rng
         for key, known in self.seen.items():
             if key in name and known and r.random() < 0.7:
-                return int(r.choice(known)) + r.choice((0, 0, 0, 1, -1))
+                # One draw, whatever the node has said so far: the frames that follow
+                # stay those of the seed, however the answers were timed.
+                return int(known[int(r.random() * len(known))]) + r.choice((0, 0, 0, 1, -1))
         return r.choice((0, 1, -1, 2, 7, 255, 4096, 2**31, 2**63 - 1, -(2**63), r.randint(0, 99)))
 
     def text(self) -> str:
@@ -347,17 +350,19 @@ def remember(values: Values, events: Sequence[ev.Event]) -> None:
 def run_sessions(
     sock_path: Path,
     values: Values,
-    seconds: float,
+    limit: tuple[float, int | None],
     alive: Callable[[], bool],
     restart: Callable[[], None],
     workdir: Path,
     say: Callable[[str], None] = lambda _: None,
 ) -> Findings:
-    """Sessions of fuzzed frames for ``seconds``; after each, the node must answer."""
+    """Sessions of fuzzed frames until ``limit`` (seconds, and sessions if not None);
+    after each, the node must answer."""
+    seconds, sessions = limit
     found = Findings()
     frames = Frames(values)
     started = time.monotonic()
-    while time.monotonic() - started < seconds:
+    while time.monotonic() - started < seconds and (sessions is None or found.sessions < sessions):
         found.sessions += 1
         sent: list[tuple[str, bytes]] = []
         try:
@@ -367,6 +372,7 @@ def run_sessions(
             say(f"no session: {e}")
             restart()
             continue
+        answers: list[ev.Event] = []
         try:
             for _ in range(values.rng.randint(1, 40)):
                 kind, data = frames.next()
@@ -374,14 +380,13 @@ def run_sessions(
                 found.frames[kind.split(" (")[0] if kind.startswith("call") else kind] += 1
                 if not session.send_raw(data):
                     break
-                answers = session.drain(0.002)
-                remember(values, answers)
-                for a in answers:
-                    if isinstance(a, ev.Error) and "internal error" in a.message:
-                        found.internal.append(f"{kind}: {a.message[:300]} after {data[:200]!r}")
-            remember(values, session.drain(0.05))
+                new = session.drain(0.002)
+                remember(values, new)
+                answers += new
+            answers += session.drain(0.05)
         finally:
             session.close()
+        found.internal += _internal(answers, sent)
         if not alive():
             found.crashes.append(_keep(workdir, len(found.crashes), sent))
             say(f"the node died: the frames are in {found.crashes[-1]}")
@@ -392,6 +397,23 @@ def run_sessions(
             restart()
     found.seconds = time.monotonic() - started
     return found
+
+
+def _internal(answers: Sequence[ev.Event], sent: Sequence[tuple[str, bytes]]) -> list[str]:
+    """The answers saying ``internal error``, each with the frame whose rid it names
+    (the last one of that rid; "?" when no frame sent had it)."""
+    by_rid: dict[int, tuple[str, bytes]] = {}
+    for kind, data in sent:
+        with contextlib.suppress(Exception):  # a broken frame has no rid to name
+            body = msgpack.unpackb(data[4:], raw=False)
+            if type(body) is list and len(body) > 1 and type(body[1]) is int:
+                by_rid[body[1]] = (kind, data)
+    out = []
+    for a in answers:
+        if isinstance(a, ev.Error) and "internal error" in a.message:
+            kind, data = by_rid.get(a.rid, ("?", b""))
+            out.append(f"{kind} (rid {a.rid}): {a.message[:300]} after {data[:200]!r}")
+    return out
 
 
 def _answers(sock_path: Path) -> bool:
@@ -418,10 +440,15 @@ def _keep(workdir: Path, n: int, sent: list[tuple[str, bytes]]) -> str:
 
 
 def fuzz(
-    workdir: Path, seconds: float, seed: int, say: Callable[[str], None] = lambda _: None
+    workdir: Path,
+    seconds: float,
+    seed: int,
+    say: Callable[[str], None] = lambda _: None,
+    sessions: int | None = None,
 ) -> Findings:
     """Start a node on ``workdir/node`` (queues ``q`` and ``s``, messages in them) and
-    fuzz it for ``seconds`` from ``seed``; what was found."""
+    fuzz it for ``seconds`` (or ``sessions``, if that comes first) from ``seed``; what
+    was found."""
     import eomsg
     from eomsg.core.message import Outgoing
     from eomsg.core.queues import QueueConfig
@@ -447,7 +474,7 @@ def fuzz(
     start()
     try:
         found = run_sessions(
-            data / "eomsg.sock", Values(random.Random(seed), outside), seconds,
+            data / "eomsg.sock", Values(random.Random(seed), outside), (seconds, sessions),
             lambda: node.alive, start, workdir, say,
         )  # fmt: skip
     finally:

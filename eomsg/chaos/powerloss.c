@@ -11,9 +11,14 @@
  * back empty). As in LazyFS, which this follows, names — creating, renaming, removing
  * a file — are durable at once; only data waits for a sync.
  *
- * A file mapped shared and writable cannot be followed write by write: each sync of it
- * then copies it whole. Writes the shim cannot see (by another process) are not its
- * concern: only the node runs with it.
+ * A file this process opens that existed before it is marked written whole the first
+ * time it is seen: an earlier process (killed, not powered off) may have left writes
+ * unsynced in the page cache, and a sync here makes them durable as a disk would.
+ * Truncation is followed too (an image shrinks to the lowest size since its last sync,
+ * then takes the file's). A file mapped shared and writable cannot be followed write by
+ * write: each sync of it then copies it whole. Not followed: writes by other processes
+ * (only the node runs with the shim), sendfile, splice and copy_file_range into a file,
+ * msync, and sync()/syncfs() of a file no longer open — none of which eomsg uses.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -42,6 +47,7 @@ struct image {             /* one tracked file (by inode) */
     struct range *ranges;  /* written since its last sync, unmerged */
     size_t n, cap;
     int mapped;            /* mapped shared and writable: synced whole */
+    off_t low;             /* the lowest size truncation left since its last sync; -1 */
     struct image *next;
 };
 
@@ -55,6 +61,7 @@ static struct image *table[BUCKETS];
 #define REAL(name) static __typeof__(name) *real_##name
 REAL(open); REAL(open64); REAL(openat); REAL(openat64); REAL(creat); REAL(close);
 REAL(write); REAL(pwrite); REAL(pwrite64); REAL(writev); REAL(pwritev); REAL(pwritev2);
+REAL(pwritev64); REAL(pwritev64v2);
 REAL(ftruncate); REAL(ftruncate64); REAL(fallocate); REAL(fsync); REAL(fdatasync);
 REAL(dup); REAL(dup2); REAL(dup3); REAL(fcntl); REAL(fcntl64); REAL(mmap); REAL(mmap64);
 REAL(sync); REAL(syncfs);
@@ -72,6 +79,7 @@ static void setup(void) {
     if (enabled != -1) return;
     BIND(open); BIND(open64); BIND(openat); BIND(openat64); BIND(creat); BIND(close);
     BIND(write); BIND(pwrite); BIND(pwrite64); BIND(writev); BIND(pwritev); BIND(pwritev2);
+    BIND(pwritev64); BIND(pwritev64v2);
     BIND(ftruncate); BIND(ftruncate64); BIND(fallocate); BIND(fsync); BIND(fdatasync);
     BIND(dup); BIND(dup2); BIND(dup3); BIND(fcntl); BIND(fcntl64); BIND(mmap); BIND(mmap64);
     BIND(sync); BIND(syncfs);
@@ -95,6 +103,7 @@ static struct image *image_of(ino_t ino, int create) {
     struct image *im = calloc(1, sizeof *im);
     if (!im) die("out of memory");
     im->ino = ino;
+    im->low = -1;
     im->next = *slot;
     *slot = im;
     return im;
@@ -104,9 +113,12 @@ static void shadow_path(char *out, ino_t ino) {
     snprintf(out, PATH_MAX, "%s/%ju", shadow, (uintmax_t)ino);
 }
 
-/* Start following fd if it names a regular file under the data directory; ``fresh``:
- * the open created it (its inode may be an old one's: its image starts empty). */
-static void follow(int fd, int fresh) {
+static void mark_im(struct image *im, off_t lo, off_t hi);
+
+/* Start following fd if it names a regular file under the data directory. ``fresh``:
+ * the open created it (its inode may be an old one's: its image starts empty);
+ * ``truncated``: the open cut it to nothing (O_TRUNC). */
+static void follow(int fd, int fresh, int truncated) {
     if (fd < 0 || fd >= MAXFD) return;
     fd_ino[fd] = 0;
     char link[64], path[PATH_MAX];
@@ -118,16 +130,23 @@ static void follow(int fd, int fresh) {
         return;
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) return;
-    fd_ino[fd] = st.st_ino;
     pthread_mutex_lock(&mu);
-    struct image *im = image_of(st.st_ino, 1);
+    fd_ino[fd] = st.st_ino;
+    struct image *im = image_of(st.st_ino, 0);
+    if (!im) {  /* first seen here: what a killed process left unsynced counts as written */
+        im = image_of(st.st_ino, 1);
+        if (!fresh) mark_im(im, 0, st.st_size);
+    }
     if (fresh) {
         im->n = 0;
+        im->low = -1;
         char sp[PATH_MAX];
         shadow_path(sp, st.st_ino);
         int s = real_open(sp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
         if (s < 0) die(sp);
         real_close(s);
+    } else if (truncated) {
+        im->low = 0;
     }
     pthread_mutex_unlock(&mu);
 }
@@ -135,19 +154,30 @@ static void follow(int fd, int fresh) {
 static int tracked(int fd) { return fd >= 0 && fd < MAXFD && fd_ino[fd]; }
 
 /* Under mu. */
-static void mark(int fd, off_t lo, off_t hi) {
-    if (!tracked(fd) || hi <= lo) return;
-    struct image *im = image_of(fd_ino[fd], 1);
+static void mark_im(struct image *im, off_t lo, off_t hi) {
+    if (hi <= lo) return;
     if (im->n && im->ranges[im->n - 1].hi == lo) {
         im->ranges[im->n - 1].hi = hi;  /* an append: the usual case */
-    } else {
-        if (im->n == im->cap) {
-            im->cap = im->cap ? 2 * im->cap : 16;
-            im->ranges = realloc(im->ranges, im->cap * sizeof *im->ranges);
-            if (!im->ranges) die("out of memory");
-        }
-        im->ranges[im->n++] = (struct range){lo, hi};
+        return;
     }
+    if (im->n == im->cap) {
+        im->cap = im->cap ? 2 * im->cap : 16;
+        im->ranges = realloc(im->ranges, im->cap * sizeof *im->ranges);
+        if (!im->ranges) die("out of memory");
+    }
+    im->ranges[im->n++] = (struct range){lo, hi};
+}
+
+/* Under mu. */
+static void mark(int fd, off_t lo, off_t hi) {
+    if (tracked(fd)) mark_im(image_of(fd_ino[fd], 1), lo, hi);
+}
+
+/* Under mu: the file of fd was cut to ``size``. */
+static void truncated_to(int fd, off_t size) {
+    if (!tracked(fd)) return;
+    struct image *im = image_of(fd_ino[fd], 1);
+    if (im->low < 0 || size < im->low) im->low = size;
 }
 
 /* Copy what fd's file holds in its written ranges into its image (all of it if it is
@@ -162,6 +192,7 @@ static int flush(int fd, struct image *im) {
     shadow_path(sp, im->ino);
     int dst = real_open(sp, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
     if (dst < 0) die(sp);
+    if (im->low >= 0 && real_ftruncate(dst, im->low) != 0) die("cutting an image");
     static char buf[1 << 16];
     struct range all = {0, st.st_size};
     size_t count = im->mapped ? 1 : im->n;
@@ -180,15 +211,13 @@ static int flush(int fd, struct image *im) {
     real_close(dst);
     real_close(src);
     im->n = 0;
+    im->low = -1;
     return 0;
 }
 
+/* Under mu. */
 static void synced(int fd) {
-    if (!tracked(fd)) return;
-    pthread_mutex_lock(&mu);
-    struct image *im = image_of(fd_ino[fd], 1);
-    flush(fd, im);
-    pthread_mutex_unlock(&mu);
+    if (tracked(fd)) flush(fd, image_of(fd_ino[fd], 1));
 }
 
 static void copied(int from, int to) {
@@ -196,7 +225,7 @@ static void copied(int from, int to) {
 }
 
 static int opened(int fd, int flags, int existed) {
-    if (fd >= 0 && enabled == 1) follow(fd, (flags & O_CREAT) && !existed);
+    if (fd >= 0 && enabled == 1) follow(fd, (flags & O_CREAT) && !existed, (flags & O_TRUNC) != 0);
     return fd;
 }
 
@@ -298,8 +327,23 @@ ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t at) {
 ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t at, int flags) {
     setup(); WRITE_AT(fd, real_pwritev2(fd, iov, cnt, at, flags), at == -1 ? append_point(fd) : at);
 }
-int ftruncate(int fd, off_t size) { setup(); return real_ftruncate(fd, size); }
-int ftruncate64(int fd, off_t size) { setup(); return real_ftruncate64(fd, size); }
+ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off_t at) {
+    setup(); WRITE_AT(fd, real_pwritev64(fd, iov, cnt, at), at);
+}
+ssize_t pwritev64v2(int fd, const struct iovec *iov, int cnt, off_t at, int flags) {
+    setup();
+    WRITE_AT(fd, real_pwritev64v2(fd, iov, cnt, at, flags), at == -1 ? append_point(fd) : at);
+}
+static int cut(int fd, off_t size, int (*real)(int, off_t)) {
+    if (!tracked(fd)) return real(fd, size);
+    pthread_mutex_lock(&mu);
+    int r = real(fd, size);
+    if (r == 0) truncated_to(fd, size);
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+int ftruncate(int fd, off_t size) { setup(); return cut(fd, size, real_ftruncate); }
+int ftruncate64(int fd, off_t size) { setup(); return cut(fd, size, real_ftruncate64); }
 int fallocate(int fd, int mode, off_t at, off_t len) {
     setup();
     if (!tracked(fd)) return real_fallocate(fd, mode, at, len);
@@ -310,17 +354,28 @@ int fallocate(int fd, int mode, off_t at, off_t len) {
     return r;
 }
 
-int fsync(int fd) { setup(); int r = real_fsync(fd); if (r == 0) synced(fd); return r; }
-int fdatasync(int fd) { setup(); int r = real_fdatasync(fd); if (r == 0) synced(fd); return r; }
-void sync(void) {
-    setup();
-    real_sync();
-    for (int fd = 0; fd < MAXFD; fd++) if (fd_ino[fd]) synced(fd);
+/* A sync holds mu from before it starts until its image is taken: no tracked write runs
+ * meanwhile, so the image holds what was written before the sync, and nothing after. */
+static int sync_with(int fd, int (*real)(int)) {
+    if (!tracked(fd)) return real(fd);
+    pthread_mutex_lock(&mu);
+    int r = real(fd);
+    if (r == 0) synced(fd);
+    pthread_mutex_unlock(&mu);
+    return r;
 }
+int fsync(int fd) { setup(); return sync_with(fd, real_fsync); }
+int fdatasync(int fd) { setup(); return sync_with(fd, real_fdatasync); }
+static void sync_open_files(void) {
+    pthread_mutex_lock(&mu);
+    for (int fd = 0; fd < MAXFD; fd++) if (fd_ino[fd]) synced(fd);
+    pthread_mutex_unlock(&mu);
+}
+void sync(void) { setup(); real_sync(); sync_open_files(); }
 int syncfs(int fd) {
     setup();
     int r = real_syncfs(fd);
-    if (r == 0) for (int each = 0; each < MAXFD; each++) if (fd_ino[each]) synced(each);
+    if (r == 0) sync_open_files();
     return r;
 }
 

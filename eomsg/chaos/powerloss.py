@@ -26,7 +26,9 @@ def build(into: Path) -> Path:
     """The shim compiled into ``into``; EomsgError without a C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise EomsgError("a power-loss run needs a C compiler: install gcc (apt-get install gcc)")
+        raise EomsgError(
+            "a power-loss run needs a C compiler: install gcc (apt-get install gcc libc6-dev)"
+        )
     out = into / "powerloss.so"
     done = subprocess.run(
         [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SOURCE), "-ldl", "-lpthread"],
@@ -34,7 +36,9 @@ def build(into: Path) -> Path:
         text=True,
     )
     if done.returncode != 0:
-        raise EomsgError(f"the power-loss shim did not build: {done.stderr.strip()[:500]}")
+        said = done.stderr.splitlines()
+        first = next((line for line in said if "error" in line), said[0] if said else "no output")
+        raise EomsgError(f"the power-loss shim did not build: {first.strip()}")
     return out
 
 

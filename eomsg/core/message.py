@@ -270,7 +270,8 @@ class Batch:
 
     @classmethod
     def of(cls, messages: Sequence[Carried]) -> Batch:
-        """The columns of these messages (a frame's worth, at least one)."""
+        """The columns of these messages (a frame's worth, at least one): for a frame
+        made from values rather than from log rows — the tests', a tool's."""
         origin = messages[0].origin
         routes = list(dict.fromkeys(m.targets for m in messages))
         index = {r: i for i, r in enumerate(routes)}

@@ -103,24 +103,18 @@ class ServerSettings:
 
 def load_token(data_dir: Path) -> str:
     """The node's TCP token, created (mode 0600) on first use — durably and whole: written
-    under another name and synced, then linked into place and the directory synced, so
-    neither a crash nor a power loss leaves the file empty or half written."""
+    under another name and synced, then renamed into place and the directory synced, so
+    neither a crash nor a power loss leaves the file empty or half written. Called by the
+    node holding the data directory's lock: no one else creates it meanwhile."""
     path = token_path(data_dir)
     if not path.exists():
         fresh = path.with_name(path.name + ".new")
-        with contextlib.suppress(FileNotFoundError):
-            fresh.unlink()  # left by a creation that was cut short
-        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(32) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        try:
-            os.link(fresh, path)  # only where there is none: a token never changes
-        except FileExistsError:
-            pass
-        finally:
-            fresh.unlink()
+        os.replace(fresh, path)
         directory = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(directory)
