@@ -58,15 +58,16 @@ static int enabled = -1;  /* -1: not read from the environment yet */
 static ino_t fd_ino[MAXFD];  /* 0: not a tracked file */
 static struct image *table[BUCKETS];
 
-#define REAL(name) static __typeof__(name) *real_##name
-REAL(open); REAL(open64); REAL(openat); REAL(openat64); REAL(creat); REAL(close);
-REAL(write); REAL(pwrite); REAL(pwrite64); REAL(writev); REAL(pwritev); REAL(pwritev2);
-REAL(pwritev64); REAL(pwritev64v2);
-REAL(ftruncate); REAL(ftruncate64); REAL(fallocate); REAL(fsync); REAL(fdatasync);
-REAL(dup); REAL(dup2); REAL(dup3); REAL(fcntl); REAL(fcntl64); REAL(mmap); REAL(mmap64);
-REAL(sync); REAL(syncfs);
-
-#define BIND(name) real_##name = (__typeof__(name) *)dlsym(RTLD_NEXT, #name)
+/* Every function the shim wraps, once: each gets a pointer to the real one (REAL), set
+ * from the next library at setup (BIND). */
+#define WRAPPED(X) \
+    X(open) X(open64) X(openat) X(openat64) X(creat) X(close) \
+    X(write) X(pwrite) X(pwrite64) X(writev) X(pwritev) X(pwritev2) X(pwritev64) \
+    X(pwritev64v2) X(ftruncate) X(ftruncate64) X(fallocate) X(fsync) X(fdatasync) \
+    X(dup) X(dup2) X(dup3) X(fcntl) X(fcntl64) X(mmap) X(mmap64) X(sync) X(syncfs)
+#define REAL(name) static __typeof__(name) *real_##name;
+WRAPPED(REAL)
+#define BIND(name) real_##name = (__typeof__(name) *)dlsym(RTLD_NEXT, #name);
 
 static void die(const char *what) {
     char msg[512];
@@ -77,12 +78,7 @@ static void die(const char *what) {
 
 static void setup(void) {
     if (enabled != -1) return;
-    BIND(open); BIND(open64); BIND(openat); BIND(openat64); BIND(creat); BIND(close);
-    BIND(write); BIND(pwrite); BIND(pwrite64); BIND(writev); BIND(pwritev); BIND(pwritev2);
-    BIND(pwritev64); BIND(pwritev64v2);
-    BIND(ftruncate); BIND(ftruncate64); BIND(fallocate); BIND(fsync); BIND(fdatasync);
-    BIND(dup); BIND(dup2); BIND(dup3); BIND(fcntl); BIND(fcntl64); BIND(mmap); BIND(mmap64);
-    BIND(sync); BIND(syncfs);
+    WRAPPED(BIND)
     const char *d = getenv("EOMSG_POWERLOSS_DIR"), *s = getenv("EOMSG_POWERLOSS_SHADOW");
     if (!d || !s || !realpath(d, dir) || strlen(s) >= sizeof shadow) {
         enabled = 0;
