@@ -355,6 +355,20 @@ class NotAllowed(EomsgError):
     exit_code = ExitCode.AUTH
 
 
+class PrincipalNotFound(EomsgError):
+    """The node knows no principal of that name (see `eomsg user list`)."""
+
+    code = "principal_not_found"
+    exit_code = ExitCode.NOT_FOUND
+
+
+class PrincipalExists(EomsgError):
+    """A principal of that name exists already: remove it first to give it a new token."""
+
+    code = "principal_exists"
+    exit_code = ExitCode.CONFLICT
+
+
 class Unavailable(EomsgError):
     """No node answers at the address, or the connection to it was lost.
 

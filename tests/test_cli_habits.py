@@ -45,8 +45,8 @@ def test_broker_and_token_go_before_or_after_the_command(
     assert [q["name"] for q in json.loads(after.stdout)] == ["q"]
     r = cli("inspect", "queues", "--broker", url, "--token", "wrong", code=ExitCode.AUTH)
     assert r.stderr == (
-        b"Error: wrong or missing token; pass the token from the node's data directory "
-        b"(eomsg.token) with --token or EOMSG_TOKEN\n"
+        b"Error: wrong or missing token; pass the node's token (eomsg.token in its data "
+        b"directory) or a principal's (eomsg user add) with --token or EOMSG_TOKEN\n"
     )
 
 

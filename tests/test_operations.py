@@ -14,6 +14,7 @@ import pytest
 
 from eomsg.client.aio import AsyncClient
 from eomsg.client.sync import Client
+from eomsg.core.access import OWNER, AuditEntry, PrincipalInfo, make_grant
 from eomsg.core.election import FlowInfo
 from eomsg.core.links import LinkInfo
 from eomsg.core.message import Message, Outgoing, PublishResult
@@ -104,6 +105,13 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "abort_txn": ({"txid": "t1", "force": False}, True),
     "transact": ({"messages": [OUT], "deletes": [("q", 3, 7, 2)]}, RESULTS),
     "txns": ({}, [TxnInfo("t1", TxnState.PREPARED, "duckdb:x", 1.5, False, 1, 2)]),
+    "add_principal": ({"name": "alice"}, "tok3n"),
+    "remove_principal": ({"name": "alice"}, 2),
+    "principals": ({}, [PrincipalInfo("alice", 1.5, 2)]),
+    "grant": ({"principal": "alice", "right": "publish", "kind": "topic", "name": "a/>"}, True),
+    "revoke": ({"principal": "alice", "right": "admin", "kind": "node", "name": ""}, False),
+    "grants": ({"principal": None}, [make_grant("alice", "consume", "queue", "q")]),
+    "audit": ({"limit": 5, "before": None}, [AuditEntry(1.5, "owner", "purge", "q", "3")]),
 }
 
 
@@ -188,11 +196,12 @@ def test_bad_arguments_are_typed_errors_naming_the_operation() -> None:
 
 
 def test_the_server_fills_in_the_caller_and_caps_answers() -> None:
-    caller = calls.Caller("session-9", 9, 1000)
+    caller = calls.Caller("session-9", 9, "alice", 1000)
     prepare = calls.decode(
         calls.operation("prepare_txn"), {"txid": "t", "coordinator": "c"}, caller
     )
-    assert (prepare["owner"], prepare["holder"]) == ("session-9", 9)
+    assert (prepare["owner"], prepare["holder"], prepare["by"]) == ("session-9", 9, "alice")
+    assert calls.decode(calls.operation("purge"), {"name": "q"}, caller)["by"] == "alice"
     assert calls.decode(calls.operation("unbind"), {"queue": "q", "flow": 1}, caller)["admin"]
     read = calls.operation("read_log")
     sel = SEL.to_json()
@@ -228,7 +237,7 @@ def test_the_local_client_runs_each_operation_as_the_server_does(name: str) -> N
     local = LocalClient(node, name="me")  # type: ignore[arg-type]
     args, _ = SAMPLES[name]
     assert getattr(local, name)(**args) == 3
-    caller = calls.Caller("me", local.holder, calls.MAX_ANSWER)
+    caller = calls.Caller("me", local.holder, OWNER, calls.MAX_ANSWER)
     op = OPERATIONS[name]
     served = calls.decode(op, over_the_wire(encode_args(op, args)), caller)
     (called,) = node.calls

@@ -178,7 +178,7 @@ def test_reading_through_a_served_node_equals_reading_the_file(
 
 def test_bad_read_log_calls_are_typed_errors(node: Node) -> None:
     op = calls.operation("read_log")
-    caller = calls.Caller("session-1", 1, 1 << 20)
+    caller = calls.Caller("session-1", 1, "owner", 1 << 20)
 
     def read_log(args: dict[str, Any]) -> Any:
         return calls.run(node, op, calls.decode(op, args, caller))

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from eomsg.cli import config, inspect, link, queue
+from eomsg.cli import access, config, inspect, link, queue
 from eomsg.cli.common import DEFAULT_DATA, Globals
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
@@ -42,10 +42,13 @@ app.command()(recover)
 app.command("spark-replay")(spark_replay)
 app.command()(compact)
 app.command()(salvage)
+app.command()(access.grant)
+app.command()(access.revoke)
 app.add_typer(queue.app, name="queue")
 app.add_typer(link.app, name="link")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")
+app.add_typer(access.app, name="user")
 
 
 def _version(value: bool) -> None:

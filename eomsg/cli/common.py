@@ -93,13 +93,19 @@ def make_secret(path: Path, what: str) -> str:
     """A new random token, written to the new file ``path`` (owner-only); UsageError if
     the file cannot be made (or appeared meanwhile: it is never overwritten)."""
     token = secrets.token_urlsafe(32)
+    write_secret(path, token, what)
+    return token
+
+
+def write_secret(path: Path, secret: str, what: str) -> None:
+    """Write ``secret`` to the new file ``path`` (owner-only); UsageError if the file
+    cannot be made (or exists: it is never overwritten)."""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as e:
         raise UsageError(f"cannot make {what} {path}: {e.strerror}") from e
     with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
+        f.write(secret + "\n")
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:

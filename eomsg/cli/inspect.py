@@ -168,15 +168,62 @@ def jobs(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             f"{j.lo}..{j.hi - 1}" if j.hi > j.lo else "empty",
             "" if j.rows is None else str(j.rows),
             (j.digest or "")[:12],
-            _time(j.recorded_at),
+            when(j.recorded_at),
         )
     show(grid)
 
 
-def _time(seconds: float | None) -> str:
+def when(seconds: float | None) -> str:
+    """A time as the tables show it (UTC, to the second)."""
     if seconds is None:
         return "-"
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+@app.command()
+@handles_errors
+def grants(
+    principal: Annotated[str | None, typer.Argument(help="Only this principal's.")] = None,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """The grants in force: who may do what on which queue, topic or the node (none:
+    every authenticated client may do everything)."""
+    with open_broker(data) as broker:
+        found = broker.grants(principal)
+    if json:
+        print_json([g.to_json() for g in found])
+        return
+    grid = table("principal", "right", "on")
+    for g in found:
+        grid.add_row(g.principal, g.right.value, str(g.target))
+    show(grid)
+
+
+@app.command()
+@handles_errors
+def audit(
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="At most this many.")] = 50,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Who changed what, newest first: queues created, deleted, purged, (un)subscribed,
+    requeued; consumers unbound; links, settings, principals and grants.
+
+    \b
+    Examples:
+      eomsg inspect audit --limit 20
+      eomsg inspect audit --json | jq 'map(select(.action == "purge"))'
+    """
+    with open_broker(data) as broker:
+        entries = broker.audit(limit)
+    if json:
+        print_json([e.to_json() for e in entries])
+        return
+    grid = table("at", "principal", "action", "target", "detail")
+    for e in entries:
+        grid.add_row(when(e.at), e.principal, e.action, e.target, e.detail)
+    show(grid)
 
 
 @app.command()
@@ -277,7 +324,7 @@ def _show_messages(messages: list[Message], as_json: bool) -> None:
         text = m.payload_json_fields().get("payload", "<binary>")
         grid.add_row(
             str(m.seq),
-            _time(m.published_at),
+            when(m.published_at),
             m.topic,
             m.id or "-",
             str(len(m.payload)),

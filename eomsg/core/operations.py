@@ -27,6 +27,7 @@ from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from eomsg.core.access import AuditEntry, Grant, PrincipalInfo
 from eomsg.core.election import FlowInfo
 from eomsg.core.links import DEFAULT_HOLD, LinkInfo
 from eomsg.core.message import Message, Outgoing, PublishResult
@@ -118,8 +119,10 @@ def operation(
 
     ``caller``: the node method's arguments that say who calls — ``holder`` (the
     deliveries it may settle are those made to the caller) and ``owner`` (the
-    transaction is the caller's, in doubt once it goes away); the server fills them in
-    from the connection. ``node_args``: arguments the node's method gets on every call.
+    transaction is the caller's, in doubt once it goes away) and ``by`` (the principal
+    calling: the audit log names it, and a transaction is settled by its own principal
+    only); the server fills them in from the connection. ``node_args``: arguments the
+    node's method gets on every call.
     ``sized_by``: the argument that bounds the answer's size (None: as much as one
     answer may carry), which the server caps at what one frame carries. ``reads_only``:
     it changes nothing (a data directory lent for looking serves only these). ``admin``:
@@ -143,35 +146,35 @@ class Operations(Protocol):
 
     # -- queues -----------------------------------------------------------------------
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def create_queue(config: QueueConfig) -> bool:
         """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
         False if it exists with the same settings; QueueExists if with others."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def delete_queue(name: str, *, force: bool = False) -> int:
         """Delete a queue and its records; how many messages it still held.
         QueueNotEmpty unless ``force``; QueueNotFound."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def subscribe(name: str, pattern: str) -> bool:
         """Route topics matching ``pattern`` into the queue from now on; False if it
         was subscribed already. InvalidPattern, QueueNotFound."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def unsubscribe(name: str, pattern: str) -> bool:
         """Stop routing ``pattern`` to the queue; False if it was not subscribed."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def purge(name: str) -> int:
         """Settle every message in the queue as purged; how many. QueueNotFound."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def requeue(
         name: str, to: str | None = None, max_messages: int | None = None
     ) -> tuple[int, str]:
@@ -206,7 +209,7 @@ class Operations(Protocol):
 
     # -- links ------------------------------------------------------------------------
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def add_link(
         peer: str,
         address: str | None = None,
@@ -221,7 +224,7 @@ class Operations(Protocol):
         Idempotent: False if the same link exists; InvalidConfig if with others."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def set_link_egress(peer: str, egress: str, hold: float = DEFAULT_HOLD) -> bool:
         """What this node does with the messages ``peer`` sends for its own queues:
         ``store`` them, or hold them in ``memory`` — settled here within ``hold``
@@ -229,14 +232,14 @@ class Operations(Protocol):
         already. LinkNotFound; InvalidConfig."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def set_link_topics(peer: str, topics: list[str] | None) -> bool:
         """The topics the link to ``peer`` may carry either way (None: every topic);
         others are not sent over it, nor taken from it. False if it carries those
         already. LinkNotFound; InvalidPattern."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def remove_link(peer: str) -> int:
         """Remove the link to ``peer``: how many messages it still owed the peer
         (forgotten). LinkNotFound."""
@@ -260,7 +263,7 @@ class Operations(Protocol):
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
         raise Declaration
 
-    @operation(node_args={"admin": True}, admin=True)
+    @operation(node_args={"admin": True}, admin=True, caller=("by",))
     def unbind(queue: str, flow: int) -> int:
         """An administrator unbinds a flow: its consumer is told it is inactive and what
         it held goes to the next active one; how many messages that released.
@@ -274,7 +277,7 @@ class Operations(Protocol):
         """Messages still in the retained log from ``from_seq``, oldest first."""
         raise Declaration
 
-    @operation(admin=True)
+    @operation(admin=True, caller=("by",))
     def configure(name: str, value: str) -> str:
         """Save a node setting and apply it now; its value in canonical form.
         InvalidConfig."""
@@ -325,7 +328,7 @@ class Operations(Protocol):
 
     # -- transactions (seed 000; the coordinator is eomsg.client.transaction) ---------------
 
-    @operation(caller=("owner", "holder"))
+    @operation(caller=("owner", "holder", "by"))
     def prepare_txn(
         txid: str,
         *,
@@ -338,13 +341,13 @@ class Operations(Protocol):
         transaction is in doubt if the caller goes away before its outcome."""
         raise Declaration
 
-    @operation()
+    @operation(caller=("by",))
     def commit_txn(txid: str) -> list[PublishResult]:
         """Apply a prepared transaction; its publish results ([] if committed already).
         TxnConflict if it was aborted, TxnNotFound."""
         raise Declaration
 
-    @operation()
+    @operation(caller=("by",))
     def abort_txn(txid: str, *, force: bool = False) -> bool:
         """Drop a prepared transaction; True if this call aborted it. TxnConflict if it
         committed."""
@@ -361,6 +364,49 @@ class Operations(Protocol):
     @operation(reads_only=True)
     def txns() -> list[TxnInfo]:
         """The prepared transactions, oldest first."""
+        raise Declaration
+
+    # -- principals, grants and the audit log (eomsg.core.access) --------------------------
+
+    @operation(admin=True, caller=("by",))
+    def add_principal(name: str) -> str:
+        """Add principal ``name`` with a new token, returned this once (the node keeps
+        only its digest). PrincipalExists; InvalidConfig."""
+        raise Declaration
+
+    @operation(admin=True, caller=("by",))
+    def remove_principal(name: str) -> int:
+        """Remove principal ``name`` and its grants; how many grants it held.
+        PrincipalNotFound."""
+        raise Declaration
+
+    @operation(reads_only=True)
+    def principals() -> list[PrincipalInfo]:
+        """Every principal, by name, with how many grants it holds (never a token)."""
+        raise Declaration
+
+    @operation(admin=True, caller=("by",))
+    def grant(principal: str, right: str, kind: str, name: str = "") -> bool:
+        """Give ``principal`` ``right`` (publish, consume, inspect, admin) on a ``kind``
+        (queue, topic, node) ``name``; False if it holds it already. From the first
+        grant on, principals may do only what they are granted. PrincipalNotFound;
+        InvalidConfig."""
+        raise Declaration
+
+    @operation(admin=True, caller=("by",))
+    def revoke(principal: str, right: str, kind: str, name: str = "") -> bool:
+        """Take back a grant; False if it was not given."""
+        raise Declaration
+
+    @operation(reads_only=True)
+    def grants(principal: str | None = None) -> list[Grant]:
+        """The grants in force (of ``principal``, if given), sorted."""
+        raise Declaration
+
+    @operation(reads_only=True)
+    def audit(limit: int = 50, before: float | None = None) -> list[AuditEntry]:
+        """Up to ``limit`` audit records — who created, deleted, purged, unbound,
+        granted… — newest first; ``before`` (seconds since the epoch) pages back."""
         raise Declaration
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from eomsg.client.broker import Broker
 from eomsg.client.consumer import failed
+from eomsg.core.access import OWNER
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
@@ -114,10 +115,10 @@ class LocalClient(Broker):
         """Run a declared operation as the node's method of the same name, with the
         arguments the server would add for a connection."""
         self._check_open()
-        caller = {"holder": self.holder, "owner": self.name}
+        caller = {"holder": self.holder, "owner": self.name, "by": OWNER}  # its own node
         method = getattr(self.node, op.name)
         value = method(**args, **op.node_args, **{c: caller[c] for c in op.caller})
-        for queue, seq, _, attempt in args.get("deletes", ()) if op.caller else ():
+        for queue, seq, _, attempt in args.get("deletes", ()) if "holder" in op.caller else ():
             self._settled(queue, [(seq, attempt)])  # held by a transaction, or deleted
         return value
 

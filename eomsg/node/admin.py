@@ -9,13 +9,15 @@ settlement like any other: recorded and queued under ``_lock`` alone.
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
+from eomsg.core.access import OWNER
 from eomsg.core.election import FlowEvent
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import InvalidConfig, QueueExists, QueueNotEmpty
 from eomsg.node.settings import SETTINGS, apply_saved
-from eomsg.node.state import NodeState, QueueState, to_us
+from eomsg.node.state import AuditRow, NodeState, QueueState, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
@@ -23,7 +25,7 @@ from eomsg.store.writer import RowBatch
 class Admin(NodeState):
     """Queue and node administration."""
 
-    def create_queue(self, config: QueueConfig) -> bool:
+    def create_queue(self, config: QueueConfig, *, by: str = OWNER) -> bool:
         """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
         False if an identical queue exists; QueueExists if it differs."""
         with self._admin:
@@ -36,19 +38,20 @@ class Admin(NodeState):
                     "first or use `eomsg queue subscribe`"
                 )
             if config.dead_letter and config.dead_letter not in self._queues:
-                self._create(QueueConfig(config.dead_letter))
-            self._create(config)
+                self._create(QueueConfig(config.dead_letter), by)
+            self._create(config, by)
             return True
 
-    def _create(self, config: QueueConfig) -> None:
+    def _create(self, config: QueueConfig, by: str) -> None:
         self._check_open()
-        queue_id = self.store.writer.run(
-            Store.create_queue_job(config, to_us(self.clock()))
-        ).result()
+        job = Store.create_queue_job(config, to_us(self.clock()))
+        said = json.dumps(config.to_json(), separators=(",", ":"))
+        entry = self._audit(by, "create-queue", config.name, said)
+        queue_id = self.store.writer.run(Store.audited(job, entry)).result()
         with self._lock:
             self._install(queue_id, config)
 
-    def delete_queue(self, name: str, *, force: bool = False) -> int:
+    def delete_queue(self, name: str, *, force: bool = False, by: str = OWNER) -> int:
         """Delete a queue and its records; returns how many messages it still held.
         Refuses a non-empty queue unless ``force``, and a queue another dead-letters to.
         Consumers still bound to it are told they were unbound."""
@@ -66,7 +69,8 @@ class Admin(NodeState):
                     f"queue {name!r} holds {depth} messages; purge it or use --force"
                 )
             self._check_open()
-            self.store.writer.run(Store.drop_queue_job(q.id)).result()
+            entry = self._audit(by, "delete-queue", name, f"{depth} messages" if depth else "")
+            self.store.writer.run(Store.audited(Store.drop_queue_job(q.id), entry)).result()
             with self._lock:
                 for pattern in q.config.subscriptions:
                     self._matcher.remove(pattern, q)
@@ -80,29 +84,31 @@ class Admin(NodeState):
                         f.notify(FlowEvent(name, v.flow, "unbound", False, 0))
             return depth
 
-    def subscribe(self, name: str, pattern: str) -> bool:
+    def subscribe(self, name: str, pattern: str, *, by: str = OWNER) -> bool:
         """Route messages published from now on to topics matching ``pattern`` into the
         queue. Idempotent: False if it was subscribed already."""
         with self._admin:
             q = self._queue(name)
             if pattern in q.config.subscriptions:
                 return False
-            self._update(q, replace(q.config, subscriptions=(*q.config.subscriptions, pattern)))
+            config = replace(q.config, subscriptions=(*q.config.subscriptions, pattern))
+            self._update(q, config, self._audit(by, "subscribe", name, pattern))
             return True
 
-    def unsubscribe(self, name: str, pattern: str) -> bool:
+    def unsubscribe(self, name: str, pattern: str, *, by: str = OWNER) -> bool:
         """Stop routing ``pattern`` to the queue. Idempotent: False if not subscribed."""
         with self._admin:
             q = self._queue(name)
             if pattern not in q.config.subscriptions:
                 return False
             subs = tuple(p for p in q.config.subscriptions if p != pattern)
-            self._update(q, replace(q.config, subscriptions=subs))
+            entry = self._audit(by, "unsubscribe", name, pattern)
+            self._update(q, replace(q.config, subscriptions=subs), entry)
             return True
 
-    def _update(self, q: QueueState, config: QueueConfig) -> None:
+    def _update(self, q: QueueState, config: QueueConfig, entry: AuditRow) -> None:
         self._check_open()
-        self.store.writer.run(Store.update_queue_job(q.id, config)).result()
+        self.store.writer.run(Store.audited(Store.update_queue_job(q.id, config), entry)).result()
         with self._lock:
             for pattern in q.config.subscriptions:
                 self._matcher.remove(pattern, q)
@@ -112,7 +118,7 @@ class Admin(NodeState):
             q.config = config
             self._interest_changed()
 
-    def purge(self, name: str) -> int:
+    def purge(self, name: str, *, by: str = OWNER) -> int:
         """Settle every message in the queue as purged; returns how many."""
         now = self.clock()
         with self._lock:
@@ -121,6 +127,7 @@ class Admin(NodeState):
             settlements = q.cursor.purge()
             batch = RowBatch()
             self._record_settlements(batch, q, settlements, now)
+            batch.add("audit", *self._audit(by, "purge", name, f"{len(settlements)} messages"))
             future = self._queue_write(batch)
         self._await_commit(future)
         return len(settlements)
@@ -135,7 +142,7 @@ class Admin(NodeState):
 
     # -- settings -----------------------------------------------------------------------
 
-    def configure(self, name: str, value: str) -> str:
+    def configure(self, name: str, value: str, *, by: str = OWNER) -> str:
         """Save a node setting in the data directory and apply it now; returns its value
         in canonical form. ``retention`` and ``gc-interval`` are durations, ``max-payload``
         a size."""
@@ -144,7 +151,9 @@ class Admin(NodeState):
         canonical = SETTINGS[name][0](value)
         with self._admin:
             self._check_open()
-            self.store.writer.run(Store.save_setting_job(name, canonical)).result()
+            job = Store.save_setting_job(name, canonical)
+            entry = self._audit(by, "configure", name, canonical)
+            self.store.writer.run(Store.audited(job, entry)).result()
             self.settings = apply_saved(self.settings, {name: canonical})
         return canonical
 

@@ -15,10 +15,11 @@ from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 
+from eomsg.core.access import OWNER
 from eomsg.core.election import Change, FlowEvent, FlowInfo
 from eomsg.core.message import Key, check_keys
 from eomsg.errors import InvalidConfig
-from eomsg.node.state import FlowState, NodeState, Notify, QueueState
+from eomsg.node.state import AuditRow, FlowState, NodeState, Notify, QueueState
 from eomsg.store.writer import RowBatch
 
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
@@ -60,21 +61,30 @@ class Flows(NodeState):
         return info
 
     def unbind(
-        self, queue: str, flow: int, *, admin: bool = False, seen: Iterable[Key] | None = None
+        self,
+        queue: str,
+        flow: int,
+        *,
+        admin: bool = False,
+        seen: Iterable[Key] | None = None,
+        by: str = OWNER,
     ) -> int:
         """Unbind a flow — its consumer asked, went away, or fell silent; or, with
         ``admin``, an administrator did (its consumer is told ``unbound``) — and run the
         election. Whatever it held in flight is redelivered, in order, to the active
         flows. With ``seen`` — a consumer that unbinds says which of its deliveries it
         handed to its application — the others are un-counted (they sat in its prefetch
-        buffer). Returns how many messages were redelivered."""
+        buffer). Returns how many messages were redelivered. An administrator's unbind
+        is in the audit log, ``by`` whom."""
         seen_keys = None if seen is None else set(check_keys(seen))
         with self._election(queue) as (q, now):
             f = self._flow(q, flow)
             epoch = q.election.epoch_of(flow)
             held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
             changes = q.election.unbind(flow)
-            future = self._apply(q, changes, now, None if seen_keys is None else {epoch: seen_keys})
+            audit = self._audit(by, "unbind", queue, f"flow {flow} ({f.owner})") if admin else None
+            seen_by = None if seen_keys is None else {epoch: seen_keys}
+            future = self._apply(q, changes, now, seen_by, audit)
             del self._flows[flow]
             if admin and f.notify is not None:
                 f.notify(FlowEvent(queue, flow, "unbound", False, 0))
@@ -135,13 +145,17 @@ class Flows(NodeState):
         changes: list[Change],
         now: float,
         seen: dict[int, set[Key]] | None = None,
+        audit: AuditRow | None = None,
     ) -> Future[None] | None:
         """Carry out an election's changes, in order, under ``_lock``: a deactivated
         flow's epoch stops being accepted and what it held in flight is made ready again
         (lowest seq first, for the next active flow) — un-counted where ``seen`` lists
         what that epoch's consumer handed to its application, and the rest is not in
-        it; every flow hears of its change."""
+        it; every flow hears of its change. ``audit``: the record of an administrator's
+        change, written with them."""
         batch = RowBatch()
+        if audit is not None:
+            batch.add("audit", *audit)
         for c in changes:
             if c.active:
                 q.live_epochs.add(c.epoch)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+from eomsg.core.access import OWNER
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, Publishable, PublishResult
 from eomsg.errors import InvalidConfig
@@ -86,7 +87,7 @@ class Ingress(NodeState):
         return acked
 
     def requeue(
-        self, name: str, to: str | None = None, max_messages: int | None = None
+        self, name: str, to: str | None = None, max_messages: int | None = None, *, by: str = OWNER
     ) -> tuple[int, str]:
         """Move up to ``max_messages`` (None: all) of the messages waiting in queue
         ``name`` — a dead-letter queue, usually — into ``to`` (default: the one queue
@@ -124,6 +125,9 @@ class Ingress(NodeState):
             _, fresh = self._stage(batch, again, now, route=(target,))
             settled = q.cursor.take_out([m.seq for m in moved])
             self._record_settlements(batch, q, settled, now)
+            if moved:
+                detail = f"{len(moved)} messages into {target.config.name}"
+                batch.add("audit", *self._audit(by, "requeue", name, detail))
             future = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
         self._await_commit(future)
         return len(moved), target.config.name

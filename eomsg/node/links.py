@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, overload
 
+from eomsg.core.access import OWNER
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Batch, Carried, Message
@@ -52,7 +53,7 @@ from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import DataDirDamaged, EomsgError, InvalidConfig, InvalidInput, LinkNotFound
 from eomsg.node.egress import SEQ_AT, Egress, Held
-from eomsg.node.state import Destination, to_us
+from eomsg.node.state import AuditRow, Destination, to_us
 from eomsg.store import secrets as link_secrets
 from eomsg.store.store import US, MessageRow, Store
 from eomsg.store.writer import RowBatch
@@ -217,6 +218,8 @@ class Links(Egress):
         address: str | None = None,
         token: str | None = None,
         peer_ca: str | None = None,
+        *,
+        by: str = OWNER,
     ) -> bool:
         """Link this node to ``peer``: dialling ``address`` with ``token`` (checking its
         certificate against ``peer_ca`` for tls://), or waiting for it to dial with
@@ -237,16 +240,18 @@ class Links(Egress):
                 )
             self._check_open()
             self._keep_secrets(peer, config.secrets())  # first: a link is never kept without
-            self.store.writer.run(
-                Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
-            ).result()
+            job = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            entry = self._audit(by, "add-link", peer, address or "(dialled by the peer)")
+            self.store.writer.run(Store.audited(job, entry)).result()
             with self._lock:
                 self._links[peer] = self._new_link(config)
                 self._routing.restore(peer, ())
         self._links_changed()
         return True
 
-    def set_link_egress(self, peer: str, egress: str, hold: float = DEFAULT_HOLD) -> bool:
+    def set_link_egress(
+        self, peer: str, egress: str, hold: float = DEFAULT_HOLD, *, by: str = OWNER
+    ) -> bool:
         """What this node does with the messages ``peer`` sends for its own queues:
         ``store`` them, or hold them in ``memory`` for up to ``hold`` seconds (see
         :mod:`eomsg.node.egress`; to ``store``, what is held is stored at once).
@@ -258,12 +263,13 @@ class Links(Egress):
             if egress == "store":  # … unless they are to be stored: now, then
                 written.append(self._write_held(self.clock(), link=link, every=True))
 
-        changed = self._reconfigure(peer, lambda c: c.with_egress(egress, hold), apply)
+        entry = self._audit(by, "set-link-egress", peer, f"{egress} (hold {hold:g} s)")
+        changed = self._reconfigure(peer, lambda c: c.with_egress(egress, hold), apply, entry)
         for future in written:
             self._await_commit(future)
         return changed
 
-    def set_link_topics(self, peer: str, topics: list[str] | None) -> bool:
+    def set_link_topics(self, peer: str, topics: list[str] | None, *, by: str = OWNER) -> bool:
         """The topics the link to ``peer`` may carry, either way: only those matching
         ``topics`` (None: every topic). A message of another topic is not sent over it,
         and one the peer sends is passed over (both counted as ``withheld``). Messages
@@ -274,16 +280,19 @@ class Links(Egress):
             link.config, link.carries = config, config.carries()
             self._routes.clear()
 
-        return self._reconfigure(peer, lambda c: c.with_topics(topics), apply)
+        said = "every topic" if topics is None else " ".join(topics)
+        entry = self._audit(by, "set-link-topics", peer, said)
+        return self._reconfigure(peer, lambda c: c.with_topics(topics), apply, entry)
 
     def _reconfigure(
         self,
         peer: str,
         change: Callable[[LinkConfig], LinkConfig],
         apply: Callable[[LinkState, LinkConfig], None],
+        entry: AuditRow,
     ) -> bool:
-        """Save the link's config as ``change`` makes it, then ``apply`` it (under
-        ``_lock``); False if it was so already."""
+        """Save the link's config as ``change`` makes it, with its audit record
+        ``entry``, then ``apply`` it (under ``_lock``); False if it was so already."""
         with self._admin:
             with self._lock:
                 link = self._link(peer)
@@ -291,14 +300,13 @@ class Links(Egress):
             if config == link.config:
                 return False
             self._check_open()
-            self.store.writer.run(
-                Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
-            ).result()
+            job = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            self.store.writer.run(Store.audited(job, entry)).result()
             with self._lock:
                 apply(link, config)
         return True
 
-    def remove_link(self, peer: str) -> int:
+    def remove_link(self, peer: str, *, by: str = OWNER) -> int:
         """Remove the link to ``peer`` and forget what it owed (returns how many
         messages that was) and what the peer offered; routes through it go. It leaves
         memory first, so no publish routes to it after its records are dropped."""
@@ -315,7 +323,9 @@ class Links(Egress):
                 owed = link.outbox.sender.pending
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
-            self.store.writer.run(Store.drop_link_job(f"link/{peer}/", route_ids)).result()
+            job = Store.drop_link_job(f"link/{peer}/", route_ids)
+            entry = self._audit(by, "remove-link", peer, f"{owed} messages owed" if owed else "")
+            self.store.writer.run(Store.audited(job, entry)).result()
             self._keep_secrets(peer, None)
         self._links_changed()
         return owed

@@ -5,7 +5,8 @@ in-process (embedded mode) and the broker daemon will serve it over the wire.
 of :mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow:
 ``ingress`` (publishing and routing, seed 004), ``delivery`` (the cursors, seed 003),
 ``participant`` (transactions, seed 000), ``flows`` (bound consumers and their election,
-seed 002), ``admin`` (queues and saved settings), ``links`` (other nodes: interest,
+seed 002), ``admin`` (queues and saved settings), ``access`` (principals, grants, the
+audit log), ``links`` (other nodes: interest,
 routes and exactly-once transfer), ``maintenance`` (timeouts, expiry,
 compaction, garbage collection) and ``inspection`` (stats, the log, replay reads). This
 module holds the node's life: opening and recovering its state from the store, the
@@ -25,6 +26,7 @@ from eomsg.core.cursor import Outcome
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.txn import TxnState
 from eomsg.errors import EomsgError, NodeClosed
+from eomsg.node.access import Access
 from eomsg.node.admin import Admin
 from eomsg.node.delivery import Delivery
 from eomsg.node.flows import Flows
@@ -43,7 +45,7 @@ __all__ = ["SETTINGS", "Node", "NodeSettings"]
 log = logging.getLogger("eomsg.node")
 
 
-class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Inspection, Maintenance):
+class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspection, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
@@ -157,8 +159,15 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Inspection, Main
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
             self._txns[prep.txid] = PreparedTxn(
-                prep.txid, prep.coordinator, prep.prepared_us / US, prep.messages, held, None
+                prep.txid,
+                prep.coordinator,
+                prep.prepared_us / US,
+                prep.messages,
+                held,
+                None,
+                prep.principal,
             )
+        self._load_access()
         self._last_gc = float(store.meta("gc_at") or 0.0)
 
     @staticmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from eomsg.core.access import OWNER
 from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
@@ -39,6 +40,7 @@ class Participant(Ingress):
         deletes: Sequence[TxnDelete] = (),
         owner: str | None = "",
         holder: int = 0,
+        by: str = OWNER,
     ) -> None:
         """Vote yes for transaction ``txid``: make its work durable without applying it,
         and return once it is. ``messages`` will be published (invisible until the
@@ -46,7 +48,8 @@ class Participant(Ingress):
         to ``holder`` — are held for the transaction: no timeout, no redelivery, no
         delete or release by anyone but its outcome. A delivery that is over
         (StaleDelivery) makes the node vote no, so the transaction aborts cleanly.
-        ``coordinator`` says where the outcome will be recorded, for recovery. Atomic:
+        ``coordinator`` says where the outcome will be recorded, for recovery; ``by`` is
+        the principal preparing it, the one that may settle it. Atomic:
         on any error nothing is held or recorded.
         Idempotent: preparing a prepared transaction again does nothing."""
         check_txid(txid)
@@ -67,24 +70,25 @@ class Participant(Ingress):
             held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
-            batch.add("txn_log", txid, TxnState.PREPARED.value, to_us(now), coordinator)
+            batch.add("txn_log", txid, TxnState.PREPARED.value, to_us(now), coordinator, by)
             for i, m in enumerate(messages):
                 batch.add("txn_messages", txid, i, m.topic, m.id, m.ttl, m.log_headers, m.payload)
             for q, seqs in held.items():
                 for seq in seqs:
                     batch.add("txn_deletes", txid, q.id, seq)
-            self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner)
+            self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner, by)
             failpoint("txn.prepare.before_commit")
             committed = self._write(batch)
         committed.result()
         failpoint("txn.prepare.after_commit")
 
-    def commit_txn(self, txid: str) -> list[PublishResult]:
+    def commit_txn(self, txid: str, *, by: str = OWNER) -> list[PublishResult]:
         """Apply prepared transaction ``txid`` atomically: its messages enter the log (in
         order, with seqs from now) and its held messages are deleted. Returns once
         durable, with the publish results. Idempotent: committing a committed
         transaction returns ``[]``; TxnConflict if it was aborted, TxnNotFound if it was
-        never prepared here (or finished long ago)."""
+        never prepared here (or finished long ago). NotAllowed unless ``by`` prepared
+        it or administers the node."""
         now = self.clock()
         batch = RowBatch()
         with self._lock:
@@ -93,12 +97,15 @@ class Participant(Ingress):
             if t is None:
                 move("participant", self._decided(txid), TxnMove.COMMIT, txid)
                 return []
+            self.access.check_settle(by, t.principal, txid)
             first_seq = self._next_seq
             results, fresh = self._stage(batch, t.messages, now)
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:  # the queue may have been deleted since
                     self._record_deleted(batch, q, seqs, q.cursor.delete_held(seqs), now)
-            batch.add("txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator)
+            batch.add(
+                "txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator, t.principal
+            )
             del self._txns[txid]
             self._finished[txid] = TxnState.COMMITTED
             failpoint("txn.commit.before_commit")
@@ -107,12 +114,13 @@ class Participant(Ingress):
         failpoint("txn.commit.after_commit")
         return results
 
-    def abort_txn(self, txid: str, *, force: bool = False) -> bool:
+    def abort_txn(self, txid: str, *, force: bool = False, by: str = OWNER) -> bool:
         """Drop prepared transaction ``txid``: its messages are never published and the
         messages it held are ready again at once. Idempotent; under presumed abort a
         transaction never prepared here is aborted already (False). ``force`` marks a
         person's heuristic decision, reported to a coordinator that later says commit.
-        TxnConflict if it committed. True if this call aborted it."""
+        TxnConflict if it committed. True if this call aborted it. NotAllowed unless
+        ``by`` prepared it or administers the node."""
         now = self.clock()
         how = TxnMove.FORCE_ABORT if force else TxnMove.ABORT
         batch = RowBatch()
@@ -123,11 +131,14 @@ class Participant(Ingress):
                 if txid in self._finished:
                     move("participant", self._finished[txid], how, txid)
                 return False
+            self.access.check_settle(by, t.principal, txid)
             state = move("participant", TxnState.PREPARED, how, txid)
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:
                     self._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
-            batch.add("txn_log", txid, state.value, to_us(now), t.coordinator)
+            batch.add("txn_log", txid, state.value, to_us(now), t.coordinator, t.principal)
+            if force:  # a person's decision against the coordinator's: on the record
+                batch.add("audit", *self._audit(by, "force-abort", txid, t.coordinator))
             del self._txns[txid]
             self._finished[txid] = state
             failpoint("txn.abort.before_commit")

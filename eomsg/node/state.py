@@ -50,6 +50,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+from eomsg.core.access import Policy
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Election, Epochs, FlowEvent
@@ -65,6 +66,10 @@ from eomsg.store.writer import RowBatch
 
 Clock = Callable[[], float]
 Notify = Callable[[FlowEvent], None]
+
+
+AuditRow = tuple[int, str, str, str, str]
+"""An audit record as the store takes it: (at µs, principal, action, target, detail)."""
 
 
 def to_us(seconds: float) -> int:
@@ -122,7 +127,7 @@ class PreparedTxn:
     the messages it holds, by queue; ``owner`` is the session of its coordinator while
     that is connected (None after a restart or a disconnect: the outcome is in doubt)."""
 
-    __slots__ = ("coordinator", "deletes", "messages", "owner", "prepared_at", "txid")
+    __slots__ = ("coordinator", "deletes", "messages", "owner", "prepared_at", "principal", "txid")
 
     def __init__(
         self,
@@ -132,6 +137,7 @@ class PreparedTxn:
         messages: list[Outgoing],
         deletes: dict[QueueState, list[int]],
         owner: str | None,
+        principal: str | None,
     ) -> None:
         self.txid = txid
         self.coordinator = coordinator
@@ -139,6 +145,7 @@ class PreparedTxn:
         self.messages = messages
         self.deletes = deletes
         self.owner = owner
+        self.principal = principal  # who prepared it (None: before principals, the owner)
 
 
 class NodeState:
@@ -176,6 +183,11 @@ class NodeState:
         self._ready_generation = 0
         self._rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
         self._later: dict[str, str] = {}  # node_meta to set with the next write (see below)
+        # Principals and grants (eomsg.node.access): the policy is replaced whole, under
+        # ``_admin`` and ``_lock``; a session reads it without a lock.
+        self.access = Policy()
+        self._principals: dict[str, float] = {}  # name -> when added
+        self._digests: dict[str, str] = {}  # name -> its token's digest
 
     # -- checks -------------------------------------------------------------------------
 
@@ -243,6 +255,11 @@ class NodeState:
             name: (q.cursor.depth + sum(q.counts.values()), q.counts[Outcome.DELETED])
             for name, q in self._queues.items()
         }
+
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
+        """The audit record of a change ``by`` a principal, to commit with it
+        (:meth:`Store.audited`, or a batch's ``audit`` rows)."""
+        return (to_us(self.clock()), by, action, target, detail)
 
     # -- writing ------------------------------------------------------------------------
 

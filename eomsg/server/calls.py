@@ -24,11 +24,12 @@ MAX_ANSWER = 64 << 20  # bytes one answer sized by its caller carries at most
 @dataclass(frozen=True, slots=True)
 class Caller:
     """The session a call comes from: its transactions' ``owner``, the ``holder`` its
-    deliveries were made to, and the bytes one answer may carry (its frame limit less
-    the frame's own overhead)."""
+    deliveries were made to, the principal it authenticated as (``by``), and the bytes
+    one answer may carry (its frame limit less the frame's own overhead)."""
 
     owner: str
     holder: int
+    by: str
     answer_budget: int
 
 

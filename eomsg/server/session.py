@@ -35,6 +35,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from eomsg.core import access
+from eomsg.core.access import OWNER, Need, link_principal
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, PublishResult
 from eomsg.core.operations import OPERATIONS
@@ -64,6 +66,7 @@ MAX_PREFETCH = 100_000
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
 FRAME_SLACK = 64 << 10  # room left in a frame for everything but payloads
 CLOSE_GRACE = 2.0  # seconds a closing connection may take to flush its last frames
+LOGGED_DENIALS = 20  # denied requests logged per connection
 
 
 _session_ids = itertools.count(1)
@@ -104,6 +107,10 @@ class Session(asyncio.Protocol):
         self.owner = f"session-{self.holder}"  # names it as a coordinator
         self.owns_txns = False  # prepared a transaction: disown them when it ends
         self.client_name = ""
+        # Who the client proved to be at its hello (eomsg.core.access): every request is
+        # checked against the node's grants for it.
+        self.principal = OWNER if through is None else link_principal(through)
+        self.denied = 0  # requests refused for want of a right
         self.inflight_bytes = 0
         self.pending = 0  # requests received and not yet answered
         self.reading_paused = False
@@ -206,17 +213,23 @@ class Session(asyncio.Protocol):
             return
         match event:
             case ev.Publish():
-                self._publish(event)
+                topics = (m.topic for m in event.messages)
+                if self._permits(event.rid, "publish", lambda: access.publishing(topics)):
+                    self._publish(event)
             case ev.Delete():
-                self._delete(event)
+                if self._consumes(event.rid, event.queue, "delete from"):
+                    self._delete(event)
             case ev.Fetch():
-                self._start(event.rid, self._fetch(event))
+                if self._consumes(event.rid, event.queue, "fetch from"):
+                    self._start(event.rid, self._fetch(event))
             case ev.Subscribe():
-                self._subscribe(event)
+                if self._consumes(event.rid, event.queue, "subscribe to"):
+                    self._subscribe(event)
             case ev.Cancel():
                 self._start(event.rid, self._cancel(event))
             case ev.Release():
-                self._start(event.rid, self._release(event))
+                if self._consumes(event.rid, event.queue, "give back to"):
+                    self._start(event.rid, self._release(event))
             case ev.Call():
                 self._start(event.rid, self._call(event))
             case ev.FlowAck():
@@ -250,16 +263,18 @@ class Session(asyncio.Protocol):
                 )
             )
             return
-        if self.needs_token:
-            given = (hello.token or "").encode()
-            if not hmac.compare_digest(given, self.server.token.encode()):
+        if self.through is None:
+            principal = self._authenticate(hello.token)
+            if principal is None:
                 self._fail(
                     AuthenticationFailed(
-                        "wrong or missing token; pass the token from the node's data "
-                        "directory (eomsg.token) with --token or EOMSG_TOKEN"
+                        "wrong or missing token; pass the node's token (eomsg.token in its "
+                        "data directory) or a principal's (eomsg user add) with --token or "
+                        "EOMSG_TOKEN"
                     )
                 )
                 return
+            self.principal = principal
         self.client_name = hello.name
         if hello.via is not None and hello.via != self.server.node_name:
             self._relay(hello)
@@ -277,6 +292,49 @@ class Session(asyncio.Protocol):
         self._timers["heartbeat"] = self.loop.call_later(s.heartbeat, self._heartbeat)
         self._timers["watchdog"] = self.loop.call_later(3 * s.heartbeat, self._watchdog)
         self._timers["resend"] = self.loop.call_later(s.resend, self._resend)
+
+    def _authenticate(self, token: str | None) -> str | None:
+        """The principal ``token`` proves, or None: the node's own token (or none at all
+        on the owner-only Unix socket) is the owner's; any other must be a principal's."""
+        if not token:
+            return None if self.needs_token else OWNER
+        if hmac.compare_digest(token.encode(), self.server.token.encode()):
+            return OWNER
+        return self.node.principal_of(token)
+
+    def _permits(self, rid: int, doing: str, needs: Callable[[], list[Need]]) -> bool:
+        """Whether the client's principal holds what ``needs()`` lists (only computed when
+        grants are in force); if not, the request is answered NotAllowed and logged."""
+        try:
+            self._check(doing, needs)
+        except NotAllowed as e:
+            self._send(ev.Error(rid, e.code, e.message))
+            return False
+        return True
+
+    def _check(self, doing: str, needs: Callable[[], list[Need]]) -> None:
+        """NotAllowed (logged) unless the principal holds what ``needs()`` lists."""
+        policy = self.node.access
+        if self.principal == OWNER or not policy.grants:
+            return
+        try:
+            policy.check(self.principal, needs(), doing)
+        except NotAllowed as e:
+            self.denied += 1
+            if self.denied <= LOGGED_DENIALS:  # a client cannot flood the log with them
+                more = " (further denials of this connection are not logged)"
+                log.warning(
+                    "denied %s (%s, %s): %s%s",
+                    self.peer,
+                    self.client_name or "?",
+                    self.principal,
+                    e,
+                    more if self.denied == LOGGED_DENIALS else "",
+                )
+            raise
+
+    def _consumes(self, rid: int, queue: str, doing: str) -> bool:
+        return self._permits(rid, f"{doing} queue {queue}", lambda: access.consuming(queue))
 
     def _relay(self, hello: ev.Hello) -> None:
         """The client reaches node ``hello.via`` through this one: its connection goes
@@ -570,12 +628,14 @@ class Session(asyncio.Protocol):
                 f"node {self.through!r} may not do: run it on {me!r} itself"
             )
         budget = self.server.settings.max_frame - FRAME_SLACK
-        args = calls.decode(op, event.args, calls.Caller(self.owner, self.holder, budget))
-        if op.caller:
+        caller = calls.Caller(self.owner, self.holder, self.principal, budget)
+        args = calls.decode(op, event.args, caller)
+        self._check(f"run {op.name}", lambda: access.operation_needs(op.name, args))
+        if "owner" in op.caller:
             self.owns_txns = True
         value = await self.server.blocking(calls.run, self.node, op, args)
-        if op.caller:
-            if self.closing:  # lost while preparing: in doubt, as if lost just after
+        if "holder" in op.caller:
+            if self.closing and "owner" in op.caller:  # lost while preparing: in doubt
                 await self.server.blocking(self.node.disown_txns, self.owner)
             by_queue: dict[str, list[tuple[int, int]]] = {}
             for queue, seq, _, attempt in args.get("deletes", ()):

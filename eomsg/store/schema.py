@@ -161,6 +161,33 @@ MIGRATIONS: tuple[Migration, ...] = (
         ("ALTER TABLE publish_ids ADD COLUMN h UINTEGER",),
         hash_publish_ids,
     ),
+    Migration(
+        6,
+        "principals, grants and the audit log",
+        (
+            # Who may connect with a token of their own (the tokens' hashes are kept
+            # apart from the store: store/principals.py).
+            """CREATE TABLE principals (
+                   name VARCHAR NOT NULL,
+                   created_at TIMESTAMP NOT NULL)""",
+            # What each may do (core/access.py).
+            """CREATE TABLE grants (
+                   principal VARCHAR NOT NULL,
+                   "right" VARCHAR NOT NULL,
+                   kind VARCHAR NOT NULL,
+                   name VARCHAR NOT NULL)""",
+            # Who changed what: appended in the commit of the change itself.
+            """CREATE TABLE audit (
+                   recorded_at TIMESTAMP NOT NULL,
+                   principal VARCHAR NOT NULL,
+                   action VARCHAR NOT NULL,
+                   target VARCHAR NOT NULL,
+                   detail VARCHAR NOT NULL)""",
+            # The principal that prepared a transaction: it alone may settle it (NULL:
+            # prepared before principals existed — the owner's).
+            "ALTER TABLE txn_log ADD COLUMN principal VARCHAR",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -206,6 +233,7 @@ ROW_TABLES: dict[str, pa.Schema] = {
             ("state", pa.string()),
             ("logged_at", TIMESTAMP),
             ("coordinator", pa.string()),
+            ("principal", pa.string()),
         ]
     ),
     "txn_messages": pa.schema(
@@ -221,6 +249,15 @@ ROW_TABLES: dict[str, pa.Schema] = {
     ),
     "txn_deletes": pa.schema(
         [("txid", pa.string()), ("queue_id", pa.int32()), ("seq", pa.int64())]
+    ),
+    "audit": pa.schema(
+        [
+            ("recorded_at", TIMESTAMP),
+            ("principal", pa.string()),
+            ("action", pa.string()),
+            ("target", pa.string()),
+            ("detail", pa.string()),
+        ]
     ),
     "settled": pa.schema(
         [

@@ -13,12 +13,10 @@ and ignored.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-from eomsg.errors import DataDirError
-from eomsg.store.files import PRIVATE_FILE, owner_only, sync
+from eomsg.store.files import read_json_object, replace_file
 
 NAME = "link-secrets.json"
 
@@ -26,31 +24,9 @@ NAME = "link-secrets.json"
 def load(data_dir: Path) -> dict[str, dict[str, Any]]:
     """Every link's secrets, by peer; empty when there are none. DataDirError if the
     file is there but cannot be read."""
-    path = data_dir / NAME
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        raise DataDirError(f"cannot read {path}: {e.strerror}") from e
-    owner_only(path)
-    try:
-        found = json.loads(text)
-    except ValueError as e:
-        raise DataDirError(f"{path} is not JSON ({e}); restore it or remove the links") from e
-    if not isinstance(found, dict):
-        raise DataDirError(f"{path} does not hold a JSON object")
-    return found
+    return read_json_object(data_dir / NAME, "restore it or remove the links")
 
 
 def save(data_dir: Path, secrets: dict[str, dict[str, Any]]) -> None:
     """Replace the file with ``secrets``, durably and atomically."""
-    path = data_dir / NAME
-    fresh = data_dir / (NAME + ".new")
-    fd = os.open(fresh, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
-    with os.fdopen(fd, "w") as f:
-        json.dump(secrets, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(fresh, path)
-    sync(data_dir)
+    replace_file(data_dir / NAME, json.dumps(secrets, sort_keys=True))

@@ -80,6 +80,7 @@ class PreparedRow:
 
     txid: str
     coordinator: str
+    principal: str | None  # who prepared it (None: before principals existed)
     prepared_us: int
     messages: list[Outgoing]
     deletes: list[tuple[int, int]]  # (queue_id, seq)
@@ -440,7 +441,7 @@ class Store:
         """Prepared transactions not among ``finished``, with what they publish and
         delete, in preparation order."""
         heads = self._query(
-            """SELECT txid, coordinator, epoch_us(logged_at) FROM txn_log
+            """SELECT txid, coordinator, principal, epoch_us(logged_at) FROM txn_log
                WHERE state = 'prepared' ORDER BY logged_at, txid"""
         )
         open_ = [h for h in heads if h[0] not in finished]
@@ -464,8 +465,10 @@ class Store:
         ):
             deletes.setdefault(txid, []).append((queue_id, seq))
         return [
-            PreparedRow(txid, coordinator, at_us, messages.get(txid, []), deletes.get(txid, []))
-            for txid, coordinator, at_us in open_
+            PreparedRow(
+                txid, coordinator, principal, at_us, messages.get(txid, []), deletes.get(txid, [])
+            )
+            for txid, coordinator, principal, at_us in open_
         ]
 
     def load_counts(self) -> dict[int, SettledCounts]:
@@ -729,6 +732,72 @@ class Store:
         """Node settings saved in the data directory (``eomsg config set``)."""
         rows = self._query("SELECT key, value FROM node_meta WHERE key LIKE 'setting.%'")
         return {key.removeprefix("setting."): value for key, value in rows}
+
+    # -- principals, grants and the audit log (core/access.py) ------------------------------
+
+    def load_access(self) -> tuple[dict[str, int], list[tuple[str, str, str, str]]]:
+        """Every principal (name → when it was added, µs) and every grant, as
+        (principal, right, kind, name)."""
+        principals = dict(self._query("SELECT name, epoch_us(created_at) FROM principals"))
+        grants = self._query('SELECT principal, "right", kind, name FROM grants')
+        return principals, [tuple(g) for g in grants]
+
+    def audit_log(self, limit: int, before_us: int | None = None) -> list[tuple[Any, ...]]:
+        """Up to ``limit`` audit records, newest first (before ``before_us``, if given):
+        (at µs, principal, action, target, detail)."""
+        self.writer.sync()  # every acknowledged change, not only what DuckDB holds
+        return self._query(
+            """SELECT epoch_us(recorded_at), principal, action, target, detail FROM audit
+               WHERE ? IS NULL OR recorded_at < make_timestamp(?)
+               ORDER BY recorded_at DESC, rowid DESC LIMIT ?""",
+            [before_us, before_us, limit],
+        )
+
+    @staticmethod
+    def audited(job: Any, entry: tuple[int, str, str, str, str]) -> Any:
+        """``job`` with the audit record ``entry`` (at µs, principal, action, target,
+        detail) appended in its own transaction: the change and its record commit
+        together or not at all."""
+
+        def audited_job(conn: duckdb.DuckDBPyConnection) -> Any:
+            result = job(conn) if job is not None else None
+            conn.execute("INSERT INTO audit VALUES (make_timestamp(?), ?, ?, ?, ?)", list(entry))
+            return result
+
+        return audited_job
+
+    @staticmethod
+    def add_principal_job(name: str, now_us: int) -> Any:
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute("INSERT INTO principals VALUES (?, make_timestamp(?))", [name, now_us])
+
+        return job
+
+    @staticmethod
+    def remove_principal_job(name: str) -> Any:
+        """Remove principal ``name`` and every grant it holds."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            conn.execute("DELETE FROM grants WHERE principal = ?", [name])
+            conn.execute("DELETE FROM principals WHERE name = ?", [name])
+
+        return job
+
+    @staticmethod
+    def grant_job(grant: tuple[str, str, str, str], given: bool) -> Any:
+        """Add (``given``) or remove the grant (principal, right, kind, name)."""
+
+        def job(conn: duckdb.DuckDBPyConnection) -> None:
+            if given:
+                conn.execute("INSERT INTO grants VALUES (?, ?, ?, ?)", list(grant))
+            else:
+                conn.execute(
+                    """DELETE FROM grants
+                       WHERE principal = ? AND "right" = ? AND kind = ? AND name = ?""",
+                    list(grant),
+                )
+
+        return job
 
     @staticmethod
     def save_setting_job(name: str, value: str) -> Any:

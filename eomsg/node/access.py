@@ -1,0 +1,151 @@
+"""Principals, their grants, and the audit log: what :mod:`eomsg.core.access` rules on,
+kept. The server asks :attr:`~eomsg.node.state.NodeState.access` (the grants in force)
+and :meth:`Access.principal_of` (a token's principal) for every request; the node itself
+checks only whose transaction one settles (:mod:`eomsg.node.participant`).
+
+Every change is an administrative one (under ``_admin``) and commits with its audit
+record; the tokens' digests are kept apart from the store (:mod:`eomsg.store.principals`),
+written before a principal is added and after it is removed.
+"""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+
+from eomsg.core.access import (
+    OWNER,
+    AuditEntry,
+    Grant,
+    Policy,
+    PrincipalInfo,
+    make_grant,
+    validate_principal,
+)
+from eomsg.errors import PrincipalExists, PrincipalNotFound
+from eomsg.node.state import NodeState, to_us
+from eomsg.store import principals as digests_file
+from eomsg.store.store import US, Store
+
+MAX_AUDIT = 10_000  # records one call returns at most
+
+
+class Access(NodeState):
+    """Principals, grants and the audit log."""
+
+    def _load_access(self) -> None:
+        """At open: the principals the store knows, their digests, the grants."""
+        principals, grants = self.store.load_access()
+        digests = digests_file.load(self.store.data_dir)
+        self._principals = {name: us / US for name, us in principals.items()}
+        self._digests = {n: d for n, d in digests.items() if n in self._principals}
+        self.access = Policy(frozenset(make_grant(*g) for g in grants))
+
+    def principal_of(self, token: str) -> str | None:
+        """The principal whose token ``token`` is, or None (compared in constant time)."""
+        wanted = digests_file.token_digest(token)
+        found = None
+        for name, digest in list(self._digests.items()):
+            if hmac.compare_digest(digest, wanted):
+                found = name
+        return found
+
+    def add_principal(self, name: str, *, by: str = OWNER) -> str:
+        """Add principal ``name`` with a new token, returned here once: only its digest
+        is kept. PrincipalExists; InvalidConfig for a name that is not valid."""
+        validate_principal(name)
+        with self._admin:
+            self._check_open()
+            if name in self._principals:
+                raise PrincipalExists(
+                    f"principal {name!r} exists; `eomsg user remove {name}` first to give "
+                    "it a new token"
+                )
+            token = secrets.token_urlsafe(32)
+            digest = digests_file.token_digest(token)
+            digests_file.save(self.store.data_dir, self._digests | {name: digest})
+            now = self.clock()
+            job = Store.add_principal_job(name, to_us(now))
+            entry = self._audit(by, "add-principal", name)
+            self.store.writer.run(Store.audited(job, entry)).result()
+            with self._lock:
+                self._principals[name] = now
+                self._digests = self._digests | {name: digest}
+        return token
+
+    def remove_principal(self, name: str, *, by: str = OWNER) -> int:
+        """Remove principal ``name`` and its grants (how many): its token no longer
+        connects; sessions it has open keep only what the grants left in force allow.
+        PrincipalNotFound."""
+        with self._admin:
+            self._check_open()
+            if name not in self._principals:
+                raise PrincipalNotFound(f"no principal {name!r}; see `eomsg user list`")
+            job = Store.remove_principal_job(name)
+            self.store.writer.run(
+                Store.audited(job, self._audit(by, "remove-principal", name))
+            ).result()
+            left = frozenset(g for g in self.access.grants if g.principal != name)
+            removed = len(self.access.grants) - len(left)
+            with self._lock:
+                del self._principals[name]
+                self._digests = {n: d for n, d in self._digests.items() if n != name}
+                self.access = Policy(left)
+            digests_file.save(self.store.data_dir, self._digests)
+        return removed
+
+    def principals(self) -> list[PrincipalInfo]:
+        """Every principal, by name, with how many grants it holds."""
+        held: dict[str, int] = {}
+        for g in self.access.grants:
+            held[g.principal] = held.get(g.principal, 0) + 1
+        return [PrincipalInfo(n, at, held.get(n, 0)) for n, at in sorted(self._principals.items())]
+
+    def grant(
+        self, principal: str, right: str, kind: str, name: str = "", *, by: str = OWNER
+    ) -> bool:
+        """Give ``principal`` ``right`` on a ``kind`` (queue, topic, node) ``name``.
+        Idempotent: False if it holds it already. From the first grant on, principals
+        may do only what they are granted. PrincipalNotFound; InvalidConfig."""
+        return self._change_grant(make_grant(principal, right, kind, name), True, by)
+
+    def revoke(
+        self, principal: str, right: str, kind: str, name: str = "", *, by: str = OWNER
+    ) -> bool:
+        """Take back a grant; False if it was not given. Revoking the last grant of the
+        node lets every authenticated client do everything again."""
+        return self._change_grant(make_grant(principal, right, kind, name), False, by)
+
+    def _change_grant(self, grant: Grant, given: bool, by: str) -> bool:
+        with self._admin:
+            self._check_open()
+            if not grant.principal.startswith("@") and grant.principal not in self._principals:
+                raise PrincipalNotFound(
+                    f"no principal {grant.principal!r}; add it with "
+                    f"`eomsg user add {grant.principal}`"
+                )
+            if (grant in self.access.grants) == given:
+                return False
+            row = (grant.principal, grant.right.value, grant.target.kind.value, grant.target.name)
+            action = "grant" if given else "revoke"
+            detail = f"{grant.right.value} on {grant.target}"
+            job = Store.audited(
+                Store.grant_job(row, given), self._audit(by, action, grant.principal, detail)
+            )
+            self.store.writer.run(job).result()
+            grants = self.access.grants | {grant} if given else self.access.grants - {grant}
+            with self._lock:
+                self.access = Policy(grants)
+            return True
+
+    def grants(self, principal: str | None = None) -> list[Grant]:
+        """The grants in force (of ``principal``, if given), sorted."""
+        mine = (g for g in self.access.grants if principal in (None, g.principal))
+        return sorted(mine, key=Grant.sort_key)
+
+    def audit(self, limit: int = 50, before: float | None = None) -> list[AuditEntry]:
+        """Up to ``limit`` audit records, newest first (those before ``before``, a time
+        in seconds, to page back)."""
+        limit = max(0, min(limit, MAX_AUDIT))
+        rows = self.store.audit_log(limit, None if before is None else to_us(before))
+        return [AuditEntry(row[0] / US, *row[1:]) for row in rows]
