@@ -290,3 +290,26 @@ def test_a_transaction_through_a_link(network: Network, tmp_path: Path) -> None:
     assert sorted(r[0] for r in app.execute("SELECT n FROM done").fetchall()) == [0, 1, 2, 3, 4]
     with network.client("a") as a:
         assert sorted(drain(a, "shipped", 5)) == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_clients_through_a_link_have_what_the_link_principal_is_granted(
+    network: Network,
+) -> None:
+    """Once b has grants, a client that reaches b through a acts there as ``@a``."""
+    linked(network, "a", "b")
+    with network.client("b") as b:
+        b.create_queue(QueueConfig("q", subscriptions=("q/>",)))
+        b.create_queue(QueueConfig("other", subscriptions=("o/>",)))
+        b.publish("q/1", b"one")
+        b.grant("@a", "consume", "queue", "q")
+    located(network, "a", "q", "b")
+    with eomsg.connect(network.tmp / "a", via="b") as through:
+        assert [d.message.payload for d in through.fetch("q", 1)] == [b"one"]
+        with pytest.raises(NotAllowed, match="@a may not fetch from queue other"):
+            through.fetch("other", 1)
+        with pytest.raises(NotAllowed, match="@a may not run stats"):
+            through.stats()
+    with network.client("b") as b:
+        b.revoke("@a", "consume", "queue", "q")  # no grant left: as before, all but admin
+    with eomsg.connect(network.tmp / "a", via="b") as through:
+        assert [s.name for s in through.stats()] == ["other", "q"]
