@@ -7,7 +7,8 @@ Producers and consumers run in processes of their own — the consumers of each 
 applying into the queue's SQLite database through an inbox — while the node, the
 consumers and the producers are SIGKILLed and consumers are paused past the keep-alive,
 at times drawn from ``--seed`` (``--power-losses``: the node killed and what it wrote
-and did not fsync dropped, see eomsg.chaos.powerloss), and every client reaches the node
+and did not fsync dropped, see eomsg.chaos.powerloss; ``--clock-jumps``: the node's wall
+clock moved an hour while it runs, see eomsg.chaos.clock), and every client reaches the node
 through a proxy that loses a reply now and then (the request landed, the client is cut
 off); then everything is healed and drained and the checker reads the whole history.
 ``--dry-run`` prints the faults it would inject. Exit status: 0 when no violation was
@@ -48,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         help="node kills that also drop what it did not fsync (needs a C compiler)",
     )  # fmt: skip
     p.add_argument(
+        "--clock-jumps", type=int, default=d.clock_jumps,
+        help="the node's wall clock moved an hour, ahead or back, and back again at the "
+        "next (needs a C compiler)",
+    )  # fmt: skip
+    p.add_argument(
         "--lose-reply", type=float, default=d.lose_reply, help="of the node's frames to a client"
     )
     p.add_argument("--heartbeat", type=float, default=d.heartbeat, help="the node's, seconds")
@@ -65,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
         producer_kills=args.producer_kills,
         consumer_pauses=args.consumer_pauses,
         power_losses=args.power_losses,
+        clock_jumps=args.clock_jumps,
         lose_reply=args.lose_reply,
         heartbeat=args.heartbeat,
     )

@@ -25,10 +25,10 @@ from eomsg.core.operations import OPERATIONS
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobEvent, JobRecord, JobStatus, Selection
 from eomsg.core.topics import Matcher
-from eomsg.errors import AuthenticationFailed, NotAllowed
+from eomsg.errors import AuthenticationFailed, NotAllowed, TxnConflict, Unavailable
 from eomsg.wire import events as ev
 from eomsg.wire.calls import encode_args
-from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
+from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role
 from tests.conftest import Cli, NodeProcess
 
 RIGHTS = ("publish", "consume", "inspect", "admin")
@@ -62,12 +62,21 @@ class Wire:
 
     def ask(self, make: Callable[[int], ev.Event]) -> ev.Event:
         """Send the request ``make(rid)`` and return the node's first answer to it."""
+        return self.answer(self.send(make))
+
+    def send(self, make: Callable[[int], ev.Event]) -> int:
         rid = next(self.rids)
         self.sock.sendall(self.conn.send(make(rid)))
+        return rid
+
+    def answer(self, rid: int, seen: list[ev.Event] | None = None) -> ev.Event:
+        """The next event for ``rid`` (those for others go to ``seen``)."""
         while True:
             event = self._next()
             if getattr(event, "rid", None) == rid:
                 return event
+            if seen is not None:
+                seen.append(event)
 
     def close(self) -> None:
         self.sock.close()
@@ -241,10 +250,30 @@ MATRIX: dict[str, tuple[frozenset[str], str | None, Build]] = {
 }
 
 
-def test_the_matrix_names_every_operation_and_every_operation_has_its_needs() -> None:
+# The frames a client sends that need no right: the handshake, keep-alives, and what only
+# touches the connection's own subscriptions.
+FREE_FRAMES = {"Hello", "LinkHello", "Goodbye", "Ping", "Pong", "Cancel", "FlowAck"}
+# What only a link carries, once both nodes proved they hold its token (server/link.py).
+LINK_FRAMES = {
+    "LinkProof",
+    "Transfer",
+    "Taken",
+    "Interest",
+    "Channel",
+    "ChannelClose",
+    "ChannelPause",
+}
+
+
+def test_the_matrix_names_every_request_and_every_operation_has_its_needs() -> None:
     named = {name.split()[0] for name in MATRIX if not name.startswith("frame")}
     assert named == set(OPERATIONS)
     assert set(OPERATION_NEEDS) == set(OPERATIONS)
+    # Every frame a client may send the node is in the matrix or known to need nothing:
+    # a new kind of request cannot go unchecked unnoticed.
+    sent = {e.__name__ for (role, _, e) in TRANSITIONS if role is Role.CLIENT}
+    framed = {name.split()[1] for name in MATRIX if name.startswith("frame")}
+    assert sent == framed | FREE_FRAMES | LINK_FRAMES | {"Call"}
 
 
 @pytest.fixture
@@ -310,9 +339,13 @@ def test_tokens_name_principals_and_the_owner_is_never_limited(
     with owner(node) as admin:
         alice = admin.add_principal("alice")
         admin.create_queue(QueueConfig("q", ("t/>",)))
-    # While no grant exists, an authenticated principal may do everything.
+    # No grant exists at all, and still a principal may do nothing it was not granted:
+    # not even grant itself a right.
     with eomsg.connect(node.tcp, token=alice) as c:
-        c.create_queue(QueueConfig("free", ("f/>",)))
+        with pytest.raises(NotAllowed, match="alice may not run grant: it needs admin on node"):
+            c.grant("alice", "admin", "node")
+        with pytest.raises(NotAllowed):
+            c.create_queue(QueueConfig("free", ("f/>",)))
     with owner(node) as admin:
         assert admin.grant("alice", "publish", "topic", "t/>")
         assert not admin.grant("alice", "publish", "topic", "t/>")  # idempotent
@@ -369,13 +402,81 @@ def test_a_transaction_is_settled_by_its_own_principal_even_after_a_crash(
             b.commit_txn("t1")
         with pytest.raises(NotAllowed):
             b.abort_txn("t1")
+        with pytest.raises(TxnConflict, match="prepared already, by another principal"):
+            b.prepare_txn("t1", coordinator="mine", messages=[out("t/evil")])
     with eomsg.connect(node.tcp, token=alice) as a:
         assert [r.seq for r in a.commit_txn("t1")] == [1]
     with eomsg.connect(node.tcp, token=ops) as o:
         assert o.abort_txn("t2")
     with owner(node) as admin:
         assert [t.txid for t in admin.txns()] == []
+        settled = [(e.principal, e.action, e.target, e.detail) for e in admin.audit(limit=1)]
+        assert settled == [("ops", "abort-txn", "t2", "prepared by alice")]
     node.stop()
+
+
+def test_rights_reach_what_a_request_leads_to(node: NodeProcess) -> None:
+    """A requeue into the queue the node picks, and the dead-letter queue a create
+    makes, need admin on those queues too."""
+    with owner(node) as admin:
+        admin.create_queue(QueueConfig.create("orders", ("o/>",), dead_letter="dlq"))
+        mal = admin.add_principal("mal")
+        for queue in ("dlq", "mine"):
+            admin.grant("mal", "admin", "queue", queue)
+        admin.grant("mal", "publish", "topic", "m/>")
+    with eomsg.connect(node.tcp, token=mal) as m:
+        m.subscribe("dlq", "m/>")
+        m.publish("m/evil", b"injected")
+        with pytest.raises(NotAllowed, match="mal may not requeue into queue orders"):
+            m.requeue("dlq")
+        with pytest.raises(NotAllowed, match="needs admin on queue mine-dlq"):
+            m.create_queue(QueueConfig.create("mine", ("m/x",), dead_letter="mine-dlq"))
+    with owner(node) as admin:
+        assert {s.name: s.depth for s in admin.stats()} == {"orders": 0, "dlq": 1}
+        admin.grant("mal", "admin", "queue", "orders")
+    with eomsg.connect(node.tcp, token=mal) as m:
+        assert m.requeue("dlq") == (1, "orders")
+
+
+def test_a_revoked_right_ends_a_subscription_and_a_waiting_fetch(node: NodeProcess) -> None:
+    with owner(node) as admin:
+        admin.create_queue(QueueConfig("q", ("t/>",)))
+        token = admin.add_principal("sub")
+        admin.grant("sub", "consume", "queue", "q")
+        wire = Wire(node.tcp, token)
+        subscribed = wire.send(lambda rid: ev.Subscribe(rid, "q", 10))
+        assert isinstance(wire.answer(subscribed), ev.Result)
+        admin.publish("t/1", b"before")
+        seen: list[ev.Event] = []
+        while not any(isinstance(e, ev.Deliver) and e.deliveries for e in seen):
+            seen.append(wire._next())
+        waiting = wire.send(lambda rid: ev.Fetch(rid, "q", 1, wait=60.0))
+        admin.revoke("sub", "consume", "queue", "q")
+        admin.grant("sub", "inspect", "queue", "q")  # a grant is left: deny by default
+        admin.publish("t/2", b"after")
+        for rid in (subscribed, waiting):
+            while not isinstance(ended := wire.answer(rid, seen), ev.Error):
+                seen.append(ended)  # deliveries (none new, below) until the refusal
+            assert ended.code == NotAllowed.code
+        got = [d.message.payload for e in seen if isinstance(e, ev.Deliver) for d in e.deliveries]
+        assert got == [b"before"]
+        wire.close()
+        # What it held went back when its subscription ended.
+        assert [d.message.payload for d in admin.fetch("q", 10)] == [b"before", b"after"]
+
+
+def test_a_removed_principal_is_cut_off(node: NodeProcess) -> None:
+    with owner(node) as admin:
+        token = admin.add_principal("gone")
+        admin.grant("gone", "inspect", "node")
+        with eomsg.connect(node.tcp, token=token) as c:
+            assert c.stats() == []
+            admin.remove_principal("gone")
+            with pytest.raises(NotAllowed, match="principal gone was removed"):
+                c.stats()
+            # … and the connection closed (seen at once, or by a request racing it).
+            with pytest.raises((AuthenticationFailed, Unavailable), match="gone was removed"):
+                c.stats()
 
 
 def test_a_denial_is_logged_and_changes_nothing(node: NodeProcess) -> None:
@@ -481,7 +582,7 @@ def test_a_topic_grant_covers_exactly_what_a_subscription_of_it_routes(
 
 
 @given(grants=st.lists(st.tuples(st.sampled_from(RIGHTS), st.sampled_from(["q", "*", ""]))))
-def test_no_grant_means_everyone_may_and_the_owner_always_may(
+def test_the_owner_always_may_a_principal_only_what_it_holds_a_link_as_before_rules(
     grants: list[tuple[str, str]],
 ) -> None:
     made = set()
@@ -491,4 +592,8 @@ def test_no_grant_means_everyone_may_and_the_owner_always_may(
     policy = Policy(frozenset(made))
     need = access.consuming("q")[0]
     assert policy.allows("owner", need)
-    assert policy.allows("someone", need) == (not made)
+    assert not policy.allows("someone", need)
+    assert policy.allows("p", need) == any(
+        g.right.value == "consume" and g.target.name in ("", "q", "*") for g in made
+    )
+    assert policy.allows("@b", need) == (not made)

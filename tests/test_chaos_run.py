@@ -1,5 +1,6 @@
 """A fault-injection run (eomsg.chaos.run, scripts/chaos.py), CI-sized: real node,
-producer and consumer processes SIGKILLed and paused at times drawn from a seed, then
+producer and consumer processes SIGKILLed and paused, the node's wall clock moved an hour,
+at times drawn from a seed, then
 healed, drained and checked whole — no violation; and its plan is the same for the same
 seed, printed by --dry-run without running anything."""
 
@@ -59,13 +60,15 @@ def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path) -> None:
         consumer_kills=3,
         producer_kills=2,
         consumer_pauses=1,
+        clock_jumps=4,
         lose_reply=0.01,
     )
     outcome = run(plan, tmp_path)
     assert outcome.report.ok, str(outcome.report)
     lost_replies = outcome.faults.pop("reply_lost")
     assert outcome.faults == {
-        "node_kill": 3, "consumer_kill": 3, "producer_kill": 2, "consumer_pause": 1
+        "node_kill": 3, "consumer_kill": 3, "producer_kill": 2, "consumer_pause": 1,
+        "clock_jump": 4,
     }  # fmt: skip
     assert lost_replies  # 1 frame in 100 from the node to a client: there are thousands
     checked = outcome.report.checked

@@ -12,34 +12,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from eomsg.errors import EomsgError
+from eomsg.chaos.shim import build_shim
 
 SOURCE = Path(__file__).with_name("powerloss.c")
 
 
 def build(into: Path) -> Path:
     """The shim compiled into ``into``; EomsgError without a C compiler."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        raise EomsgError(
-            "a power-loss run needs a C compiler: install gcc (apt-get install gcc libc6-dev)"
-        )
-    out = into / "powerloss.so"
-    done = subprocess.run(
-        [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SOURCE), "-ldl", "-lpthread"],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        said = done.stderr.splitlines()
-        first = next((line for line in said if "error" in line), said[0] if said else "no output")
-        raise EomsgError(f"the power-loss shim did not build: {first.strip()}")
-    return out
+    return build_shim(SOURCE, into, "power-loss")
 
 
 BLOCK = 4096

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eomsg.chaos.check import Report, check
+from eomsg.chaos.clock import HOUR, WallClock
 from eomsg.chaos.history import (
     Applied,
     Event,
@@ -78,6 +79,7 @@ class Plan:
     producer_kills: int = 3
     consumer_pauses: int = 2  # each past the keep-alive
     power_losses: int = 0  # the node killed and its unsynced writes dropped
+    clock_jumps: int = 0  # the node's wall clock moved an hour (and back at the next)
     lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
     heartbeat: float = 1.0
     gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
@@ -110,10 +112,12 @@ def schedule(plan: Plan) -> list[Fault]:
         "producer_kill": plan.producer_kills,
         "consumer_pause": plan.consumer_pauses,
         "power_loss": plan.power_losses,
+        "clock_jump": plan.clock_jumps,
     }
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
-    clients = {"node_kill": 1, "power_loss": 1, "producer_kill": plan.producers}
+    # a clock jump's "target": the way it moves a clock that is right (0 ahead, 1 back)
+    clients = {"node_kill": 1, "power_loss": 1, "clock_jump": 2, "producer_kill": plan.producers}
     return [
         Fault(
             kind,
@@ -144,11 +148,19 @@ class Result:
 class _Node(Node):
     """The node; its clients reach it through ``proxy``, which follows it to the port
     each start listens on. With ``disk``, it runs on a disk that can lose power (what
-    it wrote and did not sync, ``lost`` tells how much, goes with each power loss)."""
+    it wrote and did not sync, ``lost`` tells how much, goes with each power loss); with
+    ``clock``, on a wall clock the run moves."""
 
     proxy: FaultProxy
     disk: Disk | None = None
     lost: Lost
+    clock: WallClock | None = None
+
+    def clock_jump(self, ahead: bool) -> None:
+        """Move the node's wall clock an hour — back to the machine's if it was moved,
+        else ``ahead`` or back — under load, while it runs."""
+        assert self.clock is not None
+        self.clock.jump(-self.clock.offset if self.clock.offset else HOUR if ahead else -HOUR)
 
     def power_loss(self) -> None:
         assert self.disk is not None
@@ -178,6 +190,9 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
     if plan.power_losses:
         node.disk = Disk(Path(data), workdir / "durable", build(workdir))
         node.env, node.lost = node.disk.env(), Lost()
+    if plan.clock_jumps:
+        node.clock = WallClock(workdir)
+        node.env = node.clock.env(node.env or dict(os.environ))
     result = Result(Report())
     workers: list[Process] = []
     with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
@@ -267,6 +282,8 @@ def _inject(
         case "power_loss":
             node.power_loss()
             node.start()
+        case "clock_jump":
+            node.clock_jump(ahead=fault.target == 0)
         case "consumer_kill":
             victim = consumers[fault.target]
             victim.kill()

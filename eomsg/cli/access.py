@@ -3,6 +3,7 @@ connect with a token of their own, and what each may do (see docs/security.md)."
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -14,7 +15,7 @@ from eomsg.cli.common import (
     JsonOption,
     handles_errors,
     open_broker,
-    write_secret,
+    open_secret,
 )
 from eomsg.cli.inspect import when
 from eomsg.cli.output import print_json, say, show, table
@@ -44,8 +45,8 @@ def add(
     json: JsonOption = False,
 ) -> None:
     """Add a principal with a new token, shown (or written) this once: the node keeps
-    only its digest. The principal connects with --token (or EOMSG_TOKEN); until an
-    administrator grants something to anyone, every principal may do everything.
+    only its digest. The principal connects with --token (or EOMSG_TOKEN) and may do
+    only what it is granted (eomsg grant).
 
     \b
     Examples:
@@ -53,12 +54,19 @@ def add(
       eomsg grant billing consume --queue invoices
     """
     validate_principal(name)
-    if token_file is not None and token_file.exists():
-        raise UsageError(f"{token_file} exists; the token goes to a new file (use another)")
-    with open_broker(data) as broker:
-        token = broker.add_principal(name)
-    if token_file is not None:
-        write_secret(token_file, token, "token file")
+    # The file first: a token made and then not written anywhere would be lost.
+    fd = None if token_file is None else open_secret(token_file, "token file")
+    try:
+        with open_broker(data) as broker:
+            token = broker.add_principal(name)
+    except BaseException:
+        if fd is not None and token_file is not None:
+            os.close(fd)
+            token_file.unlink()
+        raise
+    if fd is not None:
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
     if json:
         kept = {"token_file": str(token_file)} if token_file else {"token": token}
         print_json({"name": name, **kept})
@@ -133,9 +141,9 @@ def grant(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Grant a principal a right. From the first grant on, the node denies by default:
-    each principal may do only what it is granted (the node's owner, with the node's
-    token or on its Unix socket, always may). A no-op if granted already.
+    """Grant a principal a right. The node denies by default: each principal may do only
+    what it is granted (the node's owner, with the node's token or on its Unix socket,
+    always may). A no-op if granted already.
 
     \b
     Examples:
@@ -157,8 +165,8 @@ def revoke(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Take back a grant (a no-op if it was not given). Revoking the node's last grant
-    lets every authenticated client do everything again.
+    """Take back a grant (a no-op if it was not given), at once: on open connections
+    too.
 
     \b
     Examples:

@@ -100,12 +100,17 @@ def make_secret(path: Path, what: str) -> str:
 def write_secret(path: Path, secret: str, what: str) -> None:
     """Write ``secret`` to the new file ``path`` (owner-only); UsageError if the file
     cannot be made (or exists: it is never overwritten)."""
+    with os.fdopen(open_secret(path, what), "w") as f:
+        f.write(secret + "\n")
+
+
+def open_secret(path: Path, what: str) -> int:
+    """The descriptor of the new, empty, owner-only file ``path``, to write a secret
+    into; UsageError if it cannot be made (or exists: it is never overwritten)."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except OSError as e:
         raise UsageError(f"cannot make {what} {path}: {e.strerror}") from e
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
 
 
 def fail(message: str, code: ExitCode) -> typer.Exit:

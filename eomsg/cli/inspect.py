@@ -187,8 +187,7 @@ def grants(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """The grants in force: who may do what on which queue, topic or the node (none:
-    every authenticated client may do everything)."""
+    """The grants in force: who may do what on which queue, topic or the node."""
     with open_broker(data) as broker:
         found = broker.grants(principal)
     if json:

@@ -16,12 +16,12 @@ or any of them on the whole ``node``: every queue and topic, and what concerns t
 itself (``inspect``: the log, stats, links, transactions, SQL; ``admin``: links,
 settings, principals and grants). Rights do not imply one another.
 
-**Deny by default once any rule exists**: while no grant exists, every authenticated
-client may do everything (a node set up before permissions keeps working); from the
-first grant on, a principal may do only what it is granted. The node's *owner* — a client
-presenting the node's own token, or one on its owner-only Unix socket without a token —
-is never limited: it can read the data directory anyway. A client of another node that
-reaches this one through a link acts as the principal ``@PEER``.
+**Deny by default**: a principal may do only what it is granted. The node's *owner* — a
+client presenting the node's own token, or one on its owner-only Unix socket without a
+token — is never limited: it can read the data directory anyway. A client of another
+node that reaches this one through a link acts as the principal ``@PEER``; while no grant
+at all exists such a client may do everything but admin (as before permissions existed),
+and once any rule exists only what ``@PEER`` is granted.
 
 A client may always settle its own transactions (the principal that prepared one may
 commit or abort it); another's needs ``admin`` on the node.
@@ -247,7 +247,7 @@ class Policy:
     grants: frozenset[Grant] = frozenset()
 
     def allows(self, principal: str, need: Need) -> bool:
-        if principal == OWNER or not self.grants:
+        if principal == OWNER or (not self.grants and principal.startswith("@")):
             return True
         return any(
             g.principal == principal and g.covers(r, need.target)
@@ -285,6 +285,10 @@ def publishing(topics: Iterable[str]) -> list[Need]:
 
 def consuming(queue: str) -> list[Need]:
     return [Need((Right.CONSUME,), Target.queue(queue))]
+
+
+def admin_of(queue: str) -> list[Need]:
+    return [Need((Right.ADMIN,), Target.queue(queue))]
 
 
 def _on_queue(*rights: Right, arg: str = "name") -> Callable[[Mapping[str, Any]], list[Need]]:

@@ -321,7 +321,7 @@ class Operations(Protocol):
         """The replay jobs recorded against this log (or the one named), newest first."""
         raise Declaration
 
-    @operation()
+    @operation(caller=("by",))
     def record_replay(record: JobRecord, event: JobEvent) -> JobRecord:
         """Durably move a replay job by ``event``; its new record. IllegalMove."""
         raise Declaration

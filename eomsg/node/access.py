@@ -11,6 +11,7 @@ written before a principal is added and after it is removed.
 from __future__ import annotations
 
 import hmac
+import logging
 import secrets
 
 from eomsg.core.access import (
@@ -29,6 +30,8 @@ from eomsg.store.store import US, Store
 
 MAX_AUDIT = 10_000  # records one call returns at most
 
+log = logging.getLogger("eomsg.node")
+
 
 class Access(NodeState):
     """Principals, grants and the audit log."""
@@ -40,6 +43,11 @@ class Access(NodeState):
         self._principals = {name: us / US for name, us in principals.items()}
         self._digests = {n: d for n, d in digests.items() if n in self._principals}
         self.access = Policy(frozenset(make_grant(*g) for g in grants))
+
+    def has_principal(self, name: str) -> bool:
+        """Whether principal ``name`` exists now (a session's is checked at each request:
+        one removed is cut off)."""
+        return name in self._principals
 
     def principal_of(self, token: str) -> str | None:
         """The principal whose token ``token`` is, or None (compared in constant time)."""
@@ -91,7 +99,10 @@ class Access(NodeState):
                 del self._principals[name]
                 self._digests = {n: d for n, d in self._digests.items() if n != name}
                 self.access = Policy(left)
-            digests_file.save(self.store.data_dir, self._digests)
+            try:  # removed already: a digest left behind is ignored at the next open
+                digests_file.save(self.store.data_dir, self._digests)
+            except OSError as e:
+                log.warning("principal %s removed; its digest stays in the file: %s", name, e)
         return removed
 
     def principals(self) -> list[PrincipalInfo]:
@@ -99,21 +110,22 @@ class Access(NodeState):
         held: dict[str, int] = {}
         for g in self.access.grants:
             held[g.principal] = held.get(g.principal, 0) + 1
-        return [PrincipalInfo(n, at, held.get(n, 0)) for n, at in sorted(self._principals.items())]
+        with self._lock:
+            known = sorted(self._principals.items())
+        return [PrincipalInfo(n, at, held.get(n, 0)) for n, at in known]
 
     def grant(
         self, principal: str, right: str, kind: str, name: str = "", *, by: str = OWNER
     ) -> bool:
         """Give ``principal`` ``right`` on a ``kind`` (queue, topic, node) ``name``.
-        Idempotent: False if it holds it already. From the first grant on, principals
-        may do only what they are granted. PrincipalNotFound; InvalidConfig."""
+        Idempotent: False if it holds it already. PrincipalNotFound; InvalidConfig."""
         return self._change_grant(make_grant(principal, right, kind, name), True, by)
 
     def revoke(
         self, principal: str, right: str, kind: str, name: str = "", *, by: str = OWNER
     ) -> bool:
-        """Take back a grant; False if it was not given. Revoking the last grant of the
-        node lets every authenticated client do everything again."""
+        """Take back a grant; False if it was not given. It holds at once: a
+        subscription that loses its right ends at its next take."""
         return self._change_grant(make_grant(principal, right, kind, name), False, by)
 
     def _change_grant(self, grant: Grant, given: bool, by: str) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+from eomsg.core import access
 from eomsg.core.access import OWNER
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, Publishable, PublishResult
@@ -106,6 +107,8 @@ class Ingress(NodeState):
             target = self._queue(to) if to is not None else self._dead_lettering_into(q)
             if target is q:
                 raise InvalidConfig(f"queue {name!r} cannot be requeued into itself")
+            into = target.config.name  # picked here when not named: its right checked here
+            self.access.check(by, access.admin_of(into), f"requeue into queue {into}")
             batch = RowBatch()
             # What expired by now expires, rather than being moved with a moment to live.
             self._record_settlements(batch, q, q.cursor.poll(now), now)

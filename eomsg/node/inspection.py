@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from eomsg.core.access import OWNER
 from eomsg.core.cursor import Outcome
 from eomsg.core.message import Message
 from eomsg.core.queues import QueueStats
@@ -141,16 +142,17 @@ class Inspection(Maintenance):
         self._check_open()
         return self.store.replay_jobs(job_id)
 
-    def record_replay(self, record: JobRecord, event: JobEvent) -> JobRecord:
+    def record_replay(self, record: JobRecord, event: JobEvent, *, by: str = OWNER) -> JobRecord:
         """Durably move job ``record.job_id`` by ``event`` (the table in core.replay) and
-        return its new record; an illegal move (finishing a job that is not running)
-        raises IllegalMove and changes nothing."""
+        return its new record, in the audit log ``by`` whom; an illegal move (finishing
+        a job that is not running) raises IllegalMove and changes nothing."""
         with self._admin:
             self._check_open()
             known = self.store.replay_jobs(validate_job_id(record.job_id))
             status = job_transition(known[0].status if known else None, event, record.job_id)
             new = replace(record, status=status, recorded_at=self.clock())
-            self.store.writer.run(Store.record_replay_job(new)).result()
+            entry = self._audit(by, f"replay-{event.value}", record.job_id, status.value)
+            self.store.writer.run(Store.audited(Store.record_replay_job(new), entry)).result()
             return new
 
 

@@ -45,6 +45,18 @@ __all__ = ["SETTINGS", "Node", "NodeSettings"]
 log = logging.getLogger("eomsg.node")
 
 
+def steady_clock() -> Clock:
+    """Seconds since the epoch that move only as the monotonic clock does: the wall
+    clock read once, then carried forward by ``time.monotonic``. A jump of the system's
+    clock — NTP stepping it, a person setting it, ±1 h — then moves nothing the node
+    times (ack deadlines, redelivery delays, expiry, hold and resend timers), where the
+    wall clock would hold a consumer's messages an hour or time them all out at once.
+    What the node records (``published_at``) drifts from the wall clock only by such a
+    jump, until the next start reads it again."""
+    wall, mono = time.time(), time.monotonic()
+    return lambda: wall + (time.monotonic() - mono)
+
+
 class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspection, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
 
@@ -62,12 +74,14 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
         cls,
         data_dir: Path | str,
         settings: NodeSettings | None = None,
-        clock: Clock = time.time,
+        clock: Clock | None = None,
         *,
         create: bool = True,
     ) -> Node:
         """Open the data directory (creating it unless ``create`` is False) and rebuild
-        the in-memory state from it."""
+        the in-memory state from it. ``clock``: the node's time (default
+        :func:`steady_clock`)."""
+        clock = clock or steady_clock()
         settings = settings or NodeSettings()
         store = Store(
             Path(data_dir),

@@ -21,7 +21,7 @@ from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.text import is_text
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
-from eomsg.errors import InvalidConfig, InvalidInput, TxnNotFound
+from eomsg.errors import InvalidConfig, InvalidInput, TxnConflict, TxnNotFound
 from eomsg.failpoints import failpoint
 from eomsg.node.ingress import Ingress
 from eomsg.node.state import PreparedTxn, QueueState, to_us
@@ -63,6 +63,11 @@ class Participant(Ingress):
         with self._lock:
             self._check_open()
             if txid in self._txns:
+                if (self._txns[txid].principal or OWNER) != by:
+                    raise TxnConflict(
+                        f"transaction {txid!r} is prepared already, by another principal: "
+                        "choose another id"
+                    )
                 return
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
@@ -98,6 +103,7 @@ class Participant(Ingress):
                 move("participant", self._decided(txid), TxnMove.COMMIT, txid)
                 return []
             self.access.check_settle(by, t.principal, txid)
+            self._audit_settle(batch, by, t, "commit-txn")
             first_seq = self._next_seq
             results, fresh = self._stage(batch, t.messages, now)
             for q, seqs in t.deletes.items():
@@ -139,6 +145,8 @@ class Participant(Ingress):
             batch.add("txn_log", txid, state.value, to_us(now), t.coordinator, t.principal)
             if force:  # a person's decision against the coordinator's: on the record
                 batch.add("audit", *self._audit(by, "force-abort", txid, t.coordinator))
+            else:
+                self._audit_settle(batch, by, t, "abort-txn")
             del self._txns[txid]
             self._finished[txid] = state
             failpoint("txn.abort.before_commit")
@@ -146,6 +154,12 @@ class Participant(Ingress):
         committed.result()
         self._notify({q.config.name for q in t.deletes})
         return True
+
+    def _audit_settle(self, batch: RowBatch, by: str, t: PreparedTxn, action: str) -> None:
+        """An administrator settling another principal's transaction: on the record."""
+        prepared_by = t.principal or OWNER
+        if by != prepared_by:
+            batch.add("audit", *self._audit(by, action, t.txid, f"prepared by {prepared_by}"))
 
     def transact(
         self,

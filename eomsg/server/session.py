@@ -313,10 +313,15 @@ class Session(asyncio.Protocol):
         return True
 
     def _check(self, doing: str, needs: Callable[[], list[Need]]) -> None:
-        """NotAllowed (logged) unless the principal holds what ``needs()`` lists."""
-        policy = self.node.access
-        if self.principal == OWNER or not policy.grants:
+        """NotAllowed (logged) unless the principal holds what ``needs()`` lists; a
+        principal removed since the hello is cut off."""
+        if self.principal == OWNER:
             return
+        policy = self.node.access
+        if not (self.principal.startswith("@") or self.node.has_principal(self.principal)):
+            gone = f"principal {self.principal} was removed"
+            self.loop.call_soon(self._fail, AuthenticationFailed(gone))  # after its answer
+            raise NotAllowed(gone)
         try:
             policy.check(self.principal, needs(), doing)
         except NotAllowed as e:
@@ -428,6 +433,8 @@ class Session(asyncio.Protocol):
             raise InvalidConfig("fetch wait must be between 0 and 3600 seconds")
         deadline = self.loop.time() + event.wait
         while True:
+            # Each round: a right revoked while it waits ends the wait (NotAllowed).
+            self._check(f"fetch from queue {event.queue}", lambda: access.consuming(event.queue))
             ready = self.server.ready_waiter(event.queue)
             taken = await self.server.blocking(
                 self.node.fetch, event.queue, event.max, holder=self.holder
@@ -554,6 +561,14 @@ class Session(asyncio.Protocol):
                     self._dry(sub)  # the window holds all there was
                 await sub.wake.wait()
                 continue
+            try:  # at each take: a right revoked since ends the subscription
+                self._check(f"receive from queue {sub.queue}", lambda: access.consuming(sub.queue))
+            except NotAllowed as e:
+                self._send(ev.Error(sub.rid, e.code, e.message))
+                self.subscriptions.pop(sub.rid, None)
+                sub.closed = True
+                await self._unbind(sub)  # what it held goes to the next consumer
+                break
             ready = self.server.ready_waiter(sub.queue)
             try:
                 taken, sub.more = await self.server.blocking(
