@@ -49,6 +49,11 @@ def main(argv: list[str] | None = None) -> int:
         help="node kills that also drop what it did not fsync (needs a C compiler)",
     )  # fmt: skip
     p.add_argument(
+        "--failpoint-crashes", type=int, default=d.failpoint_crashes,
+        help="the node, or a transactional consumer, started again set to crash at a "
+        "named step (eomsg.failpoints) drawn from the seed",
+    )  # fmt: skip
+    p.add_argument(
         "--clock-jumps", type=int, default=d.clock_jumps,
         help="the node's wall clock moved an hour, ahead or back, and back again at the "
         "next (needs a C compiler)",
@@ -72,13 +77,14 @@ def main(argv: list[str] | None = None) -> int:
         consumer_pauses=args.consumer_pauses,
         power_losses=args.power_losses,
         clock_jumps=args.clock_jumps,
+        failpoint_crashes=args.failpoint_crashes,
         lose_reply=args.lose_reply,
         heartbeat=args.heartbeat,
     )
     faults = schedule(plan)
     if args.dry_run:
         for f in faults:
-            print(f"after {f.after:.3f} s: {f.kind} {f.target}")
+            print(f"after {f.after:.3f} s: {f}")
         print(f"{len(faults)} faults over {duration(plan, faults):.1f} s")
         return 0
     if args.dir is not None and args.dir.exists() and any(args.dir.iterdir()):

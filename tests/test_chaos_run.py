@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eomsg.chaos.powerloss import build
-from eomsg.chaos.run import QUEUES, Plan, run, schedule
+from eomsg.chaos.run import FAILPOINTS, QUEUES, Plan, run, schedule
 from eomsg.chaos.workers import PARENT
 from eomsg.errors import EomsgError
 from tests.conftest import eventually, missing_service
@@ -34,6 +35,19 @@ def test_the_faults_of_a_plan_are_the_same_for_the_same_seed() -> None:
     ]
     consumers = [f.target for f in faults if f.kind.startswith("consumer")]
     assert all(0 <= target < plan.consumers * len(QUEUES) for target in consumers)
+
+
+def test_a_run_crashes_at_every_named_step_of_the_node_and_the_coordinator() -> None:
+    """Every failpoint of the node, its store and the transaction coordinator is one a
+    run may crash at (those of offline tools — salvage, compact, Spark — are not)."""
+    offline = {"salvage.swap", "compact.before_swap", "replay.staged", "replay.committed"}
+    named = set()
+    for path in (ROOT / "eomsg").rglob("*.py"):
+        named |= set(re.findall(r'failpoint\("([a-z._]+)"\)', path.read_text()))
+    assert named - offline == set(FAILPOINTS)
+    assert len(set(FAILPOINTS)) == len(FAILPOINTS)
+    steps = {f.failpoint for f in schedule(Plan(seed=1, failpoint_crashes=200))}
+    assert {step for step, _ in steps} == set(FAILPOINTS)  # each drawn, given enough
 
 
 def test_dry_run_prints_the_faults_and_runs_nothing(tmp_path: Path) -> None:
@@ -61,11 +75,15 @@ def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path) -> None:
         producer_kills=2,
         consumer_pauses=1,
         clock_jumps=4,
+        failpoint_crashes=3,
         lose_reply=0.01,
     )
     outcome = run(plan, tmp_path)
     assert outcome.report.ok, str(outcome.report)
     lost_replies = outcome.faults.pop("reply_lost")
+    # A step the node or consumer did not reach within its wait is counted apart.
+    crashes = outcome.faults.pop("failpoint_crash", 0) + outcome.faults.pop("failpoint_missed", 0)
+    assert crashes == 3
     assert outcome.faults == {
         "node_kill": 3, "consumer_kill": 3, "producer_kill": 2, "consumer_pause": 1,
         "clock_jump": 4,

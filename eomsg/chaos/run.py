@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -41,6 +42,7 @@ from eomsg.chaos.process import Node, Process
 from eomsg.chaos.proxy import FaultProxy
 from eomsg.chaos.workers import PARENT, applied
 from eomsg.errors import EomsgError
+from eomsg.failpoints import ENV as FAILPOINTS_ENV
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,27 @@ QUEUES = {
 }
 TOPIC = "chaos/m"
 
+# The named steps (eomsg.failpoints) a run crashes the node at: publishing, deleting,
+# each move of a transaction, the writer's commits, the journal's append, apply, forget.
+NODE_FAILPOINTS = (
+    "publish.before_commit", "publish.after_commit", "delete.before_commit",
+    "txn.prepare.before_commit", "txn.prepare.after_commit", "txn.commit.before_commit",
+    "txn.commit.after_commit", "txn.abort.before_commit", "store.commit.before",
+    "store.commit.after", "store.job.before_commit", "journal.append.before",
+    "journal.append.before_sync", "journal.apply.before_commit",
+    "journal.apply.after_commit", "journal.forget.before",
+)  # fmt: skip
+# … and a transactional consumer at: its coordinator's and its database's steps.
+CLIENT_FAILPOINTS = (
+    "coordinator.before_prepare", "coordinator.after_prepare", "coordinator.after_decision",
+    "coordinator.before_forget", "resource.before_prepare", "resource.after_prepare",
+    "resource.before_commit", "resource.after_commit", "resource.before_finish",
+    "resource.after_finish",
+)  # fmt: skip
+FAILPOINTS = NODE_FAILPOINTS + CLIENT_FAILPOINTS
+FAILPOINT_WAIT = 10.0  # seconds a process set to crash at a step is given to reach it
+FAILPOINT_PASSES = 20  # it crashes at its 1st to 20th pass through the step
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -80,6 +103,7 @@ class Plan:
     consumer_pauses: int = 2  # each past the keep-alive
     power_losses: int = 0  # the node killed and its unsynced writes dropped
     clock_jumps: int = 0  # the node's wall clock moved an hour (and back at the next)
+    failpoint_crashes: int = 0  # the node or a transactional consumer crashing at a step
     lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
     heartbeat: float = 1.0
     gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
@@ -102,6 +126,16 @@ class Fault:
     after: float
     target: int
 
+    @property
+    def failpoint(self) -> tuple[str, int]:
+        """A failpoint crash's step and the pass through it that crashes."""
+        return FAILPOINTS[self.target // FAILPOINT_PASSES], self.target % FAILPOINT_PASSES + 1
+
+    def __str__(self) -> str:
+        if self.kind == "failpoint_crash":
+            return "failpoint_crash {}@{}".format(*self.failpoint)
+        return f"{self.kind} {self.target}"
+
 
 def schedule(plan: Plan) -> list[Fault]:
     """The faults of ``plan``, in order: the same for the same plan, every time."""
@@ -113,11 +147,16 @@ def schedule(plan: Plan) -> list[Fault]:
         "consumer_pause": plan.consumer_pauses,
         "power_loss": plan.power_losses,
         "clock_jump": plan.clock_jumps,
+        "failpoint_crash": plan.failpoint_crashes,
     }
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
     # a clock jump's "target": the way it moves a clock that is right (0 ahead, 1 back)
-    clients = {"node_kill": 1, "power_loss": 1, "clock_jump": 2, "producer_kill": plan.producers}
+    # … a failpoint crash's: the step (a FAILPOINTS index) and the pass through it
+    clients = {
+        "node_kill": 1, "power_loss": 1, "clock_jump": 2, "producer_kill": plan.producers,
+        "failpoint_crash": len(FAILPOINTS) * FAILPOINT_PASSES,
+    }  # fmt: skip
     return [
         Fault(
             kind,
@@ -130,7 +169,8 @@ def schedule(plan: Plan) -> list[Fault]:
 
 def duration(plan: Plan, faults: list[Fault]) -> float:
     """The seconds ``faults`` take to inject."""
-    return sum(f.after + (plan.pause if f.kind == "consumer_pause" else 0.0) for f in faults)
+    waits = {"consumer_pause": plan.pause, "failpoint_crash": FAILPOINT_WAIT / 2}
+    return sum(f.after + waits.get(f.kind, 0.0) for f in faults)
 
 
 @dataclass
@@ -206,7 +246,9 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
                 time.sleep(fault.after)
                 if _inject(fault, node, producers, consumers, plan):
                     result.faults[fault.kind] += 1
-                say(f"{fault.kind} {fault.target}")
+                elif fault.kind == "failpoint_crash":  # the step not reached in time
+                    result.faults["failpoint_missed"] += 1
+                say(str(fault))
             _heal(node, workers)
             _drain(data, workdir, producers)
             for p in workers:
@@ -274,8 +316,15 @@ def _workers(
 def _inject(
     fault: Fault, node: _Node, producers: list[Process], consumers: list[Process], plan: Plan
 ) -> bool:
-    """Inject ``fault``; whether it was (a producer that has finished is not killed)."""
+    """Inject ``fault``; whether it was (a producer that has finished is not killed, a
+    failpoint not reached in time is not counted)."""
     match fault.kind:
+        case "failpoint_crash":
+            step, nth = fault.failpoint
+            if step in NODE_FAILPOINTS:
+                return _crash_at(node, step, nth)
+            transactional = [c for c in consumers if QUEUES[c.name[0]].transactional]
+            return _crash_at(transactional[fault.target % len(transactional)], step, nth)
         case "node_kill":
             node.kill()
             node.start()
@@ -302,6 +351,27 @@ def _inject(
             time.sleep(plan.pause)
             victim.signal(signal.SIGCONT)
     return True
+
+
+def _crash_at(victim: Process, step: str, nth: int) -> bool:
+    """Start ``victim`` again set to crash (SIGKILL itself) at its ``nth`` pass through
+    failpoint ``step``; wait for it to, then start it again as it was. Whether it
+    crashed there (if not in time, it is killed and started again all the same)."""
+    env = victim.env
+    victim.kill()
+    victim.env = {**(env or os.environ), FAILPOINTS_ENV: f"{step}=crash@{nth}"}
+    with contextlib.suppress(EomsgError):  # a node may crash before it is ready
+        victim.start()
+    victim.env = env
+    assert victim.proc is not None
+    try:
+        victim.proc.wait(FAILPOINT_WAIT)
+        crashed = victim.proc.returncode == -signal.SIGKILL
+    except subprocess.TimeoutExpired:
+        crashed = False
+    victim.kill()
+    victim.start()
+    return crashed
 
 
 def _heal(node: _Node, workers: list[Process]) -> None:
