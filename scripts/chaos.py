@@ -62,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
         "--lose-reply", type=float, default=d.lose_reply, help="of the node's frames to a client"
     )
     p.add_argument("--heartbeat", type=float, default=d.heartbeat, help="the node's, seconds")
+    p.add_argument(
+        "--postgres", metavar="CONNINFO",
+        help="an empty PostgreSQL database (max_prepared_transactions > 0) for queue t's "
+        "transactional consumers, which then prepare there (default: SQLite)",
+    )  # fmt: skip
     p.add_argument("--dir", type=Path, help="keep the run here (default: a temporary one)")
     p.add_argument("--dry-run", action="store_true", help="print the faults, run nothing")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
@@ -78,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         power_losses=args.power_losses,
         clock_jumps=args.clock_jumps,
         failpoint_crashes=args.failpoint_crashes,
+        postgres=args.postgres,
         lose_reply=args.lose_reply,
         heartbeat=args.heartbeat,
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from eomsg.chaos.powerloss import build
-from eomsg.chaos.run import FAILPOINTS, QUEUES, Plan, run, schedule
+from eomsg.chaos.run import FAILPOINTS, QUEUES, Plan, consumer_names, run, schedule
 from eomsg.chaos.workers import PARENT
 from eomsg.errors import EomsgError
 from tests.conftest import eventually, missing_service
@@ -34,7 +34,7 @@ def test_the_faults_of_a_plan_are_the_same_for_the_same_seed() -> None:
         "producer_kill"
     ]
     consumers = [f.target for f in faults if f.kind.startswith("consumer")]
-    assert all(0 <= target < plan.consumers * len(QUEUES) for target in consumers)
+    assert all(0 <= target < len(consumer_names(plan)) for target in consumers)
 
 
 def test_a_run_crashes_at_every_named_step_of_the_node_and_the_coordinator() -> None:
@@ -65,8 +65,10 @@ def test_dry_run_prints_the_faults_and_runs_nothing(tmp_path: Path) -> None:
 
 @pytest.mark.chaos
 @pytest.mark.slow
-def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path) -> None:
+def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path, pg_dsn: str) -> None:
+    """Consumers apply into SQLite (q, s), DuckDB (d) and PostgreSQL (t, preparing)."""
     plan = Plan(
+        postgres=pg_dsn,
         seed=11,
         producers=2,
         messages=400,

@@ -15,7 +15,6 @@ import dataclasses
 import os
 import random
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ from eomsg.chaos.history import (
 from eomsg.chaos.powerloss import Disk, Lost, build
 from eomsg.chaos.process import Node, Process
 from eomsg.chaos.proxy import FaultProxy
-from eomsg.chaos.workers import PARENT, applied
+from eomsg.chaos.workers import PARENT, RESOURCES, applied, open_database
 from eomsg.errors import EomsgError
 from eomsg.failpoints import ENV as FAILPOINTS_ENV
 
@@ -49,11 +48,15 @@ from eomsg.failpoints import ENV as FAILPOINTS_ENV
 class Role:
     """What a queue of the run is: ``exclusive`` (one active consumer at a time),
     ``transactional`` (consumed in two-phase transactions, not through an inbox),
-    ``ordered`` (its order is checked: what eomsg promises of it)."""
+    ``ordered`` (its order is checked: what eomsg promises of it); the application
+    database its consumers apply into (``db``: one all of them share; DuckDB, which one
+    process opens at a time, has one consumer: ``single``)."""
 
     exclusive: bool
     transactional: bool
     ordered: bool
+    db: str = "sqlite"
+    single: bool = False
 
 
 QUEUES = {
@@ -61,8 +64,10 @@ QUEUES = {
     "s": Role(exclusive=False, transactional=False, ordered=False),
     # Exclusive too, but a transaction that aborts — or that a consumer which lost its
     # flow left prepared — gives its messages back after later ones were taken: order
-    # is not promised there (docs/cli.md, "queue create").
-    "t": Role(exclusive=True, transactional=True, ordered=False),
+    # is not promised there (docs/cli.md, "queue create"). In PostgreSQL, which prepares
+    # (a real two-phase commit), when the run is given one (Plan.postgres).
+    "t": Role(exclusive=True, transactional=True, ordered=False, db="postgresql"),
+    "d": Role(exclusive=True, transactional=False, ordered=True, db="duckdb", single=True),
 }
 TOPIC = "chaos/m"
 
@@ -104,6 +109,7 @@ class Plan:
     power_losses: int = 0  # the node killed and its unsynced writes dropped
     clock_jumps: int = 0  # the node's wall clock moved an hour (and back at the next)
     failpoint_crashes: int = 0  # the node or a transactional consumer crashing at a step
+    postgres: str | None = None  # an empty PostgreSQL database for "t" (else SQLite)
     lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
     heartbeat: float = 1.0
     gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
@@ -161,10 +167,29 @@ def schedule(plan: Plan) -> list[Fault]:
         Fault(
             kind,
             round(rng.uniform(*plan.gap), 3),
-            rng.randrange(clients.get(kind, plan.consumers * len(QUEUES))),
+            rng.randrange(clients.get(kind, len(consumer_names(plan)))),
         )
         for kind in kinds
     ]
+
+
+def consumer_names(plan: Plan) -> list[tuple[str, str]]:
+    """Each consumer of the run, and its queue."""
+    return [
+        (f"{q}{i}", q)
+        for q, role in QUEUES.items()
+        for i in range(1 if role.single else plan.consumers)
+    ]
+
+
+def database(plan: Plan, workdir: Path, queue: str) -> str:
+    """Where the consumers of ``queue`` apply (``KIND:WHERE``, eomsg.chaos.workers)."""
+    role = QUEUES[queue]
+    if role.db == "postgresql" and plan.postgres is not None:
+        return f"postgresql:{plan.postgres}"
+    if role.db == "duckdb":
+        return f"duckdb:{workdir / queue}.duckdb"
+    return f"sqlite:{workdir / queue}.sqlite"
 
 
 def duration(plan: Plan, faults: list[Fault]) -> float:
@@ -250,10 +275,10 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
                     result.faults["failpoint_missed"] += 1
                 say(str(fault))
             _heal(node, workers)
-            _drain(data, workdir, producers)
+            _drain(plan, data, workdir, producers)
             for p in workers:
                 p.stop()
-            prepared = _recover(data, workdir)
+            prepared = _recover(plan, data, workdir)
         finally:
             for p in workers:
                 p.stop()
@@ -261,7 +286,7 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
         result.faults["reply_lost"] = node.proxy.counts["replies lost"]
         if node.disk is not None:
             result.faults["unsynced_blocks_dropped"] = node.lost.blocks
-    events = _history(workdir, workers, prepared)
+    events = _history(plan, workdir, workers, prepared)
     acked = {e.id for e in events if isinstance(e, Published) and e.outcome is Outcome.OK}
     if len(acked) < plan.producers * plan.messages:  # a run that checked less than planned
         raise EomsgError(
@@ -304,11 +329,10 @@ def _workers(
         for i in range(plan.producers)
     ]  # fmt: skip
     consumers = [
-        Process(f"{q}{i}", [*worker, "consume", address, f"{q}{i}.jsonl", f"{q}{i}", q,
-                             f"{q}.sqlite", *(["--txn"] if QUEUES[q].transactional else [])],
-                 workdir, env)
-        for q in QUEUES
-        for i in range(plan.consumers)
+        Process(name, [*worker, "consume", address, f"{name}.jsonl", name, q,
+                       database(plan, workdir, q), *(["--txn"] if QUEUES[q].transactional else [])],
+                workdir, env)
+        for name, q in consumer_names(plan)
     ]  # fmt: skip
     return producers, consumers
 
@@ -385,7 +409,9 @@ def _heal(node: _Node, workers: list[Process]) -> None:
             p.start()
 
 
-def _drain(data: str, workdir: Path, producers: list[Process], timeout: float = 600.0) -> None:
+def _drain(
+    plan: Plan, data: str, workdir: Path, producers: list[Process], timeout: float = 600.0
+) -> None:
     """Wait until every producer has finished and the queues are empty. What the
     transactional consumers left in doubt is recovered meanwhile: a message whose delete
     waits in a prepared transaction is no consumer's until then, and the consumer that
@@ -407,36 +433,37 @@ def _drain(data: str, workdir: Path, producers: list[Process], timeout: float = 
                 if all(s.depth == 0 for s in client.stats() if s.name in QUEUES):
                     return
                 if time.monotonic() >= next_recovery:
-                    _recover_in_doubt(client, workdir)
+                    _recover_in_doubt(plan, client, workdir)
                     next_recovery = time.monotonic() + 2.0
         time.sleep(0.2)
     raise EomsgError(f"the run did not drain within {timeout:.0f} s")
 
 
-def _recover(data: str, workdir: Path) -> set[str]:
+def _recover(plan: Plan, data: str, workdir: Path) -> set[str]:
     """Recover what the transactional consumers left in doubt, then the transactions
     the node still holds prepared."""
     import eomsg
     from eomsg.core.txn import TxnState
 
     with eomsg.connect(data) as client:
-        _recover_in_doubt(client, workdir)
+        _recover_in_doubt(plan, client, workdir)
         return {t.txid for t in client.txns() if t.state is TxnState.PREPARED}
 
 
-def _recover_in_doubt(client: Any, workdir: Path) -> None:
+def _recover_in_doubt(plan: Plan, client: Any, workdir: Path) -> None:
     """``eomsg recover`` on each transactional queue's database: transactions whose
     coordinator is gone are decided by their marker (one still connected is left)."""
     import eomsg
 
     for q in (q for q, role in QUEUES.items() if role.transactional):
-        path = workdir / f"{q}.sqlite"
-        if path.exists():
-            with contextlib.closing(sqlite3.connect(path, isolation_level=None, timeout=60.0)) as c:
-                eomsg.recover_resource(client, eomsg.SQLiteResource(c))
+        conn, kind = open_database(database(plan, workdir, q))
+        try:
+            eomsg.recover_resource(client, getattr(eomsg, RESOURCES[kind])(conn))
+        finally:
+            conn.close()
 
 
-def _history(workdir: Path, workers: list[Process], prepared: set[str]) -> list[Event]:
+def _history(plan: Plan, workdir: Path, workers: list[Process], prepared: set[str]) -> list[Event]:
     """Every event of the run: the workers' histories, what each queue's database
     applied, and where each transaction stands (``prepared`` at the node: in doubt;
     with its rows applied: committed; else aborted)."""
@@ -449,11 +476,9 @@ def _history(workdir: Path, workers: list[Process], prepared: set[str]) -> list[
             events += read(path)
     committed: set[str] = set()
     for q in QUEUES:
-        path = workdir / f"{q}.sqlite"
-        if path.exists():
-            rows = applied(path)
-            events += [Applied(q, queue, msg_id) for queue, msg_id, _ in rows]
-            committed |= {txid for _, _, txid in rows if txid is not None}
+        rows = applied(database(plan, workdir, q))
+        events += [Applied(q, queue, msg_id) for queue, msg_id, _ in rows]
+        committed |= {txid for _, _, txid in rows if txid is not None}
     tried = {e.txid for e in events if isinstance(e, Transacted)}
     for txid in sorted(tried | prepared | committed):
         state = "prepared" if txid in prepared else "committed" if txid in committed else "aborted"

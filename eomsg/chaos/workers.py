@@ -10,7 +10,8 @@ history, it goes on after the last message acknowledged, and — unless ``--once
 retries the one whose outcome it did not learn, with the same id.
 
 ``python -m eomsg.chaos.workers consume NODE HISTORY NAME QUEUE APP`` consumes ``QUEUE``
-into the SQLite database ``APP`` through an :class:`~eomsg.client.inbox.Inbox`, each
+into the application database ``APP`` — ``sqlite:PATH``, ``duckdb:PATH`` or
+``postgresql:CONNINFO`` — through an :class:`~eomsg.client.inbox.Inbox`, each
 message appended to its table ``applied`` in the transaction that records it in the
 inbox, then deleted; it records each change of activity, delivery and delete. The
 consumers of one queue share its database, as an application's do: the inbox is what
@@ -26,11 +27,10 @@ import argparse
 import contextlib
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,8 +47,45 @@ from eomsg.chaos.history import (
 from eomsg.errors import EomsgError, StaleDelivery
 
 RETRY_EVERY = 0.05  # seconds between attempts while the node is down
-APPLIED = """CREATE TABLE IF NOT EXISTS applied (
-    n INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, id TEXT NOT NULL, txid TEXT)"""
+# The table each consumer appends to, numbered in the order the database applied them.
+APPLIED = {
+    "sqlite": ["""CREATE TABLE IF NOT EXISTS applied (
+        n INTEGER PRIMARY KEY AUTOINCREMENT, queue TEXT NOT NULL, id TEXT NOT NULL, txid TEXT)"""],
+    "duckdb": ["CREATE SEQUENCE IF NOT EXISTS applied_n", """CREATE TABLE IF NOT EXISTS applied (
+        n BIGINT PRIMARY KEY DEFAULT nextval('applied_n'), queue TEXT NOT NULL,
+        id TEXT NOT NULL, txid TEXT)"""],
+    "postgresql": ["""CREATE TABLE IF NOT EXISTS applied (
+        n BIGSERIAL PRIMARY KEY, queue TEXT NOT NULL, id TEXT NOT NULL, txid TEXT)"""],
+}  # fmt: skip
+RESOURCES = {  # eomsg's transaction resource for each kind
+    "sqlite": "SQLiteResource", "duckdb": "DuckDBResource", "postgresql": "PostgresResource"
+}  # fmt: skip
+
+
+def open_database(app: str) -> tuple[Any, str]:
+    """A connection to the application database ``app`` (``KIND:WHERE``) and its kind,
+    its ``applied`` table made if missing."""
+    from eomsg.client.appdb import open_app
+
+    kind, _, where = app.partition(":")
+    conn = open_app(kind, where)
+    if kind == "sqlite":
+        conn.execute("PRAGMA journal_mode=WAL")
+    for statement in APPLIED[kind]:
+        conn.execute(statement)
+    return conn, kind
+
+
+def _append(conn: Any, kind: str, rows: Sequence[tuple[str | None, ...]]) -> None:
+    """Append ``rows`` — (queue, id) or (queue, id, txid) — to ``applied``."""
+    columns = "queue, id" if len(rows[0]) == 2 else "queue, id, txid"
+    marks = ", ".join(["%s" if kind == "postgresql" else "?"] * len(rows[0]))
+    statement = f"INSERT INTO applied ({columns}) VALUES ({marks})"
+    if kind == "postgresql":
+        with conn.cursor() as cursor:
+            cursor.executemany(statement, rows)
+    else:
+        conn.executemany(statement, rows)
 
 
 def _outcome(error: BaseException | None) -> Outcome:
@@ -134,24 +171,22 @@ def _stop(*_: object) -> None:
 
 
 def consume(
-    node: str, history: Path, name: str, queue: str, app: Path, *, transactional: bool = False
+    node: str, history: Path, name: str, queue: str, app: str, *, transactional: bool = False
 ) -> None:
     """Consume ``queue`` into ``app`` until SIGTERM (see the module's docstring)."""
     import eomsg
 
     signal.signal(signal.SIGTERM, _stop)
-    conn = sqlite3.connect(app, isolation_level=None, timeout=60.0)
+    conn, kind = open_database(app)
     try:
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(APPLIED)
         with Recorder(history) as record:
             while True:
                 try:
                     with eomsg.connect(node, timeout=2.0) as client:
                         apply = (
-                            _Transactions(client, conn, record, name)
+                            _Transactions(client, conn, kind, record, name)
                             if transactional
-                            else _Express(conn, record, name)
+                            else _Express(conn, kind, record, name)
                         )
                         _consume(client, record, name, queue, apply)
                 except (EomsgError, OSError):
@@ -180,29 +215,32 @@ def _consume(
 class _Express:
     """Apply a batch through the inbox, then delete it (seed 001)."""
 
-    def __init__(self, conn: Any, record: Callable[..., None], name: str) -> None:
+    def __init__(self, conn: Any, kind: str, record: Callable[..., None], name: str) -> None:
         import eomsg
 
-        self.conn, self.record, self.name = conn, record, name
+        self.conn, self.kind, self.record, self.name = conn, kind, record, name
         self.inbox = eomsg.Inbox(conn)
 
     def __call__(self, batch: list[Any]) -> None:
         settling = [_Recorded(r, self.record, self.name) for r in batch]
         with self.inbox.batch(settling) as b:
-            self.conn.executemany(
-                "INSERT INTO applied (queue, id) VALUES (?, ?)",
-                [(m.delivered.queue, m.delivered.message.id) for m in b.fresh],
-            )
+            if b.fresh:
+                rows = [(m.delivered.queue, m.delivered.message.id) for m in b.fresh]
+                _append(self.conn, self.kind, rows)
 
 
 class _Transactions:
     """Apply and delete a batch in one transaction (seed 000), recording its outcome."""
 
-    def __init__(self, client: Any, conn: Any, record: Callable[..., None], name: str) -> None:
+    def __init__(
+        self, client: Any, conn: Any, kind: str, record: Callable[..., None], name: str
+    ) -> None:
         import eomsg
 
-        self.client, self.conn, self.record, self.name = client, conn, record, name
-        self.resource = eomsg.SQLiteResource(conn)  # new on each connection: recovered first
+        self.client, self.conn, self.kind, self.record = client, conn, kind, record
+        self.name = name
+        # new on each connection to the node: what it left in doubt is recovered first
+        self.resource = getattr(eomsg, RESOURCES[kind])(conn)
 
     def __call__(self, batch: list[Any]) -> None:
         from eomsg.errors import TxnAborted
@@ -215,9 +253,7 @@ class _Transactions:
         try:
             with tx:
                 rows = [(r.queue, r.id, tx.txid) for r in batch]
-                tx.resource(self.conn).executemany(
-                    "INSERT INTO applied (queue, id, txid) VALUES (?, ?, ?)", rows
-                )
+                _append(tx.resource(self.conn), self.kind, rows)
                 for r in batch:
                     tx.delete(r)
             outcome = Outcome.OK
@@ -238,10 +274,16 @@ class _Transactions:
             )
 
 
-def applied(app: Path) -> list[tuple[str, str, str | None]]:
+def applied(app: str) -> list[tuple[str, str, str | None]]:
     """What the database ``app`` applied, in the order it did: (queue, id, txid)."""
-    with contextlib.closing(sqlite3.connect(app)) as conn:
-        return conn.execute("SELECT queue, id, txid FROM applied ORDER BY n").fetchall()
+    conn, _ = open_database(app)
+    try:
+        rows: list[tuple[str, str, str | None]] = conn.execute(
+            "SELECT queue, id, txid FROM applied ORDER BY n"
+        ).fetchall()
+        return rows
+    finally:
+        conn.close()
 
 
 class _Recorded:
@@ -305,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("history", type=Path)
     c.add_argument("name")
     c.add_argument("queue")
-    c.add_argument("app", type=Path)
+    c.add_argument("app", help="the database: sqlite:PATH, duckdb:PATH or postgresql:CONNINFO")
     c.add_argument("--txn", action="store_true", help="apply and delete in transactions")
     args = parser.parse_args(argv)
     _die_with_parent()
