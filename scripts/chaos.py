@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--heartbeat", type=float, default=d.heartbeat, help="the node's, seconds")
     p.add_argument(
+        "--disk-fulls", type=int, default=d.disk_fulls,
+        help="the node's disk (a tmpfs of its own: root, or sudo -n) filled for a few "
+        "seconds — all of it, or to under the node's reserve",
+    )  # fmt: skip
+    p.add_argument(
         "--postgres", metavar="CONNINFO",
         help="an empty PostgreSQL database (max_prepared_transactions > 0) for queue t's "
         "transactional consumers, which then prepare there (default: SQLite)",
@@ -84,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         clock_jumps=args.clock_jumps,
         failpoint_crashes=args.failpoint_crashes,
         postgres=args.postgres,
+        disk_fulls=args.disk_fulls,
         lose_reply=args.lose_reply,
         heartbeat=args.heartbeat,
     )

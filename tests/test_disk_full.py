@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import eomsg
+from eomsg.chaos.disk import MiB, SmallDisk
 from eomsg.errors import (
     DiskFull,
     EomsgError,
@@ -28,50 +29,16 @@ from eomsg.errors import (
 from eomsg.store.journal import SEGMENT_BYTES
 from tests.conftest import NodeProcess, missing_service
 
-MiB = 1 << 20
-
-
-class SmallDisk:
-    """A tmpfs of ``size`` bytes mounted for one test, and a file that fills it."""
-
-    def __init__(self, root: Path, size: int) -> None:
-        self.root = root
-        self.filler = root / "filler"
-        prefix = [] if os.geteuid() == 0 else ["sudo", "-n"]
-        root.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [*prefix, "mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "tmpfs", str(root)],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            missing_service(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
-        self._umount = [*prefix, "umount", "-l", str(root)]
-
-    def free(self) -> int:
-        st = os.statvfs(self.root)
-        return st.f_bavail * st.f_frsize
-
-    def fill(self, leave: int) -> None:
-        """Grow the filler until only about ``leave`` bytes are free."""
-        with open(self.filler, "ab") as f:
-            while (gap := self.free() - leave) > 0:
-                f.write(b"\0" * min(gap, 4 * MiB))
-                f.flush()
-
-    def empty(self) -> None:
-        self.filler.unlink(missing_ok=True)
-
-    def unmount(self) -> None:
-        subprocess.run(self._umount, capture_output=True)
-
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Callable[[int], SmallDisk]]:
     mounted: list[SmallDisk] = []
 
     def mount(size: int) -> SmallDisk:
-        disk = SmallDisk(tmp_path / "disk", size)
+        try:
+            disk = SmallDisk(tmp_path / "disk", size)
+        except EomsgError as e:
+            missing_service(e.message)
         mounted.append(disk)
         return disk
 

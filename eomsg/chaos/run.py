@@ -26,6 +26,7 @@ from typing import Any
 
 from eomsg.chaos.check import Report, check
 from eomsg.chaos.clock import HOUR, WallClock
+from eomsg.chaos.disk import MiB, SmallDisk
 from eomsg.chaos.history import (
     Applied,
     Event,
@@ -91,6 +92,8 @@ CLIENT_FAILPOINTS = (
 FAILPOINTS = NODE_FAILPOINTS + CLIENT_FAILPOINTS
 FAILPOINT_WAIT = 10.0  # seconds a process set to crash at a step is given to reach it
 FAILPOINT_PASSES = 20  # it crashes at its 1st to 20th pass through the step
+DISK_SIZE = 256 * MiB  # the node's disk in a run that fills it
+DISK_RESERVE = 32 * MiB  # … and the node's reserve there
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class Plan:
     clock_jumps: int = 0  # the node's wall clock moved an hour (and back at the next)
     failpoint_crashes: int = 0  # the node or a transactional consumer crashing at a step
     postgres: str | None = None  # an empty PostgreSQL database for "t" (else SQLite)
+    disk_fulls: int = 0  # the node's disk filled up, for a pause (needs a tmpfs: root)
     lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
     heartbeat: float = 1.0
     gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
@@ -154,6 +158,7 @@ def schedule(plan: Plan) -> list[Fault]:
         "power_loss": plan.power_losses,
         "clock_jump": plan.clock_jumps,
         "failpoint_crash": plan.failpoint_crashes,
+        "disk_full": plan.disk_fulls,
     }
     kinds = [kind for kind, n in counts.items() for _ in range(n)]
     rng.shuffle(kinds)
@@ -161,6 +166,7 @@ def schedule(plan: Plan) -> list[Fault]:
     # … a failpoint crash's: the step (a FAILPOINTS index) and the pass through it
     clients = {
         "node_kill": 1, "power_loss": 1, "clock_jump": 2, "producer_kill": plan.producers,
+        "disk_full": 2,  # 0: no room at all (writes fail), 1: under the node's reserve
         "failpoint_crash": len(FAILPOINTS) * FAILPOINT_PASSES,
     }  # fmt: skip
     return [
@@ -194,7 +200,11 @@ def database(plan: Plan, workdir: Path, queue: str) -> str:
 
 def duration(plan: Plan, faults: list[Fault]) -> float:
     """The seconds ``faults`` take to inject."""
-    waits = {"consumer_pause": plan.pause, "failpoint_crash": FAILPOINT_WAIT / 2}
+    waits = {
+        "consumer_pause": plan.pause,
+        "disk_full": plan.pause,
+        "failpoint_crash": FAILPOINT_WAIT / 2,
+    }
     return sum(f.after + waits.get(f.kind, 0.0) for f in faults)
 
 
@@ -220,6 +230,15 @@ class _Node(Node):
     disk: Disk | None = None
     lost: Lost
     clock: WallClock | None = None
+    small: SmallDisk | None = None
+
+    def disk_full(self, none_left: bool, hold: float) -> None:
+        """Fill the node's disk — all of it, so that writes fail, or to under its
+        reserve, so that it refuses publishes — for ``hold`` seconds, then free it."""
+        assert self.small is not None
+        self.small.fill(leave=0 if none_left else DISK_RESERVE // 2)
+        time.sleep(hold)
+        self.small.empty()
 
     def clock_jump(self, ahead: bool) -> None:
         """Move the node's wall clock an hour — back to the machine's if it was moved,
@@ -245,7 +264,31 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     started = time.monotonic()
     faults = schedule(plan)
-    data = str(workdir / "node")
+    small = SmallDisk(workdir / "disk", DISK_SIZE) if plan.disk_fulls else None
+    try:
+        result, events = _run(plan, workdir, faults, small, say)
+    finally:
+        if small is not None:
+            small.unmount()
+    acked = {e.id for e in events if isinstance(e, Published) and e.outcome is Outcome.OK}
+    if len(acked) < plan.producers * plan.messages:  # a run that checked less than planned
+        raise EomsgError(
+            f"only {len(acked)} of {plan.producers * plan.messages} messages were published"
+        )
+    result.report = check(events)
+    result.seconds = round(time.monotonic() - started, 1)
+    return result
+
+
+def _run(
+    plan: Plan,
+    workdir: Path,
+    faults: list[Fault],
+    small: SmallDisk | None,
+    say: Callable[[str], None],
+) -> tuple[Result, list[Event]]:
+    """The run itself: what was injected, and the history to check."""
+    data = str((workdir if small is None else small.root) / "node")
     node = _Node(
         "node",
         [sys.executable, "-m", "eomsg", "serve", "--data", data, "--json",
@@ -258,12 +301,13 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
     if plan.clock_jumps:
         node.clock = WallClock(workdir)
         node.env = node.clock.env(node.env or dict(os.environ))
+    node.small = small
     result = Result(Report())
     workers: list[Process] = []
     with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
         try:
             node.start()
-            producers, consumers = _workers(plan, faults, workdir, node)
+            producers, consumers = _workers(plan, faults, workdir, node, data)
             workers = [*consumers, *producers]
             for p in workers:
                 p.start()
@@ -286,31 +330,24 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
         result.faults["reply_lost"] = node.proxy.counts["replies lost"]
         if node.disk is not None:
             result.faults["unsynced_blocks_dropped"] = node.lost.blocks
-    events = _history(plan, workdir, workers, prepared)
-    acked = {e.id for e in events if isinstance(e, Published) and e.outcome is Outcome.OK}
-    if len(acked) < plan.producers * plan.messages:  # a run that checked less than planned
-        raise EomsgError(
-            f"only {len(acked)} of {plan.producers * plan.messages} messages were published"
-        )
-    result.report = check(events)
-    result.seconds = round(time.monotonic() - started, 1)
-    return result
+    return result, _history(plan, workdir, workers, prepared)
 
 
 def _workers(
-    plan: Plan, faults: list[Fault], workdir: Path, node: _Node
+    plan: Plan, faults: list[Fault], workdir: Path, node: _Node, data: str
 ) -> tuple[list[Process], list[Process]]:
     """The queues made on the node, and the producers and consumers of the run: every
     one reaches the node through its proxy, where a reply may be lost on the way."""
     import eomsg
     from eomsg.core.queues import QueueConfig
 
-    data = str(workdir / "node")
     with eomsg.connect(data) as client:
         for name, role in QUEUES.items():
             config = QueueConfig.create(name, (TOPIC,), max_active=int(role.exclusive))
             if name not in {s.name for s in client.stats()}:
                 client.create_queue(config)
+        if plan.disk_fulls:  # a reserve the small disk has room for
+            client.configure("disk-reserve", str(DISK_RESERVE))
     address = f"tcp://127.0.0.1:{node.proxy.port}"
     token = (Path(data) / "eomsg.token").read_text().strip()
     env = {**os.environ, "EOMSG_TOKEN": token, PARENT: str(os.getpid())}
@@ -357,6 +394,8 @@ def _inject(
             node.start()
         case "clock_jump":
             node.clock_jump(ahead=fault.target == 0)
+        case "disk_full":
+            node.disk_full(none_left=fault.target == 0, hold=plan.pause)
         case "consumer_kill":
             victim = consumers[fault.target]
             victim.kill()
