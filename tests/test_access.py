@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -25,11 +26,17 @@ from eomsg.core.operations import OPERATIONS
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobEvent, JobRecord, JobStatus, Selection
 from eomsg.core.topics import Matcher
-from eomsg.errors import AuthenticationFailed, NotAllowed, TxnConflict, Unavailable
+from eomsg.errors import (
+    AuthenticationFailed,
+    InvalidConfig,
+    NotAllowed,
+    TxnConflict,
+    Unavailable,
+)
 from eomsg.wire import events as ev
 from eomsg.wire.calls import encode_args
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role
-from tests.conftest import Cli, NodeProcess
+from tests.conftest import Cli, NodeFactory, NodeProcess
 
 RIGHTS = ("publish", "consume", "inspect", "admin")
 SEL = Selection(("t/>",), 1, 100, None, None)
@@ -523,6 +530,15 @@ def test_the_audit_log_says_who_changed_what_and_survives_a_restart(
     node.stop()
     shown = cli("inspect", "audit", "--limit", "2", "--json")
     assert [e["action"] for e in json.loads(shown.stdout)] == ["delete-queue", "unsubscribe"]
+
+
+def test_the_audit_log_pages_back_only_from_a_time(open_node: NodeFactory) -> None:
+    node = open_node()
+    node.create_queue(QueueConfig("q"))
+    assert [e.action for e in node.audit(before=node.clock() + 1)] == ["create-queue"]
+    for bad in (math.inf, -math.inf, math.nan, -1.0):
+        with pytest.raises(InvalidConfig, match="before must be a time"):
+            node.audit(before=bad)
 
 
 def test_user_grant_and_revoke_commands(cli: Cli, tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from eomsg.core.access import (
     make_grant,
     validate_principal,
 )
-from eomsg.errors import PrincipalExists, PrincipalNotFound
+from eomsg.errors import InvalidConfig, PrincipalExists, PrincipalNotFound
 from eomsg.node.state import NodeState, to_us
 from eomsg.store import principals as digests_file
 from eomsg.store.store import US, Store
@@ -158,6 +158,8 @@ class Access(NodeState):
     def audit(self, limit: int = 50, before: float | None = None) -> list[AuditEntry]:
         """Up to ``limit`` audit records, newest first (those before ``before``, a time
         in seconds, to page back)."""
+        if before is not None and not 0 <= before < 1e11:  # NaN and infinities too
+            raise InvalidConfig(f"before must be a time in seconds since the epoch, not {before}")
         limit = max(0, min(limit, MAX_AUDIT))
         rows = self.store.audit_log(limit, None if before is None else to_us(before))
         return [AuditEntry(row[0] / US, *row[1:]) for row in rows]
