@@ -53,6 +53,11 @@ def test_an_internal_error_is_blamed_on_the_frame_whose_rid_it_names() -> None:
     answers = [ev.Error(7, "error", "internal error: boom")]
     (said,) = _internal(answers, [("Fetch", first), ("Fetch", second)])
     assert said.startswith("Fetch (rid 7): internal error: boom after ") and repr(first) in said
+    assert repr(second) not in said
+    # A rid sent twice in a session: both frames are named, either may be the one.
+    call = _frame([ev.Call.TYPE, 7, "audit", {}])
+    (said,) = _internal(answers, [("Fetch", first), ("call audit", call)])
+    assert said.startswith("Fetch or call audit (rid 7): ") and repr(call) in said
 
 
 def test_what_a_handler_raised_is_read_from_the_node_s_log(tmp_path: Path) -> None:

@@ -400,19 +400,21 @@ def run_sessions(
 
 
 def _internal(answers: Sequence[ev.Event], sent: Sequence[tuple[str, bytes]]) -> list[str]:
-    """The answers saying ``internal error``, each with the frame whose rid it names
-    (the last one of that rid; "?" when no frame sent had it)."""
-    by_rid: dict[int, tuple[str, bytes]] = {}
+    """The answers saying ``internal error``, each with the frames of the rid it names
+    (a session may send several with one rid: each is named; "?" when none had it)."""
+    by_rid: dict[int, list[tuple[str, bytes]]] = {}
     for kind, data in sent:
         with contextlib.suppress(Exception):  # a broken frame has no rid to name
             body = msgpack.unpackb(data[4:], raw=False)
             if type(body) is list and len(body) > 1 and type(body[1]) is int:
-                by_rid[body[1]] = (kind, data)
+                by_rid.setdefault(body[1], []).append((kind, data))
     out = []
     for a in answers:
         if isinstance(a, ev.Error) and "internal error" in a.message:
-            kind, data = by_rid.get(a.rid, ("?", b""))
-            out.append(f"{kind} (rid {a.rid}): {a.message[:300]} after {data[:200]!r}")
+            frames = by_rid.get(a.rid, [("?", b"")])
+            kinds = " or ".join(dict.fromkeys(kind for kind, _ in frames))
+            sent_as = " / ".join(repr(data[:200]) for _, data in frames)
+            out.append(f"{kinds} (rid {a.rid}): {a.message[:300]} after {sent_as}")
     return out
 
 
