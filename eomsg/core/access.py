@@ -238,6 +238,7 @@ class Need:
 
 
 ADMINISTERS_NODE = Need((Right.ADMIN,), NODE)
+INSPECTS_NODE = Need((Right.INSPECT,), NODE)
 
 
 @dataclass(frozen=True)
@@ -361,7 +362,7 @@ OPERATION_NEEDS: dict[str, Callable[[Mapping[str, Any]], list[Need]]] = {
     "commit_txn": _own,
     "abort_txn": _own,
     "transact": _transacting,
-    "txns": _on_node(Right.INSPECT),
+    "txns": _own,  # each principal sees its own; inspect on the node sees all
     "add_principal": _on_node(Right.ADMIN),
     "remove_principal": _on_node(Right.ADMIN),
     "principals": _on_node(Right.INSPECT),

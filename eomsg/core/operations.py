@@ -361,9 +361,10 @@ class Operations(Protocol):
         one-phase commit). StaleDelivery, and nothing changed."""
         raise Declaration
 
-    @operation(reads_only=True)
+    @operation(reads_only=True, caller=("by",))
     def txns() -> list[TxnInfo]:
-        """The prepared transactions, oldest first."""
+        """The prepared transactions, oldest first: those the caller prepared, or all if
+        it may inspect the node."""
         raise Declaration
 
     # -- principals, grants and the audit log (eomsg.core.access) --------------------------

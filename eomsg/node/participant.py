@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from eomsg.core import access
 from eomsg.core.access import OWNER
 from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.message import Key, Outgoing, PublishResult
@@ -188,9 +189,12 @@ class Participant(Ingress):
         self._await_commit(committed)
         return results
 
-    def txns(self) -> list[TxnInfo]:
+    def txns(self, *, by: str = OWNER) -> list[TxnInfo]:
         """The prepared transactions, oldest first; ``connected`` False means their
-        coordinator is gone and `eomsg recover` may resolve them."""
+        coordinator is gone and `eomsg recover` may resolve them. Those ``by`` prepared,
+        unless it may inspect the node: a coordinator recovering its own in-doubt
+        transactions needs no more than the rights it used for them."""
+        every = self.access.allows(by, access.INSPECTS_NODE)
         with self._lock:
             return [
                 TxnInfo(
@@ -203,6 +207,7 @@ class Participant(Ingress):
                     sum(len(s) for s in t.deletes.values()),
                 )
                 for t in sorted(self._txns.values(), key=lambda t: (t.prepared_at, t.txid))
+                if every or (t.principal or OWNER) == by
             ]
 
     def disown_txns(self, owner: str) -> int:
