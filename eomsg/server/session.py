@@ -303,8 +303,8 @@ class Session(asyncio.Protocol):
         return self.node.principal_of(token)
 
     def _permits(self, rid: int, doing: str, needs: Callable[[], list[Need]]) -> bool:
-        """Whether the client's principal holds what ``needs()`` lists (only computed when
-        grants are in force); if not, the request is answered NotAllowed and logged."""
+        """Whether the client's principal holds what ``needs()`` lists (not computed for
+        the owner); if not, the request is answered NotAllowed and logged."""
         try:
             self._check(doing, needs)
         except NotAllowed as e:
