@@ -595,6 +595,18 @@ def test_user_grant_and_revoke_commands(cli: Cli, tmp_path: Path) -> None:
     neither = cli("grant", "erin", "admin", code=2)
     assert neither.stderr == b"Error: say what the right is on: one of --queue, --topic or --node\n"
     cli("grant", "nobody", "admin", "--node", code=4)
+    # Bad input: a typed one-line error, and nothing changed (the grants below).
+    for args, said in [
+        (("user", "add", "Bad Name"), b"Error: principal name 'Bad Name' is not valid: use "
+         b"1-64 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit\n"),
+        (("grant", "erin", "fly", "--node"),
+         b"Error: unknown right 'fly'; rights: publish, consume, inspect, admin\n"),
+        (("grant", "erin", "consume", "--topic", "a/>"),
+         b"Error: consume is granted on a queue or the node, not a topic\n"),
+        (("grant", "erin", "publish", "--topic", "a/*x"), None),
+    ]:  # fmt: skip
+        done = cli(*args, code=3)
+        assert said is None or done.stderr == said, done.stderr
     listed = json.loads(cli("user", "list", "--json").stdout)
     assert [(p["name"], p["grants"]) for p in listed] == [("erin", 1)]
     assert json.loads(cli("inspect", "grants", "--json").stdout) == [

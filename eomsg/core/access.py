@@ -205,12 +205,15 @@ def make_grant(principal: str, right: str, kind: str, name: str = "") -> Grant:
     else:
         validate_principal(principal)
     try:
-        r, k = Right(right), Kind(kind)
+        r = Right(right)
     except ValueError as e:
-        raise InvalidConfig(
-            f"{e}; rights: {', '.join(x.value for x in Right)}; "
-            f"targets: {', '.join(x.value for x in Kind)}"
-        ) from e
+        known = ", ".join(x.value for x in Right)
+        raise InvalidConfig(f"unknown right {right!r}; rights: {known}") from e
+    try:
+        k = Kind(kind)
+    except ValueError as e:
+        known = ", ".join(x.value for x in Kind)
+        raise InvalidConfig(f"unknown target {kind!r}; targets: {known}") from e
     if k is Kind.NODE:
         if name:
             raise InvalidConfig("a grant on the node names no queue or topic")
