@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A fault-injection run on one node, checked whole (eomsg.chaos):
+"""A fault-injection run on one node or a network of them, checked whole (eomsg.chaos):
 
     python scripts/chaos.py --seed 7 --node-kills 20 --consumer-kills 20 --json
+    python scripts/chaos.py --seed 7 --nodes 3 --topology ring --link-cuts 10 --json
 
 Producers and consumers run in processes of their own — the consumers of each queue
 applying into the queue's SQLite database through an inbox — while the node, the
@@ -11,6 +12,11 @@ and did not fsync dropped, see eomsg.chaos.powerloss; ``--clock-jumps``: the nod
 clock moved an hour while it runs, see eomsg.chaos.clock), and every client reaches the node
 through a proxy that loses a reply now and then (the request landed, the client is cut
 off); then everything is healed and drained and the checker reads the whole history.
+With ``--nodes N`` the nodes are linked (``--topology``), each link through a proxy that
+drops, duplicates and reorders ``--link-faults`` of its frames, and cut now and then
+(``--link-cuts``); the producers publish on every node, the queues are on the first
+(two consumers reach it through the last node), and a queue on each other node is
+drained at the end: every message must reach each queue once, in its origin's order.
 ``--dry-run`` prints the faults it would inject. Exit status: 0 when no violation was
 found, 1 when one was (the report says which), 2 for a usage error, 3 when the run could
 not be completed (the node did not start, the queues did not drain, a producer failed:
@@ -25,7 +31,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eomsg.chaos.run import Plan, duration, run, schedule
+from eomsg.chaos.plan import TOPOLOGIES, Plan, duration, schedule
+from eomsg.chaos.run import run
 from eomsg.errors import EomsgError
 
 VIOLATION = 1
@@ -37,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     d = Plan()
     p.add_argument("--seed", type=int, default=d.seed, help="places the faults in time")
-    p.add_argument("--producers", type=int, default=d.producers)
+    p.add_argument(
+        "--producers", type=int, default=d.producers, help="spread over the nodes, one by one"
+    )
     p.add_argument("--messages", type=int, default=d.messages, help="each producer's")
     p.add_argument("--consumers", type=int, default=d.consumers, help="of each queue")
     p.add_argument("--node-kills", type=int, default=d.node_kills)
@@ -72,27 +81,30 @@ def main(argv: list[str] | None = None) -> int:
         help="an empty PostgreSQL database (max_prepared_transactions > 0) for queue t's "
         "transactional consumers, which then prepare there (default: SQLite)",
     )  # fmt: skip
+    p.add_argument(
+        "--nodes", type=int, default=d.nodes,
+        help="linked into a network, each link through a proxy that drops, duplicates and "
+        "reorders its frames; the consumers on the first node, which holds the queues, and "
+        "a queue on each other node that the run drains at the end",
+    )  # fmt: skip
+    p.add_argument("--topology", choices=TOPOLOGIES, default=d.topology, help="of the links")
+    p.add_argument(
+        "--link-cuts", type=int, default=d.link_cuts,
+        help="a link cut (its connections refused), within a keep-alive or past it",
+    )  # fmt: skip
+    p.add_argument(
+        "--link-faults", type=float, default=d.link_faults,
+        help="of a link's frames: each dropped, duplicated and reordered",
+    )  # fmt: skip
     p.add_argument("--dir", type=Path, help="keep the run here (default: a temporary one)")
     p.add_argument("--dry-run", action="store_true", help="print the faults, run nothing")
     p.add_argument("--json", action="store_true", help="print the outcome as JSON")
     args = p.parse_args(argv)
-    plan = Plan(
-        seed=args.seed,
-        producers=args.producers,
-        messages=args.messages,
-        consumers=args.consumers,
-        node_kills=args.node_kills,
-        consumer_kills=args.consumer_kills,
-        producer_kills=args.producer_kills,
-        consumer_pauses=args.consumer_pauses,
-        power_losses=args.power_losses,
-        clock_jumps=args.clock_jumps,
-        failpoint_crashes=args.failpoint_crashes,
-        postgres=args.postgres,
-        disk_fulls=args.disk_fulls,
-        lose_reply=args.lose_reply,
-        heartbeat=args.heartbeat,
-    )
+    try:
+        plan = _plan(args)
+    except ValueError as e:
+        print(f"Error: {e}")
+        return USAGE
     faults = schedule(plan)
     if args.dry_run:
         for f in faults:
@@ -117,6 +129,31 @@ def main(argv: list[str] | None = None) -> int:
         print(outcome.report)
         print(f"faults: {dict(outcome.faults)}; checked: {dict(outcome.report.checked)}")
     return 0 if outcome.report.ok else VIOLATION
+
+
+def _plan(args: argparse.Namespace) -> Plan:
+    """The plan the arguments ask for; ValueError if it cannot be run."""
+    return Plan(
+        seed=args.seed,
+        producers=args.producers,
+        messages=args.messages,
+        consumers=args.consumers,
+        node_kills=args.node_kills,
+        consumer_kills=args.consumer_kills,
+        producer_kills=args.producer_kills,
+        consumer_pauses=args.consumer_pauses,
+        power_losses=args.power_losses,
+        clock_jumps=args.clock_jumps,
+        failpoint_crashes=args.failpoint_crashes,
+        postgres=args.postgres,
+        disk_fulls=args.disk_fulls,
+        lose_reply=args.lose_reply,
+        nodes=args.nodes,
+        topology=args.topology,
+        link_cuts=args.link_cuts,
+        link_faults=args.link_faults,
+        heartbeat=args.heartbeat,
+    )
 
 
 if __name__ == "__main__":

@@ -38,4 +38,4 @@ if ! compiles && ! { bash scripts/debian.sh --install gcc libc6-dev && compiles;
 fi
 python -m ruff check eomsg tests scripts
 python -m mypy eomsg
-python -m pytest "$@"
+python -m pytest --durations=40 "$@"

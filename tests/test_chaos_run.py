@@ -1,8 +1,8 @@
 """A fault-injection run (eomsg.chaos.run, scripts/chaos.py), CI-sized: real node,
 producer and consumer processes SIGKILLed and paused, the node's wall clock moved an hour,
-at times drawn from a seed, then
-healed, drained and checked whole — no violation; and its plan is the same for the same
-seed, printed by --dry-run without running anything."""
+at times drawn from a seed — on one node, and on three linked through fault proxies —
+then healed, drained and checked whole: no violation; and its plan is the same for the
+same seed, printed by --dry-run without running anything."""
 
 from __future__ import annotations
 
@@ -15,8 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from eomsg.chaos.plan import (
+    FAILPOINTS,
+    NODE_FAILPOINTS,
+    QUEUES,
+    Plan,
+    consumer_names,
+    schedule,
+)
 from eomsg.chaos.powerloss import build
-from eomsg.chaos.run import FAILPOINTS, QUEUES, Plan, consumer_names, run, schedule
+from eomsg.chaos.run import Result, run
 from eomsg.chaos.workers import PARENT
 from eomsg.errors import EomsgError
 from tests.conftest import eventually, missing_service
@@ -35,6 +43,47 @@ def test_the_faults_of_a_plan_are_the_same_for_the_same_seed() -> None:
     ]
     consumers = [f.target for f in faults if f.kind.startswith("consumer")]
     assert all(0 <= target < len(consumer_names(plan)) for target in consumers)
+
+
+def test_a_network_plan_places_each_fault_at_one_of_its_nodes_or_links() -> None:
+    """In a run of several nodes, a node's fault strikes one of them and a link cut one
+    of the topology's links; a consumer's failpoint, a consumer's or producer's kill and
+    a full disk (the one all the nodes keep their data on) name no node. A run of one
+    node places its faults as before: nowhere named."""
+    plan = Plan(seed=4, nodes=3, node_kills=20, power_losses=20, clock_jumps=20,
+                failpoint_crashes=30, link_cuts=12, disk_fulls=2)  # fmt: skip
+    assert plan.links == [("a", "b"), ("b", "c"), ("c", "a")]
+    faults = schedule(plan)
+    assert faults == schedule(plan)
+    at = {kind: {f.at for f in faults if f.kind == kind} for kind in {f.kind for f in faults}}
+    assert at["node_kill"] == at["power_loss"] == at["clock_jump"] == {"a", "b", "c"}
+    assert at["link_cut"] == {"a-b", "b-c", "c-a"}
+    assert {f.target for f in faults if f.kind == "link_cut"} == {0, 1}  # short and long
+    for f in (f for f in faults if f.kind == "failpoint_crash"):
+        assert (f.at is None) == (f.failpoint[0] not in NODE_FAILPOINTS)
+    assert at["consumer_kill"] == at["disk_full"] == {None}
+    one = Plan(seed=4, node_kills=12, power_losses=6, failpoint_crashes=30)
+    assert {f.at for f in schedule(one)} == {None}
+    assert Plan(nodes=3, topology="chain").links == [("a", "b"), ("b", "c")]
+    assert Plan(nodes=4, topology="fan-out").links == [("a", "b"), ("a", "c"), ("a", "d")]
+    assert Plan(nodes=2, topology="ring").links == [("a", "b")]  # not the same link twice
+    assert Plan().node_names == ["node"] and Plan(nodes=3).node_names == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--link-cuts", "1"], "link cuts need a run of several nodes (use --nodes)"),
+        (["--nodes", "0"], "a run has 1 to 8 nodes, not 0"),
+        (["--nodes", "9"], "a run has 1 to 8 nodes, not 9"),
+    ],
+)
+def test_a_plan_that_cannot_run_is_a_usage_error(args: list[str], said: str) -> None:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chaos.py"), *args, "--dry-run"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout) == (2, f"Error: {said}\n")
 
 
 def test_a_run_crashes_at_every_named_step_of_the_node_and_the_coordinator() -> None:
@@ -82,12 +131,7 @@ def test_a_run_with_every_fault_finds_no_violation(tmp_path: Path, pg_dsn: str) 
         disk_fulls=2,
         lose_reply=0.01,
     )
-    try:
-        outcome = run(plan, tmp_path)
-    except EomsgError as e:
-        if "cannot mount" not in e.message:
-            raise
-        missing_service(e.message)  # the disk it fills is a tmpfs of its own
+    outcome = run_filling_a_disk(plan, tmp_path)
     assert outcome.report.ok, str(outcome.report)
     lost_replies = outcome.faults.pop("reply_lost")
     # A step the node or consumer did not reach within its wait is counted apart.
@@ -120,6 +164,44 @@ def test_a_run_through_power_losses_finds_no_violation(tmp_path: Path) -> None:
     assert outcome.report.ok, str(outcome.report)
     assert outcome.faults["power_loss"] == 4
     assert outcome.report.checked["applied"] == 2 * len(QUEUES) * 300
+
+
+@pytest.mark.chaos
+@pytest.mark.slow
+def test_a_run_of_three_linked_nodes_with_every_fault_finds_no_violation(
+    tmp_path: Path, pg_dsn: str
+) -> None:
+    """Three nodes in a ring, each link through a proxy dropping, duplicating and
+    reordering 10 % of its frames each; producers on every node; the consumers on a,
+    and a queue on b and c drained at the end. Each node killed, one losing power, links
+    cut, clocks moved, a node or consumer crashed at a named step, the disk filled: every
+    message reaches every queue once, in its origin's order."""
+    plan = Plan(
+        postgres=pg_dsn, seed=21, nodes=3, producers=3, messages=200, node_kills=3,
+        power_losses=1, clock_jumps=2, failpoint_crashes=2, disk_fulls=1, link_cuts=4,
+        consumer_kills=2, producer_kills=1, consumer_pauses=1, lose_reply=0.01,
+    )  # fmt: skip
+    killed = {f.at for f in schedule(plan) if f.kind in ("node_kill", "power_loss")}
+    assert killed == {"a", "b", "c"}  # the seed kills each node
+    outcome = run_filling_a_disk(plan, tmp_path)
+    assert outcome.report.ok, str(outcome.report)
+    faults = outcome.faults
+    assert faults["link_cut"] == 4 and faults["node_kill"] == 3 and faults["power_loss"] == 1
+    assert faults["frames_dropped"] and faults["frames_duplicated"] and faults["frames_reordered"]
+    queues = len(QUEUES) + 2  # a's, and n-b and n-c
+    assert outcome.report.checked["applied"] == queues * 3 * 200
+
+
+def run_filling_a_disk(plan: Plan, tmp_path: Path) -> Result:
+    """``run(plan)``, skipped where the run cannot mount the disk it fills (a tmpfs of
+    its own: root, or sudo -n) — failed under CI=true."""
+    try:
+        return run(plan, tmp_path)
+    except EomsgError as e:
+        if "cannot mount" not in e.message:
+            raise
+        missing_service(e.message)
+        raise
 
 
 def test_a_run_into_a_directory_already_used_is_refused(tmp_path: Path) -> None:

@@ -17,11 +17,11 @@ NS = 1_000_000_000
 
 
 class WallClock:
-    """The offset of a node's wall clock from the machine's, kept in ``workdir/clock``
+    """The offset of a node's wall clock from the machine's, kept in ``workdir/NAME``
     (8 bytes, nanoseconds) for the shim built into ``workdir``."""
 
-    def __init__(self, workdir: Path) -> None:
-        self.path = workdir / "clock"
+    def __init__(self, workdir: Path, name: str = "clock") -> None:
+        self.path = workdir / name
         self.shim = build_shim(SOURCE, workdir, "clock-jump")
         self.offset = 0
         self.path.write_bytes(bytes(8))

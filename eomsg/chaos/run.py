@@ -1,19 +1,12 @@
-"""A fault-injection run on one node: producers and consumers in processes of their own,
-faults injected at random times (reproducibly, from a seed), then healed and drained,
-and the whole history checked (:mod:`eomsg.chaos.check`).
-
-The plan is computed separately from its execution (:func:`schedule`), so a run can be
-printed before it starts and repeated from its seed. Queues (:data:`QUEUES`): ``q``,
-exclusive (one active consumer at a time: ordered), and ``s``, shared, both consumed
-through an inbox; ``t``, exclusive, consumed in two-phase transactions; every message
-is for all three."""
+"""A fault-injection run: a node — or several, linked into a network through fault
+proxies — producers and consumers in processes of their own, faults injected at random
+times (reproducibly, from a seed: :mod:`eomsg.chaos.plan`), then healed and drained,
+and the whole history checked (:mod:`eomsg.chaos.check`)."""
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -37,6 +30,17 @@ from eomsg.chaos.history import (
     Transacted,
     read,
 )
+from eomsg.chaos.plan import (
+    FAILPOINT_WAIT,
+    NODE_FAILPOINTS,
+    QUEUES,
+    TOPIC,
+    Fault,
+    Plan,
+    consumer_names,
+    duration,
+    schedule,
+)
 from eomsg.chaos.powerloss import Disk, Lost, build
 from eomsg.chaos.process import Node, Process
 from eomsg.chaos.proxy import FaultProxy
@@ -44,148 +48,11 @@ from eomsg.chaos.workers import PARENT, RESOURCES, applied, open_database
 from eomsg.errors import EomsgError
 from eomsg.failpoints import ENV as FAILPOINTS_ENV
 
-
-@dataclass(frozen=True)
-class Role:
-    """What a queue of the run is: ``exclusive`` (one active consumer at a time),
-    ``transactional`` (consumed in two-phase transactions, not through an inbox),
-    ``ordered`` (its order is checked: what eomsg promises of it); the application
-    database its consumers apply into (``db``: one all of them share; DuckDB, which one
-    process opens at a time, has one consumer: ``single``)."""
-
-    exclusive: bool
-    transactional: bool
-    ordered: bool
-    db: str = "sqlite"
-    single: bool = False
-
-
-QUEUES = {
-    "q": Role(exclusive=True, transactional=False, ordered=True),
-    "s": Role(exclusive=False, transactional=False, ordered=False),
-    # Exclusive too, but a transaction that aborts — or that a consumer which lost its
-    # flow left prepared — gives its messages back after later ones were taken: order
-    # is not promised there (docs/cli.md, "queue create"). In PostgreSQL, which prepares
-    # (a real two-phase commit), when the run is given one (Plan.postgres).
-    "t": Role(exclusive=True, transactional=True, ordered=False, db="postgresql"),
-    "d": Role(exclusive=True, transactional=False, ordered=True, db="duckdb", single=True),
-}
-TOPIC = "chaos/m"
-
-# The named steps (eomsg.failpoints) a run crashes the node at: publishing, deleting,
-# each move of a transaction, the writer's commits, the journal's append, apply, forget.
-NODE_FAILPOINTS = (
-    "publish.before_commit", "publish.after_commit", "delete.before_commit",
-    "txn.prepare.before_commit", "txn.prepare.after_commit", "txn.commit.before_commit",
-    "txn.commit.after_commit", "txn.abort.before_commit", "store.commit.before",
-    "store.commit.after", "store.job.before_commit", "journal.append.before",
-    "journal.append.before_sync", "journal.apply.before_commit",
-    "journal.apply.after_commit", "journal.forget.before",
-)  # fmt: skip
-# … and a transactional consumer at: its coordinator's and its database's steps.
-CLIENT_FAILPOINTS = (
-    "coordinator.before_prepare", "coordinator.after_prepare", "coordinator.after_decision",
-    "coordinator.before_forget", "resource.before_prepare", "resource.after_prepare",
-    "resource.before_commit", "resource.after_commit", "resource.before_finish",
-    "resource.after_finish",
-)  # fmt: skip
-FAILPOINTS = NODE_FAILPOINTS + CLIENT_FAILPOINTS
-FAILPOINT_WAIT = 10.0  # seconds a process set to crash at a step is given to reach it
-FAILPOINT_PASSES = 20  # it crashes at its 1st to 20th pass through the step
-DISK_SIZE = 256 * MiB  # the node's disk in a run that fills it
-DISK_RESERVE = 32 * MiB  # … and the node's reserve there
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What a run does: its clients, how many of each fault, and the seed that places
-    them in time."""
-
-    seed: int = 0
-    producers: int = 2
-    messages: int = 1000  # each producer's
-    consumers: int = 2  # of each queue
-    node_kills: int = 5
-    consumer_kills: int = 5
-    producer_kills: int = 3
-    consumer_pauses: int = 2  # each past the keep-alive
-    power_losses: int = 0  # the node killed and its unsynced writes dropped
-    clock_jumps: int = 0  # the node's wall clock moved an hour (and back at the next)
-    failpoint_crashes: int = 0  # the node or a transactional consumer crashing at a step
-    postgres: str | None = None  # an empty PostgreSQL database for "t" (else SQLite)
-    disk_fulls: int = 0  # the node's disk filled up, for a pause (needs a tmpfs: root)
-    lose_reply: float = 0.002  # of the node's frames to a client: lost, the client cut off
-    heartbeat: float = 1.0
-    gap: tuple[float, float] = (0.3, 1.2)  # seconds between faults
-
-    @property
-    def pause(self) -> float:
-        """How long a paused consumer stays stopped: past the keep-alive (three
-        heartbeats), so its flow ends and another consumer takes over."""
-        return 3 * self.heartbeat + 0.5
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault: its kind, the seconds to wait before it, and its target's index."""
-
-    kind: str
-    after: float
-    target: int
-
-    @property
-    def failpoint(self) -> tuple[str, int]:
-        """A failpoint crash's step and the pass through it that crashes."""
-        return FAILPOINTS[self.target // FAILPOINT_PASSES], self.target % FAILPOINT_PASSES + 1
-
-    def __str__(self) -> str:
-        if self.kind == "failpoint_crash":
-            return "failpoint_crash {}@{}".format(*self.failpoint)
-        return f"{self.kind} {self.target}"
-
-
-def schedule(plan: Plan) -> list[Fault]:
-    """The faults of ``plan``, in order: the same for the same plan, every time."""
-    rng = random.Random(plan.seed)
-    counts = {
-        "node_kill": plan.node_kills,
-        "consumer_kill": plan.consumer_kills,
-        "producer_kill": plan.producer_kills,
-        "consumer_pause": plan.consumer_pauses,
-        "power_loss": plan.power_losses,
-        "clock_jump": plan.clock_jumps,
-        "failpoint_crash": plan.failpoint_crashes,
-        "disk_full": plan.disk_fulls,
-    }
-    kinds = [kind for kind, n in counts.items() for _ in range(n)]
-    rng.shuffle(kinds)
-    # a clock jump's "target": the way it moves a clock that is right (0 ahead, 1 back)
-    # … a failpoint crash's: the step (a FAILPOINTS index) and the pass through it
-    clients = {
-        "node_kill": 1, "power_loss": 1, "clock_jump": 2, "producer_kill": plan.producers,
-        "disk_full": 2,  # 0: no room at all (writes fail), 1: under the node's reserve
-        "failpoint_crash": len(FAILPOINTS) * FAILPOINT_PASSES,
-    }  # fmt: skip
-    return [
-        Fault(
-            kind,
-            round(rng.uniform(*plan.gap), 3),
-            rng.randrange(clients.get(kind, len(consumer_names(plan)))),
-        )
-        for kind in kinds
-    ]
-
-
-def consumer_names(plan: Plan) -> list[tuple[str, str]]:
-    """Each consumer of the run, and its queue."""
-    return [
-        (f"{q}{i}", q)
-        for q, role in QUEUES.items()
-        for i in range(1 if role.single else plan.consumers)
-    ]
+DISK_SIZE = 256 * MiB  # the nodes' disk in a run that fills it
+DISK_RESERVE = 32 * MiB  # … and each node's reserve there
+SETTLE = 120.0  # seconds a network is given to reach every node and learn every queue
+TUNNELLED = ("s1", "t1")  # consumers that reach the first node through the last, in a network
+FRAME_FAULTS = ("dropped", "duplicated", "reordered")  # what a link's proxy did, counted
 
 
 def database(plan: Plan, workdir: Path, queue: str) -> str:
@@ -196,16 +63,6 @@ def database(plan: Plan, workdir: Path, queue: str) -> str:
     if role.db == "duckdb":
         return f"duckdb:{workdir / queue}.duckdb"
     return f"sqlite:{workdir / queue}.sqlite"
-
-
-def duration(plan: Plan, faults: list[Fault]) -> float:
-    """The seconds ``faults`` take to inject."""
-    waits = {
-        "consumer_pause": plan.pause,
-        "disk_full": plan.pause,
-        "failpoint_crash": FAILPOINT_WAIT / 2,
-    }
-    return sum(f.after + waits.get(f.kind, 0.0) for f in faults)
 
 
 @dataclass
@@ -221,24 +78,22 @@ class Result:
 
 
 class _Node(Node):
-    """The node; its clients reach it through ``proxy``, which follows it to the port
-    each start listens on. With ``disk``, it runs on a disk that can lose power (what
-    it wrote and did not sync, ``lost`` tells how much, goes with each power loss); with
-    ``clock``, on a wall clock the run moves."""
+    """A node of the run, in ``data``; its clients reach it through ``proxy``, its peers
+    through the proxies it is ``dialled`` by, and each follows it to the port each start
+    listens on. With ``disk``, it runs on a disk that can lose power (what it wrote and
+    did not sync, ``lost`` tells how much, goes with each power loss); with ``clock``, on
+    a wall clock the run moves."""
 
+    data: Path
     proxy: FaultProxy
+    dialled: list[FaultProxy]
     disk: Disk | None = None
     lost: Lost
     clock: WallClock | None = None
-    small: SmallDisk | None = None
 
-    def disk_full(self, none_left: bool, hold: float) -> None:
-        """Fill the node's disk — all of it, so that writes fail, or to under its
-        reserve, so that it refuses publishes — for ``hold`` seconds, then free it."""
-        assert self.small is not None
-        self.small.fill(leave=0 if none_left else DISK_RESERVE // 2)
-        time.sleep(hold)
-        self.small.empty()
+    @property
+    def token(self) -> str:
+        return (self.data / "eomsg.token").read_text().strip()
 
     def clock_jump(self, ahead: bool) -> None:
         """Move the node's wall clock an hour — back to the machine's if it was moved,
@@ -255,11 +110,13 @@ class _Node(Node):
 
     def start(self) -> None:
         super().start()
-        self.proxy.upstream = int(self.ready["listen"][1].rsplit(":", 1)[1])
+        port = int(self.ready["listen"][1].rsplit(":", 1)[1])
+        for proxy in (self.proxy, *self.dialled):
+            proxy.upstream = port
 
 
 def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) -> Result:
-    """Run ``plan`` in ``workdir`` (made if missing: the node's data, the histories,
+    """Run ``plan`` in ``workdir`` (made if missing: the nodes' data, the histories,
     the applications' databases and each process's log) and check what happened."""
     workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     started = time.monotonic()
@@ -280,6 +137,30 @@ def run(plan: Plan, workdir: Path, say: Callable[[str], None] = lambda _: None) 
     return result
 
 
+def _nodes(plan: Plan, workdir: Path, root: Path) -> dict[str, _Node]:
+    """The run's nodes (not started), each with its data in ``root``."""
+    nodes = {}
+    shim = build(workdir) if plan.power_losses else None
+    for name in plan.node_names:
+        data = root / name
+        node = _Node(
+            name,
+            [sys.executable, "-m", "eomsg", "serve", "--data", str(data), "--json",
+             "--heartbeat", str(plan.heartbeat), "--listen", "tcp://127.0.0.1:0",
+             *(["--node-name", name] if plan.nodes > 1 else [])],
+            workdir,
+        )  # fmt: skip
+        node.data, node.dialled = data, []
+        if shim is not None:
+            node.disk = Disk(data, workdir / f"{name}.durable", shim)
+            node.env, node.lost = node.disk.env(), Lost()
+        if plan.clock_jumps:
+            node.clock = WallClock(workdir, f"{name}.clock")
+            node.env = node.clock.env(node.env or dict(os.environ))
+        nodes[name] = node
+    return nodes
+
+
 def _run(
     plan: Plan,
     workdir: Path,
@@ -288,97 +169,177 @@ def _run(
     say: Callable[[str], None],
 ) -> tuple[Result, list[Event]]:
     """The run itself: what was injected, and the history to check."""
-    data = str((workdir if small is None else small.root) / "node")
-    node = _Node(
-        "node",
-        [sys.executable, "-m", "eomsg", "serve", "--data", data, "--json",
-         "--heartbeat", str(plan.heartbeat), "--listen", "tcp://127.0.0.1:0"],
-        workdir,
-    )  # fmt: skip
-    if plan.power_losses:
-        node.disk = Disk(Path(data), workdir / "durable", build(workdir))
-        node.env, node.lost = node.disk.env(), Lost()
-    if plan.clock_jumps:
-        node.clock = WallClock(workdir)
-        node.env = node.clock.env(node.env or dict(os.environ))
-    node.small = small
+    nodes = _nodes(plan, workdir, workdir if small is None else small.root)
     result = Result(Report())
     workers: list[Process] = []
-    with FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed) as node.proxy:
+    with contextlib.ExitStack() as proxies:
+        for i, node in enumerate(nodes.values()):
+            node.proxy = proxies.enter_context(
+                FaultProxy(0, lose_reply=plan.lose_reply, seed=plan.seed + i)
+            )
+        f = plan.link_faults
+        links = {
+            f"{a}-{b}": proxies.enter_context(
+                FaultProxy(0, drop=f, duplicate=f, reorder=f, seed=plan.seed + 100 + i)
+            )
+            for i, (a, b) in enumerate(plan.links)
+        }
+        for a, b in plan.links:
+            nodes[b].dialled.append(links[f"{a}-{b}"])
         try:
-            node.start()
-            producers, consumers = _workers(plan, faults, workdir, node, data)
+            for node in nodes.values():
+                node.start()
+            _network(plan, nodes, links, workdir)
+            producers, consumers = _workers(plan, faults, workdir, nodes)
             workers = [*consumers, *producers]
             for p in workers:
                 p.start()
             for fault in faults:
                 time.sleep(fault.after)
-                if _inject(fault, node, producers, consumers, plan):
+                if _inject(fault, nodes, links, producers, consumers, plan, small):
                     result.faults[fault.kind] += 1
                 elif fault.kind == "failpoint_crash":  # the step not reached in time
                     result.faults["failpoint_missed"] += 1
                 say(str(fault))
-            _heal(node, workers)
-            _drain(plan, data, workdir, producers)
+            _heal(nodes, workers)
+            _drain(plan, nodes, workdir, producers)
             for p in workers:
                 p.stop()
-            prepared = _recover(plan, data, workdir)
+            first = next(iter(nodes.values()))
+            prepared = _recover(plan, first.data, workdir)
+            taken = _take_network(plan, nodes)
         finally:
             for p in workers:
                 p.stop()
-            node.stop()
-        result.faults["reply_lost"] = node.proxy.counts["replies lost"]
-        if node.disk is not None:
-            result.faults["unsynced_blocks_dropped"] = node.lost.blocks
-    return result, _history(plan, workdir, workers, prepared)
+            for node in nodes.values():
+                node.stop()
+        result.faults["reply_lost"] = sum(n.proxy.counts["replies lost"] for n in nodes.values())
+        for kind in FRAME_FAULTS if links else ():
+            result.faults[f"frames_{kind}"] = sum(p.counts[kind] for p in links.values())
+        if plan.power_losses:
+            result.faults["unsynced_blocks_dropped"] = sum(n.lost.blocks for n in nodes.values())
+    return result, _history(plan, workdir, workers, prepared, taken)
 
 
-def _workers(
-    plan: Plan, faults: list[Fault], workdir: Path, node: _Node, data: str
-) -> tuple[list[Process], list[Process]]:
-    """The queues made on the node, and the producers and consumers of the run: every
-    one reaches the node through its proxy, where a reply may be lost on the way."""
+def network_queues(plan: Plan) -> dict[str, str]:
+    """The queue of each node but the first, by name (``n-NODE``): every message is for
+    each; the run drains them once it has healed."""
+    return {f"n-{name}": name for name in plan.node_names[1:]}
+
+
+def _network(
+    plan: Plan, nodes: dict[str, _Node], links: dict[str, FaultProxy], workdir: Path
+) -> None:
+    """The run's queues made; its nodes linked (each through its link's proxy); wait
+    until the routes have settled — every node reaching every other, each linked peer
+    by its own link, and knowing where each queue is: a route that changes while
+    messages flow may reorder them, and interest not yet learned routes nothing."""
     import eomsg
     from eomsg.core.queues import QueueConfig
 
-    with eomsg.connect(data) as client:
-        for name, role in QUEUES.items():
-            config = QueueConfig.create(name, (TOPIC,), max_active=int(role.exclusive))
-            if name not in {s.name for s in client.stats()}:
-                client.create_queue(config)
-        if plan.disk_fulls:  # a reserve the small disk has room for
-            client.configure("disk-reserve", str(DISK_RESERVE))
-    address = f"tcp://127.0.0.1:{node.proxy.port}"
-    token = (Path(data) / "eomsg.token").read_text().strip()
-    env = {**os.environ, "EOMSG_TOKEN": token, PARENT: str(os.getpid())}
+    holders = {**{q: plan.node_names[0] for q in QUEUES}, **network_queues(plan)}
+    for queue, holder in holders.items():
+        role = QUEUES.get(queue)
+        exclusive = role is not None and role.exclusive
+        with eomsg.connect(nodes[holder].data) as client:
+            if queue not in {s.name for s in client.stats()}:
+                client.create_queue(QueueConfig.create(queue, (TOPIC,), max_active=int(exclusive)))
+    for a, b in plan.links:
+        with eomsg.connect(nodes[a].data) as client:
+            if b not in {i.peer for i in client.link_info()}:
+                client.add_link(b, f"tcp://127.0.0.1:{links[f'{a}-{b}'].port}", nodes[b].token)
+
+    def settled() -> bool:
+        for name, node in nodes.items():
+            with eomsg.connect(node.data) as client:
+                info = client.link_info()
+                if {n for i in info for n in i.reaches} != set(nodes) - {name}:
+                    return False
+                if any(i.peer not in i.reaches for i in info):
+                    return False
+                if any(client.locate_queue(q) != h for q, h in holders.items()):
+                    return False
+        return True
+
+    deadline = time.monotonic() + SETTLE
+    while len(nodes) > 1 and not settled():
+        if time.monotonic() > deadline:
+            raise EomsgError(
+                f"the network did not settle within {SETTLE:.0f} s: see the nodes' logs in "
+                f"{workdir}"
+            )
+        time.sleep(0.2)
+
+
+def _workers(
+    plan: Plan, faults: list[Fault], workdir: Path, nodes: dict[str, _Node]
+) -> tuple[list[Process], list[Process]]:
+    """The producers — spread over the nodes, each publishing on its own — and the
+    consumers of the run, on the first node; every one reaches its node through the
+    node's proxy, where a reply may be lost on the way."""
+    import eomsg
+
+    first = next(iter(nodes.values()))
+    if plan.disk_fulls:  # a reserve the small disk has room for, on every node of it
+        for node in nodes.values():
+            with eomsg.connect(node.data) as client:
+                client.configure("disk-reserve", str(DISK_RESERVE))
+    env = {**os.environ, PARENT: str(os.getpid())}
     # slow enough that every producer is still publishing when the last fault comes
     rate = max(0.1, round(plan.messages / (1.5 * max(1.0, duration(plan, faults))), 1))
     worker = [sys.executable, "-m", "eomsg.chaos.workers"]
-    expect = [a for q in QUEUES for a in ("--expect", q)]
-    producers = [
-        Process(
-            f"p{i}",
-            [*worker, "produce", address, f"p{i}.jsonl", f"p{i}", str(plan.messages),
-             "--origin", "node", "--topic", TOPIC, *expect, "--rate", str(rate)],
-            workdir,
-            env,
-        )
-        for i in range(plan.producers)
-    ]  # fmt: skip
-    consumers = [
-        Process(name, [*worker, "consume", address, f"{name}.jsonl", name, q,
-                       database(plan, workdir, q), *(["--txn"] if QUEUES[q].transactional else [])],
-                workdir, env)
-        for name, q in consumer_names(plan)
-    ]  # fmt: skip
+    expect = [a for q in [*QUEUES, *network_queues(plan)] for a in ("--expect", q)]
+    producers = []
+    for i in range(plan.producers):
+        node = list(nodes.values())[i % len(nodes)]
+        producers.append(
+            Process(
+                f"p{i}",
+                [*worker, "produce", f"tcp://127.0.0.1:{node.proxy.port}", f"p{i}.jsonl",
+                 f"p{i}", str(plan.messages), "--origin", node.name, "--topic", TOPIC,
+                 *expect, "--rate", str(rate)],
+                workdir,
+                {**env, "EOMSG_TOKEN": node.token},
+            )
+        )  # fmt: skip
+    consumers = []
+    for name, q in consumer_names(plan):
+        node = _consumers_node(plan, nodes, name)
+        via = ["--via", first.name] if node is not first else []
+        consumers.append(
+            Process(
+                name,
+                [*worker, "consume", f"tcp://127.0.0.1:{node.proxy.port}", f"{name}.jsonl",
+                 name, q, database(plan, workdir, q), *via,
+                 *(["--txn"] if QUEUES[q].transactional else [])],
+                workdir,
+                {**env, "EOMSG_TOKEN": node.token},
+            )
+        )  # fmt: skip
     return producers, consumers
 
 
+def _consumers_node(plan: Plan, nodes: dict[str, _Node], consumer: str) -> _Node:
+    """The node a consumer connects to: the first, which holds the queues — but in a
+    network the second consumer of ``s`` and of ``t`` reach them through the last node,
+    as a consumer anywhere may (one shared, one exclusive and transactional: flows,
+    epochs and transactions carried over a link that faults)."""
+    names = plan.node_names
+    return nodes[names[-1] if consumer in TUNNELLED else names[0]]
+
+
 def _inject(
-    fault: Fault, node: _Node, producers: list[Process], consumers: list[Process], plan: Plan
+    fault: Fault,
+    nodes: dict[str, _Node],
+    links: dict[str, FaultProxy],
+    producers: list[Process],
+    consumers: list[Process],
+    plan: Plan,
+    small: SmallDisk | None,
 ) -> bool:
     """Inject ``fault``; whether it was (a producer that has finished is not killed, a
     failpoint not reached in time is not counted)."""
+    node = nodes[fault.at] if fault.at in nodes else next(iter(nodes.values()))
     match fault.kind:
         case "failpoint_crash":
             step, nth = fault.failpoint
@@ -394,8 +355,16 @@ def _inject(
             node.start()
         case "clock_jump":
             node.clock_jump(ahead=fault.target == 0)
-        case "disk_full":
-            node.disk_full(none_left=fault.target == 0, hold=plan.pause)
+        case "disk_full":  # the disk every node of the run keeps its data on
+            assert small is not None
+            small.fill(leave=0 if fault.target == 0 else DISK_RESERVE // 2)
+            time.sleep(plan.pause)
+            small.empty()
+        case "link_cut":
+            assert fault.at is not None
+            links[fault.at].cut()
+            time.sleep(plan.cut_for(fault))
+            links[fault.at].restore()
         case "consumer_kill":
             victim = consumers[fault.target]
             victim.kill()
@@ -437,11 +406,12 @@ def _crash_at(victim: Process, step: str, nth: int) -> bool:
     return crashed
 
 
-def _heal(node: _Node, workers: list[Process]) -> None:
+def _heal(nodes: dict[str, _Node], workers: list[Process]) -> None:
     """Every process up again: one that died is started again (a producer that has
     finished its messages is left)."""
-    if not node.alive:
-        node.start()
+    for node in nodes.values():
+        if not node.alive:
+            node.start()
     for p in workers:
         assert p.proc is not None
         if p.proc.poll() not in (None, 0):
@@ -449,16 +419,24 @@ def _heal(node: _Node, workers: list[Process]) -> None:
 
 
 def _drain(
-    plan: Plan, data: str, workdir: Path, producers: list[Process], timeout: float = 600.0
+    plan: Plan,
+    nodes: dict[str, _Node],
+    workdir: Path,
+    producers: list[Process],
+    timeout: float = 600.0,
 ) -> None:
-    """Wait until every producer has finished and the queues are empty. What the
-    transactional consumers left in doubt is recovered meanwhile: a message whose delete
-    waits in a prepared transaction is no consumer's until then, and the consumer that
-    would recover it — at its next transaction — may have no message left to run one."""
+    """Wait until every producer has finished, no link owes its peer anything (twice
+    over, all nodes: a message one node has just handed on is owed by the next) and the
+    first node's queues are empty. What the transactional consumers left in doubt is
+    recovered meanwhile: a message whose delete waits in a prepared transaction is no
+    consumer's until then, and the consumer that would recover it — at its next
+    transaction — may have no message left to run one."""
     import eomsg
 
+    first = next(iter(nodes.values()))
     deadline = time.monotonic() + timeout
     next_recovery = time.monotonic()
+    delivered = 0  # consecutive looks at which no link owed anything
     while time.monotonic() < deadline:
         if not any(p.alive for p in producers):
             for p in producers:
@@ -468,8 +446,10 @@ def _drain(
                         f"producer {p.name} exited with {p.proc.returncode}: see "
                         f"{workdir / p.name}.log"
                     )
-            with eomsg.connect(data) as client:
-                if all(s.depth == 0 for s in client.stats() if s.name in QUEUES):
+            delivered = delivered + 1 if _owed(nodes) == 0 else 0
+            with eomsg.connect(first.data) as client:
+                empty = all(s.depth == 0 for s in client.stats() if s.name in QUEUES)
+                if empty and delivered >= 2:
                     return
                 if time.monotonic() >= next_recovery:
                     _recover_in_doubt(plan, client, workdir)
@@ -478,7 +458,33 @@ def _drain(
     raise EomsgError(f"the run did not drain within {timeout:.0f} s")
 
 
-def _recover(plan: Plan, data: str, workdir: Path) -> set[str]:
+def _owed(nodes: dict[str, _Node]) -> int:
+    """What the links of every node owe their peers, in all."""
+    import eomsg
+
+    total = 0
+    for node in nodes.values():
+        if len(nodes) > 1:
+            with eomsg.connect(node.data) as client:
+                total += sum(i.pending for i in client.link_info())
+    return total
+
+
+def _take_network(plan: Plan, nodes: dict[str, _Node]) -> list[Applied]:
+    """Everything in the network's queues (each node's but the first's), taken in the
+    order each gives it: what reached them."""
+    import eomsg
+
+    taken: list[Applied] = []
+    for queue, holder in network_queues(plan).items():
+        with eomsg.connect(nodes[holder].data) as client:
+            while batch := client.fetch(queue, 1000):
+                taken += [Applied(queue, queue, d.message.payload.decode()) for d in batch]
+                client.delete(queue, [d.key for d in batch])
+    return taken
+
+
+def _recover(plan: Plan, data: Path, workdir: Path) -> set[str]:
     """Recover what the transactional consumers left in doubt, then the transactions
     the node still holds prepared."""
     import eomsg
@@ -502,13 +508,22 @@ def _recover_in_doubt(plan: Plan, client: Any, workdir: Path) -> None:
             conn.close()
 
 
-def _history(plan: Plan, workdir: Path, workers: list[Process], prepared: set[str]) -> list[Event]:
+def _history(
+    plan: Plan,
+    workdir: Path,
+    workers: list[Process],
+    prepared: set[str],
+    taken: list[Applied],
+) -> list[Event]:
     """Every event of the run: the workers' histories, what each queue's database
-    applied, and where each transaction stands (``prepared`` at the node: in doubt;
-    with its rows applied: committed; else aborted)."""
+    applied and what the network's queues held, and where each transaction stands
+    (``prepared`` at the node: in doubt; with its rows applied: committed; else
+    aborted)."""
     events: list[Event] = [
         QueueDeclared(q, role.exclusive, role.ordered) for q, role in QUEUES.items()
     ]
+    # drained by one reader each, in order: ordered
+    events += [QueueDeclared(q, False, True) for q in network_queues(plan)]
     for p in workers:
         path = workdir / f"{p.name}.jsonl"
         if path.exists():
@@ -518,6 +533,7 @@ def _history(plan: Plan, workdir: Path, workers: list[Process], prepared: set[st
         rows = applied(database(plan, workdir, q))
         events += [Applied(q, queue, msg_id) for queue, msg_id, _ in rows]
         committed |= {txid for _, _, txid in rows if txid is not None}
+    events += taken
     tried = {e.txid for e in events if isinstance(e, Transacted)}
     for txid in sorted(tried | prepared | committed):
         state = "prepared" if txid in prepared else "committed" if txid in committed else "aborted"

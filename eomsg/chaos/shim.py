@@ -4,6 +4,7 @@ them."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,8 +21,9 @@ def build_shim(source: Path, into: Path, what: str) -> Path:
             f"a {what} run needs a C compiler: install gcc (apt-get install gcc libc6-dev)"
         )
     out = into / source.with_suffix(".so").name
+    building = out.with_suffix(".so.new")  # then renamed: a process using the last is left be
     done = subprocess.run(
-        [cc, "-shared", "-fPIC", "-O2", "-o", str(out), str(source), "-ldl", "-lpthread"],
+        [cc, "-shared", "-fPIC", "-O2", "-o", str(building), str(source), "-ldl", "-lpthread"],
         capture_output=True,
         text=True,
     )
@@ -29,4 +31,5 @@ def build_shim(source: Path, into: Path, what: str) -> Path:
         said = done.stderr.splitlines()
         first = next((line for line in said if "error" in line), said[0] if said else "no output")
         raise EomsgError(f"the {what} shim did not build: {first.strip()}")
+    os.replace(building, out)
     return out

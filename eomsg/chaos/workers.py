@@ -171,9 +171,18 @@ def _stop(*_: object) -> None:
 
 
 def consume(
-    node: str, history: Path, name: str, queue: str, app: str, *, transactional: bool = False
+    node: str,
+    history: Path,
+    name: str,
+    queue: str,
+    app: str,
+    *,
+    transactional: bool = False,
+    via: str | None = None,
 ) -> None:
-    """Consume ``queue`` into ``app`` until SIGTERM (see the module's docstring)."""
+    """Consume ``queue`` into ``app`` until SIGTERM (see the module's docstring) —
+    ``via`` ``node``: the queue is on that node of the network, reached through this
+    one."""
     import eomsg
 
     signal.signal(signal.SIGTERM, _stop)
@@ -182,7 +191,7 @@ def consume(
         with Recorder(history) as record:
             while True:
                 try:
-                    with eomsg.connect(node, timeout=2.0) as client:
+                    with eomsg.connect(node, timeout=2.0, via=via) as client:
                         apply = (
                             _Transactions(client, conn, kind, record, name)
                             if transactional
@@ -349,6 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("queue")
     c.add_argument("app", help="the database: sqlite:PATH, duckdb:PATH or postgresql:CONNINFO")
     c.add_argument("--txn", action="store_true", help="apply and delete in transactions")
+    c.add_argument("--via", help="the node that holds the queue, reached through this one")
     args = parser.parse_args(argv)
     _die_with_parent()
     if args.role == "produce":
@@ -357,7 +367,10 @@ def main(argv: list[str] | None = None) -> int:
             topic=args.topic, expect=tuple(args.expect), retry=not args.once, rate=args.rate,
         )  # fmt: skip
     else:
-        consume(args.node, args.history, args.name, args.queue, args.app, transactional=args.txn)
+        consume(
+            args.node, args.history, args.name, args.queue, args.app, transactional=args.txn,
+            via=args.via,
+        )  # fmt: skip
     return 0
 
 
