@@ -60,7 +60,12 @@ def test_a_network_plan_places_each_fault_at_one_of_its_nodes_or_links() -> None
     assert at["link_cut"] == {"a-b", "b-c", "c-a"}
     assert {f.target for f in faults if f.kind == "link_cut"} == {0, 1}  # short and long
     for f in (f for f in faults if f.kind == "failpoint_crash"):
-        assert (f.at is None) == (f.failpoint[0] not in NODE_FAILPOINTS)
+        step = f.failpoint[0]
+        assert (f.at is None) == (step not in NODE_FAILPOINTS)
+        if step.startswith(("txn.", "delete.")):  # steps only the queues' node passes
+            assert f.at == "a"
+    at_a_step = {f.at for f in faults if f.kind == "failpoint_crash" and f.at is not None}
+    assert at_a_step == {"a", "b", "c"}
     assert at["consumer_kill"] == at["disk_full"] == {None}
     one = Plan(seed=4, node_kills=12, power_losses=6, failpoint_crashes=30)
     assert {f.at for f in schedule(one)} == {None}

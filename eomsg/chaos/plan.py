@@ -62,6 +62,9 @@ CLIENT_FAILPOINTS = (
     "resource.after_finish",
 )  # fmt: skip
 FAILPOINTS = NODE_FAILPOINTS + CLIENT_FAILPOINTS
+# … of which, in a network, only the node holding the queues passes these: the others
+# take no deletes and run no transactions while the faults come
+ON_THE_QUEUES_NODE = ("delete.", "txn.")
 ON_A_NODE = ("node_kill", "power_loss", "clock_jump", "failpoint_crash")  # at one node of several
 MAX_NODES = 8
 TOPOLOGIES = ("chain", "fan-out", "ring")
@@ -195,8 +198,10 @@ def schedule(plan: Plan) -> list[Fault]:
             fault = dataclasses.replace(fault, at="-".join(rng.choice(plan.links)))
         elif plan.nodes > 1 and kind in ON_A_NODE:
             at = rng.choice(plan.node_names)  # drawn for a consumer's step too: one draw each
-            if kind != "failpoint_crash" or fault.failpoint[0] in NODE_FAILPOINTS:
-                fault = dataclasses.replace(fault, at=at)
+            step = fault.failpoint[0] if kind == "failpoint_crash" else None
+            if step is None or step in NODE_FAILPOINTS:
+                first = step is not None and step.startswith(ON_THE_QUEUES_NODE)
+                fault = dataclasses.replace(fault, at=plan.node_names[0] if first else at)
         faults.append(fault)
     return faults
 
