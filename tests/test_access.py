@@ -571,6 +571,26 @@ def test_the_audit_log_pages_back_only_from_a_time(open_node: NodeFactory) -> No
             node.audit(before=bad)
 
 
+def test_paging_back_through_the_audit_log_skips_and_repeats_no_record(
+    open_node: NodeFactory,
+) -> None:
+    """Records made within one microsecond (the test's clock does not move) still page
+    back one by one: each record's time is its own — across a restart too."""
+    node = open_node()
+    for name in ("a", "b", "c"):
+        node.create_queue(QueueConfig(name))
+    node.close()
+    node = open_node()
+    node.purge("a")
+    node.delete_queue("b")
+    seen, before = [], None
+    while page := node.audit(limit=2, before=before):
+        seen += [(e.action, e.target) for e in page]
+        before = page[-1].at
+    assert seen == [("delete-queue", "b"), ("purge", "a"), ("create-queue", "c"),
+                    ("create-queue", "b"), ("create-queue", "a")]  # fmt: skip
+
+
 def test_user_grant_and_revoke_commands(cli: Cli, tmp_path: Path) -> None:
     token_file = tmp_path / "erin.token"
     done = cli("user", "add", "erin", "--token-file", str(token_file))

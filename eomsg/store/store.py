@@ -753,6 +753,11 @@ class Store:
             [before_us, before_us, limit],
         )
 
+    def last_audit_us(self) -> int:
+        """When the newest audit record was made, in µs (0: there is none)."""
+        row = self._query("SELECT coalesce(max(epoch_us(recorded_at)), 0) FROM audit")
+        return int(row[0][0])
+
     @staticmethod
     def audited(job: Any, entry: tuple[int, str, str, str, str]) -> Any:
         """``job`` with the audit record ``entry`` (at µs, principal, action, target,
