@@ -14,9 +14,11 @@ through a proxy that loses a reply now and then (the request landed, the client 
 off); then everything is healed and drained and the checker reads the whole history.
 With ``--nodes N`` the nodes are linked (``--topology``), each link through a proxy that
 drops, duplicates and reorders ``--link-faults`` of its frames, and cut now and then
-(``--link-cuts``); the producers publish on every node, the queues are on the first
-(two consumers reach it through the last node), and a queue on each other node is
-drained at the end: every message must reach each queue once, in its origin's order.
+(``--link-cuts``); the producers publish on every node (at least one a node), the
+queues are on the first (the second consumer of q, s and t reaches it through the last
+node), and a queue on each other node is drained at the end: every message must reach
+each queue once, in its origin's order; a network that does not settle after the drain
+ends the run unfinished (exit 3).
 ``--dry-run`` prints the faults it would inject. Exit status: 0 when no violation was
 found, 1 when one was (the report says which), 2 for a usage error, 3 when the run could
 not be completed (the node did not start, the queues did not drain, a producer failed:

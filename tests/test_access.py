@@ -574,8 +574,8 @@ def test_the_audit_log_pages_back_only_from_a_time(open_node: NodeFactory) -> No
 def test_paging_back_through_the_audit_log_skips_and_repeats_no_record(
     open_node: NodeFactory,
 ) -> None:
-    """Records made within one microsecond (the test's clock does not move) still page
-    back one by one: each record's time is its own — across a restart too."""
+    """Records that share a time (the test's clock does not move) are never split
+    between pages: paging back by a page's last time skips and repeats none."""
     node = open_node()
     for name in ("a", "b", "c"):
         node.create_queue(QueueConfig(name))

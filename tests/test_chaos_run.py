@@ -50,7 +50,7 @@ def test_a_network_plan_places_each_fault_at_one_of_its_nodes_or_links() -> None
     of the topology's links; a consumer's failpoint, a consumer's or producer's kill and
     a full disk (the one all the nodes keep their data on) name no node. A run of one
     node places its faults as before: nowhere named."""
-    plan = Plan(seed=4, nodes=3, node_kills=20, power_losses=20, clock_jumps=20,
+    plan = Plan(seed=4, nodes=3, producers=3, node_kills=20, power_losses=20, clock_jumps=20,
                 failpoint_crashes=30, link_cuts=12, disk_fulls=2)  # fmt: skip
     assert plan.links == [("a", "b"), ("b", "c"), ("c", "a")]
     faults = schedule(plan)
@@ -69,10 +69,18 @@ def test_a_network_plan_places_each_fault_at_one_of_its_nodes_or_links() -> None
     assert at["consumer_kill"] == at["disk_full"] == {None}
     one = Plan(seed=4, node_kills=12, power_losses=6, failpoint_crashes=30)
     assert {f.at for f in schedule(one)} == {None}
-    assert Plan(nodes=3, topology="chain").links == [("a", "b"), ("b", "c")]
-    assert Plan(nodes=4, topology="fan-out").links == [("a", "b"), ("a", "c"), ("a", "d")]
+    assert Plan(nodes=3, producers=3, topology="chain").links == [("a", "b"), ("b", "c")]
+    assert Plan(nodes=4, producers=4, topology="fan-out").links == [
+        ("a", "b"),
+        ("a", "c"),
+        ("a", "d"),
+    ]
     assert Plan(nodes=2, topology="ring").links == [("a", "b")]  # not the same link twice
-    assert Plan().node_names == ["node"] and Plan(nodes=3).node_names == ["a", "b", "c"]
+    assert Plan().node_names == ["node"] and Plan(nodes=3, producers=3).node_names == [
+        "a",
+        "b",
+        "c",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -81,6 +89,16 @@ def test_a_network_plan_places_each_fault_at_one_of_its_nodes_or_links() -> None
         (["--link-cuts", "1"], "link cuts need a run of several nodes (use --nodes)"),
         (["--nodes", "0"], "a run has 1 to 8 nodes, not 0"),
         (["--nodes", "9"], "a run has 1 to 8 nodes, not 9"),
+        (["--nodes", "3"], "a run of 3 nodes publishes on each: use --producers 3 or more"),
+        (
+            ["--nodes", "2", "--consumers", "1"],
+            "in a run of several nodes each queue's second consumer reaches it through "
+            "another node: use --consumers 2 or more",
+        ),
+        (
+            ["--link-faults", "0.5"],
+            "--link-faults is a share of the frames from 0 to 0.25, not 0.5",
+        ),
     ],
 )
 def test_a_plan_that_cannot_run_is_a_usage_error(args: list[str], said: str) -> None:

@@ -6,7 +6,7 @@ Queues (:data:`QUEUES`), on the first node: ``q``, exclusive (one active consume
 time: ordered), and ``s``, shared, both consumed through an inbox; ``t``, exclusive,
 consumed in two-phase transactions; ``d``, exclusive, applied into DuckDB by one
 consumer. Every message is for all of them — and, in a run of several nodes, for the
-queue ``n`` of each other node, which the run drains once it has healed."""
+queue ``n-NODE`` of each other node, which the run drains once it has healed."""
 
 from __future__ import annotations
 
@@ -67,6 +67,9 @@ FAILPOINTS = NODE_FAILPOINTS + CLIENT_FAILPOINTS
 ON_THE_QUEUES_NODE = ("delete.", "txn.")
 ON_A_NODE = ("node_kill", "power_loss", "clock_jump", "failpoint_crash")  # at one node of several
 MAX_NODES = 8
+MAX_LINK_FAULTS = 0.25  # of a link's frames each dropped, duplicated, reordered: past it, no
+# link would settle
+TUNNELLED = ("q1", "s1", "t1")  # consumers that reach the queues' node through another
 TOPOLOGIES = ("chain", "fan-out", "ring")
 FAILPOINT_WAIT = 10.0  # seconds a process set to crash at a step is given to reach it
 FAILPOINT_PASSES = 20  # it crashes at its 1st to 20th pass through the step
@@ -105,6 +108,21 @@ class Plan:
             raise ValueError(f"no topology {self.topology!r}: {', '.join(TOPOLOGIES)}")
         if self.link_cuts and self.nodes == 1:
             raise ValueError("link cuts need a run of several nodes (use --nodes)")
+        if self.nodes > 1 and self.producers < self.nodes:
+            raise ValueError(
+                f"a run of {self.nodes} nodes publishes on each: use --producers {self.nodes} "
+                "or more"
+            )
+        if self.nodes > 1 and self.consumers < 2:
+            raise ValueError(
+                "in a run of several nodes each queue's second consumer reaches it through "
+                "another node: use --consumers 2 or more"
+            )
+        if not 0 <= self.link_faults <= MAX_LINK_FAULTS:
+            raise ValueError(
+                f"--link-faults is a share of the frames from 0 to {MAX_LINK_FAULTS}, not "
+                f"{self.link_faults}"
+            )
 
     @property
     def node_names(self) -> list[str]:
@@ -112,6 +130,24 @@ class Plan:
         ``a``, ``b``, … (also their names in the network and the origins of what is
         published on them)."""
         return ["node"] if self.nodes == 1 else [chr(ord("a") + i) for i in range(self.nodes)]
+
+    @property
+    def home(self) -> str:
+        """The node that holds the run's queues (:data:`QUEUES`): the first."""
+        return self.node_names[0]
+
+    @property
+    def network_queues(self) -> dict[str, str]:
+        """The queue of each node but the first, by name (``n-NODE``), and its node:
+        every message is for each; the run drains them once it has healed."""
+        return {f"n-{name}": name for name in self.node_names[1:]}
+
+    def reaches_through(self, consumer: str) -> str:
+        """The node ``consumer`` connects to: the queues' node — but in a network the
+        second consumer of each queue but ``d`` reaches it through the last node, as a
+        consumer anywhere may (flows, epochs, notices and transactions carried over a
+        link that faults; ``q``'s order checked through it)."""
+        return self.node_names[-1] if consumer in TUNNELLED else self.home
 
     @property
     def links(self) -> list[tuple[str, str]]:
@@ -201,7 +237,7 @@ def schedule(plan: Plan) -> list[Fault]:
             step = fault.failpoint[0] if kind == "failpoint_crash" else None
             if step is None or step in NODE_FAILPOINTS:
                 first = step is not None and step.startswith(ON_THE_QUEUES_NODE)
-                fault = dataclasses.replace(fault, at=plan.node_names[0] if first else at)
+                fault = dataclasses.replace(fault, at=plan.home if first else at)
         faults.append(fault)
     return faults
 

@@ -51,7 +51,6 @@ from eomsg.failpoints import ENV as FAILPOINTS_ENV
 DISK_SIZE = 256 * MiB  # the nodes' disk in a run that fills it
 DISK_RESERVE = 32 * MiB  # … and each node's reserve there
 SETTLE = 120.0  # seconds a network is given to reach every node and learn every queue
-TUNNELLED = ("s1", "t1")  # consumers that reach the first node through the last, in a network
 FRAME_FAULTS = ("dropped", "duplicated", "reordered")  # what a link's proxy did, counted
 
 
@@ -205,9 +204,8 @@ def _run(
             _drain(plan, nodes, workdir, producers)
             for p in workers:
                 p.stop()
-            first = next(iter(nodes.values()))
-            prepared = _recover(plan, first.data, workdir)
-            taken = _take_network(plan, nodes)
+            prepared = _recover(plan, nodes[plan.home].data, workdir)
+            taken = _settle(plan, nodes, in_doubt=bool(prepared))
         finally:
             for p in workers:
                 p.stop()
@@ -221,12 +219,6 @@ def _run(
     return result, _history(plan, workdir, workers, prepared, taken)
 
 
-def network_queues(plan: Plan) -> dict[str, str]:
-    """The queue of each node but the first, by name (``n-NODE``): every message is for
-    each; the run drains them once it has healed."""
-    return {f"n-{name}": name for name in plan.node_names[1:]}
-
-
 def _network(
     plan: Plan, nodes: dict[str, _Node], links: dict[str, FaultProxy], workdir: Path
 ) -> None:
@@ -237,7 +229,7 @@ def _network(
     import eomsg
     from eomsg.core.queues import QueueConfig
 
-    holders = {**{q: plan.node_names[0] for q in QUEUES}, **network_queues(plan)}
+    holders = {**{q: plan.home for q in QUEUES}, **plan.network_queues}
     for queue, holder in holders.items():
         role = QUEUES.get(queue)
         exclusive = role is not None and role.exclusive
@@ -275,11 +267,12 @@ def _workers(
     plan: Plan, faults: list[Fault], workdir: Path, nodes: dict[str, _Node]
 ) -> tuple[list[Process], list[Process]]:
     """The producers — spread over the nodes, each publishing on its own — and the
-    consumers of the run, on the first node; every one reaches its node through the
-    node's proxy, where a reply may be lost on the way."""
+    consumers of the run, on the queues' node or through another
+    (:meth:`Plan.reaches_through`); every one reaches its node through the node's
+    proxy, where a reply may be lost on the way."""
     import eomsg
 
-    first = next(iter(nodes.values()))
+    first = nodes[plan.home]
     if plan.disk_fulls:  # a reserve the small disk has room for, on every node of it
         for node in nodes.values():
             with eomsg.connect(node.data) as client:
@@ -288,7 +281,7 @@ def _workers(
     # slow enough that every producer is still publishing when the last fault comes
     rate = max(0.1, round(plan.messages / (1.5 * max(1.0, duration(plan, faults))), 1))
     worker = [sys.executable, "-m", "eomsg.chaos.workers"]
-    expect = [a for q in [*QUEUES, *network_queues(plan)] for a in ("--expect", q)]
+    expect = [a for q in [*QUEUES, *plan.network_queues] for a in ("--expect", q)]
     producers = []
     for i in range(plan.producers):
         node = list(nodes.values())[i % len(nodes)]
@@ -304,8 +297,8 @@ def _workers(
         )  # fmt: skip
     consumers = []
     for name, q in consumer_names(plan):
-        node = _consumers_node(plan, nodes, name)
-        via = ["--via", first.name] if node is not first else []
+        node = nodes[plan.reaches_through(name)]
+        via = ["--via", plan.home] if node is not first else []
         consumers.append(
             Process(
                 name,
@@ -319,15 +312,6 @@ def _workers(
     return producers, consumers
 
 
-def _consumers_node(plan: Plan, nodes: dict[str, _Node], consumer: str) -> _Node:
-    """The node a consumer connects to: the first, which holds the queues — but in a
-    network the second consumer of ``s`` and of ``t`` reach them through the last node,
-    as a consumer anywhere may (one shared, one exclusive and transactional: flows,
-    epochs and transactions carried over a link that faults)."""
-    names = plan.node_names
-    return nodes[names[-1] if consumer in TUNNELLED else names[0]]
-
-
 def _inject(
     fault: Fault,
     nodes: dict[str, _Node],
@@ -339,7 +323,7 @@ def _inject(
 ) -> bool:
     """Inject ``fault``; whether it was (a producer that has finished is not killed, a
     failpoint not reached in time is not counted)."""
-    node = nodes[fault.at] if fault.at in nodes else next(iter(nodes.values()))
+    node = nodes[plan.home if fault.at is None or fault.kind == "link_cut" else fault.at]
     match fault.kind:
         case "failpoint_crash":
             step, nth = fault.failpoint
@@ -433,7 +417,7 @@ def _drain(
     transaction — may have no message left to run one."""
     import eomsg
 
-    first = next(iter(nodes.values()))
+    home = nodes[plan.home]
     deadline = time.monotonic() + timeout
     next_recovery = time.monotonic()
     delivered = 0  # consecutive looks at which no link owed anything
@@ -447,7 +431,7 @@ def _drain(
                         f"{workdir / p.name}.log"
                     )
             delivered = delivered + 1 if _owed(nodes) == 0 else 0
-            with eomsg.connect(first.data) as client:
+            with eomsg.connect(home.data) as client:
                 empty = all(s.depth == 0 for s in client.stats() if s.name in QUEUES)
                 if empty and delivered >= 2:
                     return
@@ -462,12 +446,41 @@ def _owed(nodes: dict[str, _Node]) -> int:
     """What the links of every node owe their peers, in all."""
     import eomsg
 
+    if len(nodes) == 1:
+        return 0
     total = 0
     for node in nodes.values():
-        if len(nodes) > 1:
-            with eomsg.connect(node.data) as client:
-                total += sum(i.pending for i in client.link_info())
+        with eomsg.connect(node.data) as client:
+            total += sum(i.pending for i in client.link_info())
     return total
+
+
+def _settle(plan: Plan, nodes: dict[str, _Node], in_doubt: bool) -> list[Applied]:
+    """What reached the network's queues (:func:`_take_network`), taken until no link
+    owes anything, those queues stay empty and so do the queues' node's — nothing is
+    left to arrive unchecked after the run is judged (a message the drain's two looks
+    missed in flight is taken here, not missed). Those held by a transaction still in
+    doubt (``in_doubt``) are the checker's to report. EomsgError if the network does
+    not settle."""
+    import eomsg
+
+    taken: list[Applied] = []
+    deadline = time.monotonic() + SETTLE
+    while True:
+        owed = _owed(nodes)
+        with eomsg.connect(nodes[plan.home].data) as client:
+            stats = client.stats()
+        left = 0 if in_doubt else sum(s.depth for s in stats if s.name in QUEUES)
+        more = _take_network(plan, nodes)
+        taken += more
+        if owed == 0 and left == 0 and not more:
+            return taken
+        if time.monotonic() > deadline:
+            raise EomsgError(
+                f"the run did not settle after its drain: {owed} messages owed by links, "
+                f"{left} left in the queues of {plan.home}"
+            )
+        time.sleep(0.5)
 
 
 def _take_network(plan: Plan, nodes: dict[str, _Node]) -> list[Applied]:
@@ -476,7 +489,7 @@ def _take_network(plan: Plan, nodes: dict[str, _Node]) -> list[Applied]:
     import eomsg
 
     taken: list[Applied] = []
-    for queue, holder in network_queues(plan).items():
+    for queue, holder in plan.network_queues.items():
         with eomsg.connect(nodes[holder].data) as client:
             while batch := client.fetch(queue, 1000):
                 taken += [Applied(queue, queue, d.message.payload.decode()) for d in batch]
@@ -523,7 +536,7 @@ def _history(
         QueueDeclared(q, role.exclusive, role.ordered) for q, role in QUEUES.items()
     ]
     # drained by one reader each, in order: ordered
-    events += [QueueDeclared(q, False, True) for q in network_queues(plan)]
+    events += [QueueDeclared(q, False, True) for q in plan.network_queues]
     for p in workers:
         path = workdir / f"{p.name}.jsonl"
         if path.exists():

@@ -165,8 +165,6 @@ class NodeState:
         self._lock = threading.Lock()
         self._admin = threading.Lock()
         self._elect = threading.Lock()  # serialises election stimuli (they may wait)
-        self._audited = threading.Lock()
-        self._audit_at = store.last_audit_us()  # the newest audit record's time
         self._epochs = Epochs(int(store.meta("epochs_reserved") or 0))
         self._epochs_reserved = self._epochs.last
         self._flows: dict[int, FlowState] = {}
@@ -260,12 +258,8 @@ class NodeState:
 
     def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
         """The audit record of a change ``by`` a principal, to commit with it
-        (:meth:`Store.audited`, or a batch's ``audit`` rows). Its time is now, or a
-        microsecond after the last record's: no two records share one, so paging back
-        from a record's time (``audit(before=…)``) skips none."""
-        with self._audited:
-            self._audit_at = max(to_us(self.clock()), self._audit_at + 1)
-            return (self._audit_at, by, action, target, detail)
+        (:meth:`Store.audited`, or a batch's ``audit`` rows)."""
+        return (to_us(self.clock()), by, action, target, detail)
 
     # -- writing ------------------------------------------------------------------------
 

@@ -60,6 +60,7 @@ log = logging.getLogger("eomsg.link")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
 # What only a made link carries: nothing of it is taken before both sides proved who they are.
+CHANNEL_BROKEN = "the link lost part of this tunnelled connection"
 LINK_TRAFFIC = (ev.Transfer, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose, ev.ChannelPause)
 TICK = 0.25  # how often the resend timer is looked at
 TABLE_EVERY = 5  # heartbeats between two sendings of the whole route table
@@ -317,13 +318,27 @@ class LinkConnection(asyncio.Protocol):
     # -- tunnelled connections (server/tunnel.py) -------------------------------------------
 
     def _channel_data(self, event: ev.Channel) -> None:
+        """The next bytes of a channel, in order; a frame seen before is dropped, and a
+        channel missing one (lost, or behind) ends — its bytes read past a hole would be
+        another connection's frames, or garbage. A channel whose first frame is not the
+        first to come is never served."""
         end = self.channels.get(event.channel)
         if end is None:
             theirs = 2 if self.conn.our_role is Role.CLIENT else 1
             if event.channel % 2 != theirs % 2 or event.channel <= self._their_channels:
                 return  # one that is over (its close crossed this data), or ours: dropped
             self._their_channels = event.channel
+            if event.n != 0:
+                self.send(ev.ChannelClose(event.channel, CHANNEL_BROKEN))
+                return
             end = self._serve_channel(event.channel)
+        if event.n < end.taken:
+            return  # repeated on the way: its bytes are in already
+        if event.n > end.taken:
+            self.close_channel(event.channel, CHANNEL_BROKEN)
+            end.ended(CHANNEL_BROKEN)
+            return
+        end.taken += 1
         end.feed(event.data)
 
     def _serve_channel(self, channel: int) -> ChannelTransport:
@@ -350,10 +365,15 @@ class LinkConnection(asyncio.Protocol):
         return relay
 
     def send_channel(self, channel: int, data: bytes) -> None:
-        """``data`` of ``channel``, in frames within the peer's limit."""
+        """``data`` of ``channel``, in numbered frames within the peer's limit (nothing
+        once the channel is over)."""
+        end = self.channels.get(channel)
+        if end is None:
+            return
         step = max(1, min(CHUNK, self.conn.peer_max_frame - 64))
         for at in range(0, len(data), step):
-            self.send(ev.Channel(channel, data[at : at + step]))
+            self.send(ev.Channel(channel, end.sent, data[at : at + step]))
+            end.sent += 1
 
     def close_channel(self, channel: int, reason: str) -> None:
         """This side ends ``channel``: the peer is told (the caller ends its own end)."""

@@ -43,7 +43,11 @@ CLOSE_GRACE = 2.0  # seconds a client's socket may take to flush the far node's 
 
 
 class ChannelEnd(Protocol):
-    """What a link connection tells each end of a channel it carries."""
+    """What a link connection tells each end of a channel it carries, and the frames of
+    it the link has sent and taken in order (see :class:`~eomsg.wire.events.Channel`)."""
+
+    sent: int
+    taken: int
 
     def feed(self, data: bytes) -> None:
         """Bytes that came over the channel."""
@@ -66,6 +70,7 @@ class ChannelTransport(asyncio.Transport):
         super().__init__()
         self.link = link
         self.channel = channel
+        self.sent = self.taken = 0
         self._protocol: asyncio.Protocol | None = None
         self._closed = False
         self._reading = True
@@ -175,6 +180,7 @@ class Relay(asyncio.Protocol):
         self.link = link
         self.channel = channel
         self.client = client
+        self.sent = self.taken = 0
         self._closed = False
         self._peer_paused = False
         self._link_writable = True

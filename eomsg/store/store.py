@@ -744,19 +744,21 @@ class Store:
 
     def audit_log(self, limit: int, before_us: int | None = None) -> list[tuple[Any, ...]]:
         """Up to ``limit`` audit records, newest first (before ``before_us``, if given):
-        (at µs, principal, action, target, detail)."""
+        (at µs, principal, action, target, detail) — and more when records share the
+        last one's time: a page never splits them, so paging back from its last time
+        skips none."""
         self.writer.sync()  # every acknowledged change, not only what DuckDB holds
-        return self._query(
-            """SELECT epoch_us(recorded_at), principal, action, target, detail FROM audit
-               WHERE ? IS NULL OR recorded_at < make_timestamp(?)
-               ORDER BY recorded_at DESC, rowid DESC LIMIT ?""",
+        select = """SELECT epoch_us(recorded_at), principal, action, target, detail
+                    FROM audit WHERE {} ORDER BY recorded_at DESC, rowid DESC {}"""
+        rows = self._query(
+            select.format("? IS NULL OR recorded_at < make_timestamp(?)", "LIMIT ?"),
             [before_us, before_us, limit],
         )
-
-    def last_audit_us(self) -> int:
-        """When the newest audit record was made, in µs (0: there is none)."""
-        row = self._query("SELECT coalesce(max(epoch_us(recorded_at)), 0) FROM audit")
-        return int(row[0][0])
+        if len(rows) == limit and rows:
+            last = rows[-1][0]
+            ties = self._query(select.format("recorded_at = make_timestamp(?)", ""), [last])
+            rows = [r for r in rows if r[0] != last] + ties
+        return rows
 
     @staticmethod
     def audited(job: Any, entry: tuple[int, str, str, str, str]) -> Any:

@@ -670,7 +670,7 @@ class Unbound(Event):
 
 # -- links between nodes -----------------------------------------------------------------
 
-LINK_VERSION = 4
+LINK_VERSION = 5
 MAX_TARGETS = 1024  # nodes one transferred message is for
 
 
@@ -954,19 +954,22 @@ class Channel(Event):
     """Bytes of the connection tunnelled as ``channel`` over a link: a client connected
     to one node and talking, through it, to the node at the link's other end (or
     further). The first frame of a channel opens it; the node that opens a channel
-    numbers it odd if it dialled the link, even if it was dialled."""
+    numbers it odd if it dialled the link, even if it was dialled. Each side numbers its
+    frames of a channel from 0 (``n``), so a frame the link lost, repeated or reordered
+    is seen rather than read as the connection's bytes."""
 
     TYPE: ClassVar[int] = 26
     channel: int
+    n: int
     data: bytes
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.channel, self.data]
+        return [self.TYPE, self.channel, self.n, self.data]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Channel:
-        _, channel, data = _fields(body, 2, "channel")
-        return cls(_int(channel, "channel"), _bytes(data, "data"))
+        _, channel, n, data = _fields(body, 3, "channel")
+        return cls(_int(channel, "channel"), _int(n, "n"), _bytes(data, "data"))
 
 
 @dataclass(frozen=True, slots=True)
