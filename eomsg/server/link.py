@@ -59,8 +59,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("eomsg.link")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
-# What only a made link carries: nothing of it is taken before both sides proved who they are.
 CHANNEL_BROKEN = "the link lost part of this tunnelled connection"
+# What only a made link carries: nothing of it is taken before both sides proved who they are.
 LINK_TRAFFIC = (ev.Transfer, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose, ev.ChannelPause)
 TICK = 0.25  # how often the resend timer is looked at
 TABLE_EVERY = 5  # heartbeats between two sendings of the whole route table
