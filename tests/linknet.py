@@ -92,11 +92,15 @@ class Net:
             assert wake is not None
             self.nodes[x].link_disconnected(y, wake)
 
-    def restart(self, name: str) -> None:
+    def restart(self, name: str, while_down: Callable[[Path], None] | None = None) -> None:
+        """Close node ``name`` and open it again (``while_down``: done to its data
+        directory in between)."""
         for a, b in list(self.up):
             if name in (a, b):
                 self.cut(a, b)
         self.nodes[name].close()
+        if while_down is not None:
+            while_down(self.tmp / name)
         self.nodes[name] = self._open(name)
 
     def heal(self) -> None:

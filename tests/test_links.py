@@ -7,12 +7,15 @@ server carries them over TCP in tests/test_network.py."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
+import duckdb
 import pytest
 
-from eomsg.core.message import Carried
+from eomsg.core.message import Carried, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import InvalidConfig, InvalidPattern, LinkNotFound
+from eomsg.store.files import DB_NAME
 from tests.linknet import MakeNet
 
 
@@ -88,7 +91,8 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
 
     def route_rows() -> list[int]:
         a.store.writer.run(lambda conn: None).result()  # after every write queued
-        return [r.seq for r in a.store.load_pending() if r.queue_id < 0]
+        runs = a.store.load_route_runs().values()
+        return [seq for route in runs for lo, hi in route for seq in range(lo, hi + 1)]
 
     assert route_rows() == seqs  # not compacted yet
     assert a.store.settled_rows() == 0
@@ -117,6 +121,84 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     a.maintain()  # written before the log is collected: the peer holds what goes
     assert a.log_horizon()[0] > last
     assert a.store.meta("link/b/taken") == str(last)
+
+
+def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
+    net: MakeNet,
+) -> None:
+    """A batch's messages going one way over a link are one row (a run of seqs), not one
+    each: the link's destination, stored in their commit. A restart owes exactly what
+    the runs hold past what the peer took, and compaction drops the runs it covers."""
+    n = net("ab", compact_every=1)
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("far", subscriptions=("t/>",)))
+    n.nodes["a"].create_queue(QueueConfig("near", subscriptions=("l/>",)))
+    n.run()
+    n.cut("a", "b")
+    a = n.nodes["a"]
+    topics = ["t/1", "t/2", "t/3", "l/4", "t/5", "t/6"]
+    seqs = [r.seq for r in a.publish_batch([Outgoing(t, t.encode()) for t in topics])]
+    seqs += [a.publish("t/7", b"t/7").seq]  # a batch of its own: a run of its own
+    a.store.writer.sync()  # in DuckDB, not only in the journal
+    ((route, runs),) = a.store.load_route_runs().items()
+    assert route < 0
+    assert runs == [(seqs[0], seqs[2]), (seqs[4], seqs[5]), (seqs[6], seqs[6])]
+    assert [(r.queue_id, r.seq) for r in a.store.load_pending()] == [(1, seqs[3])]
+    n.restart("a")
+    a = n.nodes["a"]
+    assert a.link_info()[0].pending == 6
+    n.heal()
+    n.run()
+    assert [p for _, p in n.drain("b", "far")] == [t for t in topics if t[0] == "t"] + ["t/7"]
+    a.maintain()  # taken: every run ends at or before what b took
+    a.store.writer.sync()
+    assert a.store.load_route_runs() == {}
+    n.restart("a")
+    assert n.nodes["a"].link_info()[0].pending == 0
+
+
+def back_to_schema_6(data_dir: Path) -> None:
+    """Undo migration 7: what the links owe as a destination row per message again."""
+    with duckdb.connect(str(data_dir / DB_NAME)) as db:
+        db.execute(
+            """INSERT INTO destinations
+               SELECT unnest(range(lo, hi + 1)), route_id FROM route_runs"""
+        )
+        db.execute("DROP TABLE route_runs")
+        db.execute("DELETE FROM schema_migrations WHERE version >= 7")
+
+
+def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: MakeNet) -> None:
+    """A data directory of schema 6 kept a destination row per message for a link's
+    route: opened, they become runs, owed as before — but for a row settled the way
+    an older node settled it (a ``settled`` row), which is not owed again."""
+    n = net("ab")
+    n.link("a", "b")
+    n.nodes["b"].create_queue(QueueConfig("far", subscriptions=("t/>",)))
+    n.nodes["a"].create_queue(QueueConfig("near", subscriptions=("t/>",)))
+    n.run()
+    n.cut("a", "b")
+    a = n.nodes["a"]
+    seqs = [r.seq for r in a.publish_batch([Outgoing("t/x", b"%d" % i) for i in range(5)])]
+
+    def old_store(data_dir: Path) -> None:
+        back_to_schema_6(data_dir)
+        with duckdb.connect(str(data_dir / DB_NAME)) as db:
+            db.execute(
+                """INSERT INTO settled SELECT queue_id, seq, 0, now()::TIMESTAMP
+                   FROM destinations WHERE queue_id < 0 AND seq = ?""",
+                [seqs[0]],
+            )
+
+    n.restart("a", while_down=old_store)
+    a = n.nodes["a"]
+    assert a.link_info()[0].pending == 4
+    assert [r.seq for r in a.store.load_pending() if r.queue_id > 0] == seqs  # near's
+    assert [r for r in a.store.load_pending() if r.queue_id < 0] == []
+    n.heal()
+    n.run()
+    assert [p for _, p in n.drain("b", "far")] == ["1", "2", "3", "4"]
+    assert [p for _, p in n.drain("a", "near")] == ["0", "1", "2", "3", "4"]
 
 
 def test_frames_for_the_event_loop_are_made_only_of_messages_in_memory(net: MakeNet) -> None:

@@ -164,11 +164,16 @@ class Ingress(NodeState):
         """Dedup ``messages`` by id, give the new ones the next sequence numbers and
         route them (by topic, all to ``route``, or each to its own of ``routes``),
         adding their rows to ``batch`` (with the after-commit step that makes them
-        deliverable). Call with ``_lock`` held, then :meth:`_write_staged`."""
+        deliverable): the log's, and the destinations — a row per message and queue,
+        a run of consecutive seqs per link's route (what the link owes is settled as
+        one number, so a row per message would only be written and deleted). Call
+        with ``_lock`` held, then :meth:`_write_staged`."""
         now_us = to_us(now)
         results: list[PublishResult] = []
         fresh: list[Fresh] = []
         log_rows, id_rows, dest_rows = [], [], []
+        runs: dict[int, list[int]] = {}  # by route: its latest run [route, first, last]
+        run_rows: list[list[int]] = []
         uncommitted = self._uncommitted_ids
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
         seq = self._next_seq
@@ -191,7 +196,13 @@ class Ingress(NodeState):
             if msg_id is not None:
                 id_rows.append((msg_id, seq, expires_us))
             for q in queues:
-                dest_rows.append((seq, q.id))
+                if q.id > 0:  # a queue: a row each
+                    dest_rows.append((seq, q.id))
+                elif (run := runs.get(q.id)) is not None and run[2] == seq - 1:
+                    run[2] = seq  # a link's route: runs of consecutive seqs
+                else:
+                    runs[q.id] = run = [q.id, seq, seq]
+                    run_rows.append(run)
             fresh.append((seq, msg_id, expires, queues))
             results.append(PublishResult(seq, msg_id, False, len(queues)))
             seq += 1
@@ -200,6 +211,7 @@ class Ingress(NodeState):
             ("messages", log_rows),
             ("publish_ids", id_rows),
             ("destinations", dest_rows),
+            ("route_runs", [tuple(run) for run in run_rows]),
         ):
             if rows:
                 batch.rows_of(name).extend(rows)

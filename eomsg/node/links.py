@@ -11,8 +11,10 @@ network of nodes. What travels and how is the server's; what is decided and kept
   What a peer has taken is always a prefix of what its link owes (acknowledgements are
   cumulative), so it is kept as one number per link, ``link/PEER/taken``, written with
   the next write after an acknowledgement (or by the ticker): every route's message up
-  to it is settled. Compaction drops the routes' destination rows it covers; a row per
-  message would cost the ingress node about as much as storing the message did.
+  to it is settled. So the destination itself is stored as a run of seqs (a batch's
+  messages going the same way: one row, ``route_runs``), not a row per message, which
+  would cost the ingress node about as much as storing the message did; compaction
+  drops the runs that end where the peer took them or before.
 - **Transfer** (seeds 000, 003; :mod:`eomsg.core.transfer`): each link's
   :class:`~eomsg.core.transfer.Outbox` sends what it owes in sequence order and settles
   on the peer's cumulative acknowledgement; the receiving side keeps, per peer, its read
@@ -31,7 +33,6 @@ the node, so it may be called under ``_lock``.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import json
 import logging
@@ -193,15 +194,19 @@ class Links(Egress):
         self._announce(now)
         self._links_ready = True
 
-    def _restore_link_pending(self, pending: dict[int, list[int]]) -> None:
-        """At recovery: what each route still owes (by route id, ascending seqs)."""
+    def _restore_link_pending(self, runs: dict[int, list[tuple[int, int]]]) -> None:
+        """At recovery: what each route still owes, from its runs of seqs (by route id,
+        ascending): those past what its peer took."""
         by_link: dict[str, dict[int, list[int]]] = {}
-        for route_id, seqs in pending.items():
+        for route_id, route_runs in runs.items():
             hop = self._route_ids.get(route_id)
             if hop is not None:
-                owed = bisect.bisect_right(seqs, hop.link.taken_through)
-                by_link.setdefault(hop.link.config.peer, {})[route_id] = seqs[owed:]
-                self._settled_since_compaction += owed  # settled, not compacted yet
+                taken = hop.link.taken_through
+                owed = (range(max(lo, taken + 1), hi + 1) for lo, hi in route_runs)
+                by_link.setdefault(hop.link.config.peer, {})[route_id] = [*chain(*owed)]
+                self._settled_since_compaction += sum(  # settled, not compacted yet
+                    min(hi, taken) - lo + 1 for lo, hi in route_runs if lo <= taken
+                )
         for peer, routes in by_link.items():
             self._links[peer].outbox.restore(routes)
 

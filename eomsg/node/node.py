@@ -135,12 +135,9 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
         self._durable_seq = self._next_seq - 1
         self._load_links(self.settings.node_name)
         unread: dict[int, tuple[list[int], list[float | None]]] = {}
-        link_pending: dict[int, list[int]] = {}  # by route: what the links owe
         for row in store.load_pending():
             q = self._by_id.get(row.queue_id)
             if q is None:
-                if row.queue_id < 0:
-                    link_pending.setdefault(row.queue_id, []).append(row.seq)
                 continue
             expires = None if row.expires_us is None else row.expires_us / US
             if row.attempt is None:
@@ -162,7 +159,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)
         self._settled_since_compaction = store.settled_rows()
-        self._restore_link_pending(link_pending)  # counts the links' settled rows too
+        self._restore_link_pending(store.load_route_runs())  # counts what they settled
         self._finished = {txid: TxnState(s) for txid, s in store.finished_txns().items()}
         for prep in store.load_prepared(set(self._finished)):
             held: dict[QueueState, list[int]] = {}
@@ -182,7 +179,10 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
                 prep.principal,
             )
         self._load_access()
-        self._last_gc = float(store.meta("gc_at") or 0.0)
+        # Never later than now: the time is kept to the microsecond, which a rounding
+        # may put a hair past a clock that stood still since (or a clock set back far
+        # past it) — and collection would wait for it.
+        self._last_gc = min(float(store.meta("gc_at") or 0.0), now)
 
     @staticmethod
     def _add_counts(q: QueueState, counts: SettledCounts) -> None:

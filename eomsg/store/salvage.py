@@ -40,7 +40,7 @@ from eomsg.store import integrity, journal, wal
 from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
-from eomsg.store.schema import hash_publish_ids, migrate
+from eomsg.store.schema import hash_publish_ids, migrate, route_runs_from_destinations
 from eomsg.store.watermark import MARK_NAME, Mark, Watermark
 from eomsg.store.writer import applied_lsn
 
@@ -417,6 +417,7 @@ def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) ->
             out.lost_rows[table] = lost
     # (Every result above is fetched whole: DuckDB refuses a relation while one is open.)
     hash_publish_ids(new)
+    route_runs_from_destinations(new)
     (top,) = new.execute("SELECT coalesce(max(queue_id), 0) FROM queues").fetchall()[0]
     new.execute(f"CREATE OR REPLACE SEQUENCE queue_ids START {int(top) + 1}")
     out.last_seq = stored_seq(new)

@@ -45,6 +45,22 @@ def hash_publish_ids(conn: duckdb.DuckDBPyConnection) -> None:
         conn.unregister("_eomsg_hashes")
 
 
+def route_runs_from_destinations(conn: duckdb.DuckDBPyConnection) -> None:
+    """Move what links owe from per-message ``destinations`` rows (negative ids: the
+    links' routes) into ``route_runs``, a run of one seq each; the routes' rows in the
+    other hot tables go (a route is settled by its link's ``taken`` number, never by a
+    row). Idempotent: migration 7 runs it, and salvage after copying a store from
+    before it."""
+    conn.execute(
+        """INSERT INTO route_runs
+           SELECT d.queue_id, d.seq, d.seq FROM destinations d
+           ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+           WHERE d.queue_id < 0"""
+    )
+    for table in ("destinations", "deliveries", "returned", "settled", "queue_stats"):
+        conn.execute(f"DELETE FROM {table} WHERE queue_id < 0")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         1,
@@ -188,6 +204,22 @@ MIGRATIONS: tuple[Migration, ...] = (
             "ALTER TABLE txn_log ADD COLUMN principal VARCHAR",
         ),
     ),
+    Migration(
+        7,
+        "what links owe, as runs of seqs (seed 004)",
+        (
+            # A link's destination (a route, seed 004 d) for every seq from lo to hi,
+            # stored in the commit of those messages: one row for a batch's run of
+            # messages going the same way, not a row per message. What the peer took
+            # is one number per link (node_meta link/PEER/taken); compaction drops the
+            # runs it covers.
+            """CREATE TABLE route_runs (
+                   route_id INTEGER NOT NULL,
+                   lo BIGINT NOT NULL,
+                   hi BIGINT NOT NULL)""",
+        ),
+        route_runs_from_destinations,
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -210,6 +242,7 @@ ROW_TABLES: dict[str, pa.Schema] = {
         [("id", pa.string()), ("seq", pa.int64()), ("expires_at", TIMESTAMP), ("h", pa.uint32())]
     ),
     "destinations": pa.schema([("seq", pa.int64()), ("queue_id", pa.int32())]),
+    "route_runs": pa.schema([("route_id", pa.int32()), ("lo", pa.int64()), ("hi", pa.int64())]),
     "deliveries": pa.schema(
         [
             ("queue_id", pa.int32()),

@@ -612,18 +612,25 @@ class Store:
         """Publish times of a few messages, by seq."""
         return {seq: us / US for seq, us in self._columns(seqs, 3, "published_at").items()}
 
+    def load_route_runs(self) -> dict[int, list[tuple[int, int]]]:
+        """What the links' routes were given and not compacted yet: by route id, its
+        runs of seqs (first, last), ascending. At recovery (node/links.py)."""
+        runs: dict[int, list[tuple[int, int]]] = {}
+        for route_id, lo, hi in self._query(
+            "SELECT route_id, lo, hi FROM route_runs ORDER BY route_id, lo"
+        ):
+            runs.setdefault(route_id, []).append((lo, hi))
+        return runs
+
     def pending_bytes(self) -> dict[int, int]:
         """Payload bytes of the messages each queue still holds, by queue id. Reads the
         hot tables and the log range they point into: its cost grows with the backlog,
-        not with the log (an operator's look, not a per-message path). Queues only:
-        links' routes (negative ids) keep rows of what their peers took until the next
-        compaction, which would widen the range read."""
+        not with the log (an operator's look, not a per-message path)."""
         self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         rows = self._query(
             """WITH hot AS (
                    SELECT d.queue_id, d.seq FROM destinations d
                    ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
-                   WHERE d.queue_id > 0
                )
                SELECT h.queue_id, sum(octet_length(m.payload))::BIGINT
                FROM hot h JOIN messages m ON m.seq = h.seq
@@ -720,11 +727,10 @@ class Store:
 
         def job(conn: duckdb.DuckDBPyConnection) -> None:
             conn.execute("DELETE FROM node_meta WHERE starts_with(key, ?)", [prefix])
-            for table in ("destinations", "deliveries", "returned", "settled", "queue_stats"):
-                conn.execute(
-                    f"DELETE FROM {table} WHERE queue_id IN (SELECT unnest(?::INTEGER[]))",
-                    [list(route_ids)],
-                )
+            conn.execute(
+                "DELETE FROM route_runs WHERE route_id IN (SELECT unnest(?::INTEGER[]))",
+                [list(route_ids)],
+            )
 
         return job
 
@@ -826,19 +832,19 @@ class Store:
     @staticmethod
     def compact_job(routes_taken: Mapping[int, int]) -> Any:
         """Drop the hot-table rows of every settled (queue, message) pair, folding their
-        outcomes into ``queue_stats``, and the destination rows of the links' routes up
-        to where each route's peer took them (``routes_taken``: route id → seq; kept as
-        one number per link, not as ``settled`` rows). Returns the number of pairs
-        compacted."""
+        outcomes into ``queue_stats``, and the links' route runs that end where each
+        route's peer took them or before (``routes_taken``: route id → seq; kept as one
+        number per link, not as ``settled`` rows). Returns the number of rows compacted
+        (pairs and runs)."""
 
         def job(conn: duckdb.DuckDBPyConnection) -> int:
             count = 0
             if routes_taken:
                 row = conn.execute(
-                    """DELETE FROM destinations d
-                       USING (SELECT unnest(?::INTEGER[]) AS queue_id,
+                    """DELETE FROM route_runs r
+                       USING (SELECT unnest(?::INTEGER[]) AS route_id,
                                      unnest(?::BIGINT[]) AS upto) t
-                       WHERE d.queue_id = t.queue_id AND d.seq <= t.upto""",
+                       WHERE r.route_id = t.route_id AND r.hi <= t.upto""",
                     [list(routes_taken), list(routes_taken.values())],
                 ).fetchone()
                 count = int(row[0]) if row else 0
