@@ -6,6 +6,10 @@ one that will never come, and what the client held goes back."""
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -277,3 +281,28 @@ def test_a_standby_consumer_ends_when_the_embedded_node_closes(data_dir: Path) -
         holder.close()
     error, end = reader.got
     assert isinstance(error, NodeClosed) and end == "ended"
+
+
+def test_a_client_interrupted_while_connecting_leaves_no_task_pending() -> None:
+    """An interrupt (Ctrl-C, a SIGTERM turned into an exception) during a connect stops
+    the client's loop with the connect cancelled and ended, not destroyed pending."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        port = server.getsockname()[1]
+        code = (
+            "import eomsg\n"
+            "try:\n"
+            f"    eomsg.connect('tcp://127.0.0.1:{port}', timeout=60)\n"
+            "except KeyboardInterrupt:\n"
+            "    print('interrupted', flush=True)\n"
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        conn, _ = server.accept()  # connected: its hello waits for an answer
+        with conn:
+            conn.recv(1)  # the hello is on its way
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+    assert (proc.returncode, out, err) == (0, b"interrupted\n", b"")

@@ -35,6 +35,9 @@ T = TypeVar("T")
 WAKE_EVERY = 0.5  # seconds a consumer's wait lasts at most before it looks again
 
 
+STOP_WAIT = 1.0  # seconds the loop's last tasks get to end when the client stops
+
+
 def _new_loop() -> asyncio.AbstractEventLoop:
     try:
         import uvloop
@@ -42,6 +45,14 @@ def _new_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
     loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
     return loop
+
+
+async def _cancel_the_rest() -> None:
+    """Cancel every other task on this loop and wait until they end."""
+    rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for task in rest:
+        task.cancel()
+    await asyncio.gather(*rest, return_exceptions=True)
 
 
 class Client(Broker):
@@ -130,6 +141,11 @@ class Client(Broker):
         await self._ac.close()
 
     def _stop_loop(self) -> None:
+        """Stop the loop and its thread. What still runs on the loop — a connect that an
+        interrupt cut short — is cancelled first and given ``STOP_WAIT`` to end, so no
+        task is destroyed pending."""
+        with contextlib.suppress(Exception):  # a task that outlives the wait: left as is
+            asyncio.run_coroutine_threadsafe(_cancel_the_rest(), self._loop).result(STOP_WAIT)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join()
         self._loop.close()
