@@ -15,7 +15,10 @@ import pytest
 from eomsg.core.message import Carried, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import InvalidConfig, InvalidPattern, LinkNotFound
+from eomsg.store import journal
 from eomsg.store.files import DB_NAME
+from eomsg.store.journal import Journal
+from eomsg.store.writer import RowBatch, applied_lsn
 from tests.linknet import MakeNet
 
 
@@ -170,8 +173,9 @@ def back_to_schema_6(data_dir: Path) -> None:
 
 def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: MakeNet) -> None:
     """A data directory of schema 6 kept a destination row per message for a link's
-    route: opened, they become runs, owed as before — but for a row settled the way
-    an older node settled it (a ``settled`` row), which is not owed again."""
+    route: opened, they become runs, owed as before — those its journal still held (a
+    node of that version killed before its rows reached DuckDB) too — but for a row
+    settled the way an older node settled it (a ``settled`` row), not owed again."""
     n = net("ab")
     n.link("a", "b")
     n.nodes["b"].create_queue(QueueConfig("far", subscriptions=("t/>",)))
@@ -180,6 +184,9 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
     n.cut("a", "b")
     a = n.nodes["a"]
     seqs = [r.seq for r in a.publish_batch([Outgoing("t/x", b"%d" % i) for i in range(5)])]
+    a.store.writer.sync()
+    ((route, _),) = a.store.load_route_runs().items()
+    now_us = int(n.now * 1_000_000)
 
     def old_store(data_dir: Path) -> None:
         back_to_schema_6(data_dir)
@@ -189,15 +196,25 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
                    FROM destinations WHERE queue_id < 0 AND seq = ?""",
                 [seqs[0]],
             )
+            applied = applied_lsn(db)
+        j = Journal(data_dir / journal.DIR_NAME, applied)  # journaled, not in DuckDB
+        batch = RowBatch()
+        for seq in (seqs[-1] + 1, seqs[-1] + 2):
+            batch.add("messages", seq, "t/x", None, now_us, None, None, b"j%d" % seq)
+            batch.add("destinations", seq, route)
+        j.append(batch.encode())
+        j.close(applied=0)
 
     n.restart("a", while_down=old_store)
     a = n.nodes["a"]
-    assert a.link_info()[0].pending == 4
+    assert a.link_info()[0].pending == 6
     assert [r.seq for r in a.store.load_pending() if r.queue_id > 0] == seqs  # near's
     assert [r for r in a.store.load_pending() if r.queue_id < 0] == []
+    assert all(queue_id > 0 for queue_id in a.store.pending_bytes())
     n.heal()
     n.run()
-    assert [p for _, p in n.drain("b", "far")] == ["1", "2", "3", "4"]
+    late = [f"j{seqs[-1] + 1}", f"j{seqs[-1] + 2}"]
+    assert [p for _, p in n.drain("b", "far")] == ["1", "2", "3", "4", *late]
     assert [p for _, p in n.drain("a", "near")] == ["0", "1", "2", "3", "4"]
 
 

@@ -49,8 +49,9 @@ def route_runs_from_destinations(conn: duckdb.DuckDBPyConnection) -> None:
     """Move what links owe from per-message ``destinations`` rows (negative ids: the
     links' routes) into ``route_runs``, a run of one seq each; the routes' rows in the
     other hot tables go (a route is settled by its link's ``taken`` number, never by a
-    row). Idempotent: migration 7 runs it, and salvage after copying a store from
-    before it."""
+    row). Idempotent: migration 7 runs it; salvage after copying a store from before
+    it; and the journal's replay, in the transaction of records that a node from before
+    it journaled and never put into DuckDB (replayed after the migration)."""
     conn.execute(
         """INSERT INTO route_runs
            SELECT d.queue_id, d.seq, d.seq FROM destinations d

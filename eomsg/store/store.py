@@ -32,7 +32,7 @@ from eomsg.store import compact, integrity, journal, logread, salvage, sandbox
 from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.journal import Journal
 from eomsg.store.lock import DataDirLock
-from eomsg.store.schema import migrate
+from eomsg.store.schema import migrate, route_runs_from_destinations
 from eomsg.store.watermark import Mark, Watermark
 from eomsg.store.writer import (
     APPLY_BYTES,
@@ -224,6 +224,8 @@ class Store:
             if batch.size >= APPLY_ROWS or size >= APPLY_BYTES or record is found.records[-1]:
                 db.execute("BEGIN TRANSACTION")
                 insert_rows(db, batch, last)
+                if any(queue_id < 0 for _, queue_id in batch.tables.get("destinations", ())):
+                    route_runs_from_destinations(db)  # journaled by a node before schema 7
                 db.execute("COMMIT")
                 batch, size = RowBatch(), 0
                 if _size(self.wal_path) > self.wal_limit:  # as the writer would
