@@ -33,8 +33,6 @@ from eomsg.wire.tls import ClientTls
 
 T = TypeVar("T")
 WAKE_EVERY = 0.5  # seconds a consumer's wait lasts at most before it looks again
-
-
 STOP_WAIT = 1.0  # seconds the loop's last tasks get to end when the client stops
 
 
