@@ -8,12 +8,14 @@ Runs ``python -m eomsg serve`` on a fresh data directory under
 the node with SIGTERM and reads the trace:
 
 * every ``pwrite64`` to a journal segment (``DIR/journal/<lsn>.seg``) is laid into an
-  image of that segment; a record is *written* by the pwrite that completes it (its
-  header, CRC and lsn are checked, its payload decoded: the rows of table ``messages``
-  give the seqs it holds, with their ids);
+  image of that segment (past its header, written before the segment has its name); a
+  record is *written* by the pwrite that completes it (its header, CRCs and lsn are
+  checked, its payload decoded: the rows of table ``messages`` give the seqs it holds,
+  with their ids; a seal holds none);
 * a record is *synced* by the first successful ``fdatasync`` of its segment that began
   after that pwrite returned; a segment's name is durable after the first ``fsync`` of
-  the journal directory that began after the segment was created (``openat`` O_CREAT);
+  the journal directory that began after the segment got its name (the ``rename`` of
+  the file it was made in);
 * every ``write``/``writev``/``sendmsg``/``sendto`` to a client connection (a socket
   accepted on ``DIR/eomsg.sock``, as ``-yy`` names it) is laid into that connection's
   stream and cut into frames (4-byte big-endian length, msgpack body); a Published frame
@@ -75,11 +77,14 @@ from eomsg.core.queues import QueueConfig
 from eomsg.errors import EomsgError
 
 STRING_LIMIT = 1 << 24  # strace -s: no traced buffer may be cut short
-TRACED = "fdatasync,fsync,pwrite64,write,writev,sendmsg,sendto,openat"
+TRACED = "fdatasync,fsync,pwrite64,write,writev,sendmsg,sendto,rename,renameat,renameat2"
 SOCKET_WRITES = ("write", "writev", "sendmsg", "sendto")
 SOCKET_NAME = "eomsg.sock"
 PUBLISHED = 4  # eomsg.wire.events.Published.TYPE
-RECORD_HEADER = struct.Struct("<IIQ")  # crc, length, lsn (eomsg.store.journal.HEADER)
+# eomsg.store.journal's: header crc, kind, length, lsn, payload crc; after a segment header
+RECORD_HEADER = struct.Struct("<I4sIQI")
+SEGMENT_HEADER_SIZE = 32
+SEAL = b"eoS1"
 FRAME_HEADER = struct.Struct(">I")  # eomsg.wire.protocol._HEADER
 
 # -- reading an strace log ------------------------------------------------------------------
@@ -233,10 +238,11 @@ class Record:
 class Segment:
     path: str
     first_lsn: int
-    created: Call | None = None  # openat O_CREAT (None: it was there before the trace)
+    created: Call | None = None  # the rename that named it (None: named before the trace)
     named: Call | None = None  # the journal directory's fsync that made its name durable
     image: bytearray = field(default_factory=bytearray)
-    parsed: int = 0  # offset of the next record
+    base: int = -1  # the file offset of image[0] (set by the first write seen)
+    parsed: int = 0  # offset in image of the next record
     count: int = 0  # records in it so far
     unsynced: list[Record] = field(default_factory=list)
 
@@ -325,12 +331,11 @@ def check(lines: Iterable[str]) -> Report:
         return s
 
     for call in read_calls(lines):  # in the order they completed
-        if call.name == "openat":
-            m = re.match(r"(-?\d+)<(.*)>$", call.ret, re.S)
-            path = unescape(m[2]).decode("utf-8", "replace") if m else ""
-            seg = _SEGMENT.search(path)
-            if seg and "O_CREAT" in call.args:
-                segment(path, seg[1]).created = call
+        if call.name.startswith("rename"):
+            named = [unescape(n).decode("utf-8", "replace") for n, _ in _STRING.findall(call.args)]
+            seg = _SEGMENT.search(named[-1]) if named and call.value == 0 else None
+            if seg:
+                segment(named[-1], seg[1]).created = call
             continue
         fd = call.fd()
         if fd is None:
@@ -383,22 +388,28 @@ def _journal_write(s: Segment, call: Call, report: Report) -> None:
     data = _buffer(call)
     if not data:
         return
-    if offset != len(s.image):
+    if s.base < 0:  # its first write: past the header (or where a segment reused went on)
+        s.base = SEGMENT_HEADER_SIZE if s.created is not None else offset
+    if offset != s.base + len(s.image):
         raise Undecodable(
-            f"a journal write at offset {offset} of {s.path}, which holds {len(s.image)} "
-            f"bytes so far (a gap or a rewrite: a failed append cut back?): {call.show()}"
+            f"a journal write at offset {offset} of {s.path}, which holds "
+            f"{s.base + len(s.image)} bytes so far (a gap or a rewrite: a failed append cut "
+            f"back?): {call.show()}"
         )
     s.image += data
     while len(s.image) - s.parsed >= RECORD_HEADER.size:
-        crc, length, lsn = RECORD_HEADER.unpack_from(s.image, s.parsed)
+        crc, kind, length, lsn, payload_crc = RECORD_HEADER.unpack_from(s.image, s.parsed)
         end = s.parsed + RECORD_HEADER.size + length
         if end > len(s.image):
             break
-        at = f"the record at offset {s.parsed} of {s.path} (written by {call.show()})"
+        at = f"the record at offset {s.base + s.parsed} of {s.path} (written by {call.show()})"
         payload = bytes(s.image[s.parsed + RECORD_HEADER.size : end])
-        tail = bytes(s.image[s.parsed + 4 : s.parsed + RECORD_HEADER.size])
-        if crc != zlib.crc32(payload, zlib.crc32(tail)):
+        rest = bytes(s.image[s.parsed + 4 : s.parsed + RECORD_HEADER.size])
+        if crc != zlib.crc32(rest) or payload_crc != zlib.crc32(payload):
             raise Undecodable(f"{at} fails its CRC")
+        if kind == SEAL:
+            s.parsed = end
+            continue
         if lsn != s.first_lsn + s.count:
             raise Undecodable(f"{at} is numbered {lsn}, not {s.first_lsn + s.count}")
         try:
@@ -406,7 +417,7 @@ def _journal_write(s: Segment, call: Call, report: Report) -> None:
             ids = {row[0]: row[2] for row in tables.get("messages", [])}
         except Exception as e:
             raise Undecodable(f"{at} does not decode: {e}") from e
-        record = Record(s, lsn, s.parsed, ids, call)
+        record = Record(s, lsn, s.base + s.parsed, ids, call)
         s.count += 1
         report.record_count += 1
         for seq in ids:
@@ -440,7 +451,7 @@ def _judge(ack: Ack, record: Record | None) -> list[str]:
         found.append(
             f"{what} before the name of its journal segment was durable (an fsync of the "
             f"journal directory after the segment was created)\n"
-            f"  openat:    {s.created.show()}\n{sent}\n{named}"
+            f"  rename:    {s.created.show()}\n{sent}\n{named}"
         )
     if ack.id != record.ids[ack.seq]:
         found.append(

@@ -121,14 +121,11 @@ def frame(rid: int, *seqs: int) -> bytes:
 
 
 R1, R2 = record(1, 1, 2), record(2, 3)
-OPEN = (
-    f'11 1.000001 openat(AT_FDCWD</d>, "{SEGMENT}", O_RDWR|O_CREAT|O_EXCL|O_CLOEXEC, 0600) '
-    f"= 5<{SEGMENT}>"
-)
+OPEN = f'11 1.000001 rename("{SEGMENT}.making", "{SEGMENT}") = 0'  # made, then named
 NAME = "11 1.000002 fsync(6</d/journal>) = 0"
-WRITE1 = f'11 1.000003 pwrite64(5<{SEGMENT}>, "{hexed(R1)}", {len(R1)}, 0) = {len(R1)}'
+WRITE1 = f'11 1.000003 pwrite64(5<{SEGMENT}>, "{hexed(R1)}", {len(R1)}, 32) = {len(R1)}'
 SYNC1 = f"11 1.000004 fdatasync(5<{SEGMENT}>) = 0"
-WRITE2 = f'11 1.000005 pwrite64(5<{SEGMENT}>, "{hexed(R2)}", {len(R2)}, {len(R1)}) = {len(R2)}'
+WRITE2 = f'11 1.000005 pwrite64(5<{SEGMENT}>, "{hexed(R2)}", {len(R2)}, {32 + len(R1)}) = {len(R2)}'
 SYNC2 = f"11 1.000006 fdatasync(5<{SEGMENT}>) = 0"
 F1, F2 = frame(1, 1, 2), frame(2, 3)
 ACK1 = f'10 1.000007 write({SOCKET}, "{hexed(F1)}", {len(F1)}) = {len(F1)}'

@@ -6,8 +6,11 @@ twice."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -218,3 +221,88 @@ def test_duckdb_finding_no_room_behind_the_journal_keeps_what_was_acknowledged(
     log = node.proc.stderr.read()
     assert "No space left on device" in log, log[-2000:]
     assert "the store was reopened; serving again" in log
+
+
+# -- issue 35, item 3: what a full disk tells, and a start on one -------------------------
+
+
+def test_a_client_is_told_the_free_space_as_it_is_when_it_asks(
+    small_disk: Callable[[int], SmallDisk], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    """While the node waits for room to reopen its store, a client is told how much is
+    free now — not when the wait began (it had said 0.0 MiB after 8 MiB were freed)."""
+    disk = small_disk(80 * MiB)
+    data = disk.root / "data"
+    env = {**cli_env, "EOMSG_DATA": str(data)}
+    node = NodeProcess(eomsg_bin, data, env).start()
+    try:
+        assert cli(eomsg_bin, env, "config", "set", "disk-reserve", "0").returncode == 0
+        assert cli(eomsg_bin, env, "queue", "create", "q", "-s", "t").returncode == 0
+        disk.fill(leave=2 * MiB + SEGMENT_BYTES)
+        publish_until_refused(data, lambda i: os.urandom(1024))
+        disk.fill(leave=0)
+
+        def told() -> float:
+            refused = cli(eomsg_bin, env, "publish", "t", "x")
+            assert refused.returncode == ExitCode.STORAGE, refused.stderr
+            said = refused.stderr
+            assert "waiting for disk space to reopen the store: " in said, said
+            return float(said.split("reopen the store: ")[1].split(" MiB free")[0])
+
+        wait_until(lambda: told() < 1.0, "the node to wait for room", node=node)
+        size = disk.filler.stat().st_size
+        os.truncate(disk.filler, size - 8 * MiB)  # 8 MiB back: still short of the need
+        assert told() >= 7.5
+        disk.empty()
+        wait_until(lambda: serving(data), "the node to reopen itself", node=node)
+    finally:
+        node.kill()
+
+
+KILLED_WITH_A_JOURNAL = """
+import os, signal, sys
+from eomsg.core.queues import QueueConfig
+from eomsg.embedded import LocalClient
+from eomsg.node.node import NodeSettings
+client = LocalClient.open(sys.argv[1], NodeSettings(tick=None, apply_delay=3600, disk_reserve=0))
+client.create_queue(QueueConfig.create("q", ["t"]))
+for i in range(2000):
+    client.publish("t", os.urandom(2000), id=f"m{i}")
+os.kill(os.getpid(), signal.SIGKILL)  # the journal holds what DuckDB never got
+"""
+
+
+def test_opening_on_a_full_disk_says_what_to_free_and_serve_waits_for_room(
+    small_disk: Callable[[int], SmallDisk], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    """A restart on a full disk: a command says, in one line, how much is free and
+    needed (not DuckDB's "No space left", exit 6); `eomsg serve` waits for room and says
+    so, as a running node does, then starts by itself."""
+    disk = small_disk(64 * MiB)
+    data = disk.root / "data"
+    env = {**cli_env, "EOMSG_DATA": str(data)}
+    killed = subprocess.run([sys.executable, "-c", KILLED_WITH_A_JOURNAL, str(data)], env=env)
+    assert killed.returncode == -signal.SIGKILL
+    disk.fill(leave=0)
+    refused = cli(eomsg_bin, env, "inspect", "queues")
+    assert refused.returncode == ExitCode.STORAGE, refused.stderr
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert refused.stderr.startswith(f"Error: the disk holding {data} is full: "), refused.stderr
+    assert "MiB needed to open the store" in refused.stderr and "free some space" in refused.stderr
+
+    node = subprocess.Popen(
+        [eomsg_bin, "serve", "--data", str(data), "--json"], env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert node.stderr is not None and node.stdout is not None
+        while "waiting for disk space to open the store" not in (line := node.stderr.readline()):
+            assert line, f"serve ended: {node.wait(10)}"
+        assert node.poll() is None
+        disk.empty()
+        ready = json.loads(node.stdout.readline())  # it starts by itself
+        assert ready["event"] == "ready"
+        assert len(stored_ids(data)) == 2000  # every acknowledged publish, once
+    finally:
+        node.kill()
+        node.wait()

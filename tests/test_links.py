@@ -197,7 +197,8 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
                 [seqs[0]],
             )
             applied = applied_lsn(db)
-        j = Journal(data_dir / journal.DIR_NAME, applied)  # journaled, not in DuckDB
+        directory = data_dir / journal.DIR_NAME  # journaled, not in DuckDB:
+        j = Journal.start(directory, applied, found=journal.scan(directory, applied, legacy=True))
         batch = RowBatch()
         for seq in (seqs[-1] + 1, seqs[-1] + 2):
             batch.add("messages", seq, "t/x", None, now_us, None, None, b"j%d" % seq)

@@ -111,7 +111,8 @@ def test_lost_acknowledged_writes_are_refused_then_salvaged(
     report = json.loads(done.stdout)
     kept = ids(eomsg_bin, cli_env)
     assert kept == [f"m{i}" for i in range(len(kept))]  # a prefix, in order, once each
-    assert len(kept) < 400 or damage == "old store restored"
+    # (The journal's segment keeps what DuckDB applied of it: salvage may put back all.)
+    assert len(kept) <= 400
     assert report["acknowledged_seq"] >= 399 and report["last_seq"] == len(kept)
     assert Path(report["backup"]).is_dir()  # the damaged files, kept
     assert cli(eomsg_bin, cli_env, "publish", "t/x", "after").returncode == 0
@@ -179,7 +180,7 @@ def test_a_salvage_killed_mid_swap_is_finished_by_the_next(
     assert r.returncode == ExitCode.DAMAGED and "a salvage of it was interrupted" in r.stderr
     assert cli(eomsg_bin, cli_env, "salvage").returncode == 0
     kept = ids(eomsg_bin, cli_env)
-    assert 0 < len(kept) < 400 and kept == [f"m{i}" for i in range(len(kept))]
+    assert 0 < len(kept) <= 400 and kept == [f"m{i}" for i in range(len(kept))]
 
 
 def test_the_wal_stays_within_its_bound(data_dir: Path) -> None:
@@ -239,3 +240,27 @@ def test_compact_and_salvage_need_the_node_stopped(
         r = cli(eomsg_bin, cli_env, command)
         assert r.returncode == ExitCode.DATA_DIR
         assert r.stderr.startswith("Error: data directory ") and "stop it first" in r.stderr
+
+
+def test_a_publish_past_the_wal_bound_checkpoints_and_says_nothing(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path, tmp_path: Path
+) -> None:
+    """Issue 35, item 12: each big embedded publish printed DuckDB's "Cannot CHECKPOINT:
+    there are other write transactions active" (a result the open left unread kept its
+    transaction open, and blocked every checkpoint: the WAL grew past its bound)."""
+    assert cli(eomsg_bin, cli_env, "config", "set", "max-payload", "32MiB").returncode == 0
+    assert cli(eomsg_bin, cli_env, "queue", "create", "bigq", "-s", "big").returncode == 0
+    big = tmp_path / "big.bin"
+    big.write_bytes(os.urandom(20 << 20))  # past the WAL's 16 MiB bound
+    for _ in range(2):
+        with open(big, "rb") as f:
+            done = subprocess.run(
+                [eomsg_bin, "publish", "big", "-"], env=cli_env, stdin=f, capture_output=True,
+                text=True, timeout=120,
+            )  # fmt: skip
+        assert (done.returncode, done.stderr) == (0, ""), done.stderr
+    with Node.open(data_dir, NodeSettings(tick=None)) as node:
+        node.publish("big", os.urandom(20 << 20))
+        node.store.writer.sync()
+        wal = data_dir / WAL  # checkpointed behind the commit
+        assert not wal.exists() or wal.stat().st_size < 16 << 20

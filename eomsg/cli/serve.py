@@ -138,7 +138,10 @@ def serve(
                 say(f"TCP clients need the token in {token_path(data)}")
 
     os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
-    with Node.open(data, node_settings) as node:
+    # On a full disk it waits for room, as it does when its store fails later on.
+    opened = Node.open_when_room(data, node_settings)
+    assert opened is not None  # (it waits until it opens, or a signal ends the process)
+    with opened as node:
         run_server(data, node, settings, ready, reopen=lambda: Node.open(data, node_settings))
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})

@@ -16,7 +16,8 @@ from eomsg.cli.common import (
     JsonOption,
     handles_errors,
 )
-from eomsg.cli.output import print_json, say
+from eomsg.cli.output import print_json, say, shown
+from eomsg.core.seqs import written, written_runs
 from eomsg.errors import DataDirLocked
 
 
@@ -84,6 +85,15 @@ def salvage(
             f"lost       messages {done.last_seq + 1} .. {done.acknowledged_seq} at least, "
             "which had been acknowledged"
         )
+    if done.journal_kept:
+        say(f"kept       {done.journal_kept} readable records of the journal")
+    if p.journal_loss:
+        say(f"lost       {p.journal_loss}")
+    for queue, seqs in sorted(done.lost_waiting.items()):
+        waited = f"{len(seqs)} messages queue {shown(queue)} waited for"
+        say(f"lost       {waited}: seqs {written(seqs)}")
+    if done.log_gaps:
+        say(f"missing    from the log: seqs {written_runs(done.log_gaps)}")
 
 
 def _mib(size: int) -> str:

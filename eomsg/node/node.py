@@ -16,7 +16,6 @@ maintenance ticker, listeners, and closing.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from pathlib import Path
 from eomsg.core.cursor import Outcome
 from eomsg.core.dedup import DedupWindow
 from eomsg.core.txn import TxnState
-from eomsg.errors import EomsgError, NodeClosed
+from eomsg.errors import DiskFull, EomsgError, NodeClosed
 from eomsg.node.access import Access
 from eomsg.node.admin import Admin
 from eomsg.node.delivery import Delivery
@@ -37,8 +36,8 @@ from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings
 from eomsg.node.state import Clock, PreparedTxn, QueueState, to_us
-from eomsg.store import journal
-from eomsg.store.store import US, SettledCounts, Store
+from eomsg.store.store import US, MiB, SettledCounts, Store
+from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
 
 __all__ = ["SETTINGS", "Node", "NodeSettings"]
 
@@ -93,8 +92,37 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
         try:
             return cls(store, settings, clock)
         except BaseException:
-            store.close()
+            store.abandon()  # a failed open changes nothing
             raise
+
+    @classmethod
+    def open_when_room(
+        cls,
+        data_dir: Path | str,
+        settings: NodeSettings | None = None,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> Node | None:
+        """:meth:`open`, waiting while the disk holding the data directory has no room
+        for it (DiskFull), and saying so once per change in the log — what ``eomsg
+        serve`` does at start, as it does when its store fails and is reopened, rather
+        than stopping on a full disk. None if ``stopping()`` turns true meanwhile."""
+        wait, said = 0.5, ""
+        while not stopping():
+            try:
+                return cls.open(data_dir, settings)
+            except DiskFull:
+                free, need = room_to_open(Path(data_dir))
+                why = (
+                    f"waiting for disk space to open the store: {free / MiB:.1f} MiB free on "
+                    f"the disk holding {data_dir}, about {need / MiB:.1f} MiB needed (free "
+                    "some; the node starts by itself)"
+                )
+                if why != said:
+                    log.warning("%s", why)
+                    said = why
+            time.sleep(wait)
+            wait = min(wait * 2, 5.0)
+        return None
 
     def close(self) -> None:
         """Run a last maintenance pass, finish queued writes and release the data dir."""
@@ -230,15 +258,3 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
     def failed(self) -> BaseException | None:
         """Why the store stopped taking writes, if it did."""
         return self.store.writer.failure
-
-
-def room_to_reopen(data_dir: Path) -> tuple[int, int]:
-    """Free bytes on the data directory's disk, and what reopening needs: DuckDB replays
-    its WAL and checkpoints it, which takes about the WAL's size again, the journal's
-    records go into the WAL (their bytes, not the segments' allocated size, which is on
-    the disk already), plus a margin (a new journal segment among it). An estimate: a
-    reopen that fails all the same is tried again."""
-    st = os.statvfs(data_dir)
-    wal = data_dir / "eomsg.duckdb.wal"
-    size = wal.stat().st_size if wal.exists() else 0
-    return st.f_bavail * st.f_frsize, size + journal.written_bytes(data_dir) + (16 << 20)

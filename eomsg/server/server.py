@@ -44,7 +44,7 @@ from eomsg.errors import (
     StorageError,
     one_line,
 )
-from eomsg.node.node import Node, room_to_reopen
+from eomsg.node.node import Node, room_to_open
 from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
@@ -144,7 +144,8 @@ class Server:
         # served, and the rest refused as DataDirLocked with this message.
         self.looking_only = looking_only
         self.reopen = reopen
-        self.down: str | None = None  # why the node is not serving now, while it is not
+        self._down: str | None = None  # why the node is not serving now, while it is not
+        self._room_wanted = False  # it waits for disk space: the reason is read afresh
         self.failure: EomsgError | None = None  # why it stopped serving for good
         self.data_dir = data_dir
         self.settings = settings
@@ -162,6 +163,21 @@ class Server:
         self._stop_requested = asyncio.Event()
         self._stopping = False
         self._attach(node)
+
+    @property
+    def down(self) -> str | None:
+        """Why the node is not serving now (None: it is). While it waits for disk space,
+        the free space it names is read now, not when the wait began."""
+        if self._down is not None and self._room_wanted:
+            return self._room_reason(*room_to_open(self.data_dir))
+        return self._down
+
+    def _room_reason(self, free: int, need: int) -> str:
+        return (
+            f"waiting for disk space to reopen the store: {free / (1 << 20):.1f} MiB free on the "
+            f"disk holding {self.data_dir}, {need / (1 << 20):.1f} MiB needed (free some; the node "
+            "resumes by itself)"
+        )
 
     @property
     def node_name(self) -> str:
@@ -183,9 +199,9 @@ class Server:
             self.loop.call_soon_threadsafe(self._store_failed, cause)
 
     def _store_failed(self, cause: BaseException) -> None:
-        if self.down is not None or self._stopping:
+        if self._down is not None or self._stopping:
             return
-        self.down = (
+        self._down = (
             f"the node's store failed ({one_line(cause)}) and is being reopened; "
             "connect again shortly"
         )
@@ -194,10 +210,10 @@ class Server:
     async def _recover(self) -> None:
         """Drop every client (telling it why), close the failed node, then open it again
         once that can work: the disk has room for its WAL's checkpoint."""
-        assert self.down is not None
-        log.error("%s", self.down)
+        assert self._down is not None
+        log.error("%s", self._down)
         for session in list(self.sessions):
-            session.dismiss(StorageError(self.down))
+            session.dismiss(StorageError(self._down))
         self.links.stop()
         try:
             await self.blocking(self.node.close)
@@ -208,7 +224,8 @@ class Server:
             return
         wait, said = 0.5, ""
         while not self._stopping:
-            free, need = await self.blocking(room_to_reopen, self.data_dir)
+            free, need = await self.blocking(room_to_open, self.data_dir)
+            self._room_wanted = free < need
             if free >= need:
                 try:
                     node = await self.blocking(self.reopen)
@@ -222,20 +239,16 @@ class Server:
                 else:
                     self.node = node
                     self._attach(node)
-                    self.down = None
+                    self._down = None
                     self.links.reconcile()
                     log.warning("the store was reopened; serving again")
                     return
             else:
-                why = (
-                    f"waiting for disk space to reopen the store: {free / (1 << 20):.1f} MiB "
-                    f"free on the disk holding {self.data_dir}, {need / (1 << 20):.1f} MiB "
-                    "needed (free some; the node resumes by itself)"
-                )
+                why = self._room_reason(free, need)
             if why != said:
                 log.warning("%s", why)
                 said = why
-                self.down = why
+                self._down = why
             await asyncio.sleep(wait)
             wait = min(wait * 2, 5.0)
 

@@ -25,8 +25,16 @@ from eomsg.store.watermark import Mark
 
 SALVAGE_HINT = "run `eomsg salvage --data {dir}` to keep what is readable (see docs/reliability.md)"
 
-# What DuckDB says when it will not open a damaged file.
-_DAMAGE_WORDS = ("corrupt", "checksum", "does not match", "failure while replaying wal")
+# What DuckDB says when it will not open (or read) a damaged file.
+_DAMAGE_WORDS = (
+    "corrupt",
+    "checksum",
+    "does not match",
+    "failure while replaying wal",
+    "could not read enough bytes",
+    "not a valid duckdb database file",
+)
+HEADERS = 3 * 4096  # DuckDB's file headers, before its first block
 
 
 def damaged(data_dir: Path, what: str) -> DataDirDamaged:

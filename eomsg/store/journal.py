@@ -5,26 +5,47 @@ tenth of that; so the writer acknowledges a write once it is here — appended a
 fdatasynced, one record per group commit — and applies records to DuckDB behind, many
 at a time (:mod:`eomsg.store.writer`). DuckDB records, in the same transaction as the
 rows, the last record it holds (``node_meta.journal_lsn``); opening a store applies the
-records past it (:func:`recover`), so replaying one twice changes nothing.
+records past it, so replaying one twice changes nothing.
 
-Files: ``DIR/journal/<first lsn, 20 digits>.seg``, owner-only. A record is a header —
-CRC-32 of everything after it, the payload's length, the record's sequence number (lsn,
-one more than the record before it, across segments) — and the payload::
+Files: ``DIR/journal/<first lsn, 20 digits>.seg``, owner-only. A segment is a header,
+records one after the other, then zeros up to the size it was given when it was made::
 
-    u32 crc | u32 length | u64 lsn | payload
+    segment header  magic "eomsgJ2\\n" | u64 first lsn | u64 size | u32 0 | u32 crc
+    record header   u32 crc of the 20 bytes after it | 4-byte kind | u32 length
+                    | u64 lsn | u32 crc of the payload; then ``length`` bytes of payload
 
-A segment is allocated whole when it starts (:data:`SEGMENT_BYTES`, zeros), so a full
-disk is met there, before a record is written, never in the middle of one; a record
-that would not fit starts the next segment, whose name is made durable before a record
-in it is acknowledged. Zeros after the last record are the unused rest of a segment. A
-segment whose records DuckDB holds is deleted (:meth:`Journal.forget`).
+What the writing guarantees, and so what reading can tell a crash from damage by:
 
-Reading (:func:`scan`) walks the records. The first bad one — cut short, or its CRC or
-lsn wrong — ends what is served. It is a *torn tail* (a write the crash cut off, never
-acknowledged) when nothing valid follows it anywhere; it is *damage* when a valid record
-follows (in its segment or a later one): acknowledged writes would be lost, and opening
-refuses to serve a journal like that (:class:`~eomsg.errors.DataDirDamaged`) unless
-DuckDB already holds everything up to the damage.
+* **A segment is whole before it has its name**: allocated to its size, its header
+  written and synced under a temporary name, renamed into place, the directory synced.
+  A segment file shorter (or longer) than its header says was cut, not crashed.
+* **One record at a time**, written with one pwrite and fdatasynced before it is
+  acknowledged: a crash leaves at most one unfinished record, the last of the last
+  segment, and what of it never reached the disk reads as zeros (the segment was
+  allocated as zeros; a disk writes whole sectors; a killed write stops at a page).
+* **A record's header has its own checksum**, so its length is trusted apart from its
+  payload: a record whose payload is damaged is stepped over, and what follows it read.
+* **A full segment is sealed**: the next one is made first, then a seal (a header of
+  kind ``SEAL`` naming the next segment's first lsn) written and synced after the last
+  record. A sealed segment whose successor is not there lost it.
+* **The current segment is never deleted**, even when DuckDB holds all of it (a data
+  directory closed cleanly keeps one); a store whose journal is written this way says so
+  (``node_meta.journal_format``), and a journal of such a store with no segment lost it.
+
+Reading (:func:`scan`) walks every segment and finds the readable records and the
+*holes*: lsns that should be there and cannot be read (a record cut short or failing its
+checksum, a segment cut short, gone, or out of order). A hole is a **torn tail** — a
+write a crash cut off, never acknowledged — only when it is the last bad bytes of the
+last segment and looks as a crash leaves them: the segment whole, the unfinished
+record's missing part read as zeros, nothing written past it. Every other hole is
+**damage**: it may hold acknowledged writes. A store refuses to open over damage past
+what DuckDB holds (:class:`~eomsg.errors.DataDirDamaged`); ``eomsg salvage`` keeps every
+readable record and names what the holes took.
+
+A segment without the magic was written by an eomsg before this format (records with a
+16-byte header, ``u32 crc | u32 length | u64 lsn``, from byte 0); it is read by the
+rules of its time (a bad record that no valid one follows is a torn tail), and only while
+the store does not say it writes the new format.
 """
 
 from __future__ import annotations
@@ -32,7 +53,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from eomsg.failpoints import failpoint
@@ -40,17 +61,30 @@ from eomsg.store.files import PRIVATE_DIR, PRIVATE_FILE, owner_only, sync
 
 DIR_NAME = "journal"
 SUFFIX = ".seg"
-HEADER = struct.Struct("<IIQ")  # crc, length, lsn
-SEGMENT_BYTES = 8 << 20  # a segment past this size ends; the next record starts one
+MAKING = ".making"  # a segment being made, before it has its name
+FORMAT = 2  # node_meta.journal_format of a store whose journal is written this way
+MAGIC = b"eomsgJ2\n"
+SEGMENT_HEADER = struct.Struct("<8sQQII")  # magic, first lsn, size, 0, crc of the rest
+HEADER = struct.Struct("<I4sIQI")  # header crc, kind, length, lsn, payload crc
+RECORD = b"eoR1"  # a record: its payload follows
+SEAL = b"eoS1"  # the segment is full: the next one starts at this header's lsn
+SEGMENT_BYTES = 8 << 20  # a segment's size, unless one record needs more
 MAX_RECORD = (1 << 32) - 1
+SECTOR = 512  # what a disk writes whole, at least
+LEGACY_HEADER = struct.Struct("<IIQ")  # before format 2: crc, length, lsn
 
 
-def encode(lsn: int, payload: bytes) -> bytes:
-    """One record: the header, then ``payload``."""
+def encode(lsn: int, payload: bytes, kind: bytes = RECORD) -> bytes:
+    """One record: its header, then ``payload``."""
     if len(payload) > MAX_RECORD:
         raise ValueError(f"a journal record holds at most {MAX_RECORD} bytes")
-    tail = struct.pack("<IQ", len(payload), lsn)
-    return struct.pack("<I", zlib.crc32(payload, zlib.crc32(tail))) + tail + payload
+    rest = struct.pack("<4sIQI", kind, len(payload), lsn, zlib.crc32(payload))
+    return struct.pack("<I", zlib.crc32(rest)) + rest + payload
+
+
+def segment_header(first_lsn: int, size: int) -> bytes:
+    rest = struct.pack("<8sQQI", MAGIC, first_lsn, size, 0)
+    return rest + struct.pack("<I", zlib.crc32(rest))
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,86 +94,216 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class Hole:
+    """Records the journal should hold and cannot serve: lsns ``first`` to ``last``
+    (None: on to wherever the journal ended, which cannot be known), found at byte
+    ``offset`` of segment ``path``. ``torn``: the write a crash cut off."""
+
+    path: Path
+    offset: int
+    first: int
+    last: int | None
+    why: str
+    torn: bool = False
+    payload: bytes = b""  # a record's, whose payload fails its checksum (its header is good)
+
+    def past(self, applied: int) -> bool:
+        """Whether it may hold records DuckDB lacks (numbered past ``applied``)."""
+        return self.last is None or self.last > applied
+
+    @property
+    def lsns(self) -> str:
+        """Its records in words: ``record 7``, ``records 7 to 9``, ``records from 7 on``."""
+        if self.last is None:
+            return f"records from {self.first} on"
+        if self.last == self.first:
+            return f"record {self.first}"
+        return f"records {self.first} to {self.last}"
+
+    def describe(self) -> str:
+        return f"{self.path.name}: {self.why} ({self.lsns})"
+
+
+@dataclass(frozen=True, slots=True)
 class Segment:
-    """One segment file's readable records, and what ends them."""
+    """One segment file as read: its records, its holes, how it ends."""
 
     path: Path
     first_lsn: int
     records: list[Record]
-    end: int  # the offset just past the last good record
+    holes: list[Hole]
+    end: int  # the offset just past the last good record (or seal)
     size: int
-    why: str = ""  # why reading stopped before ``size`` ("" at a clean end)
+    next_lsn: int | None  # the lsn its successor starts at (None: unknown, a hole is open)
+    sealed: bool = False
+    legacy: bool = False
 
     @property
     def last_lsn(self) -> int:
         return self.records[-1].lsn if self.records else self.first_lsn - 1
 
 
-def _valid_at(data: bytes, pos: int, lsn: int) -> bool:
-    """Whether a whole record with sequence number ``lsn`` and a good CRC starts at
-    ``pos``."""
+def _zero(data: bytes | memoryview, start: int, end: int | None = None) -> bool:
+    """Whether ``data[start:end]`` holds only zeros."""
+    return not bytes(data[start:end]).strip(b"\0")
+
+
+def _zero_sector(data: bytes, start: int, end: int) -> bool:
+    """Whether a disk sector overlapping ``data[start:end]`` reads as zeros whole: what a
+    write that never reached the disk leaves."""
+    first = start - start % SECTOR
+    for at in range(first, min(end, len(data)), SECTOR):
+        if _zero(data, at, min(at + SECTOR, len(data))):
+            return True
+    return False
+
+
+def _header_ok(data: bytes, pos: int) -> bool:
+    """Whether a record header with a good checksum starts at ``pos``."""
     if pos < 0 or pos + HEADER.size > len(data):
         return False
-    crc, length, found = HEADER.unpack_from(data, pos)
-    end = pos + HEADER.size + length
-    if found != lsn or end > len(data):
+    crc = struct.unpack_from("<I", data, pos)[0]
+    kind = data[pos + 4 : pos + 8]
+    return kind in (RECORD, SEAL) and crc == zlib.crc32(data[pos + 4 : pos + HEADER.size])
+
+
+def _header_follows(data: bytes, start: int) -> bool:
+    """Whether a record header with a good checksum starts anywhere past ``start``."""
+    for kind in (RECORD, SEAL):
+        at = data.find(kind, start + 1)
+        while at != -1:
+            if _header_ok(data, at - 4):
+                return True
+            at = data.find(kind, at + 1)
+    return False
+
+
+def _torn_header(data: bytes, pos: int) -> bool:
+    """Whether the unreadable header at ``pos`` looks as a crash leaves one: the part of
+    it in some sector never written (zeros), nothing well formed after it."""
+    end = min(pos + HEADER.size, len(data))
+    boundary = pos - pos % SECTOR + SECTOR
+    parts = [(pos, min(boundary, end)), (boundary, end)] if boundary < end else [(pos, end)]
+    if not any(_zero(data, a, b) for a, b in parts):
         return False
-    return _sound(data, pos, end, crc)
+    return not _header_follows(data, pos)
 
 
-def _sound(data: bytes, pos: int, end: int, crc: int) -> bool:
-    """Whether the record in ``data[pos:end]`` matches its CRC ``crc``."""
-    return crc == zlib.crc32(data[pos + HEADER.size : end], zlib.crc32(data[pos + 4 : pos + 16]))
-
-
-def read_segment(path: Path, first_lsn: int, start: int = 0, start_lsn: int = 0) -> Segment:
-    """The records of one segment file, up to the first that is cut short or bad (from
-    byte ``start``, where record ``start_lsn`` is, when given)."""
+def read_segment(path: Path, first_lsn: int, legacy: bool = False) -> Segment:
+    """The records of one segment file and its holes (see the module docstring).
+    ``legacy``: a file without the magic is a segment of format 1."""
     data = path.read_bytes()
+    if legacy and not data.startswith(MAGIC):
+        return _read_legacy(path, first_lsn, data)
+    size = len(data)
+    holes: list[Hole] = []
+
+    def hole(
+        offset: int,
+        first: int,
+        last: int | None,
+        why: str,
+        torn: bool = False,
+        payload: bytes = b"",
+    ) -> None:
+        holes.append(Hole(path, offset, first, last, why, torn, payload))
+
+    if size < SEGMENT_HEADER.size:
+        hole(0, first_lsn, None, f"cut short at byte {size}, inside its header")
+        return Segment(path, first_lsn, [], holes, 0, size, None)
+    magic, named, room, _, crc = SEGMENT_HEADER.unpack_from(data)
     records: list[Record] = []
-    pos, lsn = start, start_lsn or first_lsn
+    good_header = (
+        magic == MAGIC and crc == zlib.crc32(data[: SEGMENT_HEADER.size - 4]) and named == first_lsn
+    )
+    if not good_header:
+        room = size  # its size cannot be checked: whatever reads is read, the rest a hole
+    cut = size < room
+    pos, lsn = SEGMENT_HEADER.size, first_lsn
+    next_lsn: int | None = None
+    sealed = False
+    while True:
+        if pos >= size or (_zero(data, pos, pos + HEADER.size) and _zero(data, pos)):
+            if cut:
+                hole(pos, lsn, None, f"cut short, {size} of its {room} bytes there")
+            elif not good_header:
+                hole(pos, lsn, None, "its header is damaged: where it ended cannot be told")
+            else:
+                next_lsn = lsn
+            break
+        if pos + HEADER.size > size:
+            hole(pos, lsn, None, f"cut short, {size} of its {room} bytes there")
+            break
+        if not _header_ok(data, pos):
+            torn = good_header and not cut and _torn_header(data, pos)
+            hole(pos, lsn, None, f"the record header at byte {pos} fails its checksum", torn)
+            break
+        _, kind, length, found, payload_crc = HEADER.unpack_from(data, pos)
+        if found != lsn:
+            hole(pos, lsn, None, f"the record at byte {pos} is numbered {found}, not {lsn}")
+            break
+        end = pos + HEADER.size + length
+        if kind == SEAL:
+            sealed, pos = True, end
+            if length or not _zero(data, pos):
+                hole(pos, lsn, None, f"bytes follow its seal at byte {pos - HEADER.size}")
+            else:
+                next_lsn = lsn
+            break
+        if end > size:
+            why = f"the record at byte {pos} is cut short, {size} of its {room} bytes there"
+            hole(pos, lsn, None, why)
+            break
+        payload = data[pos + HEADER.size : end]
+        if zlib.crc32(payload) == payload_crc:
+            records.append(Record(lsn, payload))
+        elif _zero(data, end):
+            # The last record: a crash's unfinished write if part of it never reached the
+            # disk. Open: the segment after it, if any, says whether it was acknowledged
+            # (a successor starting past it) or abandoned (one starting at it).
+            torn = good_header and not cut and _zero_sector(data, pos, end)
+            hole(pos, lsn, None, f"the record at byte {pos} fails its checksum", torn, payload)
+            break
+        else:  # damaged where it lies; its header says where the next one starts
+            hole(pos, lsn, lsn, f"the record at byte {pos} fails its checksum", False, payload)
+        pos, lsn = end, lsn + 1
+    return Segment(path, first_lsn, records, holes, pos, size, next_lsn, sealed)
+
+
+def _read_legacy(path: Path, first_lsn: int, data: bytes) -> Segment:
+    """A segment an eomsg before format 2 wrote: records from byte 0 until the first bad
+    one, which is a torn tail unless a valid record follows (the rules of its time)."""
+    records: list[Record] = []
+    pos, lsn = 0, first_lsn
     why = ""
     while pos < len(data):
-        if not data[pos : pos + HEADER.size].strip(b"\0") and not data[pos:].strip(b"\0"):
+        if _zero(data, pos):
             break  # the unused, allocated rest of the segment
-        if pos + HEADER.size > len(data):
-            why = f"a record header cut short at byte {pos}"
+        crc, length, found = (
+            LEGACY_HEADER.unpack_from(data, pos) if pos + 16 <= len(data) else (0, 0, 0)
+        )
+        end = pos + LEGACY_HEADER.size + length
+        if pos + 16 > len(data) or end > len(data):
+            why = f"a record cut short at byte {pos}"
             break
-        crc, length, found = HEADER.unpack_from(data, pos)
-        end = pos + HEADER.size + length
-        if end > len(data):
-            why = f"a record cut short at byte {pos} ({length} bytes, {len(data) - pos} there)"
-            break
-        if not _sound(data, pos, end, crc):
+        if crc != zlib.crc32(data[pos + 16 : end], zlib.crc32(data[pos + 4 : pos + 16])):
             why = f"the record at byte {pos} fails its checksum"
             break
         if found != lsn:
             why = f"the record at byte {pos} is numbered {found}, not {lsn}"
             break
-        records.append(Record(lsn, data[pos + HEADER.size : end]))
+        records.append(Record(lsn, data[pos + 16 : end]))
         pos, lsn = end, lsn + 1
-    return Segment(path, first_lsn, records, pos, len(data), why)
-
-
-FOLLOWING = 64  # how many records past a bad one are looked for: a torn tail has none
-
-
-def _find(data: bytes, start: int, lsn: int) -> int | None:
-    """Where a valid record numbered ``lsn`` starts past ``start``, if one does."""
-    key = struct.pack("<Q", lsn)
-    at = data.find(key, start + 1)
-    while at != -1:
-        if _valid_at(data, at - 8, lsn):
-            return at - 8
-        at = data.find(key, at + 1)
-    return None
-
-
-def _follows(data: bytes, start: int, lsn: int) -> bool:
-    """Whether a valid record numbered ``lsn`` or up to :data:`FOLLOWING` past it starts
-    past ``start``: what makes a bad record damage (a garbled page takes several records
-    with it) rather than a torn tail."""
-    return any(_find(data, start, n) is not None for n in range(lsn, lsn + FOLLOWING))
+    holes = []
+    if why:
+        key = [struct.pack("<Q", n) for n in range(lsn, lsn + 64)]
+        follows = any(data.find(k, pos + 1) != -1 for k in key)
+        holes.append(
+            Hole(path, pos, lsn, None, why + " (a journal of an older eomsg)", not follows)
+        )
+    return Segment(
+        path, first_lsn, records, holes, pos, len(data), None if why else lsn, False, True
+    )
 
 
 def segments(directory: Path) -> list[tuple[int, Path]]:
@@ -158,70 +322,105 @@ def segments(directory: Path) -> list[tuple[int, Path]]:
 
 @dataclass(frozen=True, slots=True)
 class Scan:
-    """What a journal holds: its records past ``after`` in order, the last lsn it
-    holds, and what ended it. ``torn`` describes a tail cut off by a crash (dropped:
-    never acknowledged); ``damage`` a bad record that valid records follow."""
+    """What a journal holds, as seen by a store that holds records up to ``after``: the
+    readable records past it in order, the last lsn the journal holds, every hole, and
+    the verdict on the holes past ``after``: ``torn`` (a tail a crash cut off: dropped,
+    never acknowledged) and ``damage`` (a hole that may hold acknowledged writes)."""
 
     records: list[Record]
     last_lsn: int
     segments: list[Segment] = field(default_factory=list)
-    torn: str = ""
-    damage: str = ""
-    damaged_lsn: int = 0  # the lsn of the first record lost to damage
+    holes: list[Hole] = field(default_factory=list)
+    after: int = 0
+
+    @property
+    def lost(self) -> list[Hole]:
+        """The holes that may hold records past ``after``, torn tail included."""
+        return [h for h in self.holes if h.past(self.after)]
+
+    @property
+    def damage(self) -> str:
+        first = next((h for h in self.lost if not h.torn), None)
+        return first.describe() if first else ""
+
+    @property
+    def damaged_lsn(self) -> int:
+        """The first record lost to damage (0: none)."""
+        first = next((h for h in self.lost if not h.torn), None)
+        return max(first.first, self.after + 1) if first else 0
+
+    @property
+    def torn(self) -> str:
+        tail = next((h for h in self.lost if h.torn), None)
+        return tail.describe() if tail else ""
+
+    @property
+    def last_good(self) -> int:
+        """The last record before the first damage past ``after`` (or the last of all)."""
+        lsn = self.damaged_lsn
+        if not lsn:
+            return self.last_lsn
+        return max([self.after, *(r.lsn for r in self.records if r.lsn < lsn)])
 
 
-def scan(directory: Path, after: int = 0) -> Scan:
-    """Read every segment in ``directory``; keep the records numbered past ``after``
-    (those DuckDB holds may be damaged: reading goes on at the first it lacks)."""
+def scan(directory: Path, after: int = 0, legacy: bool = False) -> Scan:
+    """Read every segment in ``directory`` and keep the records numbered past ``after``
+    (those DuckDB holds). ``legacy``: the journal may be of format 1 (its store does not
+    say it writes format 2), whose segments have no header and which a clean close left
+    with no segment; else one with no segment lost it."""
     found = segments(directory)
     read: list[Segment] = []
-    records: list[Record] = []
-    last, expect = after, 0
-    for i, (first, path) in enumerate(found):
-        if expect and first != expect and first > after + 1:
-            return Scan(
-                records,
-                last,
-                read,
-                damage=f"segment {path.name} starts at {first}, after {expect - 1}",
-                damaged_lsn=max(expect, after + 1),
-            )
-        segment = read_segment(path, first)
-        if segment.why and segment.last_lsn < after:  # bad, but DuckDB holds it
-            at = _find(path.read_bytes(), segment.end, after + 1)
-            if at is not None:
-                segment = read_segment(path, first, at, after + 1)
-            else:  # what DuckDB lacks starts in a later segment, or nowhere
-                segment = Segment(path, first, [], segment.end, segment.size)
-                expect = 0
+    holes: list[Hole] = []
+    expect: int | None = None  # the lsn the next segment should start at (None: unknown)
+    for first, path in found:
+        segment = read_segment(path, first, legacy)
+        if read:
+            before = read[-1]
+            if expect is None:  # the hole it ended in runs to where this one starts
+                gap = holes.pop()
+                if first - 1 >= gap.first:
+                    holes.append(replace(gap, last=first - 1, torn=False))
+                elif first < gap.first:
+                    holes.append(_overlap(path, first, gap.first - 1))
+            elif first > expect:
+                why = f"records {expect} to {first - 1} are missing before {path.name}"
+                if before.sealed:
+                    why = f"the segment {before.path.name} was sealed for is gone"
+                holes.append(Hole(path, 0, expect, first - 1, why))
+            elif first < expect:
+                holes.append(_overlap(path, first, expect - 1))
         read.append(segment)
-        records.extend(r for r in segment.records if r.lsn > after)
-        last = max(last, segment.last_lsn)
-        if segment.why:
-            # A later segment starts only once this one's last record was acknowledged.
-            if i + 1 < len(found) or _follows(path.read_bytes(), segment.end, last + 1):
-                where = f"{path.name}: {segment.why}, and records follow it"
-                return Scan(records, last, read, damage=where, damaged_lsn=last + 1)
-            return Scan(records, last, read, torn=f"{path.name}: {segment.why}")
-        if segment.records:
-            expect = segment.last_lsn + 1
-    return Scan(records, last, read)
+        holes.extend(segment.holes)
+        expect = segment.next_lsn
+    if not found:
+        if not legacy:
+            holes.append(Hole(directory, 0, after + 1, None, "its segments are gone"))
+    else:
+        last = read[-1]
+        if last.sealed and expect is not None:
+            name = f"{expect:020d}{SUFFIX}"
+            why = f"{name}, which {last.path.name} was sealed for, is gone"
+            holes.append(Hole(directory / name, 0, expect, None, why))
+        start = min(s.first_lsn for s in read)
+        if start > after + 1 and (not legacy or any(s.records for s in read)):
+            why = f"records {after + 1} to {start - 1} are missing before {read[0].path.name}"
+            holes.insert(0, Hole(read[0].path, 0, after + 1, start - 1, why))
+    records = sorted((r for s in read for r in s.records if r.lsn > after), key=lambda r: r.lsn)
+    last_lsn = max([after, *(s.last_lsn for s in read)])
+    # (A torn hole is open; a segment after it closes it as damage: it stays torn only at
+    # the very end of the journal.)
+    return Scan(records, last_lsn, read, holes, after)
 
 
-def check(directory: Path, applied: int) -> Scan:
-    """:func:`scan` past ``applied`` (the last record DuckDB holds), with records
-    missing between it and the journal's first counted as damage too."""
-    found = scan(directory, applied)
-    first = next((s for s in found.segments if s.records or s.why), None)
-    if not found.damage and first is not None and first.first_lsn > applied + 1:
-        return Scan(
-            [],
-            found.last_lsn,
-            found.segments,
-            damage=f"records {applied + 1} to {first.first_lsn - 1} are missing",
-            damaged_lsn=applied + 1,
-        )
-    return found
+def _overlap(path: Path, first: int, last: int) -> Hole:
+    why = f"{path.name} starts at {first}, below record {last} of the one before"
+    return Hole(path, 0, first, last, why)
+
+
+def check(directory: Path, applied: int, legacy: bool = False) -> Scan:
+    """:func:`scan` past ``applied`` (the last record DuckDB holds): what a store's open
+    decides by."""
+    return scan(directory, applied, legacy)
 
 
 def written_bytes(data_dir: Path) -> int:
@@ -233,70 +432,118 @@ def written_bytes(data_dir: Path) -> int:
         try:
             with open(path, "rb") as f:
                 size = os.fstat(f.fileno()).st_size
-                pos = 0
+                pos = SEGMENT_HEADER.size
                 while pos + HEADER.size <= size:
-                    _, length, lsn = HEADER.unpack(os.pread(f.fileno(), HEADER.size, pos))
-                    if lsn == 0 or pos + HEADER.size + length > size:
-                        break  # the zeroed rest of the segment (or a torn record)
+                    _, kind, length, _, _ = HEADER.unpack(os.pread(f.fileno(), HEADER.size, pos))
+                    if kind != RECORD or pos + HEADER.size + length > size:
+                        break  # the zeroed rest, a seal (or a torn or legacy record)
                     pos += HEADER.size + length
-                total += pos
+                total += pos - SEGMENT_HEADER.size
         except OSError:  # deleted meanwhile: the writer applied it
             continue
     return total
 
 
-def pending(data_dir: Path) -> bool:
-    """Whether ``data_dir`` has journal records at all (a node stopped without closing;
-    DuckDB may hold them: :func:`check` says which it lacks)."""
-    for _, path in segments(data_dir / DIR_NAME):
-        with open(path, "rb") as f:
-            if f.read(HEADER.size).strip(b"\0"):
-                return True
-    return False
+def restart(directory: Path, last_lsn: int) -> None:
+    """Leave ``directory`` with one empty segment, numbered ``last_lsn + 1``, and no
+    other: made durably first, then the others deleted (after salvage put every record
+    that could be read into the store). Idempotent."""
+    if not directory.exists():
+        directory.mkdir(mode=PRIVATE_DIR)
+        sync(directory.parent)
+    j = Journal(directory)
+    fd, _ = j._make(last_lsn + 1, 0)
+    os.close(fd)
+    for first, path in segments(directory):
+        if first != last_lsn + 1:
+            path.unlink()
+    sync(directory)
 
 
 class Journal:
     """The open journal of a store, appended to by the writer's thread alone.
 
-    :meth:`append` returns once the record is durable (written and fdatasynced; a new
-    segment's name synced too). :meth:`forget` deletes the segments DuckDB holds."""
+    :meth:`start` opens it for appending after what a :func:`scan` found (reusing the
+    last segment when it is whole, or making one). :meth:`append` returns once the
+    record is durable. :meth:`forget` deletes the segments DuckDB holds, never the
+    current one."""
 
-    def __init__(self, directory: Path, last_lsn: int, segment_bytes: int = SEGMENT_BYTES) -> None:
+    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.directory = directory
         self.segment_bytes = segment_bytes
+        self.last_lsn = 0
+        self._fd = -1
+        self._first = 0  # the current segment's first lsn
+        self._size = 0  # where the next record goes in the current segment
+        self._room = 0  # the current segment's allocated size
+        self._writing = 0  # the size of the record being appended
+        self._files: list[tuple[int, Path]] = []
+
+    @classmethod
+    def start(
+        cls,
+        directory: Path,
+        last_lsn: int,
+        segment_bytes: int = SEGMENT_BYTES,
+        found: Scan | None = None,
+    ) -> Journal:
+        """The journal of ``directory``, whose records up to ``last_lsn`` DuckDB holds
+        (``found``: what a scan of it found). Appends go on in its last segment when that
+        one is whole, holds no record past ``last_lsn`` and has room; otherwise a
+        segment numbered ``last_lsn + 1`` is made, durably, before the others are
+        deleted — so at no moment is there no segment."""
         if not directory.exists():
             directory.mkdir(mode=PRIVATE_DIR)
             sync(directory.parent)  # the journal's own name, durable before any record
         owner_only(directory)
-        self.last_lsn = last_lsn
-        self._fd = -1
-        self._size = 0  # where the next record goes in the current segment
-        self._room = 0  # the current segment's allocated size
-        self._writing = 0  # the size of the record being appended
-        self._files: list[tuple[int, Path]] = segments(directory)
+        for stale in directory.glob(f"*{MAKING}"):  # a segment whose making was cut off
+            stale.unlink()
+        j = cls(directory, segment_bytes)
+        j.last_lsn = last_lsn
+        j._files = segments(directory)
+        last = found.segments[-1] if found is not None and found.segments else None
+        if (
+            last is not None
+            and not (last.legacy or last.sealed or last.holes)
+            and last.next_lsn == last_lsn + 1
+            and last.end + 2 * HEADER.size <= last.size
+        ):
+            j._fd = os.open(last.path, os.O_RDWR)
+            j._first, j._size, j._room = last.first_lsn, last.end, last.size
+        else:
+            j._fd, j._room = j._make(last_lsn + 1, 0)
+            j._first, j._size = last_lsn + 1, SEGMENT_HEADER.size
+        j.forget(last_lsn)
+        sync(directory)  # the older segments' deletion durable before a record is written
+        return j
 
     def append(self, payload: bytes) -> int:
         """Write one record and make it durable; its lsn. When this raises, nothing of
         the record counts as written: :meth:`cut` takes away what reached the file."""
         lsn = self.last_lsn + 1
         record = encode(lsn, payload)
-        if self._fd < 0 or self._size + len(record) > self._room:
-            self._start(lsn, len(record))
+        if self._size + len(record) + HEADER.size > self._room:  # room for a seal kept
+            self._roll(lsn, len(record))
         failpoint("journal.append.before")
-        self._writing = len(record)
-        written = 0
-        while written < len(record):
-            written += os.pwrite(self._fd, record[written:], self._size + written)
+        self._write(record)
         failpoint("journal.append.before_sync")
         os.fdatasync(self._fd)
         self._size += len(record)
+        self._writing = 0
         self.last_lsn = lsn
         return lsn
 
+    def _write(self, data: bytes) -> None:
+        """Write ``data`` where the current segment's next record goes (not yet synced)."""
+        self._writing = len(data)
+        written = 0
+        while written < len(data):
+            written += os.pwrite(self._fd, data[written:], self._size + written)
+
     def cut(self) -> bool:
-        """After a failed :meth:`append`: zero what of the record reached the file,
-        durably. False if that failed too (then what the file holds is unknown)."""
-        if self._fd < 0:
+        """After a failed :meth:`append`: zero what of the record (or seal) reached the
+        file, durably. False if that failed too (then what the file holds is unknown)."""
+        if self._fd < 0 or not self._writing:
             return True
         zeros = bytes(min(self._writing, self._room - self._size))
         try:
@@ -306,25 +553,46 @@ class Journal:
             os.fdatasync(self._fd)
         except OSError:
             return False
+        self._writing = 0
         return True
 
-    def _start(self, lsn: int, need: int) -> None:
-        """End the current segment and start one named ``lsn``, allocated whole (at
-        least ``need`` bytes); its name is durable (the directory synced) before
-        anything in it is acknowledged. A full disk fails here, with nothing written."""
-        self._close_file()
+    def _roll(self, lsn: int, need: int) -> None:
+        """Make the segment that starts at ``lsn`` (with room for a record of ``need``
+        bytes), then seal the current one and go on in the new one. A full disk fails
+        the making, before anything is written where a reader would look; a failed seal
+        leaves the new segment empty, which a reader takes as the successor it is."""
+        fd, room = self._make(lsn, need)
+        try:
+            self._write(encode(lsn, b"", SEAL))
+            failpoint("journal.seal.before_sync")
+            os.fdatasync(self._fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._writing = 0
+        os.close(self._fd)
+        self._fd, self._first, self._size, self._room = fd, lsn, SEGMENT_HEADER.size, room
+
+    def _make(self, lsn: int, need: int) -> tuple[int, int]:
+        """Make segment ``lsn`` whole (allocated, its header synced) under a temporary
+        name, then give it its name durably: its open descriptor and size. A full disk
+        fails here, leaving no segment of that name."""
+        room = max(self.segment_bytes, SEGMENT_HEADER.size + need + HEADER.size)
         path = self.directory / f"{lsn:020d}{SUFFIX}"
-        room = max(self.segment_bytes, need)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, PRIVATE_FILE)
+        making = path.with_name(path.name + MAKING)
+        fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
         try:
             os.posix_fallocate(fd, 0, room)
+            os.pwrite(fd, segment_header(lsn, room), 0)
+            os.fdatasync(fd)
+            os.rename(making, path)
             sync(self.directory)
         except BaseException:
             os.close(fd)
-            path.unlink(missing_ok=True)
+            making.unlink(missing_ok=True)
             raise
-        self._fd, self._size, self._room = fd, 0, room
         self._files.append((lsn, path))
+        return fd, room
 
     def forget(self, applied: int) -> None:
         """Delete every segment all of whose records DuckDB holds (``applied``: the last
@@ -336,12 +604,9 @@ class Journal:
             path.unlink(missing_ok=True)
 
     def close(self, applied: int) -> None:
-        """Close the file; delete every segment when DuckDB holds all of it."""
+        """Close the file and delete the segments DuckDB holds, but the current one."""
         self._close_file()
-        if applied >= self.last_lsn:
-            for _, path in self._files:
-                path.unlink(missing_ok=True)
-            self._files.clear()
+        self.forget(applied)
 
     def _close_file(self) -> None:
         if self._fd >= 0:

@@ -29,7 +29,7 @@ from eomsg.store import journal
 from eomsg.store.files import DB_NAME
 from eomsg.store.lock import LOCK_NAME, holder_of
 from eomsg.store.schema import ROW_TABLES
-from eomsg.store.writer import applied_lsn
+from eomsg.store.writer import applied_lsn, journal_format
 
 LOG_SCHEMA: pa.Schema = ROW_TABLES["messages"]
 _COLUMNS = ", ".join(LOG_SCHEMA.names)
@@ -85,7 +85,7 @@ def horizon(conn: duckdb.DuckDBPyConnection) -> tuple[int, int | None]:
 def stored_seq(conn: duckdb.DuckDBPyConnection) -> int:
     """The highest sequence number ever stored, those log GC dropped included (what a
     commit's watermark records, and what the next seq follows)."""
-    (top,) = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchone() or (0,)
+    [(top,)] = conn.execute("SELECT coalesce(max(seq), 0) FROM messages").fetchall()
     return max(int(top), horizon(conn)[0] - 1)
 
 
@@ -184,7 +184,11 @@ class FileLog:
             self.conn = duckdb.connect(
                 str(path), read_only=True, config={"enable_external_access": False}
             )
-            lacking = journal.check(self.data_dir / journal.DIR_NAME, applied_lsn(self.conn))
+            lacking = journal.check(
+                self.data_dir / journal.DIR_NAME,
+                applied_lsn(self.conn),
+                legacy=journal_format(self.conn) < journal.FORMAT,
+            )
         except duckdb.Error as e:
             os.close(self._fd)
             raise DataDirError(f"cannot read {path}: {one_line(e)}") from e

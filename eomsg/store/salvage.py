@@ -4,17 +4,22 @@ A node refuses a data directory that lost acknowledged writes or that DuckDB can
 (:mod:`eomsg.store.integrity`). Salvage is a person's decision to accept that loss and
 go on with what is left. It plans first (``--dry-run`` prints the plan), then:
 
-1. copies the damaged files into ``DIR/damaged-<time>/``, untouched, for later study;
+1. copies the damaged files (the journal's too) into ``DIR/damaged-<time>/``,
+   untouched, for later study;
 2. cuts the WAL after its last transaction whose records all check out (what DuckDB
    can replay), and opens the store read-only in a work directory;
 3. finds the data blocks whose checksum fails and gives each, in the work copy only, its
    checksum again so DuckDB reads the rest of the table; the rows stored in such a
    block are left out (their bytes are not to be trusted). Then it copies every table
    into a new store, a row group at a time, narrowing down around anything that still
-   cannot be read, and counts what was lost;
-4. swaps the new store in: a journal (``DIR/eomsg.salvage``) is written first, so a
+   cannot be read, and counts what was lost (rows, once each);
+4. puts every readable record of the journal past what the store held into the new
+   store — past a hole too (:mod:`eomsg.store.journaled` names what a hole took) —
+   and names the acknowledged messages it could not keep: those queues still waited
+   for, and the seqs missing inside the log;
+5. swaps the new store in: a journal (``DIR/eomsg.salvage``) is written first, so a
    salvage killed during the swap is finished by the next run (a node refuses to open
-   while the journal is there).
+   while the journal is there), and the journal starts afresh past the records kept.
 
 Nothing is deleted that is not copied first; the report says what was lost.
 """
@@ -36,20 +41,19 @@ import duckdb
 
 from eomsg.errors import DataDirDamaged, DataDirError, UsageError, one_line
 from eomsg.failpoints import failpoint
-from eomsg.store import integrity, journal, wal
+from eomsg.store import integrity, journal, journaled, wal
 from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
 from eomsg.store.schema import hash_publish_ids, migrate, route_runs_from_destinations
 from eomsg.store.watermark import MARK_NAME, Mark, Watermark
-from eomsg.store.writer import applied_lsn
+from eomsg.store.writer import applied_lsn, journal_format
 
 JOURNAL = "eomsg.salvage"
 SALVAGED_SUFFIX = ".salvaged"
 WORK_DIR = ".salvage-work"
 CHUNK = 122_880  # rows copied at a time: one DuckDB row group
 SMALLEST = 2_048  # a chunk this small that cannot be read is given up as lost
-HEADER = 3 * 4096  # DuckDB's file headers, before its first block
 BLOCK = 262_144  # DuckDB's block size (each starts with its u64 checksum)
 _LOCATION = re.compile(r"in block at location (\d+)")
 
@@ -64,6 +68,8 @@ class SalvagePlan:
     wal_keep: int  # bytes of the WAL kept (its complete, checked transactions)
     wal_commits: int
     journal_lost: int = 0  # the first journal record lost to damage (0: none)
+    journal_keep: int = 0  # readable journal records past what the store holds, kept
+    journal_loss: str = ""  # what the journal's damage took, in words
     resume: bool = False  # a salvage was interrupted during its swap: finish it
 
     @property
@@ -83,8 +89,8 @@ class SalvagePlan:
             )
         if self.journal_lost:
             out.append(
-                f"journal    keep its records before {self.journal_lost}; drop that one and "
-                "what follows (acknowledged writes among them are lost)"
+                f"journal    keep its {self.journal_keep} readable records past what the store "
+                f"holds; {self.journal_loss}"
             )
         out += [
             f"backup     {self.data_dir}/damaged-<time>/ (the damaged files, untouched)",
@@ -101,6 +107,8 @@ class SalvagePlan:
             "wal_keep": self.wal_keep,
             "wal_commits": self.wal_commits,
             "journal_lost": self.journal_lost or None,
+            "journal_keep": self.journal_keep,
+            "journal_loss": self.journal_loss or None,
         }
 
 
@@ -114,6 +122,10 @@ class Salvaged:
     wal_dropped: int = 0  # WAL bytes not replayed
     last_seq: int = 0
     acknowledged_seq: int | None = None  # the last seq a commit had marked, if known
+    journal_lsn: int | None = None  # the last journal record the new store holds
+    journal_kept: int = 0  # readable records of the journal put into the new store
+    lost_waiting: dict[str, list[int]] = field(default_factory=dict)  # queue -> seqs
+    log_gaps: list[tuple[int, int]] = field(default_factory=list)  # seqs missing, ranges
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -123,7 +135,26 @@ class Salvaged:
             "wal_dropped": self.wal_dropped,
             "last_seq": self.last_seq,
             "acknowledged_seq": self.acknowledged_seq,
+            "journal_lsn": self.journal_lsn,
+            "journal_kept": self.journal_kept,
+            "lost_waiting": self.lost_waiting,
+            "log_gaps": self.log_gaps,
         }
+
+    @classmethod
+    def from_json(cls, found: dict[str, Any]) -> Salvaged:
+        return cls(
+            found["backup"],
+            found["tables"],
+            found["lost_rows"],
+            found["wal_dropped"],
+            found["last_seq"],
+            found["acknowledged_seq"],
+            found["journal_lsn"],
+            found["journal_kept"],
+            found["lost_waiting"],
+            [(a, b) for a, b in found["log_gaps"]],
+        )
 
 
 def plan(data_dir: Path) -> SalvagePlan:
@@ -147,49 +178,54 @@ def _plan(data_dir: Path) -> SalvagePlan:
     keep = scan.committed_end if scan and scan.readable else size
     commits = scan.commits if scan else 0
     problem = _problem(data_dir, path, wal_path)
-    cut = _journal_damage(data_dir, path)
-    if cut and not problem:
-        problem = f"its journal is damaged ({cut.damage})"
+    found, loss = _journal_damage(data_dir, path)
+    if found is None:
+        return SalvagePlan(data_dir, problem, size, keep, commits)
     return SalvagePlan(
-        data_dir, problem, size, keep, commits, journal_lost=cut.damaged_lsn if cut else 0
+        data_dir,
+        problem or f"its journal is damaged ({found.damage})",
+        size,
+        keep,
+        commits,
+        journal_lost=found.damaged_lsn,
+        journal_keep=len(found.records),
+        journal_loss=loss,
     )
 
 
-def _journal_damage(data_dir: Path, path: Path) -> journal.Scan | None:
-    """The journal's check when it is damaged past what DuckDB holds (else None): what
-    a node's open would refuse."""
-    if not journal.pending(data_dir):
-        return None
+def _journal_damage(data_dir: Path, path: Path) -> tuple[journal.Scan | None, str]:
+    """The journal's check when it is damaged past what DuckDB holds, and what that
+    took in words (else None): what a node's open would refuse."""
     try:
         db = duckdb.connect(str(path), read_only=True)
     except duckdb.Error:
-        return None  # the store itself is unreadable: salvaged first, looked at again
+        return None, ""  # the store itself is unreadable: salvaged first, looked at again
     try:
         applied = applied_lsn(db)
+        legacy = journal_format(db) < journal.FORMAT
+        found = journal.check(data_dir / journal.DIR_NAME, applied, legacy)
+        return (found, journaled.loss(db, found).line()) if found.damage else (None, "")
     except duckdb.Error:
-        applied = 0
+        return None, ""  # its node_meta cannot be read: the copy keeps the journal as is
     finally:
         db.close()
-    found = journal.check(data_dir / journal.DIR_NAME, applied)
-    return found if found.damage else None
 
 
-def _cut_journal(data_dir: Path, backup: Path, lost_from: int) -> None:
-    """Keep the journal's records before ``lost_from`` (the first a damaged record took
-    with it) and drop the rest, after copying it whole into ``backup``."""
+def _keep_journal(new: duckdb.DuckDBPyConnection, data_dir: Path, out: Salvaged) -> None:
+    """Put every readable record of the journal past what the new store holds into it,
+    holes and all (what a hole took is named by the plan). Left as it is when the store
+    lost its note of what it applied yet holds messages: then which records it holds
+    cannot be told (with none, it holds none of them)."""
     directory = data_dir / journal.DIR_NAME
-    shutil.copytree(directory, backup / journal.DIR_NAME)
-    sync(backup)
-    for first, seg in journal.segments(directory):
-        if first >= lost_from:
-            seg.unlink()
-        else:
-            segment = journal.read_segment(seg, first)
-            if segment.last_lsn >= lost_from - 1 and segment.end < segment.size:
-                with open(seg, "r+b") as f:
-                    f.truncate(segment.end)
-                    os.fsync(f.fileno())
-    sync(directory)
+    (noted,) = new.execute("SELECT count(*) FROM node_meta WHERE key = 'journal_lsn'").fetchall()[0]
+    (held,) = new.execute("SELECT count(*) FROM messages").fetchall()[0]
+    if not noted and held:
+        return
+    applied = applied_lsn(new)
+    found = journal.scan(directory, applied, journal_format(new) < journal.FORMAT)
+    out.journal_kept = len(found.records)
+    out.journal_lsn = max(applied, journaled.apply(new, found.records))
+    journaled.set_format(new)
 
 
 def _problem(data_dir: Path, path: Path, wal_path: Path) -> str:
@@ -254,8 +290,9 @@ def _salvage(p: SalvagePlan) -> Salvaged:
             shutil.copy2(data_dir / name, backup / name)
             sync(backup / name)
     sync(backup)  # the originals are copied durably before anything replaces them
-    if p.journal_lost:
-        _cut_journal(data_dir, backup, p.journal_lost)
+    if (data_dir / journal.DIR_NAME).exists():
+        shutil.copytree(data_dir / journal.DIR_NAME, backup / journal.DIR_NAME)
+        sync(backup)
     work = data_dir / WORK_DIR
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(mode=0o700)
@@ -277,12 +314,15 @@ def _salvage(p: SalvagePlan) -> Salvaged:
         _attach_readable(new, work)
         _copy_tables(new, result, skip)
         new.execute("DETACH old")
+        _keep_journal(new, data_dir, result)
+        _name_losses(new, result)
+        result.last_seq = stored_seq(new)
         new.execute("CHECKPOINT")
     finally:
         new.close()
-    journal = {"backup": str(backup), "result": result.to_json()}
-    _write_synced(data_dir / JOURNAL, json.dumps(journal))
-    return _swap(data_dir, journal)
+    record = {"backup": str(backup), "result": result.to_json()}
+    _write_synced(data_dir / JOURNAL, json.dumps(record))
+    return _swap(data_dir, record)
 
 
 def _attach_readable(new: duckdb.DuckDBPyConnection, work: Path) -> None:
@@ -325,7 +365,9 @@ def _mend(path: Path) -> Ranges:
             return skip
         _reseal(path, location)
         mended.add(location)
-        for table, lo, hi in rows:
+        listed = [(t, lo, hi) for t, ranges in skip.items() for lo, hi in ranges]
+        skip = {}
+        for table, lo, hi in _merged(listed + rows):
             skip.setdefault(table, []).append((lo, hi))
 
 
@@ -343,7 +385,7 @@ def _first_bad_block(
             if found is None:
                 return None, []
             location = int(found.group(1))
-            block = (location - HEADER) // BLOCK
+            block = (location - integrity.HEADERS) // BLOCK
             rows = []
             for name in tables:
                 for group, start, count in db.execute(
@@ -355,6 +397,18 @@ def _first_bad_block(
                     rows.append((name, lo, lo + int(count)))
             return location, rows
     return None, []
+
+
+def _merged(rows: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """Row ranges by table with overlaps joined: a block holds a segment of each of
+    several columns of the same rows, each listed apart (counted once, not per column)."""
+    out: list[tuple[str, int, int]] = []
+    for table, lo, hi in sorted(rows):
+        if out and out[-1][0] == table and lo <= out[-1][2]:
+            out[-1] = (table, out[-1][1], max(hi, out[-1][2]))
+        else:
+            out.append((table, lo, hi))
+    return out
 
 
 def _reseal(path: Path, location: int) -> None:
@@ -420,7 +474,36 @@ def _copy_tables(new: duckdb.DuckDBPyConnection, out: Salvaged, skip: Ranges) ->
     route_runs_from_destinations(new)
     (top,) = new.execute("SELECT coalesce(max(queue_id), 0) FROM queues").fetchall()[0]
     new.execute(f"CREATE OR REPLACE SEQUENCE queue_ids START {int(top) + 1}")
-    out.last_seq = stored_seq(new)
+
+
+def _name_losses(new: duckdb.DuckDBPyConnection, out: Salvaged) -> None:
+    """Name the acknowledged messages the new store lacks: those its queues still waited
+    for (their destination rows, dropped so that no queue counts what it cannot hand
+    out), and the seqs missing inside the log (lost, or never written: messages a link
+    held in memory and whose consumers settled them there)."""
+    waiting = new.execute(
+        """SELECT q.name, d.seq FROM destinations d
+           JOIN queues q ON q.queue_id = d.queue_id
+           ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+           ANTI JOIN messages m ON m.seq = d.seq
+           ORDER BY q.name, d.seq"""
+    ).fetchall()
+    for name, seq in waiting:
+        out.lost_waiting.setdefault(str(name), []).append(int(seq))
+    new.execute(
+        """DELETE FROM destinations d WHERE d.queue_id > 0
+           AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.seq = d.seq)
+           AND NOT EXISTS (SELECT 1 FROM settled s
+                           WHERE s.queue_id = d.queue_id AND s.seq = d.seq)"""
+    )
+    out.log_gaps = [
+        (int(a), int(b))
+        for a, b in new.execute(
+            """SELECT seq + 1, next - 1 FROM (
+                   SELECT seq, lead(seq) OVER (ORDER BY seq) AS next FROM messages)
+               WHERE next > seq + 1 ORDER BY seq"""
+        ).fetchall()
+    ]
 
 
 def _copy_range(
@@ -459,14 +542,16 @@ def _copy_range(
         return a[0] + b[0], a[1] + b[1]
 
 
-def _swap(data_dir: Path, journal: dict[str, Any]) -> Salvaged:
+def _swap(data_dir: Path, record: dict[str, Any]) -> Salvaged:
     """Put the salvaged store in place (idempotent: a run that died here is redone)."""
     fresh = data_dir / (DB_NAME + SALVAGED_SUFFIX)
     failpoint("salvage.swap")
     if fresh.exists():
         os.replace(fresh, data_dir / DB_NAME)
     (data_dir / (DB_NAME + ".wal")).unlink(missing_ok=True)
-    result = journal["result"]
+    result = record["result"]
+    if result["journal_lsn"] is not None:  # its records are in the new store now
+        journal.restart(data_dir / journal.DIR_NAME, int(result["journal_lsn"]))
     mark = Watermark(data_dir)
     try:
         mark.write(Mark(0, int(result["last_seq"])))
@@ -476,14 +561,7 @@ def _swap(data_dir: Path, journal: dict[str, Any]) -> Salvaged:
     for entry in data_dir.iterdir():
         owner_only(entry)
     (data_dir / JOURNAL).unlink()
-    return Salvaged(
-        journal["backup"],
-        result["tables"],
-        result["lost_rows"],
-        result["wal_dropped"],
-        result["last_seq"],
-        result["acknowledged_seq"],
-    )
+    return Salvaged.from_json({"backup": record["backup"], **result})
 
 
 def _write_synced(path: Path, text: str) -> None:

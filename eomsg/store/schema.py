@@ -306,13 +306,15 @@ ROW_TABLES: dict[str, pa.Schema] = {
 
 def schema_version(conn: duckdb.DuckDBPyConnection) -> int:
     """The version recorded in the database, 0 for a new one."""
-    exists = conn.execute(
+    [(exists,)] = conn.execute(
         "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
-    ).fetchone()
-    if not exists or not exists[0]:
+    ).fetchall()
+    if not exists:
         return 0
-    row = conn.execute("SELECT coalesce(max(version), 0) FROM schema_migrations").fetchone()
-    return int(row[0]) if row else 0
+    [(version,)] = conn.execute(
+        "SELECT coalesce(max(version), 0) FROM schema_migrations"
+    ).fetchall()
+    return int(version)
 
 
 def migrate(conn: duckdb.DuckDBPyConnection) -> list[Migration]:

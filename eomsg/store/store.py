@@ -12,6 +12,7 @@ columns are ``TIMESTAMP`` so that ``inspect sql`` shows readable times.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -27,22 +28,21 @@ from eomsg.core.dedup import RetainedIds
 from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, JobStatus, Selection
-from eomsg.errors import DataDirDamaged, DataDirError, InvalidQuery, StorageError, one_line
-from eomsg.store import compact, integrity, journal, logread, salvage, sandbox
-from eomsg.store.files import DB_NAME, owner_only, sync
+from eomsg.errors import (
+    DataDirDamaged,
+    DataDirError,
+    DiskFull,
+    InvalidQuery,
+    StorageError,
+    one_line,
+)
+from eomsg.store import compact, integrity, journal, journaled, logread, salvage, sandbox
+from eomsg.store.files import DB_NAME, owner_only
 from eomsg.store.journal import Journal
 from eomsg.store.lock import DataDirLock
-from eomsg.store.schema import migrate, route_runs_from_destinations
+from eomsg.store.schema import migrate
 from eomsg.store.watermark import Mark, Watermark
-from eomsg.store.writer import (
-    APPLY_BYTES,
-    APPLY_DELAY,
-    APPLY_ROWS,
-    RowBatch,
-    Writer,
-    applied_lsn,
-    insert_rows,
-)
+from eomsg.store.writer import APPLY_DELAY, Writer, applied_lsn, journal_format
 
 US = 1_000_000
 WAL_LIMIT = 16 << 20  # the WAL's default bound: past it the writer checkpoints
@@ -113,6 +113,40 @@ def _message(row: Sequence[Any]) -> Message:
     )
 
 
+MiB = 1 << 20
+
+
+def room_to_open(data_dir: Path) -> tuple[int, int]:
+    """Free bytes on the data directory's disk, and what opening its store needs: DuckDB
+    replays its WAL and checkpoints it, which takes about the WAL's size again, the
+    journal's records go into the WAL (their bytes, not the segments' allocated size,
+    which is on the disk already), plus a margin (a new journal segment among it). An
+    estimate: an open that fails all the same is tried again."""
+    st = os.statvfs(data_dir)
+    wal = data_dir / f"{DB_NAME}.wal"
+    size = wal.stat().st_size if wal.exists() else 0
+    return st.f_bavail * st.f_frsize, size + journal.written_bytes(data_dir) + (16 << 20)
+
+
+def _no_space(error: BaseException) -> bool:
+    """Whether opening failed because the disk is full (DuckDB says so in words)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return True
+        if "No space left on device" in str(error):
+            return True
+        error = error.__cause__  # type: ignore[assignment]
+    return False
+
+
+def _has_meta(db: duckdb.DuckDBPyConnection) -> bool:
+    """Whether the database has its tables yet (not a store made just now)."""
+    [(n,)] = db.execute(
+        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'node_meta'"
+    ).fetchall()
+    return bool(n)
+
+
 def _size(path: Path) -> int:
     try:
         return os.stat(path).st_size
@@ -150,9 +184,16 @@ class Store:
         self._mark = Watermark(data_dir)
         try:
             self._db = self._open()
-        except BaseException:
+        except BaseException as e:
             self._mark.close()
             self._lock.release()
+            if _no_space(e):
+                free, need = room_to_open(data_dir)
+                raise DiskFull(
+                    f"the disk holding {data_dir} is full: {free / MiB:.1f} MiB free, about "
+                    f"{need / MiB:.1f} MiB needed to open the store (its WAL's checkpoint and "
+                    "its journal's records): free some space and run it again"
+                ) from e
             raise
         for warning in self.warnings:
             log.warning("%s", warning)
@@ -187,54 +228,63 @@ class Store:
                 raise integrity.damaged(self.data_dir, one_line(e)) from e
             raise DataDirError(f"cannot open {self.path}: {one_line(e)}") from e
         try:
+            # A failed open changes nothing: DuckDB does not fold the WAL into the file
+            # as the connection closes (close() checkpoints when all went well).
+            db.execute("PRAGMA disable_checkpoint_on_shutdown")
+            # Everything that may refuse the open is checked before the first write.
+            found = self._check_journal(db) if _has_meta(db) else None
+            if found is not None:
+                integrity.after_open(self.data_dir, mark, logread.stored_seq(db))
             migrate(db)
             # From here on no connection of this database can change a setting: what
             # `inspect sql` runs cannot turn fsync or checkpoints off, whatever it is.
             db.execute("SET lock_configuration = true")
-            integrity.after_open(self.data_dir, mark, logread.stored_seq(db))
-            self._journal = self._replay_journal(db)
+            self._journal = self._replay_journal(db, found)
         except duckdb.Error as e:
             db.close()
+            if integrity.is_damage(e):
+                raise integrity.damaged(self.data_dir, one_line(e)) from e
             raise DataDirError(f"cannot open {self.path}: {one_line(e)}") from e
         except BaseException:
             db.close()
             raise
         return db
 
-    def _replay_journal(self, db: duckdb.DuckDBPyConnection) -> Journal:
-        """Apply the journal's records DuckDB does not hold yet (a node stopped without
-        closing), then start it afresh. A tail a crash cut off is dropped with a warning
-        (it was never acknowledged); a bad record with valid ones after it refuses the
-        open: serving what follows would skip an acknowledged write."""
-        directory = self.data_dir / journal.DIR_NAME
+    def _check_journal(self, db: duckdb.DuckDBPyConnection) -> journal.Scan:
+        """What the journal holds past what DuckDB does. DataDirDamaged if any of it is
+        lost to damage — a record damaged, a segment cut short or gone — naming the file,
+        the last good record and what may be lost: serving what follows would skip
+        acknowledged writes. A tail a crash cut off is only warned of (it was never
+        acknowledged)."""
         applied = applied_lsn(db)
-        found = journal.check(directory, applied)
+        legacy = journal_format(db) < journal.FORMAT
+        found = journal.check(self.data_dir / journal.DIR_NAME, applied, legacy)
         if found.damage:
-            raise integrity.damaged(self.data_dir, f"its journal is damaged ({found.damage})")
+            raise integrity.damaged(self.data_dir, journaled.damage(db, found))
         if found.torn:
             self.warnings.append(
                 f"the journal ended with a write that a crash cut off ({found.torn}): "
-                "dropped (its writer never acknowledged it, unless the disk damaged it "
-                "after)"
+                "dropped (its writer never acknowledged it)"
             )
-        batch, last, size = RowBatch(), applied, 0
-        for record in found.records:
-            batch.merge(RowBatch.decode(record.payload))
-            last, size = record.lsn, size + len(record.payload)
-            if batch.size >= APPLY_ROWS or size >= APPLY_BYTES or record is found.records[-1]:
-                db.execute("BEGIN TRANSACTION")
-                insert_rows(db, batch, last)
-                if any(queue_id < 0 for _, queue_id in batch.tables.get("destinations", ())):
-                    route_runs_from_destinations(db)  # journaled by a node before schema 7
-                db.execute("COMMIT")
-                batch, size = RowBatch(), 0
-                if _size(self.wal_path) > self.wal_limit:  # as the writer would
-                    self._checkpoint(db, logread.stored_seq(db))
-        for _, path in journal.segments(directory):
-            path.unlink()
-        if directory.exists():
-            sync(directory)  # the deletions durable before new records are written
-        return Journal(directory, max(last, found.last_lsn), self.journal_segment)
+        return found
+
+    def _replay_journal(self, db: duckdb.DuckDBPyConnection, found: journal.Scan | None) -> Journal:
+        """Apply the journal's records DuckDB does not hold yet (``found``: a node
+        stopped without closing), then open it for appending."""
+        directory = self.data_dir / journal.DIR_NAME
+        if found is None:  # a store made just now
+            found = journal.check(directory, applied_lsn(db), legacy=True)
+        applied, legacy = found.after, journal_format(db) < journal.FORMAT
+
+        def bounded() -> None:
+            if _size(self.wal_path) > self.wal_limit:  # as the writer would
+                self._checkpoint(db, logread.stored_seq(db))
+
+        last = max(applied, journaled.apply(db, found.records, bounded))
+        opened = Journal.start(directory, last, self.journal_segment, found)
+        if legacy:  # from now on the journal always keeps a segment
+            journaled.set_format(db)
+        return opened
 
     def close(self) -> None:
         """Finish queued writes, checkpoint, close the database and drop the lock."""
@@ -251,6 +301,20 @@ class Store:
         self._db.close()
         self._mark.close()
         self._private()
+        self._lock.release()
+
+    def abandon(self) -> None:
+        """Close after an open that failed past the store's (the node's recovery could
+        not read it): no checkpoint and no mark written, so the next open finds the
+        files as this one did — but for the journal records it applied, which DuckDB
+        then holds as it would have."""
+        self.writer.close()
+        with self._cursors_lock:
+            for cursor in self._cursors:
+                cursor.close()
+            self._cursors.clear()
+        self._db.close()
+        self._mark.close()
         self._lock.release()
 
     def _error(self, e: duckdb.Error, doing: str) -> StorageError | DataDirDamaged:

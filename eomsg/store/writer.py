@@ -211,8 +211,17 @@ def insert_rows(conn: duckdb.DuckDBPyConnection, batch: RowBatch, lsn: int) -> N
 
 def applied_lsn(conn: duckdb.DuckDBPyConnection) -> int:
     """The last journal record DuckDB holds (0: none)."""
-    row = conn.execute("SELECT value FROM node_meta WHERE key = 'journal_lsn'").fetchone()
-    return int(row[0]) if row else 0
+    # fetchall: a result left unread keeps its transaction open on the connection, and
+    # that blocks every checkpoint (DuckDB: "other write transactions active").
+    rows = conn.execute("SELECT value FROM node_meta WHERE key = 'journal_lsn'").fetchall()
+    return int(rows[0][0]) if rows else 0
+
+
+def journal_format(conn: duckdb.DuckDBPyConnection) -> int:
+    """The format the store's journal is written in (1: from before segments had
+    headers, when a clean close left no segment: :mod:`eomsg.store.journal`)."""
+    rows = conn.execute("SELECT value FROM node_meta WHERE key = 'journal_format'").fetchall()
+    return int(rows[0][0]) if rows else 1
 
 
 class Writer:
