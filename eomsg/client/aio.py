@@ -5,6 +5,9 @@ call adds to an outbox, and the outbox goes out as one frame on the next turn of
 event loop, so a producer that does not wait for each acknowledgement gets batching for
 free. A result resolves only when the node has committed it.
 
+Nothing it runs on its loop fails unobserved: a request's failure is its caller's, and
+the connection's reaches every request and subscription on it.
+
 The synchronous :class:`~eomsg.client.sync.Client` runs this client on a thread of its
 own, so both flavours share every rule here.
 """
@@ -191,14 +194,21 @@ class AsyncClient(Operations):
         self.heartbeat = welcome.heartbeat
         await self.ping()  # the first lease and the node's clock
         self._keeper = self.loop.create_task(self._keep_alive())
+        self._keeper.add_done_callback(self._keeper_ended)
 
     async def _keep_alive(self) -> None:
         """Ping the node every heartbeat, so the lease stays fresh (and the node hears
-        from this client even while it only reads)."""
+        from this client even while it only reads). A ping not answered in time ends
+        the connection (:meth:`ping`)."""
         with contextlib.suppress(EomsgError):
             while self._failed is None:
                 await asyncio.sleep(self.heartbeat)
                 await self.ping()
+
+    def _keeper_ended(self, task: asyncio.Task[None]) -> None:
+        """The keep-alive never fails unobserved: what ended it ends the connection."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._lost(EomsgError(f"the client's keep-alive failed: {error!r}"))
 
     async def close(self) -> None:
         """Wait for what is in flight, say goodbye and close. Idempotent."""
@@ -677,6 +687,7 @@ class AsyncClient(Operations):
         for _, pong in pings.values():
             if not pong.done():
                 pong.set_exception(error)
+                pong.exception()  # retrieved: a ping that timed out waits on it no more
         if self._keeper is not None:
             self._keeper.cancel()
         outbox, self._outbox = self._outbox, []
@@ -703,22 +714,24 @@ class AsyncClient(Operations):
 def _concat(
     loop: asyncio.AbstractEventLoop, parts: list[asyncio.Future[list[T]]]
 ) -> asyncio.Future[list[T]]:
-    """One future for the concatenated results of ``parts`` (the first error wins)."""
+    """One future for the concatenated results of ``parts``: the first error wins (and
+    every part's is retrieved: each is this future's)."""
     out: asyncio.Future[list[T]] = loop.create_future()
     if not parts:
         out.set_result([])
         return out
     left = [len(parts)]
 
-    def done(_: asyncio.Future[list[T]]) -> None:
+    def done(part: asyncio.Future[list[T]]) -> None:
         left[0] -= 1
+        error = None if part.cancelled() else part.exception()
         if out.done():
             return
-        for p in parts:
-            if p.done() and not p.cancelled() and p.exception() is not None:
-                out.set_exception(p.exception())  # type: ignore[arg-type]
-                return
-        if left[0] == 0:
+        if part.cancelled():
+            out.cancel()
+        elif error is not None:
+            out.set_exception(error)
+        elif left[0] == 0:
             out.set_result([r for p in parts for r in p.result()])
 
     for p in parts:
