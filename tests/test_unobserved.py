@@ -1,16 +1,24 @@
-"""No future dies unobserved (issue 35, item 5): a failure reaches the request or the
-connection it belongs to — never asyncio's "Future exception was never retrieved" on
-someone's stderr."""
+"""No task or future dies unobserved (issue 35, items 4 and 5): a failure reaches the
+request or the connection it belongs to, and the log — never asyncio's "Task exception
+was never retrieved" or "Future exception was never retrieved" on someone's stderr."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import logging
 import signal
 import subprocess
 import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from eomsg.node.node import Node
+from eomsg.server.server import Server, ServerSettings
 from tests.conftest import NodeProcess
 
 Serve = Callable[..., NodeProcess]
@@ -98,3 +106,35 @@ def test_clients_of_a_node_that_stops_answering_fail_and_print_nothing_else(
     ]
     assert err == ""
     assert app.returncode == 0
+
+
+def test_a_server_task_that_fails_is_logged_and_told_to_its_owner(
+    data_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Whatever the server runs as a task and fails is logged with its traceback and
+    handed to whom it belongs (a session ends its connection with the reason); asyncio
+    has nothing left to complain about."""
+    complaints: list[dict[str, Any]] = []
+    told: list[BaseException] = []
+
+    async def fails() -> None:
+        await asyncio.sleep(0)
+        raise RuntimeError("a bug")
+
+    async def main(node: Node) -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: complaints.append(c))
+        server = Server(node, data_dir, ServerSettings())
+        task = server.spawn(fails(), on_error=told.append)
+        await asyncio.wait([task])
+        del task
+        gc.collect()  # a task whose failure nobody retrieved would be complained of now
+        await server.stop()
+
+    with caplog.at_level(logging.ERROR, "eomsg.server"), Node.open(data_dir) as node:
+        asyncio.run(main(node))
+    assert [str(e) for e in told] == ["a bug"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "test_a_server_task_that_fails_is_logged_and_told_to_its_owner.<locals>.fails failed: a bug"
+    ]
+    assert caplog.records[0].exc_info is not None
+    assert complaints == []

@@ -324,12 +324,29 @@ class Server:
             or self.inflight_bytes > s.max_total_inflight_bytes * factor
         )
 
-    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        """Run ``coro`` as a task the server keeps a reference to until it ends."""
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, T],
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> asyncio.Task[T]:
+        """Run ``coro`` as a task the server keeps a reference to until it ends. No
+        task dies unobserved: an exception that ends one is logged, with its traceback,
+        and handed to ``on_error`` (the session it belongs to tells its client)."""
         task = self.loop.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._ended, on_error=on_error))
         return task
+
+    def _ended(
+        self, task: asyncio.Task[Any], on_error: Callable[[BaseException], None] | None
+    ) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        what = getattr(task.get_coro(), "__qualname__", task.get_name())
+        log.error("%s failed: %s", what, one_line(error), exc_info=error)
+        if on_error is not None:
+            on_error(error)
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a call that may block (on a commit or a read) on the server's pool."""

@@ -19,7 +19,8 @@ or by an administrator; what it held in flight goes to the next active flow.
 Any misbehaviour of the client — a malformed or oversize frame, a move the protocol
 forbids, a wrong token, silence during the handshake — ends this session with an Error
 frame; the node and every other session carry on. Messages the client held when it went
-away are released for redelivery at once.
+away are released for redelivery at once. Nothing this session runs dies unobserved: a
+task or callback that fails is logged and ends the connection with the reason.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import functools
 import hmac
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -52,6 +53,7 @@ from eomsg.errors import (
     RemoteProtocolError,
     StorageError,
     Unavailable,
+    one_line,
 )
 from eomsg.server import calls
 from eomsg.wire import events as ev
@@ -123,7 +125,6 @@ class Session(asyncio.Protocol):
         self.last_heard = self.loop.time()
         self.draining = False
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -167,12 +168,12 @@ class Session(asyncio.Protocol):
         self.server.forget(self)
         for sub in subscriptions:
             self._stop_subscription(sub)
-            self.server.spawn(self._unbind(sub))
+            self._spawn(self._unbind(sub))
         for queue, items in held:
             if items:
-                self.server.spawn(self._release_held(queue, items))
+                self._spawn(self._release_held(queue, items))
         if self.owns_txns:  # its prepared transactions now wait for recovery
-            self.server.spawn(self.server.blocking(self.node.disown_txns, self.owner))
+            self._spawn(self.server.blocking(self.node.disown_txns, self.owner))
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -384,7 +385,7 @@ class Session(asyncio.Protocol):
             self._fail(RemoteProtocolError("a link cannot be made through another link"))
             return
         self._end_here()
-        self.server.spawn(self.server.links.accept(self, hello))
+        self.server.spawn(self.server.links.accept(self, hello))  # the link's, from now on
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -489,7 +490,7 @@ class Session(asyncio.Protocol):
         """The node's notify callback: runs under its lock on any thread, so only hands
         the event to the loop (in order: call_soon_threadsafe is FIFO)."""
         with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
-            self.loop.call_soon_threadsafe(self._on_flow, sub, event)
+            self.loop.call_soon_threadsafe(self._safely, self._on_flow, sub, event)
 
     def _on_flow(self, sub: _Subscription, event: FlowEvent) -> None:
         sub.flow = event.flow
@@ -506,7 +507,7 @@ class Session(asyncio.Protocol):
             state = {"flow": event.flow, "active": event.active, "epoch": event.epoch}
             self._send(ev.Result(sub.rid, state))
             if not sub.closed and sub.task is None:
-                sub.task = self.server.spawn(self._pump(sub))
+                sub.task = self._spawn(self._pump(sub))
         elif not sub.closed:
             change = ev.FlowChanged(sub.rid, event.flow, event.active, event.epoch)
             sub.unacked.append(change)
@@ -677,7 +678,7 @@ class Session(asyncio.Protocol):
             finally:
                 self._done_one()
 
-        self.server.spawn(run())
+        self._spawn(run())
 
     def _from_writer(self, handler: Callable[..., None], *args: Any) -> Callable[[Any], None]:
         """A future callback (run on the writer thread) that hands ``handler`` over to
@@ -686,9 +687,27 @@ class Session(asyncio.Protocol):
 
         def callback(f: Any) -> None:
             with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
-                loop.call_soon_threadsafe(functools.partial(handler, *args, f))
+                loop.call_soon_threadsafe(functools.partial(self._safely, handler, *args, f))
 
         return callback
+
+    def _safely(self, handler: Callable[..., None], *args: Any) -> None:
+        """Run a callback handed to the loop; one that fails is logged and ends the
+        connection with the reason (a bug must cost one connection, not go unseen)."""
+        try:
+            handler(*args)
+        except Exception as e:
+            log.exception("session %s: %s failed", self.peer, handler.__name__)
+            self._fail(EomsgError(f"internal error: {one_line(e)}"))
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``work`` as a server task of this connection's; if it fails, the server
+        logs it and the connection ends with the reason."""
+        return self.server.spawn(work, on_error=self._task_failed)
+
+    def _task_failed(self, error: BaseException) -> None:
+        if not self.closing:
+            self._fail(EomsgError(f"internal error: {one_line(error)}"))
 
     def _track(self, size: int) -> None:
         self.pending += 1
