@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from eomsg.core.limits import DEFAULT_MAX_FRAME, MAX_FRAME, MIN_FRAME
 from eomsg.errors import (
     DataDirDamaged,
     DataDirError,
@@ -48,7 +49,6 @@ from eomsg.node.node import Node, room_to_reopen
 from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
-from eomsg.wire.protocol import DEFAULT_MAX_FRAME
 from eomsg.wire.tls import ServerTls
 
 T = TypeVar("T")
@@ -58,7 +58,9 @@ log = logging.getLogger("eomsg.server")
 @dataclass(frozen=True)
 class ServerSettings:
     """Limits and timings of the daemon. ``listen`` adds TCP addresses to the socket;
-    with ``tls`` they all speak TLS."""
+    with ``tls`` they all speak TLS. ``max_frame`` is the frame limit of links (``eomsg
+    serve`` sets it to the node's as it starts); a client's connection is held to the
+    node's :attr:`~eomsg.node.settings.NodeSettings.frame_limit` as it connects."""
 
     listen: tuple[Address, ...] = ()
     allow_remote: bool = False
@@ -91,8 +93,8 @@ class ServerSettings:
                     f"--listen {address} is not a loopback address; add --allow-remote to "
                     "accept other machines (they must present the token)"
                 )
-        if not 1024 <= self.max_frame <= 1 << 30:
-            raise InvalidConfig("--max-frame must be between 1 KiB and 1 GiB")
+        if not MIN_FRAME <= self.max_frame <= MAX_FRAME:
+            raise InvalidConfig("--max-frame must be between 64 KiB and 1 GiB")
         if self.max_connections < 1:
             raise InvalidConfig("--max-connections must be at least 1")
         if not 0.01 <= self.resend <= 3600:
