@@ -7,8 +7,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import os
 import struct
 import textwrap
+import tracemalloc
 from typing import Any
 
 import msgpack
@@ -25,6 +27,7 @@ from eomsg.wire import events as ev
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role, State
 
 MSG = Message(7, "orders/eu", b"\x00payload", "id-7", 1.5, None, {"k": "v"})
+V = ev.PROTOCOL_VERSION
 
 CLIENT_EVENTS: list[ev.Event] = [
     ev.Publish(1, (Outgoing("a/b", b"x", "id", 3.0, {"h": "1"}), Outgoing("a", b""))),
@@ -216,16 +219,118 @@ def test_oversize_frame_is_refused_from_its_length_prefix() -> None:
 
 def test_sending_past_the_peer_limit_raises_and_changes_nothing() -> None:
     client = Connection(Role.CLIENT)
-    client.send(ev.Hello(1, "c"))
+    client.send(ev.Hello(V, "c"))
     server = Connection(Role.SERVER)
     server.state = State.HELLO_SENT
-    client.receive_data(server.send(ev.Welcome(1, "node", 2048, 5.0, 1024)))
+    client.receive_data(server.send(ev.Welcome(V, "node", 1 << 16, 5.0, 1024)))
     assert isinstance(client.next_event(), ev.Welcome)
-    assert client.peer_max_frame == 2048
-    with pytest.raises(FrameTooLarge, match="send smaller batches"):
-        client.send(ev.Publish(1, (Outgoing("t", b"x" * 4096),)))
+    assert client.peer_max_frame == 1 << 16
+    with pytest.raises(FrameTooLarge, match="exceeds the peer's frame limit of 65536 bytes"):
+        client.send(ev.Publish(1, (Outgoing("t", b"x" * (1 << 16)),)))
     assert client.state is State.OPEN
     client.send(ev.Ping(1))  # still usable
+
+
+@pytest.mark.parametrize("bytewise", [False, True], ids=["whole", "byte-by-byte"])
+def test_each_end_holds_the_other_to_the_limit_its_handshake_said(bytewise: bool) -> None:
+    """The hello says the client's frame limit and the welcome the node's: each end
+    accepts what it said and sends no more than the other said — a node that accepts
+    small frames still sends a client one as large as the client takes."""
+    client, server = Connection(Role.CLIENT, 8 << 20), Connection(Role.SERVER, 1 << 20)
+    hello = ev.Hello(V, "c", max_frame=8 << 20)
+    assert feed(server, client.send(hello), bytewise) == [hello]
+    assert (server.max_frame, server.peer_max_frame) == (1 << 20, 8 << 20)
+    welcome = ev.Welcome(V, "node", 1 << 20, 5.0, 1024)
+    assert feed(client, server.send(welcome), bytewise) == [welcome]
+    assert (client.max_frame, client.peer_max_frame) == (8 << 20, 1 << 20)
+    big = ev.Result(1, b"x" * (2 << 20))  # over the node's own limit, within the client's
+    assert feed(client, server.send(big), bytewise) == [big]
+    with pytest.raises(FrameTooLarge, match=r"Publish frame of .* exceeds the peer's frame limit"):
+        client.send(ev.Publish(1, (Outgoing("t", b"x" * (1 << 20)),)))
+    small = ev.Publish(2, (Outgoing("t", b"x" * 1000),))
+    assert feed(server, client.send(small), bytewise) == [small]
+
+
+def feed(conn: Connection, data: bytes, bytewise: bool) -> list[Any]:
+    """The events ``conn`` makes of ``data``, handed to it whole or a byte at a time."""
+    if not bytewise:
+        conn.receive_data(data)
+        return events_of(conn)
+    got = []
+    for i in range(len(data)):
+        conn.receive_data(data[i : i + 1])
+        got += events_of(conn)
+    return got
+
+
+def test_a_node_takes_only_a_small_frame_before_the_hello() -> None:
+    """Until a client has said hello a node holds it to a hello's size, whatever its
+    own limit: one that has not said who it is cannot make it buffer a large frame."""
+    server = Connection(Role.SERVER, 64 << 20)
+    server.receive_data(struct.pack(">I", (64 << 10) + 1))
+    with pytest.raises(
+        FrameTooLarge, match="65537 bytes exceeds the limit of 65536 bytes before the hello"
+    ):
+        server.next_event()
+    server = Connection(Role.SERVER, 64 << 20)
+    server.receive_data(Connection(Role.CLIENT).send(ev.Hello(V, "c")))
+    assert isinstance(server.next_event(), ev.Hello)
+    server.receive_data(struct.pack(">I", 32 << 20))  # after it: the node's own limit
+    assert server.next_event() is NEED_DATA
+
+
+@pytest.mark.parametrize("bytewise", [False, True], ids=["whole", "byte-by-byte"])
+def test_an_answer_may_take_several_frames(bytewise: bool) -> None:
+    """A Result that continues says ``more``; only a list may."""
+    client, server = open_pair()
+    parts = [ev.Result(3, [1, 2], True), ev.Result(3, [b"x"], True), ev.Result(3, [4])]
+    assert feed(client, b"".join(server.send(e) for e in parts), bytewise) == parts
+    server.state = State.OPEN
+    client.receive_data(raw_frame([ev.Result.TYPE, 3, {"a": 1}, True]))
+    with pytest.raises(RemoteProtocolError, match="only a list answer may continue"):
+        client.next_event()
+
+
+def test_a_large_frame_costs_no_copy_of_its_payload_on_the_way() -> None:
+    """Sending packs a large body once and hands it out as it is (header and body
+    apart, no copy to join them); receiving unpacks it where it was read. So a payload
+    costs the sender its packed frame (the packer may keep room as large again) and the
+    receiver its read buffer and the payload it made — not a copy per step."""
+    n = 32 << 20
+    client, server = Connection(Role.CLIENT, 64 << 20), Connection(Role.SERVER, 64 << 20)
+    assert feed(server, client.send(ev.Hello(V, "c", max_frame=64 << 20)), False) != []
+    assert feed(client, server.send(ev.Welcome(V, "n", 64 << 20, 5.0, 1)), False) != []
+    m = Message(1, "t", os.urandom(n), None, 1.0, None, {})
+    tracemalloc.start()
+    try:
+        header, body = server.send_parts(ev.Deliver(1, "q", (Delivered("q", m, 1, 2.0),)))
+        sent_peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.reset_peak()
+        held = tracemalloc.get_traced_memory()[0]
+        client.receive_data(header)
+        for at in range(0, len(body), 256 << 10):  # as a socket hands it over
+            client.receive_data(bytes(body[at : at + (256 << 10)]))
+            got = client.next_event()
+        received_peak = tracemalloc.get_traced_memory()[1] - held
+    finally:
+        tracemalloc.stop()
+    assert isinstance(got, ev.Deliver) and got.deliveries[0].message == m
+    assert sent_peak < 2.5 * n, sent_peak / n
+    assert received_peak < 2.5 * n, received_peak / n
+
+
+def test_a_message_bound_is_never_below_its_size_in_a_frame() -> None:
+    """What the senders split by (message_bound, value_bound) is at least what the
+    message takes in a frame, however its text is made."""
+    text = "é€😀" * 60
+    heavy = Message(2**40, text, b"p" * 100, text, 1.5, 2.5, {f"h{i}": text for i in range(50)})
+    for m in (MSG, heavy, Message(1, "t", b"", None, 0.0, None, {})):
+        row = [*ev.message_to_wire(m), 7, 9.5]
+        assert ev.message_bound(m) >= len(msgpack.packb(row, use_bin_type=True))
+        wire = ev.message_to_wire(m)
+        assert ev.value_bound(wire) >= len(msgpack.packb(wire, use_bin_type=True))
+        out = Outgoing(m.topic, m.payload, m.id, 3.5, m.headers)
+        assert ev.message_bound(out) >= len(msgpack.packb(ev.outgoing_to_wire(out)))
 
 
 def raw_frame(body: Any) -> bytes:
@@ -239,11 +344,18 @@ def raw_frame(body: Any) -> bytes:
         ({"not": "a list"}, "not an \\[event type"),
         ([], "not an \\[event type"),
         ([99], "unknown event type 99"),
-        ([1, 1, "c"], "hello has 2 fields, not 3"),
-        ([1, "1", "c", None], "version must not be str"),
-        ([1, 1, 5, None], "client name must not be int"),
-        ([1, True, "c", None], "version must not be bool"),
-        ([1, 1, "c" * 5000, None], "longer than 1024"),
+        ([1, V, "c"], "hello has 2 fields, not 5"),
+        ([1, "5", "c", None, None, 1 << 20], "version must not be str"),
+        ([1, V, 5, None, None, 1 << 20], "client name must not be int"),
+        ([1, True, "c", None, None, 1 << 20], "version must not be bool"),
+        ([1, V, "c" * 5000, None, None, 1 << 20], "longer than 1024"),
+        ([1, V, "c", None, None, "big"], "max frame must not be str"),
+        ([1, V, "c", None, None, 1024], "frame limit of 1024 bytes is below the 65536"),
+        (
+            [1, 4, "c", None],
+            "version 4 is not supported; this node speaks version 5 .upgrade the client",
+        ),
+        ([1, 6, "c", None, None, 1, 2], "version 6 is not supported; .* .upgrade the node"),
     ],
 )
 def test_malformed_bodies_raise_protocol_errors(body: Any, match: str) -> None:
@@ -256,7 +368,7 @@ def test_malformed_bodies_raise_protocol_errors(body: Any, match: str) -> None:
 def test_extension_types_and_timestamps_are_refused() -> None:
     for value in (msgpack.ExtType(5, b"x"), msgpack.Timestamp(1, 0)):
         server = Connection(Role.SERVER)
-        server.receive_data(raw_frame([1, 1, value, None]))
+        server.receive_data(raw_frame([1, V, value, None, None, 1 << 20]))
         with pytest.raises(RemoteProtocolError, match=r"extension type|must not be"):
             server.next_event()
 

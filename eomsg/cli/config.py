@@ -50,7 +50,8 @@ def set_(
 ) -> None:
     """Save a setting: `retention 7d` keeps consumed messages in the log for replay;
     `gc-interval 5m` sets how often the log is collected; `max-payload 4MiB` is the
-    largest payload a publish may carry; `disk-reserve 1GiB` is the free disk space
+    largest payload a publish may carry (at most 512MiB; refused while the node serves
+    with a --max-frame that cannot carry it); `disk-reserve 1GiB` is the free disk space
     below which publishes are refused (0: never refuse).
 
     \b

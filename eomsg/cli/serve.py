@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -17,7 +18,7 @@ from eomsg.cli.common import (
     handles_errors,
 )
 from eomsg.cli.output import print_json, say
-from eomsg.core.limits import parse_size
+from eomsg.core.limits import MAX_FRAME, MIN_FRAME, parse_size
 from eomsg.errors import UsageError
 from eomsg.wire.address import Address, parse_address, token_path
 from eomsg.wire.tls import ServerTls
@@ -61,8 +62,13 @@ def serve(
         ),
     ] = False,
     max_frame: Annotated[
-        str, typer.Option(help="Largest frame accepted from a client, e.g. 4MiB.")
-    ] = "4MiB",
+        str | None,
+        typer.Option(
+            metavar="SIZE",
+            help="Largest frame accepted from a client or a linked node, e.g. 64MiB; it must "
+            "carry max-payload (eomsg config) and 1 MiB more. Default: that, at least 4MiB.",
+        ),
+    ] = None,
     max_connections: Annotated[
         int, typer.Option(min=1, help="Connections served at once; more are refused.")
     ] = 1024,
@@ -108,11 +114,11 @@ def serve(
     from eomsg.server.server import ServerSettings
     from eomsg.server.server import serve as run_server
 
+    frame = None if max_frame is None else parse_size(max_frame, low=MIN_FRAME, high=MAX_FRAME)
     settings = ServerSettings(
         listen=tuple(parse_address(a) for a in listen or ()),
         allow_remote=allow_remote,
         tls=_tls(tls_cert, tls_key, tls_client_ca),
-        max_frame=parse_size(max_frame),
         max_connections=max_connections,
         heartbeat=heartbeat,
         handshake_timeout=handshake_timeout,
@@ -120,7 +126,8 @@ def serve(
     )
     settings.check()  # before taking the data directory
 
-    node_settings = NodeSettings(node_name=node_name)
+    # The node refuses to open with a --max-frame that cannot carry its max-payload.
+    node_settings = NodeSettings(node_name=node_name, max_frame=frame)
     if node_name is not None:
         check_node_name(node_name)  # before taking the data directory
 
@@ -142,6 +149,7 @@ def serve(
     opened = Node.open_when_room(data, node_settings)
     assert opened is not None  # (it waits until it opens, or a signal ends the process)
     with opened as node:
+        settings = replace(settings, max_frame=node.settings.frame_limit)  # links' as it starts
         run_server(data, node, settings, ready, reopen=lambda: Node.open(data, node_settings))
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})

@@ -5,6 +5,12 @@ call adds to an outbox, and the outbox goes out as one frame on the next turn of
 event loop, so a producer that does not wait for each acknowledgement gets batching for
 free. A result resolves only when the node has committed it.
 
+Frames: the client's hello says it accepts :data:`~eomsg.core.limits.MAX_FRAME`, so
+whatever the node holds can reach it; what it sends is split to fit the frame limit the
+node's welcome said (a batch goes in as many Publish frames as it needs). Nothing it runs
+on its loop fails unobserved: a request's failure is its caller's, and the connection's
+reaches every request and subscription on it.
+
 The synchronous :class:`~eomsg.client.sync.Client` runs this client on a thread of its
 own, so both flavours share every rule here.
 """
@@ -25,11 +31,12 @@ from typing import Any, Protocol, TypeVar
 
 from eomsg.client.consumer import AsyncConsumer, Item, Pushed
 from eomsg.core.election import FlowEvent
-from eomsg.core.limits import Limits, check_outgoing
+from eomsg.core.limits import MAX_FRAME, Limits, check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult, check_keys
 from eomsg.core.operations import Operation, Operations
 from eomsg.errors import (
     EomsgError,
+    FrameTooLarge,
     InvalidConfig,
     LocalProtocolError,
     ProtocolError,
@@ -48,7 +55,7 @@ from eomsg.wire.tls import ClientTls, tls_refused
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
-FRAME_SLACK = 64 << 10
+FRAME_SLACK = 8 << 10  # room in a frame for its own fields, besides the messages
 LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
 
 
@@ -115,12 +122,14 @@ class AsyncClient(Operations):
     def __init__(self, address: Address, window: int) -> None:
         self.address = address
         self.loop = asyncio.get_running_loop()
-        self.conn = Connection(Role.CLIENT)
+        self.conn = Connection(Role.CLIENT, MAX_FRAME)
         self.limits = Limits()
         self.node = ""
         self._transport: asyncio.Transport | None = None
         self._rids = itertools.count(1)
-        self._requests: dict[int, tuple[asyncio.Future[Any], list[Delivered] | None]] = {}
+        # rid -> (its future, what its answer's frames brought so far: the deliveries of
+        # a Fetch, the items of a Result that continues; None while nothing is collected)
+        self._requests: dict[int, tuple[asyncio.Future[Any], list[Any] | None]] = {}
         self._subscriptions: dict[int, _Subscription] = {}
         self._window = asyncio.Semaphore(window)
         self._outbox: list[tuple[Outgoing, Completion[PublishResult]]] = []
@@ -178,7 +187,7 @@ class AsyncClient(Operations):
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token, via))
+            self._send(ev.Hello(ev.PROTOCOL_VERSION, name, token, via, self.conn.max_frame))
         except Unavailable:
             raise self._failed or self._closed_early() from None
         try:
@@ -191,14 +200,21 @@ class AsyncClient(Operations):
         self.heartbeat = welcome.heartbeat
         await self.ping()  # the first lease and the node's clock
         self._keeper = self.loop.create_task(self._keep_alive())
+        self._keeper.add_done_callback(self._keeper_ended)
 
     async def _keep_alive(self) -> None:
         """Ping the node every heartbeat, so the lease stays fresh (and the node hears
-        from this client even while it only reads)."""
+        from this client even while it only reads). A ping not answered in time ends
+        the connection (:meth:`ping`)."""
         with contextlib.suppress(EomsgError):
             while self._failed is None:
                 await asyncio.sleep(self.heartbeat)
                 await self.ping()
+
+    def _keeper_ended(self, task: asyncio.Task[None]) -> None:
+        """The keep-alive never fails unobserved: what ended it ends the connection."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self._lost(EomsgError(f"the client's keep-alive failed: {error!r}"))
 
     async def close(self) -> None:
         """Wait for what is in flight, say goodbye and close. Idempotent."""
@@ -272,13 +288,13 @@ class AsyncClient(Operations):
         return _concat(self.loop, parts)
 
     def _frames(self, messages: Sequence[Outgoing]) -> list[tuple[Outgoing, ...]]:
+        """``messages`` in runs that each fit a Publish frame the node accepts (one
+        message that fits none alone: the node's frame limit cannot carry it)."""
         budget = self.conn.peer_max_frame - FRAME_SLACK
         frames: list[tuple[Outgoing, ...]] = []
         start, size = 0, 0
         for i, m in enumerate(messages):
-            n = len(m.payload) + len(m.topic) + 48 + (len(m.id) if m.id else 0)
-            if m.headers:
-                n += sum(len(k) + len(v) + 8 for k, v in m.headers.items())
+            n = ev.message_bound(m)
             if i > start and (size + n > budget or i - start >= ev.MAX_BATCH):
                 frames.append(tuple(messages[start:i]))
                 start, size = i, 0
@@ -531,14 +547,20 @@ class AsyncClient(Operations):
     ) -> asyncio.Future[Any]:
         rid = next(self._rids)
         future: asyncio.Future[Any] = self.loop.create_future()
-        self._send(make(rid))  # may raise FrameTooLarge, having registered nothing
+        try:
+            self._send(make(rid))  # nothing registered if it raises
+        except FrameTooLarge as e:  # one message the node's frame limit cannot carry
+            raise FrameTooLarge(
+                f"{e.message}: the node at {self.address} takes no larger (its eomsg serve "
+                "--max-frame)"
+            ) from None
         self._requests[rid] = (future, [] if collect else None)
         return future
 
     def _send(self, event: ev.Event) -> None:
         if self._transport is None or self._transport.is_closing():
             raise self._failed or Unavailable(f"not connected to the node at {self.address}")
-        self._transport.write(self.conn.send(event))
+        self._transport.writelines(self.conn.send_parts(event))
 
     def _receive(self, data: bytes) -> None:
         self.conn.receive_data(data)
@@ -569,7 +591,16 @@ class AsyncClient(Operations):
                 self._resolve(rid, list(results))
             case ev.Deleted(rid, done):
                 self._resolve(rid, list(done))
+            case ev.Result(rid, value, True):  # a part of a list answer: more follows
+                entry = self._requests.get(rid)
+                if entry is not None:
+                    parts = [] if entry[1] is None else entry[1]
+                    parts.extend(value)
+                    self._requests[rid] = (entry[0], parts)
             case ev.Result(rid, value):
+                entry = self._requests.get(rid)
+                if entry is not None and entry[1] and isinstance(value, list):
+                    value = [*entry[1], *value]  # the last part of a list answer
                 sub = self._subscriptions.get(rid)
                 if sub is not None and not sub.bound and isinstance(value, dict):
                     # the bind's answer: the flow's first state, before any change of it
@@ -677,6 +708,7 @@ class AsyncClient(Operations):
         for _, pong in pings.values():
             if not pong.done():
                 pong.set_exception(error)
+                pong.exception()  # retrieved: a ping that timed out waits on it no more
         if self._keeper is not None:
             self._keeper.cancel()
         outbox, self._outbox = self._outbox, []
@@ -703,22 +735,24 @@ class AsyncClient(Operations):
 def _concat(
     loop: asyncio.AbstractEventLoop, parts: list[asyncio.Future[list[T]]]
 ) -> asyncio.Future[list[T]]:
-    """One future for the concatenated results of ``parts`` (the first error wins)."""
+    """One future for the concatenated results of ``parts``: the first error wins (and
+    every part's is retrieved: each is this future's)."""
     out: asyncio.Future[list[T]] = loop.create_future()
     if not parts:
         out.set_result([])
         return out
     left = [len(parts)]
 
-    def done(_: asyncio.Future[list[T]]) -> None:
+    def done(part: asyncio.Future[list[T]]) -> None:
         left[0] -= 1
+        error = None if part.cancelled() else part.exception()
         if out.done():
             return
-        for p in parts:
-            if p.done() and not p.cancelled() and p.exception() is not None:
-                out.set_exception(p.exception())  # type: ignore[arg-type]
-                return
-        if left[0] == 0:
+        if part.cancelled():
+            out.cancel()
+        elif error is not None:
+            out.set_exception(error)
+        elif left[0] == 0:
             out.set_result([r for p in parts for r in p.result()])
 
     for p in parts:

@@ -1,4 +1,12 @@
-"""What a message may be: the checks every publish passes before anything is written."""
+"""What a message may be: the checks every publish passes before anything is written; and
+how large a frame must be to carry one.
+
+Frames: each end of a connection says in its handshake the largest frame it accepts, and
+a sender never sends more (see :mod:`eomsg.wire.protocol`). A node accepts frames of
+``serve --max-frame``, or — left out — of :func:`frame_for` its ``max-payload`` (at least
+:data:`DEFAULT_MAX_FRAME`), so every payload it takes fits a frame it accepts; a
+``--max-frame`` that cannot carry ``max-payload`` is refused (:func:`check_frame`). A
+client accepts :data:`MAX_FRAME`: whatever a node may hold, it can receive."""
 
 from __future__ import annotations
 
@@ -21,7 +29,16 @@ from eomsg.errors import (
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 MAX_ID_LENGTH = 256
 MAX_HEADERS_BYTES = 64 * 1024
-MAX_MAX_PAYLOAD = 64 * 1024 * 1024
+MAX_MAX_PAYLOAD = 512 << 20  # the largest max-payload a node may be set to
+DEFAULT_MAX_FRAME = 4 << 20  # a node's frame limit while its max-payload needs no more
+MAX_FRAME = 1 << 30  # the largest frame limit anyone may say; what a client accepts
+MIN_FRAME = 64 << 10  # the smallest frame limit a peer may say (an error must fit)
+HANDSHAKE_FRAME = 64 << 10  # what a node accepts before the first frame (a hello) is read
+# Bytes a frame carrying one message holds besides its payload, at most: the topic (255
+# characters), the id (256), headers (64 Ki characters of names and values, each
+# character up to 4 bytes of UTF-8, and a few bytes of framing per header) and the
+# frame's own fields, with room to spare.
+FRAME_OVERHEAD = 1 << 20
 _HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 _SIZE = re.compile(r"(\d+)\s*(b|kib|kb|k|mib|mb|m|gib|gb|g)?", re.IGNORECASE)
 _SIZE_UNITS = {
@@ -42,7 +59,7 @@ P = TypeVar("P", bound=Publishable)
 
 def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
     """Bytes in ``text`` (``65536``, ``64KiB``, ``1MiB``, ``2GiB``), between ``low`` and
-    ``high`` (by default 1 byte and 64 MiB)."""
+    ``high`` (by default 1 byte and :data:`MAX_MAX_PAYLOAD`, 512 MiB)."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
         raise InvalidConfig(f"size {text!r} is not understood: use bytes or KiB/MiB/GiB, e.g. 1MiB")
@@ -50,6 +67,34 @@ def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
     if not low <= size <= high:
         raise InvalidConfig(f"size {text!r} must be between {_show(low)} and {_show(high)}")
     return size
+
+
+def frame_for(max_payload: int) -> int:
+    """The smallest frame limit that carries every message of up to ``max_payload``
+    bytes of payload."""
+    return max_payload + FRAME_OVERHEAD
+
+
+def default_frame(max_payload: int) -> int:
+    """A node's frame limit when ``serve --max-frame`` is left out: what its
+    ``max-payload`` needs, and at least :data:`DEFAULT_MAX_FRAME`."""
+    return max(DEFAULT_MAX_FRAME, frame_for(max_payload))
+
+
+def check_frame(max_frame: int, max_payload: int) -> None:
+    """InvalidConfig, naming both settings, if a payload of ``max_payload`` bytes cannot
+    travel in a frame of ``max_frame`` bytes: a publish within the limit would be
+    refused by the node's frame limit."""
+    need = frame_for(max_payload)
+    if max_frame < need:
+        smaller = max_frame - FRAME_OVERHEAD
+        raise InvalidConfig(
+            f"max-payload {_show(max_payload)} does not fit in frames of --max-frame "
+            f"{_show(max_frame)} (such a payload needs frames of {_show(need)}): give "
+            f"--max-frame {_size_arg(need)} or more (or leave it out: frames then follow "
+            "max-payload)"
+            + (f", or set max-payload {_show(smaller)} or less" if smaller > 0 else "")
+        )
 
 
 def format_bytes(size: int) -> str:
@@ -65,6 +110,13 @@ def _show(size: int) -> str:
         if size >= unit and size % unit == 0:
             return f"{size // unit} {name}"
     return "1 byte" if size == 1 else f"{size} bytes"
+
+
+def _size_arg(size: int) -> str:
+    """``size`` as an argument parse_size takes, rounded up to whole KiB or MiB."""
+    if size >= 1 << 20:
+        return f"{-(-size // (1 << 20))}MiB"
+    return f"{-(-size // 1024)}KiB"
 
 
 # A message's expiry must be a time the store can hold (DuckDB's timestamps end in the

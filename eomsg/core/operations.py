@@ -186,7 +186,7 @@ class Operations(Protocol):
         or cannot be told."""
         raise Declaration
 
-    @operation(sized_by="limit", reads_only=True)
+    @operation(reads_only=True)
     def browse(name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages waiting in the queue (in flight included) from ``from_seq``, oldest
         first, without taking them. QueueNotFound."""

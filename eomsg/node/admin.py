@@ -151,10 +151,11 @@ class Admin(NodeState):
         canonical = SETTINGS[name][0](value)
         with self._admin:
             self._check_open()
+            settings = apply_saved(self.settings, {name: canonical})  # refused: unsaved
             job = Store.save_setting_job(name, canonical)
             entry = self._audit(by, "configure", name, canonical)
             self.store.writer.run(Store.audited(job, entry)).result()
-            self.settings = apply_saved(self.settings, {name: canonical})
+            self.settings = settings
         return canonical
 
     def saved_settings(self) -> dict[str, str]:

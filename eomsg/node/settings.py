@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from eomsg.core.durations import parse_duration
-from eomsg.core.limits import Limits, parse_size
+from eomsg.core.limits import Limits, check_frame, default_frame, parse_size
 from eomsg.store.journal import SEGMENT_BYTES
 from eomsg.store.store import WAL_LIMIT
 from eomsg.store.writer import APPLY_DELAY
@@ -22,7 +22,9 @@ class NodeSettings:
     so that a checkpoint and a restart always find room; ``wal_limit`` bounds the WAL,
     ``journal_segment`` the journal's files; ``apply_delay`` is how long a write
     journaled alone waits for others before DuckDB gets it (0: at once); ``node_name``
-    names it to the nodes it is linked to."""
+    names it to the nodes it is linked to; ``max_frame`` is ``serve --max-frame``, the
+    largest frame its server accepts, which must carry ``limits.max_payload`` (None:
+    :attr:`frame_limit` follows it)."""
 
     limits: Limits = field(default_factory=Limits)
     retention: float = 86400.0
@@ -34,6 +36,15 @@ class NodeSettings:
     journal_segment: int = SEGMENT_BYTES  # a journal segment ends past this size
     apply_delay: float = APPLY_DELAY  # seconds a journaled write waits to go to DuckDB
     node_name: str | None = None  # its name among linked nodes (None: the one it keeps)
+    max_frame: int | None = None  # serve --max-frame; None: follows max-payload
+
+    @property
+    def frame_limit(self) -> int:
+        """The largest frame the node's server accepts from a client: ``max_frame``, or
+        what ``max-payload`` needs (:func:`~eomsg.core.limits.default_frame`)."""
+        if self.max_frame is not None:
+            return self.max_frame
+        return default_frame(self.limits.max_payload)
 
 
 # Settings a data directory can save (``eomsg config set``): name -> (parse to the
@@ -59,7 +70,13 @@ SETTINGS: dict[str, tuple[Callable[[str], str], Callable[[NodeSettings, str], No
 
 
 def apply_saved(settings: NodeSettings, saved: dict[str, str]) -> NodeSettings:
+    """``settings`` with the ``saved`` ones applied; InvalidConfig if they cannot work
+    together: a ``max-payload`` that frames of ``max_frame`` cannot carry (refused when
+    a node opens with such a ``--max-frame``, and when it is set on a node that has
+    one)."""
     for name, value in saved.items():
         if name in SETTINGS:
             settings = SETTINGS[name][1](settings, value)
+    if settings.max_frame is not None:
+        check_frame(settings.max_frame, settings.limits.max_payload)
     return settings

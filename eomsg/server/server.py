@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from eomsg.core.limits import DEFAULT_MAX_FRAME, MAX_FRAME, MIN_FRAME
 from eomsg.errors import (
     DataDirDamaged,
     DataDirError,
@@ -48,7 +49,6 @@ from eomsg.node.node import Node, room_to_open
 from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
-from eomsg.wire.protocol import DEFAULT_MAX_FRAME
 from eomsg.wire.tls import ServerTls
 
 T = TypeVar("T")
@@ -58,7 +58,9 @@ log = logging.getLogger("eomsg.server")
 @dataclass(frozen=True)
 class ServerSettings:
     """Limits and timings of the daemon. ``listen`` adds TCP addresses to the socket;
-    with ``tls`` they all speak TLS."""
+    with ``tls`` they all speak TLS. ``max_frame`` is the frame limit of links (``eomsg
+    serve`` sets it to the node's as it starts); a client's connection is held to the
+    node's :attr:`~eomsg.node.settings.NodeSettings.frame_limit` as it connects."""
 
     listen: tuple[Address, ...] = ()
     allow_remote: bool = False
@@ -91,8 +93,8 @@ class ServerSettings:
                     f"--listen {address} is not a loopback address; add --allow-remote to "
                     "accept other machines (they must present the token)"
                 )
-        if not 1024 <= self.max_frame <= 1 << 30:
-            raise InvalidConfig("--max-frame must be between 1 KiB and 1 GiB")
+        if not MIN_FRAME <= self.max_frame <= MAX_FRAME:
+            raise InvalidConfig("--max-frame must be between 64 KiB and 1 GiB")
         if self.max_connections < 1:
             raise InvalidConfig("--max-connections must be at least 1")
         if not 0.01 <= self.resend <= 3600:
@@ -337,12 +339,29 @@ class Server:
             or self.inflight_bytes > s.max_total_inflight_bytes * factor
         )
 
-    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
-        """Run ``coro`` as a task the server keeps a reference to until it ends."""
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, T],
+        on_error: Callable[[BaseException], None] | None = None,
+    ) -> asyncio.Task[T]:
+        """Run ``coro`` as a task the server keeps a reference to until it ends. No
+        task dies unobserved: an exception that ends one is logged, with its traceback,
+        and handed to ``on_error`` (the session it belongs to tells its client)."""
         task = self.loop.create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._ended, on_error=on_error))
         return task
+
+    def _ended(
+        self, task: asyncio.Task[Any], on_error: Callable[[BaseException], None] | None
+    ) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or (error := task.exception()) is None:
+            return
+        what = getattr(task.get_coro(), "__qualname__", task.get_name())
+        log.error("%s failed: %s", what, one_line(error), exc_info=error)
+        if on_error is not None:
+            on_error(error)
 
     async def blocking(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a call that may block (on a commit or a read) on the server's pool."""

@@ -20,6 +20,14 @@ Any misbehaviour of the client — a malformed or oversize frame, a move the pro
 forbids, a wrong token, silence during the handshake — ends this session with an Error
 frame; the node and every other session carry on. Messages the client held when it went
 away are released for redelivery at once.
+
+Frames: the session accepts the node's frame limit as the client connects (its Welcome
+says it) and sends none over the limit the client's Hello said: deliveries go in as many
+Deliver frames as they need, and an answer that is a list in as many Result frames. One
+message that no frame the client accepts could carry fails its request (or ends its
+subscription, what it held given back) with an error saying so, never the connection.
+Nothing this session runs dies unobserved: a task or callback that fails is logged and
+ends the connection with the reason.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import functools
 import hmac
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -39,11 +47,12 @@ from eomsg.core import access
 from eomsg.core.access import OWNER, Need, link_principal
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, PublishResult
-from eomsg.core.operations import OPERATIONS
+from eomsg.core.operations import OPERATIONS, Operation
 from eomsg.errors import (
     AuthenticationFailed,
     DataDirLocked,
     EomsgError,
+    FrameTooLarge,
     InvalidConfig,
     LocalProtocolError,
     NotAllowed,
@@ -52,9 +61,11 @@ from eomsg.errors import (
     RemoteProtocolError,
     StorageError,
     Unavailable,
+    one_line,
 )
 from eomsg.server import calls
 from eomsg.wire import events as ev
+from eomsg.wire.calls import listed_result
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
 
 if TYPE_CHECKING:
@@ -64,7 +75,8 @@ log = logging.getLogger("eomsg.server")
 
 MAX_PREFETCH = 100_000
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
-FRAME_SLACK = 64 << 10  # room left in a frame for everything but payloads
+FRAME_SLACK = 8 << 10  # room in a frame for its own fields, besides the items it carries
+ANSWER_SLACK = 64 << 10  # room left in an answer the node sizes by estimate (read_log)
 CLOSE_GRACE = 2.0  # seconds a closing connection may take to flush its last frames
 LOGGED_DENIALS = 20  # denied requests logged per connection
 
@@ -100,7 +112,7 @@ class Session(asyncio.Protocol):
         # The linked node this client came through (server/tunnel.py), if it did: it may
         # not run admin operations here.
         self.through = through
-        self.conn = Connection(Role.SERVER, server.settings.max_frame)
+        self.conn = Connection(Role.SERVER, self.node.settings.frame_limit)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.holder = next(_session_ids)  # the node settles a delivery for its holder only
@@ -123,9 +135,10 @@ class Session(asyncio.Protocol):
         self.last_heard = self.loop.time()
         self.draining = False
         self._timers: dict[str, asyncio.TimerHandle] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._can_write = asyncio.Event()  # clear while the transport's buffer is full
+        self._can_write.set()
 
     # -- asyncio.Protocol -----------------------------------------------------------------
 
@@ -165,22 +178,25 @@ class Session(asyncio.Protocol):
         self.subscriptions.clear()
         self.fetched.clear()
         self.server.forget(self)
+        self._can_write.set()  # nothing waits to write any more
         for sub in subscriptions:
             self._stop_subscription(sub)
-            self.server.spawn(self._unbind(sub))
+            self._spawn(self._unbind(sub))
         for queue, items in held:
             if items:
-                self.server.spawn(self._release_held(queue, items))
+                self._spawn(self._release_held(queue, items))
         if self.owns_txns:  # its prepared transactions now wait for recovery
-            self.server.spawn(self.server.blocking(self.node.disown_txns, self.owner))
+            self._spawn(self.server.blocking(self.node.disown_txns, self.owner))
 
     def pause_writing(self) -> None:
         self.writable = False
+        self._can_write.clear()
         self.blocked_since = self.loop.time()
         self.blocked_size = self._buffered()
 
     def resume_writing(self) -> None:
         self.writable = True
+        self._can_write.set()
         for sub in self.subscriptions.values():
             sub.wake.set()
 
@@ -255,14 +271,7 @@ class Session(asyncio.Protocol):
             self._fail(StorageError(self.server.down))
             return
         self.node = self.server.node  # reopened since this connection was made, perhaps
-        if hello.version != ev.PROTOCOL_VERSION:
-            self._fail(
-                RemoteProtocolError(
-                    f"protocol version {hello.version} is not supported; this node speaks "
-                    f"version {ev.PROTOCOL_VERSION} (upgrade the client)"
-                )
-            )
-            return
+        # (A hello of another protocol version was refused as it was read: wire.events.)
         if self.through is None:
             principal = self._authenticate(hello.token)
             if principal is None:
@@ -283,7 +292,7 @@ class Session(asyncio.Protocol):
         welcome = ev.Welcome(
             ev.PROTOCOL_VERSION,
             self.server.node_name,
-            s.max_frame,
+            self.conn.max_frame,
             s.heartbeat,
             self.node.settings.limits.max_payload,
         )
@@ -360,6 +369,7 @@ class Session(asyncio.Protocol):
             hello.name,
             None,  # this node vouches for it: its token stays here
             None if hello.via == hop.peer else hello.via,
+            hello.max_frame,
         )
         first = Connection(Role.CLIENT).send(onward) + self.conn.hand_over()
         self._end_here()
@@ -384,7 +394,7 @@ class Session(asyncio.Protocol):
             self._fail(RemoteProtocolError("a link cannot be made through another link"))
             return
         self._end_here()
-        self.server.spawn(self.server.links.accept(self, hello))
+        self.server.spawn(self.server.links.accept(self, hello))  # the link's, from now on
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -450,7 +460,14 @@ class Session(asyncio.Protocol):
         held = self.fetched.setdefault(event.queue, {})
         for d in taken:
             held[d.seq] = d.attempt
-        self._send_deliveries(event.rid, event.queue, taken, final=True)
+        try:
+            self._send_deliveries(event.rid, event.queue, taken, final=True)
+        except FrameTooLarge as e:  # the fetch fails: none of it reaches the application
+            log.warning("session %s: %s", self.peer, e)
+            keys = [(d.seq, d.attempt) for d in taken]
+            self._settled(event.queue, tuple(keys))
+            await self._release_held(event.queue, keys)
+            raise
 
     def _subscribe(self, event: ev.Subscribe) -> None:
         if not 1 <= event.prefetch <= MAX_PREFETCH:
@@ -489,7 +506,7 @@ class Session(asyncio.Protocol):
         """The node's notify callback: runs under its lock on any thread, so only hands
         the event to the loop (in order: call_soon_threadsafe is FIFO)."""
         with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
-            self.loop.call_soon_threadsafe(self._on_flow, sub, event)
+            self.loop.call_soon_threadsafe(self._safely, self._on_flow, sub, event)
 
     def _on_flow(self, sub: _Subscription, event: FlowEvent) -> None:
         sub.flow = event.flow
@@ -506,7 +523,7 @@ class Session(asyncio.Protocol):
             state = {"flow": event.flow, "active": event.active, "epoch": event.epoch}
             self._send(ev.Result(sub.rid, state))
             if not sub.closed and sub.task is None:
-                sub.task = self.server.spawn(self._pump(sub))
+                sub.task = self._spawn(self._pump(sub))
         elif not sub.closed:
             change = ev.FlowChanged(sub.rid, event.flow, event.active, event.epoch)
             sub.unacked.append(change)
@@ -595,7 +612,15 @@ class Session(asyncio.Protocol):
             for d in taken:
                 sub.held[d.seq] = d.attempt
             sub.dry = False
-            self._send_deliveries(sub.rid, sub.queue, taken, final=False, epoch=sub.epoch)
+            try:
+                self._send_deliveries(sub.rid, sub.queue, taken, final=False, epoch=sub.epoch)
+            except FrameTooLarge as e:  # the subscription ends; what it held goes back
+                log.warning("session %s: %s", self.peer, e)
+                self._send(ev.Error(sub.rid, e.code, e.message))
+                self.subscriptions.pop(sub.rid, None)
+                sub.closed = True
+                await self._unbind(sub)
+                break
 
     def _dry(self, sub: _Subscription) -> None:
         """Tell the client, once per dry spell, that nothing is ready for it now (an
@@ -642,7 +667,8 @@ class Session(asyncio.Protocol):
                 f"{op.name} changes node {me!r}'s set-up, which a client that came through "
                 f"node {self.through!r} may not do: run it on {me!r} itself"
             )
-        budget = self.server.settings.max_frame - FRAME_SLACK
+        limit = self.conn.peer_max_frame  # an estimated answer leaves room to spare
+        budget = max(limit - ANSWER_SLACK, limit // 2)
         caller = calls.Caller(self.owner, self.holder, self.principal, budget)
         args = calls.decode(op, event.args, caller)
         self._check(f"run {op.name}", lambda: access.operation_needs(op.name, args))
@@ -657,7 +683,27 @@ class Session(asyncio.Protocol):
                 by_queue.setdefault(queue, []).append((seq, attempt))
             for queue, keys in by_queue.items():
                 self._settled(queue, tuple(keys))
-        self._send(ev.Result(event.rid, value))
+        await self._answer(event.rid, op, value)
+
+    async def _answer(self, rid: int, op: Operation[Any, Any], value: Any) -> None:
+        """Send a call's answer: one Result frame, or — a list that no frame the client
+        accepts could carry — as many as it takes, each sent once the client has read
+        the one before (so the node holds the answer, not the frames too). FrameTooLarge
+        if an answer (or an item of it) alone does not fit."""
+        budget = self.conn.peer_max_frame - FRAME_SLACK
+        split = listed_result(op) and ev.value_bound(value) > budget
+        parts = _split(value, budget) if split else [value]
+        what = f"an item of the answer to {op.name}" if split else f"{op.name}'s answer"
+        for i, part in enumerate(parts):
+            more = i < len(parts) - 1
+            try:
+                self._send(ev.Result(rid, part, more))
+            except FrameTooLarge as e:
+                raise FrameTooLarge(
+                    f"{what} cannot reach this client: {e.message} (the limit its hello said)"
+                ) from None
+            if more:
+                await self._can_write.wait()
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -677,7 +723,7 @@ class Session(asyncio.Protocol):
             finally:
                 self._done_one()
 
-        self.server.spawn(run())
+        self._spawn(run())
 
     def _from_writer(self, handler: Callable[..., None], *args: Any) -> Callable[[Any], None]:
         """A future callback (run on the writer thread) that hands ``handler`` over to
@@ -686,9 +732,27 @@ class Session(asyncio.Protocol):
 
         def callback(f: Any) -> None:
             with contextlib.suppress(RuntimeError):  # loop closed: the process is exiting
-                loop.call_soon_threadsafe(functools.partial(handler, *args, f))
+                loop.call_soon_threadsafe(functools.partial(self._safely, handler, *args, f))
 
         return callback
+
+    def _safely(self, handler: Callable[..., None], *args: Any) -> None:
+        """Run a callback handed to the loop; one that fails is logged and ends the
+        connection with the reason (a bug must cost one connection, not go unseen)."""
+        try:
+            handler(*args)
+        except Exception as e:
+            log.exception("session %s: %s failed", self.peer, handler.__name__)
+            self._fail(EomsgError(f"internal error: {one_line(e)}"))
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        """Run ``work`` as a server task of this connection's; if it fails, the server
+        logs it and the connection ends with the reason."""
+        return self.server.spawn(work, on_error=self._task_failed)
+
+    def _task_failed(self, error: BaseException) -> None:
+        if not self.closing:
+            self._fail(EomsgError(f"internal error: {one_line(error)}"))
 
     def _track(self, size: int) -> None:
         self.pending += 1
@@ -751,27 +815,39 @@ class Session(asyncio.Protocol):
     def _send_deliveries(
         self, rid: int, queue: str, taken: list[Delivered], *, final: bool, epoch: int = 0
     ) -> None:
-        """Deliver frames within the frame limit; a Fetch's last one has ``more`` False."""
-        budget = self.server.settings.max_frame - FRAME_SLACK
+        """Deliver frames, each within the client's frame limit; a Fetch's last one has
+        ``more`` False. FrameTooLarge, naming the message, if one alone does not fit (the
+        frames before it are sent)."""
+        budget = self.conn.peer_max_frame - FRAME_SLACK
         now = self.node.clock()
         chunk: list[Delivered] = []
         size = 0
         for d in taken:
-            n = len(d.message.payload) + 256
+            n = ev.message_bound(d.message)
             if chunk and size + n > budget:
-                self._send(ev.Deliver(rid, queue, tuple(chunk), final, epoch, now))
+                self._deliver(ev.Deliver(rid, queue, tuple(chunk), final, epoch, now))
                 chunk, size = [], 0
             chunk.append(d)
             size += n
         if chunk or final:
-            self._send(ev.Deliver(rid, queue, tuple(chunk), False, epoch, now))
+            self._deliver(ev.Deliver(rid, queue, tuple(chunk), False, epoch, now))
+
+    def _deliver(self, event: ev.Deliver) -> None:
+        try:
+            self._send(event)
+        except FrameTooLarge as e:  # one message alone (each frame's bound fits the limit)
+            seq = event.deliveries[0].message.seq
+            raise FrameTooLarge(
+                f"message {seq} of queue {event.queue!r} cannot reach this client: "
+                f"{e.message} (the limit its hello said)"
+            ) from None
 
     def _send(self, event: ev.Event) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         if self.conn.state is State.CLOSED:
             return
-        self.transport.write(self.conn.send(event))
+        self.transport.writelines(self.conn.send_parts(event))
 
     def _send_error(self, rid: int, error: BaseException) -> None:
         if isinstance(error, EomsgError):
@@ -883,6 +959,23 @@ class Session(asyncio.Protocol):
         with contextlib.suppress(ProtocolError):
             self._send(ev.Goodbye(goodbye))
         self._close()
+
+
+def _split(items: list[Any], budget: int) -> list[list[Any]]:
+    """``items`` in runs of at most ``budget`` bytes each (:func:`ev.value_bound`), in
+    order; an item larger than that alone."""
+    parts: list[list[Any]] = []
+    part: list[Any] = []
+    size = 0
+    for item in items:
+        n = ev.value_bound(item)
+        if part and size + n > budget:
+            parts.append(part)
+            part, size = [], 0
+        part.append(item)
+        size += n
+    parts.append(part)
+    return parts
 
 
 def _looks(event: ev.Event) -> bool:

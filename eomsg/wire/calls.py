@@ -223,6 +223,12 @@ def encode_result(op: Operation[Any, Any], value: Any) -> Any:
     return codec(_hints(op)["return"]).encode(value)
 
 
+def listed_result(op: Operation[Any, Any]) -> bool:
+    """Whether ``op`` answers with a list: an answer too large for one Result frame may
+    then take several, each a run of its items (see :class:`~eomsg.wire.events.Result`)."""
+    return typing.get_origin(_hints(op)["return"]) in (list, Sequence)
+
+
 def decode_result(op: Operation[Any, Any], value: Any, error: Callable[[str], EomsgError]) -> Any:
     """A Result frame's value as the declared result type."""
     try:

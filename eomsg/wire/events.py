@@ -19,11 +19,12 @@ import abc
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from eomsg.core.limits import DEFAULT_MAX_FRAME, MAX_FRAME, MIN_FRAME
 from eomsg.core.message import Batch, Delivered, Key, Message, Outgoing, PublishResult
 from eomsg.core.routing import Route, Withdraw
 from eomsg.errors import RemoteProtocolError
 
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5  # 5: the hello says the client's frame limit; a Result may continue
 MAX_BATCH = 100_000  # items in one publish, deliver or delete frame
 MAX_NAME = 1024  # characters in a name, topic, id, op or error code
 MAX_ARGS_DEPTH = 8  # nesting of a Call's arguments or a Result's value
@@ -90,6 +91,18 @@ def _list(value: object, what: str, limit: int = MAX_BATCH) -> list[Any]:
     return value
 
 
+def _frame_limit(value: object) -> int:
+    """A frame limit a peer says: at least :data:`MIN_FRAME` (an error must fit), and
+    never taken for more than :data:`MAX_FRAME`."""
+    limit = _int(value, "max frame")
+    if limit < MIN_FRAME:
+        raise RemoteProtocolError(
+            f"malformed frame: a frame limit of {limit} bytes is below the {MIN_FRAME} "
+            "every end must accept"
+        )
+    return min(limit, MAX_FRAME)
+
+
 def _headers(value: object) -> dict[str, str]:
     if value is None:
         return {}
@@ -142,36 +155,45 @@ class Event(abc.ABC):
 
 @dataclass(frozen=True, slots=True)
 class Hello(Event):
-    """The client's first frame: protocol version, a name for logs, its token, and
-    ``via``: the node to reach through this one (None: this one), for a queue that
-    lives there."""
+    """The client's first frame: protocol version, a name for logs, its token, ``via``:
+    the node to reach through this one (None: this one), for a queue that lives there,
+    and ``max_frame``: the largest frame it accepts (the node never sends a larger
+    one)."""
 
     TYPE: ClassVar[int] = 1
     version: int
     name: str
     token: str | None = None
     via: str | None = None
+    max_frame: int = DEFAULT_MAX_FRAME
 
     def to_wire(self) -> list[Any]:
-        if self.via is None:  # as every client of this protocol version can read it
-            return [self.TYPE, self.version, self.name, self.token]
-        return [self.TYPE, self.version, self.name, self.token, self.via]
+        return [self.TYPE, self.version, self.name, self.token, self.via, self.max_frame]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Hello:
-        _, version, name, token, *via = _fields(body, 4 if len(body) > 4 else 3, "hello")
+        if len(body) > 1 and type(body[1]) is int and body[1] != PROTOCOL_VERSION:
+            # Said before the shape is looked at: another version's hello has another.
+            older = "client" if body[1] < PROTOCOL_VERSION else "node"
+            raise RemoteProtocolError(
+                f"protocol version {body[1]} is not supported; this node speaks version "
+                f"{PROTOCOL_VERSION} (upgrade the {older})"
+            )
+        _, version, name, token, via, max_frame = _fields(body, 5, "hello")
         return cls(
             _int(version, "version"),
             _str(name, "client name"),
             _opt_str(token, "token"),
-            _opt_str(via[0], "via") if via else None,
+            _opt_str(via, "via"),
+            _frame_limit(max_frame),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Welcome(Event):
-    """The node accepts the client: its version, id, frame limit, ping interval and the
-    largest payload it takes (so a client can refuse one before sending it)."""
+    """The node accepts the client: its version, id, the largest frame it accepts (the
+    client never sends a larger one), its ping interval and the largest payload it
+    takes (so a client can refuse one before sending it)."""
 
     TYPE: ClassVar[int] = 2
     version: int
@@ -196,7 +218,7 @@ class Welcome(Event):
         return cls(
             _int(version, "version"),
             _str(node, "node"),
-            _int(max_frame, "max frame"),
+            _frame_limit(max_frame),
             _num(heartbeat, "heartbeat"),
             _int(max_payload, "max payload"),
         )
@@ -297,6 +319,34 @@ class Fetch(Event):
     def from_wire(cls, body: list[Any]) -> Fetch:
         _, rid, queue, max_, wait = _fields(body, 4, "fetch")
         return cls(_int(rid, "rid"), _str(queue, "queue"), _int(max_, "max"), _num(wait, "wait"))
+
+
+ITEM_OVERHEAD = 96  # bytes of one message's fields in a frame besides its text and payload
+
+
+def message_bound(m: Message | Outgoing) -> int:
+    """At most the bytes ``m`` takes in a Publish or Deliver frame: its payload, its text
+    counted at 4 bytes a character (UTF-8 never takes more), and the framing of its
+    fields. A frame's own fields besides its messages take a few KiB at most (a queue
+    name of 1024 characters is the largest)."""
+    size = len(m.payload) + 4 * (len(m.topic) + len(m.id or "")) + ITEM_OVERHEAD
+    if m.headers:
+        size += sum(4 * (len(k) + len(v)) + 10 for k, v in m.headers.items())
+    return size
+
+
+def value_bound(value: object) -> int:
+    """At most the bytes plain data (None, bool, int, float, str, bytes, lists and
+    str-keyed maps of them) takes in a frame."""
+    if isinstance(value, bytes):
+        return len(value) + 5
+    if isinstance(value, str):
+        return 4 * len(value) + 5
+    if isinstance(value, list):
+        return 5 + sum(map(value_bound, value))
+    if isinstance(value, dict):
+        return 5 + sum(value_bound(k) + value_bound(v) for k, v in value.items())
+    return 9
 
 
 def message_to_wire(m: Message) -> list[Any]:
@@ -526,19 +576,25 @@ class Call(Event):
 @dataclass(frozen=True, slots=True)
 class Result(Event):
     """The successful answer to the request ``rid`` (a Call, Subscribe, Cancel or
-    Release); ``value`` is plain data."""
+    Release); ``value`` is plain data. An answer that is a list too large for one frame
+    takes several: each but the last says ``more``, and the answer is their lists
+    joined."""
 
     TYPE: ClassVar[int] = 13
     rid: int
     value: Any = None
+    more: bool = False
 
     def to_wire(self) -> list[Any]:
-        return [self.TYPE, self.rid, self.value]
+        return [self.TYPE, self.rid, self.value, self.more]
 
     @classmethod
     def from_wire(cls, body: list[Any]) -> Result:
-        _, rid, value = _fields(body, 2, "result")
-        return cls(_int(rid, "rid"), _plain(value))
+        _, rid, value, more = _fields(body, 3, "result")
+        more = _bool(more, "more")
+        if more and type(value) is not list:
+            raise RemoteProtocolError("malformed frame: only a list answer may continue")
+        return cls(_int(rid, "rid"), _plain(value), more)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,13 @@ against the frame limit *before* the body is read, so an oversize frame costs no
 but its header. Decoding is strict: no extension types, bounded lengths, every field
 checked (see :mod:`eomsg.wire.events`).
 
+Frame limits: each end says in its handshake (Hello, Welcome) the largest frame it
+accepts, and that is the limit it holds the peer to; a frame we send over the peer's
+limit raises FrameTooLarge and is not sent, so the layers above split what they send to
+fit (deliveries, answers, publish batches). Until a node has read the client's first
+frame it accepts no more than :data:`~eomsg.core.limits.HANDSHAKE_FRAME`: a peer that has
+not said who it is cannot make it hold a large frame.
+
 Who may send what, and when, is the table :data:`TRANSITIONS`; a move not in it raises
 an error naming the event, the sender's role and the state: :class:`RemoteProtocolError`
 when the peer made it (and the connection stays broken: it cannot be trusted again),
@@ -26,6 +33,7 @@ from typing import Final
 
 import msgpack
 
+from eomsg.core.limits import DEFAULT_MAX_FRAME, HANDSHAKE_FRAME
 from eomsg.errors import (
     FrameTooLarge,
     InvalidInput,
@@ -67,7 +75,6 @@ from eomsg.wire.events import (
     decode_event,
 )
 
-DEFAULT_MAX_FRAME = 4 << 20
 _HEADER = struct.Struct(">I")
 
 
@@ -136,8 +143,9 @@ def _reject_ext(code: int, data: bytes) -> object:
 
 class Connection:
     """One end of a connection, as ``our_role``. ``max_frame`` bounds the frames we
-    accept; the frames we send are bounded by the peer's limit once the Welcome told it
-    (see :attr:`peer_max_frame`)."""
+    accept — what our handshake frame (Hello, Welcome) says, once we sent it; the frames
+    we send are bounded by :attr:`peer_max_frame`, what the peer's said (until then
+    the default)."""
 
     def __init__(self, our_role: Role, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.our_role = our_role
@@ -187,22 +195,37 @@ class Connection:
         self.state = State.CLOSED
         return rest
 
+    @property
+    def receive_limit(self) -> int:
+        """The largest frame we take now: :attr:`max_frame`, but only
+        :data:`~eomsg.core.limits.HANDSHAKE_FRAME` while a node waits for the first."""
+        if self.our_role is Role.SERVER and self.state is State.START:
+            return min(self.max_frame, HANDSHAKE_FRAME)
+        return self.max_frame
+
     def _next_event(self) -> Event | _Sentinel:
         buffer, pos = self._buffer, self._pos
         available = len(buffer) - pos
         if available >= 4:
             (size,) = _HEADER.unpack_from(buffer, pos)
-            if size > self.max_frame:
+            limit = self.receive_limit
+            if size > limit:
+                before = " before the hello" if limit < self.max_frame else ""
                 raise FrameTooLarge(
-                    f"frame of {size} bytes exceeds the limit of {self.max_frame} bytes"
+                    f"frame of {size} bytes exceeds the limit of {limit} bytes{before}"
                 )
             if available >= 4 + size:
-                body = bytes(buffer[pos + 4 : pos + 4 + size])
+                # Unpacked in place: a large payload is copied once, into its bytes.
+                with memoryview(buffer) as view, view[pos + 4 : pos + 4 + size] as body:
+                    unpacked = self._unpack(body)
                 self._pos = pos + 4 + size
-                if self._pos > 65536 and self._pos * 2 > len(buffer):
+                if self._pos == len(buffer):
+                    buffer.clear()  # frees a large frame's room at once
+                    self._pos = 0
+                elif self._pos > 65536 and self._pos * 2 > len(buffer):
                     del buffer[: self._pos]
                     self._pos = 0
-                event = decode_event(self._unpack(body))
+                event = decode_event(unpacked)
                 self._transition(self.their_role, event)
                 return event
         if self._eof:
@@ -212,7 +235,7 @@ class Connection:
             return PEER_CLOSED
         return NEED_DATA
 
-    def _unpack(self, body: bytes) -> object:
+    def _unpack(self, body: memoryview) -> object:
         limit = self.max_frame
         try:
             return msgpack.unpackb(
@@ -239,14 +262,21 @@ class Connection:
         """The bytes that carry ``event`` to the peer. Raises LocalProtocolError if we may
         not send it now, FrameTooLarge if it exceeds the peer's limit, InvalidInput if
         a value has no msgpack form (an integer beyond 64 bits); each changes nothing."""
+        header, body = self.send_parts(event)
+        return header + body
+
+    def send_parts(self, event: Event) -> tuple[bytes, bytes | memoryview]:
+        """:meth:`send`'s bytes as the frame's header and its body, to be written in
+        that order (``transport.writelines``): a large body is not copied to be put
+        behind its header."""
         data = _packed(event)
         if len(data) > self.peer_max_frame:
             raise FrameTooLarge(
-                f"{type(event).__name__} frame of {len(data)} bytes exceeds the peer's limit "
-                f"of {self.peer_max_frame} bytes; send smaller batches"
+                f"{type(event).__name__} frame of {len(data)} bytes exceeds the peer's frame "
+                f"limit of {self.peer_max_frame} bytes"
             )
         self._transition(self.our_role, event)
-        return _HEADER.pack(len(data)) + data
+        return _HEADER.pack(len(data)), data
 
     def send_fatal(self, event: Error) -> bytes:
         """The node's last word, allowed in any state (even after the peer broke the
@@ -268,18 +298,30 @@ class Connection:
             raise kind(
                 f"{sender.value} cannot send {type(event).__name__} in state {self.state.value}"
             )
-        if isinstance(event, (Welcome, LinkWelcome)) and self.our_role is Role.CLIENT:
-            # The node's frames (deliveries) may be as large as its own limit.
+        if isinstance(event, (Hello, Welcome)):
+            if sender is self.our_role:
+                self.max_frame = event.max_frame  # what we say is what we hold them to
+            else:
+                self.peer_max_frame = event.max_frame
+        elif isinstance(event, LinkWelcome) and self.our_role is Role.CLIENT:
+            # A linked peer's frames may be as large as its own limit (server/link.py).
             self.peer_max_frame = event.max_frame
             self.max_frame = max(self.max_frame, event.max_frame)
         self.state = new
 
 
-def _packed(event: Event) -> bytes:
+_LARGE = 1 << 20  # a frame body from this size on is handed out where it was packed
+
+
+def _packed(event: Event) -> bytes | memoryview:
     """``event``'s frame body; InvalidInput if a value cannot travel (msgpack carries
-    integers of 64 bits), so the caller's mistake is its own error, not the connection's."""
+    integers of 64 bits), so the caller's mistake is its own error, not the connection's.
+    A large body is the packer's own buffer (no copy of a large payload is made to hand
+    it out); a small one is copied out, so nothing pins the packer's buffer."""
+    packer = msgpack.Packer(autoreset=False, use_bin_type=True)
     try:
-        data: bytes = msgpack.packb(event.to_wire(), use_bin_type=True)
+        packer.pack(event.to_wire())
     except (OverflowError, ValueError, TypeError) as e:
         raise InvalidInput(f"{type(event).__name__}: a value cannot be sent: {e}") from e
-    return data
+    body = packer.getbuffer()
+    return body if len(body) >= _LARGE else bytes(body)
