@@ -292,6 +292,13 @@ class DiskFull(StorageError):
     code = "disk_full"
 
 
+class MemoryFull(StorageError):
+    """The node's queues hold all the memory their share of its limit allows: publishes
+    wait until consumers take them back under it (a producer retries)."""
+
+    code = "memory_full"
+
+
 class InvalidQuery(InvalidInput):
     """A query given to ``inspect sql`` is malformed, or tried to change data or files."""
 

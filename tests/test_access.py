@@ -158,6 +158,7 @@ MATRIX: dict[str, tuple[frozenset[str], str | None, Build]] = {
     ),
     "queue_names": (frozenset({"inspect"}), "node", lambda q, n: call("queue_names")),
     "stats": (frozenset({"inspect"}), "node", lambda q, n: call("stats")),
+    "memory": (frozenset({"inspect"}), "node", lambda q, n: call("memory")),
     # flows
     "flows of a queue": (frozenset({"inspect"}), "queue", lambda q, n: call("flows", queue=q)),
     "flows": (frozenset({"inspect"}), "node", lambda q, n: call("flows")),

@@ -5,6 +5,9 @@ expiry, garbage collection, restarts and ids whose hashes collide."""
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
+import threading
 from pathlib import Path
 
 import duckdb
@@ -12,14 +15,17 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from eomsg.core import dedup as dedup_module
 from eomsg.core.dedup import DedupWindow, RetainedIds, id_hash
 from eomsg.core.message import Outgoing
+from eomsg.node.dedup import Deduplication
 from eomsg.store import salvage
 from eomsg.store.files import DB_NAME
+from eomsg.store.spill import SpilledIds
 from tests.conftest import NodeFactory
 
 # "plumless" and "buckeroo" share a CRC-32: a match on the hash alone would confuse them.
-IDS = ("plumless", "buckeroo", "a", "b", "ü-é", "x" * 300)
+IDS = ("plumless", "buckeroo", "a", "b", "c", "ü-é", "x" * 300)
 
 
 def test_colliding_ids_are_told_apart() -> None:
@@ -91,6 +97,66 @@ class Window(RuleBasedStateMachine):
 
 TestWindow = Window.TestCase
 TestWindow.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
+
+
+class Spilling(Window):
+    """The same model, the window folding (tiny runs here) and spilling its oldest runs
+    to disk (:mod:`eomsg.store.spill`) as a node's does past its budget, through
+    restarts that reopen the spill file and read back what it does not cover."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved = dedup_module.FOLD, dedup_module.LARGEST_MERGE
+        dedup_module.FOLD, dedup_module.LARGEST_MERGE = 2, 8
+        self.dir = Path(tempfile.mkdtemp())
+        self.spill = SpilledIds(self.dir)
+        self.lock = threading.Lock()
+        self.window = Deduplication(DedupWindow(), self.spill, 0, self.lock)  # type: ignore[assignment]
+
+    def teardown(self) -> None:
+        dedup_module.FOLD, dedup_module.LARGEST_MERGE = self.saved
+        self.spill.close()
+        shutil.rmtree(self.dir)
+
+    @rule()
+    def expire(self) -> None:
+        self.window.collect(self.horizon, self.now)  # type: ignore[attr-defined]
+
+    @rule(back=st.integers(0, 5))
+    def collect_garbage(self, back: int) -> None:
+        self.horizon = max(self.horizon, self.seq - back)
+        self.window.collect(self.horizon, self.now)  # type: ignore[attr-defined]
+
+    @rule()
+    def spill_over(self) -> None:
+        self.window.spill_over()  # type: ignore[attr-defined]  # a budget of 0: all runs but one
+
+    @rule()
+    def restart(self) -> None:
+        """What a node's open does: the spill file as it is, the live ids it does not
+        cover read back into memory."""
+        self.spill.close()
+        self.spill = SpilledIds(self.dir)
+        kept = [
+            (i, s, e)
+            for i, (s, e) in self.model.items()
+            if self.live(i) is not None and s >= self.spill.covered
+        ]
+        ids, seqs, expires = (list(c) for c in zip(*kept, strict=True)) if kept else ([], [], [])
+        window = DedupWindow(spilled=len(self.spill) > 0)
+        window.add_run(RetainedIds.of(ids, seqs, expires))
+        window.forget_below(self.horizon)
+        self.window = Deduplication(window, self.spill, 0, self.lock)  # type: ignore[assignment]
+
+    @invariant()
+    def answers_as_the_model(self) -> None:
+        for msg_id in IDS:
+            found = self.window.lookup_many([msg_id], self.now).get(msg_id)
+            assert found == self.live(msg_id), msg_id
+
+
+TestSpilling = Spilling.TestCase
+TestSpilling.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
 
 
 def back_to_schema_4(db: duckdb.DuckDBPyConnection) -> None:

@@ -17,6 +17,7 @@ from eomsg.client.sync import Client
 from eomsg.core.access import OWNER, AuditEntry, PrincipalInfo, make_grant
 from eomsg.core.election import FlowInfo
 from eomsg.core.links import LinkInfo
+from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message, Outgoing, PublishResult
 from eomsg.core.operations import OPERATIONS, Operation, Operations
 from eomsg.core.queues import QueueConfig, QueueStats
@@ -50,6 +51,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         {},
         [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
+    "memory": ({}, MemoryUse(1 << 30, 3 << 27, 1 << 20, 4096, 10, 2000, 8192, 512, 0, 64)),
     "add_link": (
         {"peer": "b", "address": "tls://10.0.0.2:7501", "token": "s3cret", "peer_ca": "PEM"},
         True,

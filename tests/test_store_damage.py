@@ -264,3 +264,24 @@ def test_a_publish_past_the_wal_bound_checkpoints_and_says_nothing(
         node.store.writer.sync()
         wal = data_dir / WAL  # checkpointed behind the commit
         assert not wal.exists() or wal.stat().st_size < 16 << 20
+
+
+def test_a_store_file_cut_short_is_damage_and_its_open_changes_nothing(
+    eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    """Issue 35, item 2: DuckDB's "could not read enough bytes" was exit 6 (a data
+    directory error) rather than 13, and a failed open folded the WAL into the store, so
+    the next open said something else."""
+    with Node.open(data_dir, NodeSettings(tick=None)) as node:  # blocks in the file
+        node.create_queue(QueueConfig("held", ("t/>",)))
+        node.publish_batch([eomsg_outgoing(i, os.urandom(300)) for i in range(4500)])
+    crashed_store(data_dir, n=50)  # and a WAL beside it
+    store = data_dir / "eomsg.duckdb"
+    os.truncate(store, 200_000)  # into its first blocks
+    before = {p.name: p.read_bytes() for p in data_dir.iterdir() if p.is_file()}
+    first = cli(eomsg_bin, cli_env, "inspect", "queues")
+    assert first.returncode == ExitCode.DAMAGED, first.stderr
+    assert "could not read enough bytes" in first.stderr.lower()
+    after = {p.name: p.read_bytes() for p in data_dir.iterdir() if p.is_file()}
+    assert [n for n in before if before[n] != after.get(n) and n != "eomsg.lock"] == []
+    assert cli(eomsg_bin, cli_env, "inspect", "queues").stderr == first.stderr

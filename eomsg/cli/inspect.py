@@ -94,6 +94,43 @@ def links(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     show_links(data, json, detail=True)
 
 
+@app.command()
+@handles_errors
+def memory(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
+    """Where the node's memory goes: each part that grows with the traffic against its
+    share of the node's limit (`eomsg serve --memory-limit`) — DuckDB's buffers, the
+    dedup window in memory (and the ids it keeps on disk), the queues (what their cursors
+    keep, and messages journaled but not yet in DuckDB) — and the process's resident
+    memory.
+
+    \b
+    Examples:
+      eomsg inspect memory
+      eomsg inspect memory --json | jq .rss
+    """
+    with open_broker(data) as broker:
+        use = broker.memory()
+    if json:
+        print_json(use.to_json())
+        return
+    grid = table("part", "uses", "share", "holds")
+    grid.add_row("node (resident)", format_bytes(use.rss), format_bytes(use.limit), "")
+    grid.add_row("duckdb", format_bytes(use.duckdb), format_bytes(use.duckdb_limit), "")
+    grid.add_row(
+        "dedup window",
+        format_bytes(use.dedup),
+        format_bytes(use.dedup_limit),
+        f"{use.dedup_ids} ids; {use.spilled_ids} on disk ({format_bytes(use.spilled_bytes)})",
+    )
+    grid.add_row(
+        "queues",
+        format_bytes(use.queues + use.journaled),
+        format_bytes(use.queues_limit),
+        f"{use.backlog} messages; {format_bytes(use.journaled)} journaled, not in DuckDB yet",
+    )
+    show(grid)
+
+
 def _rate(per_second: float | None) -> str:
     return "-" if per_second is None else f"{per_second:,.1f}"
 

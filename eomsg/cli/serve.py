@@ -69,6 +69,15 @@ def serve(
             "carry max-payload (eomsg config) and 1 MiB more. Default: that, at least 4MiB.",
         ),
     ] = None,
+    memory_limit: Annotated[
+        str | None,
+        typer.Option(
+            metavar="SIZE",
+            help="The node's memory, e.g. 2GiB (at least 256MiB), shared between DuckDB's "
+            "buffers, the dedup window (its oldest ids go to disk past its share) and the "
+            "queues (past theirs, publishes wait): see `eomsg inspect memory`. Default: 1GiB.",
+        ),
+    ] = None,
     max_connections: Annotated[
         int, typer.Option(min=1, help="Connections served at once; more are refused.")
     ] = 1024,
@@ -109,6 +118,9 @@ def serve(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    import pyarrow as pa
+
+    from eomsg.core import memory
     from eomsg.core.links import check_node_name
     from eomsg.node.node import Node, NodeSettings
     from eomsg.server.server import ServerSettings
@@ -128,6 +140,12 @@ def serve(
 
     # The node refuses to open with a --max-frame that cannot carry its max-payload.
     node_settings = NodeSettings(node_name=node_name, max_frame=frame)
+    if memory_limit is not None:
+        limit = parse_size(memory_limit, low=memory.LOWEST, high=1 << 40)
+        node_settings = replace(node_settings, memory_limit=limit)
+    # Arrow's own allocator keeps what it freed for later: the system's gives it back, so
+    # a node's resident memory follows what it holds.
+    pa.set_memory_pool(pa.system_memory_pool())
     if node_name is not None:
         check_node_name(node_name)  # before taking the data directory
 

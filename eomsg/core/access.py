@@ -345,6 +345,7 @@ OPERATION_NEEDS: dict[str, Callable[[Mapping[str, Any]], list[Need]]] = {
     "locate_queue": _on_queue(Right.INSPECT, Right.CONSUME),
     "queue_names": _on_node(Right.INSPECT),
     "stats": _on_node(Right.INSPECT),
+    "memory": _on_node(Right.INSPECT),
     "add_link": _on_node(Right.ADMIN),
     "set_link_egress": _on_node(Right.ADMIN),
     "set_link_topics": _on_node(Right.ADMIN),

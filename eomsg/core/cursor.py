@@ -196,6 +196,18 @@ class Cursor:
         return self._in_flight
 
     @property
+    def nbytes(self) -> int:
+        """About the memory its state takes: 8 bytes a message waiting unread, about
+        200 a message delivered and not settled, 120 one with an expiry (what
+        ``eomsg inspect memory`` counts against the queues' share)."""
+        return (
+            8 * len(self._unread)
+            + 200 * len(self._delivered)
+            + 120 * len(self._expires)
+            + 80 * len(self._dropped)
+        )
+
+    @property
     def ready_count(self) -> int:
         """Messages that could be handed out now or later: pending and not in flight."""
         return self._count - self._in_flight

@@ -7,19 +7,28 @@ it anyway, so the id is forgotten and the same id may publish anew. A message wi
 lives as long as the log retains it, so its id is forgotten when garbage collection drops
 that part of the log (:meth:`DedupWindow.forget_below`).
 
-The window has two tiers. Ids published since the node opened are in dictionaries of
-strings to numbers (CPython's cycle collector never tracks those, so a full collection does
-not walk them). Ids the store held when the node opened — possibly tens of millions — are
-:class:`RetainedIds`: columns sorted by :func:`id_hash`, searched a batch at a time. Loading
-them takes a sort of numbers instead of a dictionary insert per id (seconds at 10^7), and
-they take a quarter of the memory.
+The window is tiered, newest first, and bounded in memory:
+
+* ids published since the last fold are in dictionaries of strings to numbers (CPython's
+  cycle collector never tracks those); every :data:`FOLD` of them are folded into
+* **runs**: :class:`RetainedIds`, columns sorted by :func:`id_hash`, searched a batch at
+  a time (a quarter of a dictionary's memory, and no object per id). Runs cover
+  consecutive ranges of seqs, oldest first; four of a size merge into one, up to
+  :data:`LARGEST_MERGE` ids, so a lookup searches a handful. The ids the store held
+  at open come back as runs too.
+* the oldest runs **spill**: once the runs outgrow the window's share of the node's
+  memory (:meth:`DedupWindow.oldest`), the node writes the oldest to disk
+  (:class:`eomsg.store.spill.SpilledIds`) and drops it here (:meth:`DedupWindow.spilled`);
+  an id found in no tier in memory is then looked up there (:attr:`DedupWindow.has_spilled`).
+  So the memory stays within its share whatever the rate and the retention, and no id
+  that can still live is forgotten: a spilled one costs a disk lookup, not a duplicate.
 """
 
 from __future__ import annotations
 
 import functools
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +89,29 @@ class RetainedIds:
     def __len__(self) -> int:
         return len(self.hashes)
 
+    @property
+    def nbytes(self) -> int:
+        """The memory its columns take."""
+        return int(self.hashes.nbytes + self.seqs.nbytes + self.expires.nbytes + self.ids.nbytes)
+
+    @property
+    def last_seq(self) -> int:
+        return int(self.seqs.max()) if len(self.seqs) else 0
+
+    @classmethod
+    def merged(cls, runs: Sequence[RetainedIds]) -> RetainedIds:
+        """One run of the ids of ``runs``, sorted by hash (a stable sort: the order
+        within a hash is the runs' order)."""
+        hashes = np.concatenate([r.hashes for r in runs])
+        order = np.argsort(hashes, kind="stable")
+        ids = pa.chunked_array([c for r in runs for c in r.ids.chunks], pa.string())
+        return cls(
+            hashes[order],
+            np.concatenate([r.seqs for r in runs])[order],
+            np.concatenate([r.expires for r in runs])[order],
+            pa.chunked_array([ids.take(pa.array(order)).combine_chunks()]),
+        )
+
     def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
         """The seqs of those of ``msg_ids`` that are here and can still live: one
         vectorised search for the batch, then the id itself compared at each hash match."""
@@ -111,28 +143,50 @@ class RetainedIds:
         )
 
 
-class DedupWindow:
-    """Live publish ids and their sequence numbers; pure, ``now`` passed in."""
+FOLD = 65_536  # ids kept in dictionaries before they are folded into a run
+LARGEST_MERGE = 1 << 20  # runs grow by merging four of a size up to about this many ids
+DICT_ENTRY = 150  # bytes a dictionary entry of a short id takes, about (key, value, slot)
 
-    def __init__(self, retained: RetainedIds | None = None) -> None:
+
+class DedupWindow:
+    """Live publish ids and their sequence numbers; pure, ``now`` passed in. See the
+    module docstring for its tiers."""
+
+    def __init__(self, retained: RetainedIds | None = None, spilled: bool = False) -> None:
         self._lasting: dict[str, int] = {}  # no TTL; insertion order is seq order
         self._ttl_seq: dict[str, int] = {}
         self._ttl_expiry: dict[str, float] = {}
-        self._retained = retained if retained is not None else RetainedIds.empty()
-        self._horizon = 0  # retained ids without a TTL below it are forgotten
+        self._runs: list[RetainedIds] = []  # oldest first, consecutive ranges of seqs
+        if retained is not None and len(retained):
+            self._runs.append(retained)
+        self._horizon = 0  # ids without a TTL below it are forgotten
+        self.has_spilled = spilled  # some live ids are on disk, not here
 
     def __len__(self) -> int:
-        """Ids remembered (retained ones counted until a sweep drops them)."""
-        return len(self._lasting) + len(self._ttl_seq) + len(self._retained)
+        """Ids remembered in memory (those of runs counted until a sweep drops them)."""
+        return len(self._lasting) + len(self._ttl_seq) + sum(len(r) for r in self._runs)
+
+    @property
+    def horizon(self) -> int:
+        return self._horizon
+
+    @property
+    def nbytes(self) -> int:
+        """About the memory the window takes: its runs' columns, and its dictionaries."""
+        return (len(self._lasting) + len(self._ttl_seq)) * DICT_ENTRY + sum(
+            r.nbytes for r in self._runs
+        )
 
     def lookup(self, msg_id: str, now: float) -> int | None:
-        """The sequence number published under ``msg_id``, if that message can still live."""
+        """The sequence number published under ``msg_id``, if that message can still live
+        and its id is in memory (see :attr:`has_spilled`)."""
         return self.lookup_many([msg_id], now).get(msg_id)
 
     def lookup_many(self, msg_ids: Sequence[str], now: float) -> dict[str, int]:
         """:meth:`lookup` for a batch: the original seq of each of ``msg_ids`` whose
-        message can still live. An id published since open answers from memory; only
-        the others are searched for among the retained ids."""
+        message can still live, from memory. An id published since the last fold
+        answers from a dictionary; only the others are searched for in the runs, newest
+        first. With :attr:`has_spilled`, the ids not found may still be on disk."""
         found: dict[str, int] = {}
         others: list[str] = []
         lasting, ttl_seq, ttl_expiry = self._lasting, self._ttl_seq, self._ttl_expiry
@@ -146,9 +200,14 @@ class DedupWindow:
                 others.append(msg_id)
             elif ttl_expiry[msg_id] > now:
                 found[msg_id] = seq
-            # else lapsed: published anew since open, so its retained entry is older still
-        if others and len(self._retained):
-            found.update(self._retained.find(others, now, self._horizon))
+            # else lapsed: published anew since, so any entry in an older tier is older still
+        for run in reversed(self._runs):
+            if not others:
+                break
+            hits = run.find(others, now, self._horizon)
+            if hits:
+                found.update(hits)
+                others = [i for i in others if i not in hits]
         return found
 
     def remember(self, msg_id: str, seq: int, expires_at: float | None) -> None:
@@ -161,6 +220,7 @@ class DedupWindow:
             self._lasting.pop(msg_id, None)
             self._ttl_seq[msg_id] = seq
             self._ttl_expiry[msg_id] = expires_at
+        self._fold()
 
     def remember_many(
         self, ids: list[str], seqs: list[int], expires_at: list[float | None]
@@ -168,24 +228,71 @@ class DedupWindow:
         """:meth:`remember` for many ids published together, in seq order."""
         if not any(expires_at) and (not self._ttl_seq or not self._ttl_seq.keys() & ids):
             self._lasting.update(zip(ids, seqs, strict=True))
+            self._fold()
             return
         for msg_id, seq, expires in zip(ids, seqs, expires_at, strict=True):
             self.remember(msg_id, seq, expires)
 
+    def _fold(self) -> None:
+        """Fold the dictionaries into a run once they hold :data:`FOLD` ids (what each
+        holds is newer than every run), then merge runs four of a size at a time."""
+        if len(self._lasting) + len(self._ttl_seq) < FOLD:
+            return
+        nan = float("nan")
+        ids = [*self._lasting, *self._ttl_seq]
+        seqs = [*self._lasting.values(), *self._ttl_seq.values()]
+        expires = [nan] * len(self._lasting) + [*self._ttl_expiry.values()]
+        if self._ttl_seq and self._lasting:  # one seq order for both, as runs keep
+            order = sorted(range(len(seqs)), key=seqs.__getitem__)
+            ids = [ids[i] for i in order]
+            seqs = [seqs[i] for i in order]
+            expires = [expires[i] for i in order]
+        for lo in range(0, len(ids), FOLD):  # a run each FOLD ids, so each can spill
+            hi = lo + FOLD
+            self._runs.append(RetainedIds.of(ids[lo:hi], seqs[lo:hi], expires[lo:hi]))
+        self._lasting, self._ttl_seq, self._ttl_expiry = {}, {}, {}
+        runs = self._runs
+        while (
+            len(runs) >= 4
+            and 4 * len(runs[-1]) <= LARGEST_MERGE
+            and all(len(r) <= 2 * len(runs[-1]) for r in runs[-4:])
+        ):
+            runs[-4:] = [RetainedIds.merged(runs[-4:])]
+
+    def add_run(self, run: RetainedIds) -> None:
+        """Take ``run`` — ids newer than every one held, none in the dictionaries — as
+        the newest run (a store's ids, read at open a run at a time)."""
+        if len(run):
+            self._runs.append(run)
+
+    def oldest(self, budget: int) -> RetainedIds | None:
+        """The oldest run, when the window takes more than ``budget`` bytes and holds
+        other ids besides it: what the node spills next. Until :meth:`spilled` drops
+        it, it stays and answers."""
+        if self.nbytes <= budget or len(self._runs) < 2:
+            return None
+        return self._runs[0]
+
+    def spilled(self, run: RetainedIds) -> None:
+        """``run`` (what :meth:`oldest` gave) is on disk now: drop it from memory."""
+        if self._runs and self._runs[0] is run:
+            self._runs.pop(0)
+            self.has_spilled = True
+
     def expire(self, now: float) -> int:
         """Forget ids whose messages expired at or before ``now``; returns how many were
-        dropped (retained ones go in bulk: see :meth:`_sweep`).
+        dropped (those of runs go in bulk: see :meth:`_sweep`).
 
         A sweep over the ids that have a TTL: run it periodically, not per publish
         (:meth:`lookup` already ignores expired ids)."""
         lapsed = [i for i, expires in self._ttl_expiry.items() if expires <= now]
         for msg_id in lapsed:
             del self._ttl_seq[msg_id], self._ttl_expiry[msg_id]
-        return len(lapsed) + self._sweep(~(self._retained.expires <= now))
+        return len(lapsed) + self._sweep(lambda r: ~(r.expires <= now))
 
     def forget_below(self, horizon: int) -> int:
         """Forget ids without a TTL whose messages (seq < ``horizon``) left the log;
-        returns how many were dropped (retained ones go in bulk: see :meth:`_sweep`)."""
+        returns how many were dropped (those of runs go in bulk: see :meth:`_sweep`)."""
         doomed = []
         for msg_id, seq in self._lasting.items():
             if seq >= horizon:
@@ -194,16 +301,22 @@ class DedupWindow:
         for msg_id in doomed:
             del self._lasting[msg_id]
         self._horizon = max(self._horizon, horizon)
-        retained = self._retained
-        return len(doomed) + self._sweep(~np.isnan(retained.expires) | (retained.seqs >= horizon))
+        return len(doomed) + self._sweep(lambda r: ~np.isnan(r.expires) | (r.seqs >= horizon))
 
-    def _sweep(self, keep: np.ndarray) -> int:
-        """Drop the retained ids ``keep`` does not select once they are a quarter of
-        them; returns how many were dropped. Until then they stay, answering as
-        forgotten (:meth:`RetainedIds.find` checks the horizon and expiry): the copy
-        costs ~0.1 s per million ids, and runs under the node's lock."""
-        dead = len(keep) - int(np.count_nonzero(keep))
-        if dead * 4 <= len(keep):
-            return 0
-        self._retained = self._retained.keep(keep)
-        return dead
+    def _sweep(self, keep: Callable[[RetainedIds], np.ndarray]) -> int:
+        """Drop the ids of each run ``keep`` does not select once they are a quarter of
+        the run (a run left empty goes); returns how many were dropped. Until then they
+        stay, answering as forgotten (:meth:`RetainedIds.find` checks the horizon and
+        expiry): a copy costs ~0.1 s per million ids, and runs under the node's lock."""
+        dropped = 0
+        runs = []
+        for run in self._runs:
+            kept = keep(run)
+            dead = len(kept) - int(np.count_nonzero(kept))
+            if dead * 4 > len(kept):
+                run = run.keep(kept)
+                dropped += dead
+            if len(run):
+                runs.append(run)
+        self._runs = runs
+        return dropped

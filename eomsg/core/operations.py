@@ -30,6 +30,7 @@ from typing import Annotated, Any, Generic, ParamSpec, Protocol, TypeVar, overlo
 from eomsg.core.access import AuditEntry, Grant, PrincipalInfo
 from eomsg.core.election import FlowInfo
 from eomsg.core.links import DEFAULT_HOLD, LinkInfo
+from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message, Outgoing, PublishResult
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
@@ -205,6 +206,12 @@ class Operations(Protocol):
     @operation(reads_only=True)
     def stats() -> list[QueueStats]:
         """A snapshot of every queue, by name."""
+        raise Declaration
+
+    @operation(reads_only=True)
+    def memory() -> MemoryUse:
+        """Where the node's memory goes: its limit, and what each part takes of its share
+        (DuckDB, the dedup window in memory and on disk, the queues)."""
         raise Declaration
 
     # -- links ------------------------------------------------------------------------

@@ -21,6 +21,8 @@ from eomsg.failpoints import failpoint
 from eomsg.node.state import NodeState, QueueState, to_us
 from eomsg.store.writer import RowBatch
 
+TAKE_BYTES = 16 << 20  # payload bytes a take reads into memory at once, about
+
 
 class Delivery(NodeState):
     """Consuming: fetch, delete, release and give back deliveries."""
@@ -86,6 +88,11 @@ class Delivery(NodeState):
                 if active > 1:
                     share = -(-q.cursor.ready_count // active)
                     max_messages = max(1, min(max_messages, share))
+            # Payloads read into memory at once stay about TAKE_BYTES whatever their size
+            # (a prefetch of 256 fifty-megabyte messages would be 12.8 GB).
+            if q.payload_bytes is not None:
+                fits = int(TAKE_BYTES // max(q.payload_bytes, 1.0))
+                max_messages = max(1, min(max_messages, fits))
             taken = q.cursor.take(now, max_messages, epoch, holder)
             more = q.cursor.ready_count > 0
             batch = RowBatch()

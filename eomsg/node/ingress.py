@@ -58,6 +58,7 @@ class Ingress(NodeState):
         for m in messages:
             check_outgoing(m, limits)
         self._check_room()
+        self._check_memory()
         now = self.clock()
         batch = RowBatch()
         with self._lock:
@@ -152,6 +153,7 @@ class Ingress(NodeState):
             check_outgoing(m, self.settings.limits)
         if messages:
             self._check_room()
+            self._check_memory()
 
     def _stage(
         self,
@@ -175,6 +177,7 @@ class Ingress(NodeState):
         runs: dict[int, list[int]] = {}  # by route: its latest run [route, first, last]
         run_rows: list[list[int]] = []
         uncommitted = self._uncommitted_ids
+        touched: set[QueueState] = set()
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
         seq = self._next_seq
         for i, m in enumerate(messages):
@@ -198,6 +201,7 @@ class Ingress(NodeState):
             for q in queues:
                 if q.id > 0:  # a queue: a row each
                     dest_rows.append((seq, q.id))
+                    touched.add(q)  # type: ignore[arg-type]
                 elif (run := runs.get(q.id)) is not None and run[2] == seq - 1:
                     run[2] = seq  # a link's route: runs of consecutive seqs
                 else:
@@ -207,6 +211,10 @@ class Ingress(NodeState):
             results.append(PublishResult(seq, msg_id, False, len(queues)))
             seq += 1
         self._next_seq = seq
+        if touched and log_rows:  # what a take may read at once follows their size
+            size = sum(len(row[6]) for row in log_rows) / len(log_rows)
+            for q in touched:
+                q.note_payload(size)
         for name, rows in (
             ("messages", log_rows),
             ("publish_ids", id_rows),

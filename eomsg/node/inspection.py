@@ -16,6 +16,7 @@ from typing import Any
 
 from eomsg.core.access import OWNER
 from eomsg.core.cursor import Outcome
+from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message
 from eomsg.core.queues import QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
@@ -36,6 +37,26 @@ class Inspection(Maintenance):
         self._check_open()
         columns, rows = self.store.query(sql)
         return columns, [tuple(_narrow(v) for v in row) for row in rows]
+
+    def memory(self) -> MemoryUse:
+        """Where the node's memory goes (:mod:`eomsg.core.memory`)."""
+        with self._lock:
+            queues = sum(q.cursor.nbytes for q in self._queues.values())
+            backlog = sum(q.cursor.depth for q in self._queues.values())
+            dedup, dedup_ids = self._dedup.nbytes, len(self._dedup)
+        spill = self._dedup.spill
+        return MemoryUse(
+            self.settings.memory_limit,
+            _rss(),
+            self.store.duckdb_memory(),
+            dedup,
+            dedup_ids,
+            len(spill),
+            spill.disk_bytes,
+            queues,
+            self.store.writer.behind,
+            backlog,
+        )
 
     def stats(self) -> list[QueueStats]:
         """A snapshot of every queue, by name."""
@@ -160,3 +181,15 @@ def _narrow(value: Any) -> Any:
     if isinstance(value, int) and not -(1 << 63) <= value < (1 << 64):
         return str(value)
     return value
+
+
+def _rss() -> int:
+    """This process's resident memory, in bytes (0 where /proc cannot tell)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -61,9 +61,8 @@ class Maintenance(NodeState):
             horizon = self.store.writer.run(
                 Store.collect_garbage_job(floor, cutoff, to_us(now))
             ).result()
-            with self._lock:
-                self._dedup.forget_below(horizon)
-                self._dedup.expire(now)
+            self._dedup.collect(horizon, now)
+        self._dedup.spill_over()  # the window back within its share of the memory
 
     def _poll(self, now: float) -> None:
         """Apply the passage of time to every cursor and persist what it settled."""

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from eomsg.core import memory
 from eomsg.core.cursor import Outcome
-from eomsg.core.dedup import DedupWindow
 from eomsg.core.txn import TxnState
 from eomsg.errors import DiskFull, EomsgError, NodeClosed
 from eomsg.node.access import Access
 from eomsg.node.admin import Admin
+from eomsg.node.dedup import Deduplication
 from eomsg.node.delivery import Delivery
 from eomsg.node.flows import Flows
 from eomsg.node.ingress import Ingress
@@ -88,6 +89,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
             wal_limit=settings.wal_limit,
             journal_segment=settings.journal_segment,
             apply_delay=settings.apply_delay,
+            memory_limit=memory.duckdb_limit(settings.memory_limit),
         )
         try:
             return cls(store, settings, clock)
@@ -182,7 +184,11 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
             self._by_id[queue_id].cursor.extend(seqs, expiries)
-        self._dedup = DedupWindow(store.load_publish_ids(to_us(now)))
+        for queue_id, size in store.payload_sizes().items():  # bounds what a take reads
+            if (q := self._by_id.get(queue_id)) is not None:
+                q.note_payload(size)
+        budget = self.settings.dedup_budget
+        self._dedup = Deduplication.load(store, to_us(now), budget, self._lock)
         for queue_id, counts in store.load_counts().items():
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from eomsg.core import memory
 from eomsg.core.durations import parse_duration
 from eomsg.core.limits import Limits, check_frame, default_frame, parse_size
 from eomsg.store.journal import SEGMENT_BYTES
@@ -24,7 +25,9 @@ class NodeSettings:
     journaled alone waits for others before DuckDB gets it (0: at once); ``node_name``
     names it to the nodes it is linked to; ``max_frame`` is ``serve --max-frame``, the
     largest frame its server accepts, which must carry ``limits.max_payload`` (None:
-    :attr:`frame_limit` follows it)."""
+    :attr:`frame_limit` follows it); ``memory_limit`` holds its memory, shared between
+    its parts as :mod:`eomsg.core.memory` says (``dedup_memory`` and ``queue_memory``
+    set a part's bytes instead of its share)."""
 
     limits: Limits = field(default_factory=Limits)
     retention: float = 86400.0
@@ -37,6 +40,23 @@ class NodeSettings:
     apply_delay: float = APPLY_DELAY  # seconds a journaled write waits to go to DuckDB
     node_name: str | None = None  # its name among linked nodes (None: the one it keeps)
     max_frame: int | None = None  # serve --max-frame; None: follows max-payload
+    memory_limit: int = memory.DEFAULT_LIMIT  # serve --memory-limit (eomsg.core.memory)
+    dedup_memory: int | None = None  # the dedup window's bytes (None: its share)
+    queue_memory: int | None = None  # the queues' bytes (None: their share)
+
+    @property
+    def dedup_budget(self) -> int:
+        """The bytes the dedup window may take in memory before it spills to disk."""
+        if self.dedup_memory is not None:
+            return self.dedup_memory
+        return memory.dedup_limit(self.memory_limit)
+
+    @property
+    def queue_budget(self) -> int:
+        """The bytes the queues may take before publishes are refused (MemoryFull)."""
+        if self.queue_memory is not None:
+            return self.queue_memory
+        return memory.queues_limit(self.memory_limit)
 
     @property
     def frame_limit(self) -> int:

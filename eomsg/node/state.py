@@ -52,14 +52,22 @@ from typing import Any, Protocol
 
 from eomsg.core.access import Policy
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
-from eomsg.core.dedup import DedupWindow
 from eomsg.core.election import Election, Epochs, FlowEvent
+from eomsg.core.limits import format_bytes
 from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.rates import Rates, Totals
 from eomsg.core.topics import Matcher
 from eomsg.core.txn import TxnState
-from eomsg.errors import DiskFull, FlowNotFound, NodeClosed, QueueNotFound, StaleEpoch
+from eomsg.errors import (
+    DiskFull,
+    FlowNotFound,
+    MemoryFull,
+    NodeClosed,
+    QueueNotFound,
+    StaleEpoch,
+)
+from eomsg.node.dedup import Deduplication
 from eomsg.node.settings import NodeSettings, apply_saved
 from eomsg.store.store import US, Store
 from eomsg.store.writer import RowBatch
@@ -80,7 +88,7 @@ def to_us(seconds: float) -> int:
 class QueueState:
     """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
 
-    __slots__ = ("config", "counts", "cursor", "election", "id", "live_epochs")
+    __slots__ = ("config", "counts", "cursor", "election", "id", "live_epochs", "payload_bytes")
 
     def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
         self.id = queue_id
@@ -91,6 +99,14 @@ class QueueState:
         self.counts = dict.fromkeys(Outcome, 0)
         self.election = Election(config.max_active, config.immediate, epochs)
         self.live_epochs: set[int] = set()  # of the active flows: deletes accepted
+        # About the payload of its messages (a moving average of what was published to
+        # it; None until it had one): what bounds the bytes a take reads into memory.
+        self.payload_bytes: float | None = None
+
+    def note_payload(self, size: float) -> None:
+        """Messages of about ``size`` payload bytes came to this queue."""
+        known = self.payload_bytes
+        self.payload_bytes = size if known is None else 0.9 * known + 0.1 * size
 
     def extend(self, seqs: list[int], expiry: list[float | None]) -> None:
         """Newly committed messages for this queue (a destination, as a link's route is)."""
@@ -157,6 +173,7 @@ class NodeState:
     _durable_seq: int  # the last seq whose commit is durable
     _settled_since_compaction: int
     _last_gc: float
+    _dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
@@ -174,7 +191,6 @@ class NodeState:
         self._by_id: dict[int, QueueState] = {}
         self._matcher: Matcher[QueueState] = Matcher()
         self._routes: dict[str, tuple[Destination, ...]] = {}
-        self._dedup = DedupWindow()
         self._uncommitted_ids: dict[str, int] = {}
         self._txns: dict[str, PreparedTxn] = {}  # prepared, undecided
         self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
@@ -212,6 +228,25 @@ class NodeState:
                 f"free, under the node's reserve of {reserve / (1 << 20):.0f} MiB: "
                 "publishing resumes once more is free (or lower "
                 "`eomsg config set disk-reserve`)"
+            )
+
+    def _queues_memory(self) -> int:
+        """About the bytes the queues take: their cursors, and the messages journaled but
+        not yet in DuckDB (read from the writer's memory meanwhile)."""
+        return sum(q.cursor.nbytes for q in self._queues.values()) + self.store.writer.behind
+
+    def _check_memory(self) -> None:
+        """MemoryFull while the queues take more than their share of the node's memory:
+        they cannot spill (every delivery would read back from disk), so the node holds
+        producers back until consumers take the queues under it — a refusal a producer
+        retries, never a node that runs out of memory. Read afresh at each call."""
+        used, budget = self._queues_memory(), self.settings.queue_budget
+        if used > budget:
+            waiting = sum(q.cursor.depth for q in self._queues.values())
+            raise MemoryFull(
+                f"the node's queues hold {waiting} messages in {format_bytes(used)} of "
+                f"memory, over their share of {format_bytes(budget)}: publishing "
+                "resumes as consumers take messages (or raise `eomsg serve --memory-limit`)"
             )
 
     def _queue(self, name: str) -> QueueState:

@@ -23,6 +23,8 @@ from pathlib import Path
 from typing import Any, NamedTuple, overload
 
 import duckdb
+import numpy as np
+import pyarrow as pa
 
 from eomsg.core.dedup import RetainedIds
 from eomsg.core.message import Message, Outgoing
@@ -41,6 +43,7 @@ from eomsg.store.files import DB_NAME, owner_only
 from eomsg.store.journal import Journal
 from eomsg.store.lock import DataDirLock
 from eomsg.store.schema import migrate
+from eomsg.store.spill import SpilledIds
 from eomsg.store.watermark import Mark, Watermark
 from eomsg.store.writer import APPLY_DELAY, Writer, applied_lsn, journal_format
 
@@ -171,8 +174,10 @@ class Store:
         wal_limit: int = WAL_LIMIT,
         journal_segment: int = journal.SEGMENT_BYTES,
         apply_delay: float = APPLY_DELAY,
+        memory_limit: int | None = None,
     ) -> None:
         self.data_dir = data_dir
+        self.memory_limit = memory_limit  # DuckDB's (None: DuckDB's default)
         self.wal_limit = wal_limit
         self.journal_segment = journal_segment
         self.path = data_dir / DB_NAME
@@ -203,6 +208,7 @@ class Store:
         self._private()
         last = self.last_seq()
         self._mark.write(Mark(_size(self.wal_path), last))
+        self.spill = SpilledIds(data_dir)  # the dedup window's oldest ids
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self.writer = Writer(
             self._db.cursor(),
@@ -222,7 +228,10 @@ class Store:
         mark = self._mark.read()
         self.warnings = integrity.before_open(self.data_dir, self.wal_path, mark)
         try:
-            db = duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
+            config = dict(DUCKDB_CONFIG)
+            if self.memory_limit is not None:  # past it DuckDB spills to DIR/eomsg.duckdb.tmp
+                config["memory_limit"] = f"{self.memory_limit}B"
+            db = duckdb.connect(str(self.path), config=config)
         except duckdb.Error as e:
             if integrity.is_damage(e):
                 raise integrity.damaged(self.data_dir, one_line(e)) from e
@@ -299,6 +308,7 @@ class Store:
             with contextlib.suppress(duckdb.Error):  # the WAL replays at the next open
                 self._db.execute("CHECKPOINT")
         self._db.close()
+        self.spill.close()
         self._mark.close()
         self._private()
         self._lock.release()
@@ -314,6 +324,7 @@ class Store:
                 cursor.close()
             self._cursors.clear()
         self._db.close()
+        self.spill.close()
         self._mark.close()
         self._lock.release()
 
@@ -334,6 +345,11 @@ class Store:
     def _writer_failed(self, cause: BaseException) -> None:
         for listener in self.failure_listeners:
             listener(cause)
+
+    def duckdb_memory(self) -> int:
+        """The bytes DuckDB's buffer manager holds now."""
+        rows = self._query("SELECT coalesce(sum(memory_usage_bytes), 0) FROM duckdb_memory()")
+        return int(rows[0][0])
 
     def disk_free(self) -> int:
         """Bytes an unprivileged writer may still use now on the data directory's disk
@@ -474,29 +490,35 @@ class Store:
         except duckdb.Error as e:
             raise self._error(e, "recovering pending messages") from e
 
-    def load_publish_ids(self, now_us: int) -> RetainedIds:
-        """Live publish ids (seed 001) as :class:`RetainedIds`: columns sorted by hash,
-        which DuckDB sorts on all cores and hands over without a Python object per id."""
+    def publish_id_runs(self, now_us: int, from_seq: int, rows: int) -> Iterator[RetainedIds]:
+        """The live publish ids numbered from ``from_seq`` on, in runs of about ``rows``
+        ids in seq order, each sorted by hash for the dedup window (DuckDB keeps each
+        id's hash: none is computed here)."""
+        cursor = self._db.cursor()  # its own: a scan left unfinished blocks checkpoints
         try:
-            table = (
-                self._reader()
-                .sql(
-                    """SELECT h, seq, id,
-                              coalesce(epoch_us(expires_at) / 1e6, 'NaN'::DOUBLE) AS expires
-                       FROM publish_ids
-                       WHERE expires_at IS NULL OR epoch_us(expires_at) > ? ORDER BY h""",
-                    params=[now_us],
-                )
-                .to_arrow_table()
+            relation = cursor.sql(
+                """SELECT h, seq, id,
+                          coalesce(epoch_us(expires_at) / 1e6, 'NaN'::DOUBLE) AS expires
+                   FROM publish_ids
+                   WHERE seq >= ? AND (expires_at IS NULL OR epoch_us(expires_at) > ?)
+                   ORDER BY seq""",
+                params=[from_seq, now_us],
             )
+            for chunk in relation.to_arrow_reader(rows):
+                if not chunk.num_rows:
+                    continue
+                hashes = chunk.column("h").to_numpy(zero_copy_only=False).astype(np.uint32)
+                order = np.argsort(hashes, kind="stable")
+                yield RetainedIds(
+                    hashes[order],
+                    chunk.column("seq").to_numpy(zero_copy_only=False)[order],
+                    chunk.column("expires").to_numpy(zero_copy_only=False)[order],
+                    pa.chunked_array([chunk.column("id").take(pa.array(order))]),
+                )
         except duckdb.Error as e:
             raise self._error(e, "reading the store") from e
-        return RetainedIds(
-            table["h"].to_numpy(),
-            table["seq"].to_numpy(),
-            table["expires"].to_numpy(),
-            table["id"],
-        )
+        finally:
+            cursor.close()
 
     def finished_txns(self) -> dict[str, str]:
         """The final state of every finished transaction still recorded, by txid."""
@@ -704,6 +726,24 @@ class Store:
                GROUP BY h.queue_id"""
         )
         return {queue_id: int(total) for queue_id, total in rows}
+
+    def payload_sizes(self, sample: int = 1000) -> dict[int, float]:
+        """About the payload of the messages each queue holds, by queue id: the mean over
+        its ``sample`` oldest (read at open, so that what a take reads into memory is
+        bounded from the first: not a read of every payload the backlog holds)."""
+        rows = self._query(
+            """WITH hot AS (
+                   SELECT d.queue_id, d.seq FROM destinations d
+                   ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+                   QUALIFY row_number() OVER (PARTITION BY d.queue_id ORDER BY d.seq) <= ?
+               )
+               SELECT h.queue_id, avg(octet_length(m.payload))
+               FROM hot h JOIN messages m ON m.seq = h.seq
+               WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
+               GROUP BY h.queue_id""",
+            [sample],
+        )
+        return {int(queue_id): float(size) for queue_id, size in rows}
 
     def _fresh(self, seqs: Sequence[int]) -> tuple[dict[int, Any], list[int]]:
         """The ``messages`` rows of ``seqs`` still in the writer's overlay (DuckDB may not

@@ -272,6 +272,12 @@ class Writer:
         return self._failed is not None
 
     @property
+    def behind(self) -> int:
+        """Journal bytes not yet in DuckDB (their messages are read from :attr:`overlay`
+        meanwhile): at most about MAX_BEHIND."""
+        return self._behind
+
+    @property
     def failure(self) -> BaseException | None:
         """Why the writer stopped taking work, if it did."""
         return self._failed

@@ -1,0 +1,185 @@
+"""Publish ids that left the node's memory: the oldest of its dedup window, on disk.
+
+The dedup window (:mod:`eomsg.core.dedup`) remembers an id as long as its message can
+live — a day by default — which at a steady rate is more ids than memory should hold.
+Past its share of the node's memory the window hands its oldest run here, and an id it
+does not find in memory is looked up here before it counts as new. DuckDB holds every
+id too (``publish_ids``), but only a scan could find one there; this is SQLite, a B-tree
+on each id's hash, so a lookup costs a seek, and its page cache is bounded.
+
+It is an index of what the store holds, never the only copy: the ids it covers — every
+live one numbered below :attr:`SpilledIds.covered` — are in ``publish_ids`` too. A
+spill commits with the new ``covered`` in one transaction, so a crash leaves it as it
+was before or after; opening a node loads the ids from ``covered`` on from DuckDB. A
+file that cannot be read is made anew from DuckDB (:meth:`SpilledIds.rebuild`).
+
+File: ``DIR/dedup.sqlite`` (owner-only), rows ``(seq, h, id, expires)``: ``seq`` is the
+rowid (garbage collection drops a range of it), ``h`` the id's 32-bit hash, indexed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import sqlite3
+import threading
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from eomsg.core.dedup import RetainedIds, id_hash
+from eomsg.store.files import PRIVATE_FILE, owner_only
+
+NAME = "dedup.sqlite"
+CHUNK = 50_000  # rows a transaction writes or deletes: lookups get in between
+CACHE_BYTES = 8 << 20  # SQLite's page cache
+log = logging.getLogger("eomsg.store")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS ids (
+    seq INTEGER PRIMARY KEY,  -- the rowid: a range of it is deleted by garbage collection
+    h INTEGER NOT NULL,
+    id TEXT NOT NULL,
+    expires REAL  -- seconds; NULL: lives as long as the log keeps it
+);
+CREATE INDEX IF NOT EXISTS ids_h ON ids (h);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+"""
+
+
+class SpilledIds:
+    """The spilled publish ids of one data directory (see the module docstring).
+    Thread-safe: lookups (under the node's lock) and spills and collections (on the
+    maintenance thread) take turns, a chunk at a time."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / NAME
+        self._lock = threading.Lock()
+        try:
+            self._open()
+        except sqlite3.DatabaseError as e:  # damaged: it is only an index, made anew
+            log.warning("%s cannot be read (%s): making it anew from the store", self.path, e)
+            with contextlib.suppress(sqlite3.Error):
+                self._db.close()
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            self._open()
+
+    def _open(self) -> None:
+        if not self.path.exists():
+            self.path.touch(mode=PRIVATE_FILE)
+        owner_only(self.path)
+        self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode = WAL")
+        self._db.execute("PRAGMA synchronous = NORMAL")  # an index of what DuckDB holds
+        self._db.execute(f"PRAGMA cache_size = -{CACHE_BYTES >> 10}")
+        self._db.execute("PRAGMA mmap_size = 0")
+        self._db.executescript(_SCHEMA)
+        self._covered = self._meta("covered")
+        self._count = self._meta("count")  # about: a count(*) would read the whole index
+
+    def _meta(self, key: str) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return int(row[0]) if row else 0
+
+    @property
+    def covered(self) -> int:
+        """Every live id numbered below it is here (0: none is)."""
+        return self._covered
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add(self, run: RetainedIds) -> None:
+        """Put the ids of ``run`` here (a chunk a transaction), then note that every id
+        below the run's last seq is: the run is the window's oldest, so what is older
+        was spilled before. Idempotent (a row's seq is its key)."""
+        order = run.seqs.argsort()
+        seqs, hashes, expires = run.seqs[order], run.hashes[order], run.expires[order]
+        ids = run.ids.take(order.astype("int64"))
+        for lo in range(0, len(seqs), CHUNK):
+            hi = min(lo + CHUNK, len(seqs))
+            rows = zip(
+                seqs[lo:hi].tolist(),
+                hashes[lo:hi].tolist(),
+                ids.slice(lo, hi - lo).to_pylist(),
+                [None if math.isnan(e) else e for e in expires[lo:hi].tolist()],
+                strict=True,
+            )
+            with self._lock:
+                self._db.execute("BEGIN")
+                self._db.executemany("INSERT OR REPLACE INTO ids VALUES (?, ?, ?, ?)", rows)
+                self._db.execute("COMMIT")
+        covered = max(self._covered, run.last_seq + 1)
+        with self._lock:
+            self._count += len(seqs)
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [("covered", covered), ("count", self._count)],
+            )
+            self._covered = covered
+
+    def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
+        """The seqs of those of ``msg_ids`` that are here and can still live (expiry
+        and the log's horizon checked, as the window does): one indexed query for the
+        batch, the id itself compared at each hash match."""
+        if not msg_ids or not self._count:
+            return {}
+        wanted = {id_hash(i) for i in msg_ids}
+        names = set(msg_ids)
+        found: dict[str, int] = {}
+        with self._lock:
+            for lo in range(0, len(wanted), 500):  # SQLite's bound on parameters
+                part = list(wanted)[lo : lo + 500]
+                rows = self._db.execute(
+                    f"SELECT id, seq, expires FROM ids WHERE h IN ({','.join('?' * len(part))})",
+                    part,
+                ).fetchall()
+                for msg_id, seq, expires in rows:
+                    if msg_id not in names:
+                        continue
+                    live = expires > now if expires is not None else seq >= horizon
+                    if live and seq > found.get(msg_id, -1):
+                        found[msg_id] = seq
+        return found
+
+    def forget_below(self, horizon: int, now: float) -> int:
+        """Drop the ids numbered below ``horizon`` (their messages left the log) — but
+        those with a time to live that has not run out, which the window remembers until
+        it has — a chunk a transaction; how many."""
+        dropped = 0
+        while True:
+            with self._lock:
+                done = self._db.execute(
+                    """DELETE FROM ids WHERE seq IN (
+                           SELECT seq FROM ids
+                           WHERE seq < ? AND (expires IS NULL OR expires <= ?) LIMIT ?)""",
+                    [horizon, now, CHUNK],
+                ).rowcount
+                self._count = max(0, self._count - done)
+                if done:
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO meta VALUES ('count', ?)", [self._count]
+                    )
+            dropped += done
+            if done < CHUNK:
+                return dropped
+
+    def rebuild(self, rows: Iterable[RetainedIds]) -> None:
+        """Make it anew from ``rows`` (runs of what the store holds, oldest first)."""
+        with self._lock:
+            self._db.execute("DELETE FROM ids")
+            self._db.execute("DELETE FROM meta")
+            self._covered, self._count = 0, 0
+        for run in rows:
+            self.add(run)
+
+    @property
+    def disk_bytes(self) -> int:
+        with contextlib.suppress(OSError):
+            return self.path.stat().st_size
+        return 0
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,120 @@
+"""A node's memory held to its limit (issue 35, item 15): the dedup window spills its
+oldest ids to disk past its share and still recognises every retry; the queues past
+theirs hold producers back with a typed, retryable refusal; `eomsg inspect memory`
+says where the memory goes. (How flat a node stays over a long run is measured by
+`scripts/bench.py --scenario soak`, not here.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eomsg.core.limits import Limits
+from eomsg.core.message import Outgoing
+from eomsg.core.queues import QueueConfig
+from eomsg.errors import MemoryFull
+
+from .conftest import Cli, NodeFactory, NodeProcess
+
+
+def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
+    open_node: NodeFactory, data_dir: Path
+) -> None:
+    node = open_node(dedup_memory=256 << 10)  # a few runs of ids; the rest on disk
+    n = 400_000
+    first = []
+    for lo in range(0, n, 20_000):
+        first += node.publish_batch(
+            [Outgoing("t", b"x", id=f"order-{i}") for i in range(lo, lo + 20_000)]
+        )
+        node.maintain()
+    use = node.memory()
+    # Its budget, and at most the newest run and the dictionaries besides (FOLD ids each).
+    assert use.spilled_ids > 100_000 and use.dedup <= (256 << 10) + 65_536 * (64 + 150)
+    assert len(node._dedup) + use.spilled_ids >= n
+    again = [Outgoing("t", b"y", id=f"order-{i}") for i in range(0, n, 997)]
+    for _ in range(2):  # before and after a restart
+        results = node.publish_batch(again)
+        assert all(r.duplicate for r in results)
+        assert [r.seq for r in results] == [first[i].seq for i in range(0, n, 997)]
+        node.close()
+        node = open_node(dedup_memory=256 << 10)
+        assert node.memory().spilled_ids >= use.spilled_ids
+    # The log collected: the ids go from memory and disk alike, and may publish anew.
+    node.configure("retention", "0")
+    node.configure("gc-interval", "0")
+    node.maintain()
+    assert not any(r.duplicate for r in node.publish_batch(again[:50]))
+    assert node.memory().spilled_ids == 0
+
+
+def test_the_queues_past_their_share_hold_producers_back(open_node: NodeFactory) -> None:
+    node = open_node(queue_memory=64 << 10)  # 8 bytes a message waiting: ~8,000
+    node.create_queue(QueueConfig("q", ("t",)))
+    published = 0
+    with pytest.raises(MemoryFull) as refused:
+        for _ in range(100):
+            node.publish_batch([Outgoing("t", b"x") for _ in range(1000)])
+            published += 1000
+            node.store.writer.sync()  # (what is journaled and not yet in DuckDB counts too)
+    assert 7000 <= published <= 9000
+    assert refused.value.message.startswith(f"the node's queues hold {published} messages in ")
+    assert "over their share of 64.0 KiB" in refused.value.message
+    assert "publishing resumes as consumers take messages" in refused.value.message
+    while taken := node.fetch("q", 5000):  # consumers take the queue back under its share
+        node.delete("q", [d.key for d in taken])
+    node.store.writer.sync()  # (their deletes journaled count until DuckDB has them)
+    node.publish_batch([Outgoing("t", b"again")])  # and publishing resumes by itself
+
+
+def test_inspect_memory_says_where_it_goes(
+    cli: Cli, serve: object, data_dir: Path, eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    node = NodeProcess(eomsg_bin, data_dir, cli_env, "--memory-limit", "512MiB").start()
+    try:
+        cli("queue", "create", "q", "--subscribe", "t")
+        cli("publish", "t", "--stdin", "--id-prefix", "a-", input=b"x\n" * 1000)
+        use = json.loads(cli("inspect", "memory", "--json").stdout)
+        assert use["limit"] == 512 << 20 and use["backlog"] == 1000 and use["dedup_ids"] == 1000
+        assert use["duckdb"] > 0 and use["rss"] > 0 and use["spilled_ids"] == 0
+        text = cli("inspect", "memory").stdout.decode()
+        assert "dedup window" in text and "1000 ids; 0 on disk" in text and "512.0 MiB" in text
+    finally:
+        node.kill()
+    refused = cli("serve", "--memory-limit", "10MiB", code=3)
+    assert refused.stderr == b"Error: size '10MiB' must be between 256 MiB and 1024 GiB\n"
+
+
+def test_a_damaged_spill_file_is_made_anew_from_the_store(
+    open_node: NodeFactory, data_dir: Path
+) -> None:
+    """It is only an index of what DuckDB holds: unreadable, it is rebuilt, and retries
+    of what it held are still recognised."""
+    node = open_node(dedup_memory=64 << 10)
+    first = node.publish_batch([Outgoing("t", b"x", id=f"m{i}") for i in range(300_000)])
+    node.maintain()
+    assert node.memory().spilled_ids > 0
+    node.close()
+    spill = data_dir / "dedup.sqlite"
+    spill.write_bytes(b"not a database" * 1000)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{spill}{suffix}").unlink(missing_ok=True)
+    node = open_node(dedup_memory=64 << 10)
+    again = node.publish_batch([Outgoing("t", b"y", id=f"m{i}") for i in range(0, 300_000, 1009)])
+    assert [r.seq for r in again] == [first[i].seq for i in range(0, 300_000, 1009)]
+    assert all(r.duplicate for r in again)
+
+
+def test_a_take_reads_a_bounded_number_of_payload_bytes(open_node: NodeFactory) -> None:
+    """A prefetch of many large messages is not read into memory at once: a take holds
+    about 16 MiB of payloads, whatever the window asks for (before and after a
+    restart, when the queue's message size is known from the store)."""
+    node = open_node(limits=Limits(max_payload=8 << 20))
+    node.create_queue(QueueConfig("q", ("t",)))
+    node.publish_batch([Outgoing("t", bytes(4 << 20)) for _ in range(12)])
+    assert len(node.fetch("q", 12)) == 4
+    node.close()
+    node = open_node(limits=Limits(max_payload=8 << 20))
+    assert len(node.fetch("q", 12)) == 4  # the ones above came back, redelivered
