@@ -306,6 +306,8 @@ def main(argv: list[str] | None = None) -> int:
     global IDS
     IDS = not args.no_ids
     if args.scenario in bench_soak.SCENARIOS:
+        if args.scenario == "soak-backlog":  # its data directory goes under the temp dir
+            bench_scale.check_room(Path(tempfile.gettempdir()), args.n, args.payload)
         return bench_soak.main(parser, args, machine())
     if args.scenario in bench_cli.SCENARIOS:
         n = args.n if "--n" in (argv if argv is not None else sys.argv) else 20

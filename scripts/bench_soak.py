@@ -724,7 +724,7 @@ class Soak:
                 raise Stopped(f"the consumer did not bind in {START_TIMEOUT:.0f} s")
             time.sleep(0.05)
 
-    def failed(self, error: EomsgError) -> str:
+    def explain(self, error: EomsgError) -> str:
         """Why a request of the bench to the node failed: the node's end, if it ended."""
         if self.node is not None:
             try:
@@ -811,6 +811,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.plot(minutes, [x["rss_mib"] for x in samples], color="tab:blue", label="RSS")
     ax.set_xlabel("minutes")
     ax.set_ylabel("node RSS, MiB")
+    ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     limit = _limit_bytes(result["memory_limit"])
     if limit is not None:
@@ -918,7 +919,7 @@ def main(
         except Stopped as e:
             error, code = str(e), 1
         except EomsgError as e:  # an answer the bench waited for failed
-            error, code = soak.failed(e), 1
+            error, code = soak.explain(e), 1
         except KeyboardInterrupt:
             error, code = "interrupted", 130
         finally:
