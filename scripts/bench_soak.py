@@ -493,14 +493,23 @@ def has_inspect_memory() -> bool:
 
 
 def inspect_memory(data: Path) -> Any:
-    """What ``eomsg inspect memory --json`` says of the node; its error if it failed."""
-    r = subprocess.run(
-        [sys.executable, "-m", "eomsg", "inspect", "memory", "--data", str(data), "--json"],
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
+    """What ``eomsg inspect memory --json`` says of the node — one JSON document, or a
+    list of its JSON lines — or, if it failed, its error."""
+    command = [sys.executable, "-m", "eomsg", "inspect", "memory", "--data", str(data), "--json"]
+    try:
+        r = subprocess.run(command, capture_output=True, text=True, check=False, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {"error": "no answer in 60 s"}
     if r.returncode != 0:
         return {"error": (r.stderr.strip().splitlines() or [f"exit {r.returncode}"])[-1]}
-    return json.loads(r.stdout)
+    try:
+        return json.loads(r.stdout)
+    except ValueError:
+        pass
+    try:
+        return [json.loads(text_line) for text_line in r.stdout.splitlines() if text_line]
+    except ValueError:
+        return {"error": f"not JSON: {r.stdout[:200]!r}"}
 
 
 @contextmanager
