@@ -60,6 +60,13 @@ default docs/img/scale.png); ``restart`` fills ``--retained`` (10^7) messages of
 ``--pending`` (10^6) stay pending, serves them, and times ``eomsg serve`` after SIGKILL
 right after a burst of publishes, to its ready line and to a client's first ``stats()``.
 
+Memory over a long run (scripts/bench_soak.py): ``soak`` publishes at a steady ``--rate``
+(10,000/s) for ``--seconds`` (1800) from one producer process while a consumer process
+keeps the queue empty; ``soak-backlog`` publishes ``--n`` (10^7) messages flat out with no
+consumer (``--drain``: then consumes them). Both sample the node's RSS, CPU, the queue's
+depth and the data directory's disk use every ``--sample`` seconds, and summarise the RSS
+after warm-up (``--memory-limit`` and each ``--serve-arg`` go to ``eomsg serve``).
+
 Start-up of the command line (scripts/bench_cli.py): ``cli`` times whole ``eomsg``
 processes — ``--help``, ``publish`` and ``inspect queues`` through a node — ``--n`` runs
 each (20 unless given), median wall time; ``--eomsg PROGRAM`` times another install.
@@ -94,6 +101,7 @@ import bench_link
 import bench_peers
 import bench_replay
 import bench_scale
+import bench_soak
 import bench_txn
 import bench_wal
 import duckdb
@@ -116,6 +124,7 @@ SCENARIOS = (
     *bench_scale.SCENARIOS,
     *bench_cli.SCENARIOS,
     *bench_link.SCENARIOS,
+    *bench_soak.SCENARIOS,
 )
 FILL_BATCH = 10_000
 
@@ -200,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         "--peers", action="store_true", help="eomsg side by side with Redis and RabbitMQ"
     )
     parser.add_argument("--latency-n", type=int, default=2000, help="peers: single publishes timed")
-    parser.add_argument("--n", type=int, default=100_000, help="messages measured")
+    parser.add_argument(
+        "--n", type=int, default=None, help="messages measured (default 100000; soak-backlog 10^7)"
+    )
     parser.add_argument(
         "--batch",
         type=int,
@@ -231,7 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         "--clients", type=int, default=32, help="publish-c32: connections; txn: worker threads"
     )
     parser.add_argument(
-        "--inflight", type=int, default=100, help="publish-c32: unacknowledged per connection"
+        "--inflight",
+        type=int,
+        default=None,
+        help="publish-c32: unacknowledged per connection (default 100); soak: unacknowledged "
+        "publishes (1000); soak-backlog: unacknowledged publish calls (2)",
     )
     parser.add_argument("--held", type=int, default=100, help="failover: messages held")
     parser.add_argument(
@@ -248,7 +263,10 @@ def main(argv: list[str] | None = None) -> int:
         help="scale: log sizes, comma-separated",
     )
     parser.add_argument(
-        "--plot", default="docs/img/scale.png", help="scale: the PNG to write ('' for none)"
+        "--plot",
+        default=None,
+        help="scale: the PNG to write (default docs/img/scale.png, '' for none); soak: a PNG "
+        "of RSS and depth over time",
     )
     parser.add_argument(
         "--retained", type=int, default=10_000_000, help="restart: messages in the log"
@@ -257,7 +275,12 @@ def main(argv: list[str] | None = None) -> int:
         "--pending", type=int, default=1_000_000, help="restart: of them, still pending"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    bench_soak.add_arguments(parser)
     args = parser.parse_args(argv)
+    if args.n is None:
+        args.n = 10_000_000 if args.scenario == "soak-backlog" else 100_000
+    if args.inflight is None:
+        args.inflight = {"soak": 1000, "soak-backlog": 2}.get(args.scenario, 100)
     if args.rounds is None:
         args.rounds = 1 if args.peers else 3
     if args.peers:
@@ -282,6 +305,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
     global IDS
     IDS = not args.no_ids
+    if args.scenario in bench_soak.SCENARIOS:
+        if args.scenario == "soak-backlog":  # its data directory goes under the temp dir
+            bench_scale.check_room(Path(tempfile.gettempdir()), args.n, args.payload)
+        return bench_soak.main(parser, args, machine())
     if args.scenario in bench_cli.SCENARIOS:
         n = args.n if "--n" in (argv if argv is not None else sys.argv) else 20
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
@@ -340,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench_scale.check_room(
                     Path(tmp), sizes[-1] + len(sizes) * args.n * args.rounds, args.payload
                 )
-                plot = Path(args.plot) if args.plot else None
+                to = "docs/img/scale.png" if args.plot is None else args.plot
+                plot = Path(to) if to else None
                 result = bench_scale.run_scale(
                     sizes, args.n, args.payload, args.rounds, IDS, Path(tmp), plot
                 )

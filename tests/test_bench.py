@@ -7,9 +7,12 @@ import os
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from scripts.bench_soak import MIB, Phase, Sample, summarize
 
 BENCH = Path(__file__).resolve().parent.parent / "scripts" / "bench.py"
 
@@ -117,3 +120,98 @@ def test_the_link_egress_scenario_reports_both_modes() -> None:
     for mode in ("store", "memory"):
         assert result[f"{mode}_consumed_per_s"] > 0  # type: ignore[operator]
     assert result["store_written_at_b"] == 300  # stored: every message written at b
+
+
+def _phase_samples(
+    name: str, times: range, rss: Callable[[float], float], rate: int = 10_000, depth: int = 5
+) -> list[Sample]:
+    return [Sample(t=t, phase=name, rss_mib=rss(t), published=rate * t, depth=depth) for t in times]
+
+
+def test_the_soak_summary_is_taken_after_warm_up() -> None:
+    """A 30-minute phase at 10,000/s: warm after 2 minutes (not 20 %); the RSS climbs
+    until then and stays within 400-440 MiB after; samples of other phases are left out."""
+    steady = [400.0, 440.0, 420.0, 410.0]
+    samples = _phase_samples("start", range(0, 5), lambda t: 1000.0)
+    samples += _phase_samples(
+        "soak", range(5, 1805, 5), lambda t: 200 + t if t < 125 else steady[(t // 5) % 4]
+    )
+    phase = Phase("soak", 5.0, 1805.0, (50_000, 18_050_000), (50_000, 18_050_000))
+    summary = summarize(samples, phase, per_second=10_000)
+    assert summary["warmup_end_s"] == 125.0
+    assert summary["publish_rate"] == 10_000.0 and summary["consume_rate"] == 10_000.0
+    assert summary["samples"] == 360 and summary["steady_samples"] == 336
+    assert summary["rss_start_mib"] == 205.0 and summary["rss_max_mib"] == 440.0
+    assert summary["max_depth"] == 5 and summary["kept_up"] is True
+    s = summary["steady"]
+    assert (s["rss_min_mib"], s["rss_median_mib"], s["rss_max_mib"]) == (400.0, 415.0, 440.0)
+    assert s["spread"] == round(40 / 415, 4) and s["flat"] is True
+    assert s["slope_mib_per_min"] == pytest.approx(0.0, abs=0.05)  # a repeating pattern
+
+
+def test_a_growing_rss_is_measured_per_minute_and_per_message() -> None:
+    """20 MiB a minute at 10,000 messages a second is 20 MiB per 600,000 messages, and
+    not flat; a short phase is warm after its first 20 %; a queue deeper than a second's
+    worth of messages did not keep up; without a rate, nobody asks."""
+    samples = _phase_samples("soak", range(0, 301, 5), lambda t: 100 + 20 * t / 60, depth=12_000)
+    phase = Phase("soak", 0.0, 300.0, (0, 3_000_000), (0, 2_988_000))
+    summary = summarize(samples, phase, per_second=10_000)
+    assert summary["warmup_end_s"] == 60.0 and summary["kept_up"] is False
+    assert summary["consume_rate"] == 9960.0
+    assert summary["rss_growth_bytes_per_message"] == pytest.approx(100 * MIB / 3_000_000, abs=0.1)
+    s = summary["steady"]
+    assert s["slope_mib_per_min"] == pytest.approx(20.0)
+    assert s["bytes_per_message"] == pytest.approx(20 * MIB / 600_000, abs=0.1)
+    assert (s["rss_min_mib"], s["rss_max_mib"], s["flat"]) == (120.0, 200.0, False)
+    assert "kept_up" not in summarize(samples, phase)
+
+
+def test_a_phase_without_samples_after_warm_up_has_no_steady_figures() -> None:
+    phase = Phase("drain", 10.0, 10.5, (100, 100), (0, 100))
+    summary = summarize(_phase_samples("drain", range(10, 11), lambda t: 50.0, rate=0), phase)
+    assert summary["steady_samples"] == 0 and "steady" not in summary
+    assert summary["rss_growth_bytes_per_message"] is None and summary["consumed"] == 100
+
+
+def test_the_soak_scenario_keeps_the_queue_empty_and_samples_the_node() -> None:
+    result = bench("--scenario", "soak", "--seconds", "2", "--rate", "200", "--sample", "1")
+    assert result["scenario"] == "soak" and result["error"] is None and result["node_exit"] == 0
+    assert result["failed"] == 0 and result["published"] == result["consumed"] > 0
+    assert list(result["phases"]) == ["soak", "drain"]  # type: ignore[arg-type]
+    samples = result["samples"]
+    assert isinstance(samples, list) and samples[-1]["depth"] == 0
+    assert {s["phase"] for s in samples} == {"soak", "drain"}
+    assert all(s["rss_mib"] > 0 and set(s["disk_mib"]) >= {"duckdb", "wal", "journal"}
+               for s in samples)  # fmt: skip
+
+
+def test_the_backlog_scenario_publishes_n_and_drains_them() -> None:
+    result = bench(
+        "--scenario", "soak-backlog", "--n", "3000", "--batch", "500", "--drain", "--sample", "1",
+    )  # fmt: skip
+    assert result["published"] == result["consumed"] == 3000 and result["node_exit"] == 0
+    phases = result["phases"]
+    assert isinstance(phases, dict) and list(phases) == ["backlog", "drain"]
+    assert phases["backlog"]["published"] == 3000 and phases["drain"]["consumed"] == 3000
+
+
+def test_a_node_that_dies_is_reported_with_its_exit_code_and_stderr() -> None:
+    r = subprocess.run(
+        [sys.executable, str(BENCH), "--scenario", "soak", "--seconds", "1",
+         "--serve-arg=--no-such-option", "--json"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    assert "bench: the node exited with code 2; its stderr ends:" in r.stderr
+    assert "No such option: --no-such-option" in r.stderr
+    result = json.loads(r.stdout)
+    assert result["node_exit"] == 2 and result["samples"] == [] and result["phases"] == {}
+    assert result["serve_command"][-1] == "--no-such-option"
+
+
+def test_the_soak_options_are_checked_before_anything_runs() -> None:
+    r = subprocess.run(
+        [sys.executable, str(BENCH), "--scenario", "soak", "--drain"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert r.returncode == 2 and "--drain applies to soak-backlog only" in r.stderr
