@@ -143,7 +143,9 @@ def grant(
 ) -> None:
     """Grant a principal a right. The node denies by default: each principal may do only
     what it is granted (the node's owner, with the node's token or on its Unix socket,
-    always may). A no-op if granted already.
+    always may). A no-op if granted already. @NODE is every client that comes through
+    the link from NODE: the link grants it publish, consume and inspect on the node;
+    a grant or revoke naming it says what changes for them.
 
     \b
     Examples:
@@ -190,3 +192,13 @@ def _change(
         say(f"{'granted' if changed else 'held already:'} {principal} {right} on {on}")
     else:
         say(f"{'revoked' if changed else 'not granted:'} {principal} {right} on {on}")
+    if changed and principal.startswith("@"):  # what a linked node's clients may do here
+        peer = principal[1:]
+        said = (
+            f"every client that comes through node {peer} may now {right} on {on} here "
+            f"({principal} stands for them all, as one)"
+            if given
+            else f"the clients that come through node {peer} may do here only what "
+            f"{principal} still holds (`eomsg inspect grants {principal}`)"
+        )
+        say(f"warning: {said}", err=True)

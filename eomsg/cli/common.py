@@ -18,7 +18,14 @@ import typer
 from eomsg.cli.output import say
 from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
-from eomsg.errors import DataDirError, EomsgError, ExitCode, Unavailable, UsageError
+from eomsg.errors import (
+    DataDirError,
+    EomsgError,
+    ExitCode,
+    NotAllowed,
+    Unavailable,
+    UsageError,
+)
 from eomsg.store.files import holds_store
 from eomsg.wire.address import socket_path
 from eomsg.wire.tls import ClientTls
@@ -126,6 +133,8 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
+        except NotAllowed as e:  # said as what the user ran, which the node cannot know
+            raise fail(f"{Globals.command or 'eomsg'}: {e.message}", e.exit_code) from e
         except EomsgError as e:
             raise fail(e.message, e.exit_code) from e
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, overload
 
-from eomsg.core.access import OWNER
+from eomsg.core.access import OWNER, Grant, Policy, link_grants, link_principal
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Batch, Carried, Message
@@ -53,6 +53,7 @@ from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import DataDirDamaged, EomsgError, InvalidConfig, InvalidInput, LinkNotFound
+from eomsg.node.access import grant_record, granted
 from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import AuditRow, Destination, to_us
 from eomsg.store import secrets as link_secrets
@@ -228,8 +229,11 @@ class Links(Egress):
     ) -> bool:
         """Link this node to ``peer``: dialling ``address`` with ``token`` (checking its
         certificate against ``peer_ca`` for tls://), or waiting for it to dial with
-        ``token`` (kept hashed; none: this node's own token). Idempotent: False if the
-        same link exists; InvalidConfig if it exists with other settings."""
+        ``token`` (kept hashed; none: this node's own token). ``@PEER``, whom the peer's
+        clients act as here, is granted what a linked node's clients may do
+        (:func:`~eomsg.core.access.link_grants`) unless some grant names it already.
+        Idempotent: False if the same link exists; InvalidConfig if it exists with other
+        settings."""
         config = LinkConfig.make(peer, address, token, peer_ca)
         if peer == self._node_name:
             raise InvalidConfig(f"{peer!r} is this node's own name: link it to another node")
@@ -247,10 +251,16 @@ class Links(Egress):
             self._keep_secrets(peer, config.secrets())  # first: a link is never kept without
             job = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
             entry = self._audit(by, "add-link", peer, address or "(dialled by the peer)")
-            self.store.writer.run(Store.audited(job, entry)).result()
+            job = Store.audited(job, entry)
+            grants: frozenset[Grant] = frozenset()
+            if not self.access.holds_any(link_principal(peer)):
+                grants = link_grants(peer)
+                job = granted(job, grants, grant_record(self._audit, by, "(with the link)"))
+            self.store.writer.run(job).result()
             with self._lock:
                 self._links[peer] = self._new_link(config)
                 self._routing.restore(peer, ())
+                self.access = Policy(self.access.grants | grants)
         self._links_changed()
         return True
 
