@@ -62,6 +62,7 @@ from eomsg.store.writer import RowBatch
 
 log = logging.getLogger("eomsg.link")
 LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
+MADE = ("read", "offers", "taken")  # node_meta entries a link has once it was made
 Wake = Callable[[], None]
 Way = tuple["tuple[Destination, ...]", bool, "tuple[LinkState, ...]"]  # see _route_carried
 
@@ -99,6 +100,7 @@ class LinkState:
     last_taken_at: float = 0.0
     connected_at: float = 0.0
     error: str | None = None  # why the last attempt to connect failed
+    refusal: bool = False  # … and whether it was refused (by either side)
     refused: int = 0  # messages from the peer this node could not take (since start)
     unroutable: int = 0  # messages from the peer for nodes this node has no route to
     # Egress in memory (node/egress.py): the peer's messages held now, by the peer's
@@ -139,16 +141,23 @@ class Links(Egress):
 
     def _load_links(self, name: str | None) -> None:
         """At recovery: the node's name (``name``, else the one kept, else a new one),
-        its links, what they owe and have taken, and the routes the peers offered."""
+        its links, what they owe and have taken, and the routes the peers offered.
+
+        A node is renamed only while none of its links was ever made (no peer took
+        anything from it, or told it anything): once one was, the peer knows the node by
+        its name — its read sequence, its routes and the messages' origins say it — and
+        another name is refused (InvalidConfig)."""
         store = self.store
         kept = store.meta("node_name")
         meta = store.meta_prefixed("link/")
         if name is not None:
             check_node_name(name)
-            if kept is not None and kept != name and meta:
+            made = sorted({k.split("/")[1] for k in meta if k.split("/", 2)[2] in MADE})
+            if kept is not None and kept != name and made:
                 raise InvalidConfig(
-                    f"this node is named {kept!r} and has links, which know it by that name: "
-                    f"start it as --node-name {kept} (or remove its links first)"
+                    f"this node is named {kept!r}, and its links to {', '.join(made)} know it "
+                    f"by that name: start it as --node-name {kept} (or remove those links "
+                    "first)"
                 )
         self._node_name = name or kept or f"node-{secrets.token_hex(4)}"
         self._incarnation = store.meta("incarnation") or secrets.token_hex(8)
@@ -408,6 +417,7 @@ class Links(Egress):
                     held,
                     link.config.topics,
                     link.withheld,
+                    link.refusal and not link.connected,
                 )
             )
         return out
@@ -436,7 +446,8 @@ class Links(Egress):
         with self._lock:
             link = self._link(peer)
             if link.peer_incarnation != incarnation:
-                log.warning(
+                log.log(
+                    logging.WARNING if link.peer_incarnation else logging.INFO,
                     "link to %s: a new incarnation of it (%s, was %s): its sequence starts "
                     "afresh", peer, incarnation, link.peer_incarnation or "none",
                 )  # fmt: skip
@@ -481,6 +492,7 @@ class Links(Egress):
             self._check_open()
             link = self._link(peer)
             link.connected, link.wake, link.connected_at, link.error = True, wake, now, None
+            link.refusal = False
             # Past what this node committed (and handed its links, in the same step): a
             # lie, or a confusion — believed, it would settle a message still committing.
             read = min(read, self._durable_seq)
@@ -490,12 +502,25 @@ class Links(Egress):
             (update,) = self._routing.link_up(peer)
         return update
 
-    def link_failed(self, peer: str, why: str) -> None:
-        """An attempt to connect to ``peer`` failed (shown by ``inspect links``)."""
+    def link_failed(self, peer: str, why: str, *, refused: bool = False) -> None:
+        """An attempt to connect to ``peer`` failed (shown by ``inspect links``):
+        ``refused`` if one side said no (a name or token that does not fit), rather than
+        could not be reached."""
         with self._lock:
             link = self._links.get(peer)
             if link is not None:
-                link.error = why
+                link.error, link.refusal = why, refused
+
+    def links_waiting(self) -> list[tuple[str, str]]:
+        """The links that wait to be dialled with a token of their own and are not up:
+        (peer, the token's hash), those never made first, then by name."""
+        with self._lock:
+            found = [
+                (bool(link.peer_incarnation), peer, link.config.accepts)
+                for peer, link in self._links.items()
+                if link.config.address is None and link.config.accepts and not link.connected
+            ]
+        return [(peer, key) for _, peer, key in sorted(found) if key is not None]
 
     def link_disconnected(self, peer: str, wake: Wake) -> None:
         """The connection ``wake`` belonged to is gone. Nothing is forgotten: what the
