@@ -285,7 +285,7 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
     for i in links:
         row: list[str | Text] = [
             i.peer,
-            i.address or "(dials here)",
+            "-" if i.removed else i.address or "(dials here)",
             styled("up", "green") if i.connected else styled(shown(_down(i)), "red"),
             str(i.pending),
             " ".join(i.reaches) or "-",

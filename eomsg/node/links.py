@@ -53,7 +53,7 @@ from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import DataDirDamaged, EomsgError, InvalidConfig, InvalidInput, LinkNotFound
-from eomsg.node.access import grant_record, granted
+from eomsg.node.access import grant_record, granted, together
 from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import AuditRow, Destination, to_us
 from eomsg.store import secrets as link_secrets
@@ -62,6 +62,7 @@ from eomsg.store.writer import RowBatch
 
 log = logging.getLogger("eomsg.link")
 LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
+REMOVED = "links_removed"  # node_meta: the peers whose link was removed here, and when
 MADE = ("read", "offers", "taken")  # node_meta entries a link has once it was made
 Wake = Callable[[], None]
 Way = tuple["tuple[Destination, ...]", bool, "tuple[LinkState, ...]"]  # see _route_carried
@@ -170,6 +171,8 @@ class Links(Egress):
         self._init_egress()
         self._links = {}
         self._links_listeners: list[Callable[[], None]] = []
+        self._removed: dict[str, float] = json.loads(store.meta(REMOVED) or "{}")
+        self._removed_dials: dict[str, int] = {}  # removed peers' dials refused since open
         self._route_ids = {}
         self._unsaved_routes = {}
         self._next_route = int(store.meta("route_next") or -1)
@@ -258,9 +261,11 @@ class Links(Egress):
                 )
             self._check_open()
             self._keep_secrets(peer, config.secrets())  # first: a link is never kept without
-            job = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            saved = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            removed = {p: at for p, at in self._removed.items() if p != peer}
+            jobs = [saved, Store.save_meta_job(REMOVED, json.dumps(removed))]
             entry = self._audit(by, "add-link", peer, address or "(dialled by the peer)")
-            job = Store.audited(job, entry)
+            job = Store.audited(together(jobs), entry)
             grants: frozenset[Grant] = frozenset()
             if not self.access.holds_any(link_principal(peer)):
                 grants = link_grants(peer)
@@ -269,6 +274,8 @@ class Links(Egress):
             with self._lock:
                 self._links[peer] = self._new_link(config)
                 self._routing.restore(peer, ())
+                self._removed = removed
+                self._removed_dials.pop(peer, None)
                 self.access = Policy(self.access.grants | grants)
         self._links_changed()
         return True
@@ -333,7 +340,9 @@ class Links(Egress):
     def remove_link(self, peer: str, *, by: str = OWNER) -> int:
         """Remove the link to ``peer`` and forget what it owed (returns how many
         messages that was) and what the peer offered; routes through it go. It leaves
-        memory first, so no publish routes to it after its records are dropped."""
+        memory first, so no publish routes to it after its records are dropped. It stays
+        removed, across restarts, until it is added again: the peer dialling this node
+        is refused, whatever token it presents (see :meth:`dialled_after_removal`)."""
         with self._admin:
             self._check_open()
             with self._lock:
@@ -347,9 +356,15 @@ class Links(Egress):
                 owed = link.outbox.sender.pending
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
-            job = Store.drop_link_job(f"link/{peer}/", route_ids)
+            removed = {**self._removed, peer: self.clock()}
+            jobs = [
+                Store.drop_link_job(f"link/{peer}/", route_ids),
+                Store.save_meta_job(REMOVED, json.dumps(removed)),
+            ]
             entry = self._audit(by, "remove-link", peer, f"{owed} messages owed" if owed else "")
-            self.store.writer.run(Store.audited(job, entry)).result()
+            self.store.writer.run(Store.audited(together(jobs), entry)).result()
+            with self._lock:
+                self._removed = removed
             self._keep_secrets(peer, None)
         self._links_changed()
         return owed
@@ -383,6 +398,7 @@ class Links(Egress):
         with self._lock:
             known = self._routing.known()
             rates = self._rates.rates(now, self._totals())
+            removed = dict(self._removed_dials)
             rows = []
             for peer in sorted(self._links):
                 link = self._links[peer]
@@ -420,6 +436,10 @@ class Links(Egress):
                     link.refusal and not link.connected,
                 )
             )
+        for peer, dials in sorted(removed.items()):
+            said = f"{peer} still dials this node: refused {dials} time{'s' * (dials != 1)}"
+            out.append(LinkInfo(peer, None, False, 0, 0, None, 0, 0, 0, 0, (),
+                                error=f"{said} since it started", removed=True))  # fmt: skip
         return out
 
     def _totals(self) -> Totals:
@@ -504,8 +524,8 @@ class Links(Egress):
 
     def link_failed(self, peer: str, why: str, *, refused: bool = False) -> None:
         """An attempt to connect to ``peer`` failed (shown by ``inspect links``):
-        ``refused`` if one side said no (a name or token that does not fit), rather than
-        could not be reached."""
+        ``refused`` if one side said no (a name or token that does not fit, a link
+        removed), rather than could not be reached."""
         with self._lock:
             link = self._links.get(peer)
             if link is not None:
@@ -521,6 +541,16 @@ class Links(Egress):
                 if link.config.address is None and link.config.accepts and not link.connected
             ]
         return [(peer, key) for _, peer, key in sorted(found) if key is not None]
+
+    def dialled_after_removal(self, peer: str) -> bool:
+        """Whether ``peer``, dialling this node now, is a peer whose link this node
+        removed and has not added again: its dial is to be refused (and is counted for
+        ``inspect links``)."""
+        with self._lock:
+            if peer in self._links or peer not in self._removed:
+                return False
+            self._removed_dials[peer] = self._removed_dials.get(peer, 0) + 1
+            return True
 
     def link_disconnected(self, peer: str, wake: Wake) -> None:
         """The connection ``wake`` belonged to is gone. Nothing is forgotten: what the

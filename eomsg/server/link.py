@@ -68,9 +68,9 @@ log = logging.getLogger("eomsg.link")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
 REFUSED_FIRST, REFUSED_MAX = 5.0, 60.0  # the backoff after the dialled node said no
-# Refusals of a link as it is (its name or token), not of a moment (a store being
-# reopened): redialled after the longer backoff.
-REFUSALS = (AuthenticationFailed.code,)
+# Refusals of a link as it is (its name, token or existence), not of a moment (a store
+# being reopened): redialled after the longer backoff.
+REFUSALS = (AuthenticationFailed.code, LinkNotFound.code)
 WAITING_PROOFS = 3  # at most, to a node of a name this node has no link to (see accept)
 CHANNEL_BROKEN = "the link lost part of this tunnelled connection"
 # What only a made link carries: nothing of it is taken before both sides proved who they are.
@@ -587,7 +587,8 @@ class LinkManager:
     async def accept(self, session: Any, hello: ev.LinkHello) -> None:
         """A node dialled this one (on ``session``'s connection): check what it says,
         answer with this node's proofs and a nonce, and wait for its own proof
-        (:meth:`proven`) before anything of the link is taken or changed.
+        (:meth:`proven`) before anything of the link is taken or changed. A node whose
+        link this node removed is refused at once, whatever its token.
 
         To a node of a name this node has no link to, the welcome also proves the keys
         of a few links still waiting for their peer's first dial: if it holds one, its
@@ -611,6 +612,11 @@ class LinkManager:
             conn.peer_max_frame = hello.max_frame
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
+            if node.dialled_after_removal(hello.node):
+                raise LinkNotFound(
+                    f"{node.node_name!r} removed its link to {hello.node!r} (on "
+                    f"{node.node_name!r}, `eomsg link add {hello.node}` makes it again)"
+                )
             dials = {c.peer for c in node.link_configs() if c.address}
             if hello.node in dials and node.node_name < hello.node:
                 raise EomsgError(
