@@ -88,6 +88,17 @@ def test_a_grant_to_another_principal_leaves_a_linked_nodes_clients_as_they_were
     assert done.stderr.startswith("Error: eomsg queue purge: billing may not ")
     assert "queue_config" not in done.stderr and " run " not in done.stderr
 
+    # One who may add links but not look at them: the link is added, and it says so.
+    nodes.run("grant", "billing", "admin", "--node", "--data", db)
+    done = nodes.run("link", "add", "z", "tcp://127.0.0.1:1", "--token-file",
+                     str(tmp_path / "a.token"), "--broker", b.tcp, "--token", token)  # fmt: skip
+    assert (done.stdout, done.stderr) == (
+        "linked to z\n",
+        "warning: whether the link to z is up cannot be seen: billing may not look at the "
+        "links: it needs inspect on node (an administrator grants it: eomsg grant billing "
+        "inspect --node)\n",
+    )
+
 
 def old_directory(path: Path, *grants: tuple[str, str, str, str]) -> None:
     """A data directory as eomsg left it before a link granted its peer's principal

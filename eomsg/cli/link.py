@@ -21,7 +21,7 @@ from eomsg.cli.output import print_json, say, show, shown, styled, table
 from eomsg.client.broker import Broker
 from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.links import LinkConfig, LinkInfo, check_node_name
-from eomsg.errors import AuthenticationFailed, UsageError
+from eomsg.errors import AuthenticationFailed, NotAllowed, UsageError
 from eomsg.wire.address import parse_address
 from eomsg.wire.tls import ClientTls
 
@@ -106,12 +106,15 @@ def add(
         token = read_secret(token_file, "token file")
     else:
         token, made = make_secret(token_file, "token file"), True
-    info = None
+    info, unseen = None, None
     with open_broker(data) as broker:
         added = broker.add_link(peer, address, token, ca)
         served = not broker.embedded
         if address is not None and served:
-            info = _first_outcome(broker, peer, seconds)
+            try:
+                info = _first_outcome(broker, peer, seconds)
+            except NotAllowed as e:  # may add links, not look at them: the link is added
+                unseen = e.message
     said: dict[str, object] = {"peer": peer, "address": address, "added": added}
     if address is not None:
         said.update(state=None if info is None else info.state)
@@ -126,6 +129,8 @@ def add(
     if address is not None and not served:
         say(f"warning: no node serves {data}: it dials {peer} once `eomsg serve` runs on it",
             err=True)  # fmt: skip
+    elif unseen is not None:
+        say(f"warning: whether the link to {peer} is up cannot be seen: {unseen}", err=True)
     elif info is not None and info.refusal:
         raise AuthenticationFailed(
             f"the link to {peer} is {info.error} (the link is kept and dialled again now and "
