@@ -1,6 +1,7 @@
 """Grants and links (issue 35, item 7): what the clients that come through a linked node
-may do. A link grants ``@PEER`` what a linked node's clients could always do — publish,
-consume, inspect — so a grant to another principal changes nothing for them; a grant or
+may do. A link grants ``@PEER`` what a linked node's clients could always do — every
+right on the node, with no admin operation through a link — so a grant to another
+principal changes nothing for them; a grant or
 revoke naming ``@PEER`` does, and says so; and a denial names what the user ran, never
 an operation's name. Through the CLI and real `eomsg serve` processes; and a data
 directory from before, opened, keeps what its links' clients could do."""
@@ -49,7 +50,8 @@ def test_a_grant_to_another_principal_leaves_a_linked_nodes_clients_as_they_were
     assert (done.stdout, done.stderr) == ("1 orders/0 m0\n", "")
     # What a's clients may do here: what the link granted @a.
     assert nodes.run("inspect", "grants", "@a", "--json", "--data", db).stdout == (
-        '[{"principal": "@a", "right": "consume", "kind": "node", "name": ""}, '
+        '[{"principal": "@a", "right": "admin", "kind": "node", "name": ""}, '
+        '{"principal": "@a", "right": "consume", "kind": "node", "name": ""}, '
         '{"principal": "@a", "right": "inspect", "kind": "node", "name": ""}, '
         '{"principal": "@a", "right": "publish", "kind": "node", "name": ""}]\n'
     )
@@ -121,18 +123,19 @@ def test_a_directory_from_before_keeps_what_its_links_clients_could_do(tmp_path:
     old_directory(tmp_path / "open")
     with Node.open(tmp_path / "open", NodeSettings(tick=None)) as node:
         assert [str(g) for g in node.grants()] == [
-            "@p consume on node", "@p inspect on node", "@p publish on node",
+            "@p admin on node", "@p consume on node", "@p inspect on node",
+            "@p publish on node",
         ]  # fmt: skip
-        assert {(e.principal, e.action, e.target, e.detail) for e in node.audit()[:3]} == {
+        assert {(e.principal, e.action, e.target, e.detail) for e in node.audit()[:4]} == {
             ("owner", "grant", "@p", f"{right} on node (as before: a linked node's clients "
              "while the node had no grant)")
-            for right in ("consume", "inspect", "publish")
+            for right in ("admin", "consume", "inspect", "publish")
         }  # fmt: skip
     with Node.open(tmp_path / "open", NodeSettings(tick=None)) as node:  # once only
-        assert len(node.grants()) == 3
+        assert len(node.grants()) == 4
         node.revoke("@p", "inspect", "node")
     with Node.open(tmp_path / "open", NodeSettings(tick=None)) as node:  # taken back: stays so
-        assert len(node.grants()) == 2
+        assert len(node.grants()) == 3
 
     old_directory(tmp_path / "granted", ("ops", "inspect", "node", ""))
     with Node.open(tmp_path / "granted", NodeSettings(tick=None)) as node:

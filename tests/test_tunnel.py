@@ -368,18 +368,19 @@ def test_clients_through_a_link_have_what_the_link_principal_is_granted(
     network: Network,
 ) -> None:
     """A client that reaches b through a acts there as ``@a``, which the link gave what a
-    linked node's clients may do — publish, consume, inspect on the node — and which b
+    linked node's clients may do — every right on the node — and which b
     may narrow: taken back, only the narrower grants are left."""
     linked(network, "a", "b")
     with network.client("b") as b:
         assert [str(g) for g in b.grants("@a")] == [
-            "@a consume on node", "@a inspect on node", "@a publish on node",
+            "@a admin on node", "@a consume on node", "@a inspect on node",
+            "@a publish on node",
         ]  # fmt: skip
         b.create_queue(QueueConfig("q", subscriptions=("q/>",)))
         b.create_queue(QueueConfig("other", subscriptions=("o/>",)))
         b.publish("q/1", b"one")
         b.grant("@a", "consume", "queue", "q")
-        for right in ("publish", "consume", "inspect"):
+        for right in ("publish", "consume", "inspect", "admin"):
             b.revoke("@a", right, "node")
     located(network, "a", "q", "b")
     with eomsg.connect(network.tmp / "a", via="b") as through:

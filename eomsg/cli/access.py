@@ -144,7 +144,8 @@ def grant(
     """Grant a principal a right. The node denies by default: each principal may do only
     what it is granted (the node's owner, with the node's token or on its Unix socket,
     always may). A no-op if granted already. @NODE is every client that comes through
-    the link from NODE: the link grants it publish, consume and inspect on the node;
+    the link from NODE: the link grants it every right on the node (never an admin
+    operation through a link);
     a grant or revoke naming it says what changes for them.
 
     \b

@@ -20,11 +20,14 @@ settings, principals and grants). Rights do not imply one another.
 client presenting the node's own token, or one on its owner-only Unix socket without a
 token — is never limited: it can read the data directory anyway. A client of another
 node that reaches this one through a link acts as the principal ``@PEER``, which is
-granted when the link is made what a linked node's clients could always do — publish,
-consume and inspect on the node (:func:`link_grants`), unless it holds grants already —
-and may be granted more narrowly then (revoke those, grant others). A grant to another
-principal never changes what ``@PEER`` may do; and whatever it holds, a client through a
-link runs no operation that changes this node's set-up (the server's rule).
+granted when the link is made what a linked node's clients could always do — every right
+on the node (:func:`link_grants`), unless it holds grants already — and may be granted
+more narrowly then (revoke those, grant others). A grant to another principal never
+changes what ``@PEER`` may do; and whatever it holds, a client through a link runs no
+operation that changes this node's set-up (the server's rule): ``admin`` reaches, through
+a link, only settling another principal's transaction — a transactional consumer whose
+route here changed since it prepared one comes through another node, as another
+principal — forcing an abort, and recording a replay job.
 
 A client may always settle its own transactions (the principal that prepared one may
 commit or abort it); another's needs ``admin`` on the node.
@@ -199,9 +202,10 @@ def link_principal(peer: str) -> str:
     return f"@{peer}"
 
 
-LINK_RIGHTS = (Right.PUBLISH, Right.CONSUME, Right.INSPECT)
-"""What ``@PEER`` is granted on the node when a link to ``PEER`` is made: everything
-but admin, which a client through a link never runs anyway."""
+LINK_RIGHTS = tuple(Right)
+"""What ``@PEER`` is granted on the node when a link to ``PEER`` is made: every right,
+as a linked node's clients always had — they never run an operation that changes this
+node's set-up anyway (see the module's docstring)."""
 
 
 def link_grants(peer: str) -> frozenset[Grant]:

@@ -55,7 +55,7 @@ class Access(NodeState):
     def _grant_links_as_before(self) -> None:
         """Once, for a data directory from before a linked node's clients had grants of
         their own (``@PEER``'s, made with the link): they could do everything but admin
-        while the node had no grant at all, and only what ``@PEER`` held once it had
+        operations while the node had no grant at all, and only what ``@PEER`` held once it had
         one. The first is kept as the grants a link makes now; the second needs none."""
         made: frozenset[Grant] = frozenset()
         if not self.access.grants:
