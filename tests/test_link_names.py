@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import eomsg
-from tests.conftest import eventually
+from tests.conftest import NodeProcess, eventually
 from tests.linkcli import Nodes
 from tests.test_network import drain
 
@@ -93,6 +93,16 @@ def test_a_node_is_named_at_init(nodes: Nodes, tmp_path: Path) -> None:
         "named by `eomsg serve --node-name`)\n"
     )
     nodes.run("queue", "list", "--node-name", "a", "--data", nodes.dir("a"))
+    # serve takes the name as every command does: before its name, or from the environment.
+    c = NodeProcess(nodes.eomsg_bin, tmp_path / "c", {**nodes.env, "EOMSG_NODE_NAME": "c"})
+    nodes.procs.append(c.start())
+    with eomsg.connect(tmp_path / "c") as client:
+        assert client.node == "c"
+    d = NodeProcess(nodes.eomsg_bin, tmp_path / "d", nodes.env)
+    d.cmd[1:1] = ["--node-name", "d"]  # eomsg --node-name d serve …
+    nodes.procs.append(d.start())
+    with eomsg.connect(tmp_path / "d") as client:
+        assert client.node == "d"
 
 
 def test_a_wrong_token_is_named_on_both_sides(nodes: Nodes, tmp_path: Path) -> None:

@@ -84,9 +84,10 @@ def serve(
     node_name: Annotated[
         str | None,
         typer.Option(
+            envvar="EOMSG_NODE_NAME",
             callback=before_the_name,
-            help="This node's name among linked nodes (default: the one it keeps, else "
-            "node-<random>); once a link was made, the node keeps its name.",
+            help="This node's name among linked nodes (env EOMSG_NODE_NAME; default: the one "
+            "it keeps, else node-<random>); once a link was made, the node keeps its name.",
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections.")] = False,
