@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,9 +55,11 @@ class Shell:
         return done
 
     def start(self, line: str) -> tuple[subprocess.Popen[str], str]:
-        """A line that runs in the background (``&``, or one that follows): started,
-        with the first line it printed."""
-        command = self.line(line).rstrip().removesuffix("&")
+        """A line that runs in the background (``&``, or one that follows): started as
+        this test's child (its comment and ``&`` taken off), with the first line it
+        printed."""
+        words = shlex.split(self.line(line), comments=True)
+        command = shlex.join(words[:-1] if words[-1] == "&" else words)
         proc = subprocess.Popen(
             ["bash", "-c", f"exec {command}"], cwd=self.cwd, env=self.env, text=True,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -72,6 +75,7 @@ class Shell:
             if proc.poll() is None:
                 proc.terminate()
                 proc.communicate(timeout=60)
+            assert proc.returncode is not None
 
 
 @pytest.fixture
@@ -94,19 +98,19 @@ def test_the_readme_network_walkthrough_works_as_written(shell: Shell, tmp_path:
     )
     # b listens where the test may: loopback, on the port it picks (then named as such).
     shell.address = "127.0.0.1:0"
-    _, ready = shell.start(serve_b)
+    node_b, ready = shell.start(serve_b)
     port = re.search(r"tls://127\.0\.0\.1:(\d+)", ready)
     assert port is not None, ready
     shell.address = f"127.0.0.1:{port[1]}"
-    assert ready.startswith("eomsg node b (pid ")
+    assert ready.startswith(f"eomsg node b (pid {node_b.pid}) ")
 
     assert shell.run(create).stdout == "created queue audit\n"
     made = shell.run(allow_a)
     assert made.stdout == (
         "linked to a\na dials this node with the token now in a.token (give it a copy)\n"
     )
-    _, ready = shell.start(serve_a)
-    assert ready.startswith("eomsg node a (pid ")
+    node_a, ready = shell.start(serve_a)
+    assert ready.startswith(f"eomsg node a (pid {node_a.pid}) ")  # the test's child: stopped
     done = shell.run(link)
     assert (done.stdout, done.stderr) == ("linked to b (up)\n", "")
     done = shell.run(publish)
