@@ -43,6 +43,7 @@ def test_command_has_help_and_docs(name: str, command: Any) -> None:
 
 
 GLOBAL = {"--data", "--json", "--broker", "--token", "--tls-ca", "--via", "--init", "--help"}
+GLOBAL |= {"--node-name"}
 
 
 def section(name: str) -> str:

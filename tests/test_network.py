@@ -100,9 +100,9 @@ def test_the_issue_walkthrough_through_the_cli(
         return done
 
     da, db = str(tmp_path / "a"), str(tmp_path / "b")
-    assert run("link", "add", "b", b.tcp, "--token-file", str(token), "--data", da).stdout == (
-        "linked to b\n"
-    )
+    added = run("link", "add", "b", b.tcp, "--token-file", str(token), "--wait", "120s",
+                "--data", da)  # fmt: skip
+    assert added.stdout == "linked to b (up)\n"
     assert eventually(lambda: network.up("a", "b") and network.up("b", "a"))
     run("queue", "create", "audit", "--subscribe", "orders/>", "--data", db)
     with network.client("a") as client:
@@ -133,9 +133,11 @@ def test_a_wrong_token_is_refused_and_changes_nothing(network: Network, tmp_path
         (info,) = client.link_info()
         assert not info.connected
         assert info.error == (
-            "refused: it does not know the link's token: a wrong --token-file, or not the "
-            "peer (check the address)"
+            f"refused: 'b' at {b.tcp} did not prove it knows the token 'a' dials it with: it "
+            "accepts no such token from a node named 'a' (a wrong --token-file, 'b' knowing "
+            "this node by another name, or not 'b' at that address)"
         )
+        assert info.state == "refused"
     with network.client("b") as client:
         assert client.link_info() == []
 

@@ -217,10 +217,14 @@ def test_serve_checks_its_tls_options_before_taking_the_directory(
 
 # -- links -------------------------------------------------------------------------------
 
-REFUSED = (  # what the dialler says of a node that does not know the link's token
-    "refused: it does not know the link's token: a wrong --token-file, or not the peer "
-    "(check the address)"
-)
+def refused_at(address: str) -> str:
+    """What the dialler says of a node at ``address`` that does not prove it knows the
+    link's token."""
+    return (
+        f"refused: 'b' at {address} did not prove it knows the token 'a' dials it with: it "
+        "accepts no such token from a node named 'a' (a wrong --token-file, 'b' knowing "
+        "this node by another name, or not 'b' at that address)"
+    )
 
 
 def test_a_link_over_tls_with_a_token_of_its_own(nodes: Nodes, pki: Pki, tmp_path: Path) -> None:
@@ -264,21 +268,29 @@ def test_a_link_over_tls_with_a_token_of_its_own(nodes: Nodes, pki: Pki, tmp_pat
 
 
 def test_a_link_token_is_for_its_peer_alone(nodes: Nodes, pki: Pki, tmp_path: Path) -> None:
-    """c holds the token b made for a: presenting it as c is refused, and b learns of
-    no link to c."""
+    """c holds the token b made for a: presenting it as c is refused — both sides say
+    which name the token is for — and b learns of no link to c."""
     b = nodes.start("b")
     c = nodes.start("c")
     token = tmp_path / "a-b.token"
     nodes.run("link", "add", "a", "--token-file", str(token), "--data", str(b.data_dir))
-    nodes.run("link", "add", "b", b.tcp, "--token-file", str(token), "--data", str(c.data_dir))
-
-    def refused() -> bool:
-        (link,) = json.loads(nodes.run("link", "list", "--json", "--data", str(c.data_dir)).stdout)
-        return (link["error"] or "") == REFUSED
-
-    assert eventually(refused)
+    done = nodes.run("link", "add", "b", b.tcp, "--token-file", str(token), "--wait", "120s",
+                     "--data", str(c.data_dir), code=10)  # fmt: skip
+    why = (
+        "a node dialled as 'c' with the token 'b' made for 'a': a link's token is good for "
+        "its own name only (start that node as --node-name a, or link 'c' on 'b')"
+    )
+    assert (done.stdout, done.stderr) == (
+        "linked to b\n",
+        f"Error: the link to b is refused by b: {why} (the link is kept and dialled again now "
+        "and then: fix that, or `eomsg link remove b`)\n",
+    )
+    (link,) = json.loads(nodes.run("link", "list", "--json", "--data", str(c.data_dir)).stdout)
+    assert (link["state"], link["error"]) == ("refused", f"refused by b: {why}")
     peers = json.loads(nodes.run("link", "list", "--json", "--data", str(b.data_dir)).stdout)
-    assert [(x["peer"], x["state"]) for x in peers] == [("a", "down")]
+    assert [(x["peer"], x["state"], x["error"]) for x in peers] == [
+        ("a", "refused", f"refused: {why}")
+    ]
 
 
 def test_a_link_to_a_node_that_does_not_know_its_token_takes_nothing(
@@ -294,15 +306,11 @@ def test_a_link_to_a_node_that_does_not_know_its_token_takes_nothing(
         token.write_text("the-token\n")
         token.chmod(0o600)
         nodes.run("queue", "create", "q", "--subscribe", "x", "--data", str(a.data_dir))
-        nodes.run("link", "add", "b", fake.address, "--token-file", str(token), "--data",
-                  str(a.data_dir))  # fmt: skip
-
-        def refused() -> bool:
-            shown = nodes.run("link", "list", "--json", "--data", str(a.data_dir)).stdout
-            (link,) = json.loads(shown)
-            return bool(link["error"] == REFUSED)
-
-        assert eventually(refused)
+        nodes.run("link", "add", "b", fake.address, "--token-file", str(token), "--wait",
+                  "120s", "--data", str(a.data_dir), code=10)  # fmt: skip
+        shown = nodes.run("link", "list", "--json", "--data", str(a.data_dir)).stdout
+        (link,) = json.loads(shown)
+        assert link["error"] == refused_at(fake.address)
         assert fake.hellos  # and nothing of the token travelled in them:
         assert b"the-token" not in fake.heard
         assert not fake.after_welcome  # a sent nothing past its hello: not even its proof

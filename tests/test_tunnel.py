@@ -283,7 +283,7 @@ def test_what_a_client_through_a_link_may_not_do(network: Network, tmp_path: Pat
         b.create_queue(QueueConfig("q", subscriptions=("q",)))
     located(network, "a", "q", "b")
     with eomsg.connect(network.tmp / "a", via="b") as through:
-        with pytest.raises(NotAllowed, match="create_queue changes node 'b'"):
+        with pytest.raises(NotAllowed, match="may not create queue x on node 'b': that changes"):
             through.create_queue(QueueConfig("x", subscriptions=("x",)))
         with pytest.raises(NotAllowed):
             through.purge("q")
@@ -295,8 +295,8 @@ def test_what_a_client_through_a_link_may_not_do(network: Network, tmp_path: Pat
     )  # fmt: skip
     assert (done.returncode, done.stderr) == (
         10,
-        "Error: purge changes node 'b''s set-up, which a client that came through node 'a' "
-        "may not do: run it on 'b' itself\n",
+        "Error: eomsg queue purge: a client that came through node 'a' may not purge queue q "
+        "on node 'b': that changes its set-up (run it on 'b' itself)\n",
     )
     # A queue of another node, asked for here: the error says where it is.
     done = subprocess.run(
@@ -367,21 +367,31 @@ def test_a_transaction_through_a_link(network: Network, tmp_path: Path) -> None:
 def test_clients_through_a_link_have_what_the_link_principal_is_granted(
     network: Network,
 ) -> None:
-    """Once b has grants, a client that reaches b through a acts there as ``@a``."""
+    """A client that reaches b through a acts there as ``@a``, which the link gave what a
+    linked node's clients may do — every right on the node — and which b
+    may narrow: taken back, only the narrower grants are left."""
     linked(network, "a", "b")
     with network.client("b") as b:
+        assert [str(g) for g in b.grants("@a")] == [
+            "@a admin on node", "@a consume on node", "@a inspect on node",
+            "@a publish on node",
+        ]  # fmt: skip
         b.create_queue(QueueConfig("q", subscriptions=("q/>",)))
         b.create_queue(QueueConfig("other", subscriptions=("o/>",)))
         b.publish("q/1", b"one")
         b.grant("@a", "consume", "queue", "q")
+        for right in ("publish", "consume", "inspect", "admin"):
+            b.revoke("@a", right, "node")
     located(network, "a", "q", "b")
     with eomsg.connect(network.tmp / "a", via="b") as through:
         assert [d.message.payload for d in through.fetch("q", 1)] == [b"one"]
-        with pytest.raises(NotAllowed, match="@a may not fetch from queue other"):
+        with pytest.raises(
+            NotAllowed, match=r"^@a \(clients through node 'a'\) may not fetch from queue other"
+        ):
             through.fetch("other", 1)
-        with pytest.raises(NotAllowed, match="@a may not run stats"):
+        with pytest.raises(NotAllowed, match=r"may not read the queues' statistics: it needs"):
             through.stats()
     with network.client("b") as b:
-        b.revoke("@a", "consume", "queue", "q")  # no grant left: as before, all but admin
+        b.grant("@a", "inspect", "node")
     with eomsg.connect(network.tmp / "a", via="b") as through:
         assert [s.name for s in through.stats()] == ["other", "q"]

@@ -143,7 +143,10 @@ def grant(
 ) -> None:
     """Grant a principal a right. The node denies by default: each principal may do only
     what it is granted (the node's owner, with the node's token or on its Unix socket,
-    always may). A no-op if granted already.
+    always may). A no-op if granted already. @NODE is every client that comes through
+    the link from NODE: the link grants it every right on the node (never an admin
+    operation through a link);
+    a grant or revoke naming it says what changes for them.
 
     \b
     Examples:
@@ -190,3 +193,13 @@ def _change(
         say(f"{'granted' if changed else 'held already:'} {principal} {right} on {on}")
     else:
         say(f"{'revoked' if changed else 'not granted:'} {principal} {right} on {on}")
+    if changed and principal.startswith("@"):  # what a linked node's clients may do here
+        peer = principal[1:]
+        said = (
+            f"every client that comes through node {peer} may now {right} on {on} here "
+            f"({principal} stands for them all, as one)"
+            if given
+            else f"the clients that come through node {peer} may do here only what "
+            f"{principal} still holds (`eomsg inspect grants {principal}`)"
+        )
+        say(f"warning: {said}", err=True)

@@ -16,6 +16,7 @@ from eomsg.cli.replay import spark_replay
 from eomsg.cli.root import (
     BROKER_HELP,
     INIT_HELP,
+    NODE_NAME_HELP,
     TLS_CA_HELP,
     TOKEN_HELP,
     VIA_HELP,
@@ -88,6 +89,10 @@ def root(
         typer.Option("--via", envvar="EOMSG_VIA", metavar="NODE", help=VIA_HELP),
     ] = None,
     init: Annotated[bool, typer.Option("--init", envvar="EOMSG_INIT", help=INIT_HELP)] = False,
+    node_name: Annotated[
+        str | None,
+        typer.Option("--node-name", envvar="EOMSG_NODE_NAME", metavar="NAME", help=NODE_NAME_HELP),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")] = False,
 ) -> None:
     """Durable, exactly-once messaging for applications that keep their own databases.
@@ -95,7 +100,7 @@ def root(
     The options above may also follow the command's name (eomsg queue list --data d);
     given in both places, the one after the name counts."""
     Globals.broker, Globals.token, Globals.init = broker, token, init
-    Globals.tls_ca, Globals.via = tls_ca, via
+    Globals.tls_ca, Globals.via, Globals.node_name = tls_ca, via, node_name
 
 
 def main() -> None:

@@ -18,7 +18,15 @@ import typer
 from eomsg.cli.output import say
 from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
-from eomsg.errors import DataDirError, EomsgError, ExitCode, Unavailable, UsageError
+from eomsg.errors import (
+    DataDirError,
+    EomsgError,
+    ExitCode,
+    InvalidConfig,
+    NotAllowed,
+    Unavailable,
+    UsageError,
+)
 from eomsg.store.files import holds_store
 from eomsg.wire.address import socket_path
 from eomsg.wire.tls import ClientTls
@@ -126,6 +134,8 @@ def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return fn(*args, **kwargs)
+        except NotAllowed as e:  # said as what the user ran, which the node cannot know
+            raise fail(f"{Globals.command or 'eomsg'}: {e.message}", e.exit_code) from e
         except EomsgError as e:
             raise fail(e.message, e.exit_code) from e
 
@@ -137,14 +147,16 @@ class Globals:
     command's name or after it (after wins): where the node is (``--broker``, env
     EOMSG_BROKER), its token for TCP (``--token``, env EOMSG_TOKEN), the CA for TLS
     (``--tls-ca``, env EOMSG_TLS_CA), the node to reach through it (``--via``, env
-    EOMSG_VIA), and whether a
-    missing data directory may be created (``--init``)."""
+    EOMSG_VIA), whether a
+    missing data directory may be created (``--init``), and the node's name
+    (``--node-name``, env EOMSG_NODE_NAME)."""
 
     broker: str | None = None
     token: str | None = None
     tls_ca: str | None = None
     via: str | None = None
     init: bool = False
+    node_name: str | None = None
     command: str | None = None  # the command running ("eomsg queue purge")
 
 
@@ -177,6 +189,12 @@ def open_broker(data: Path) -> Iterator[Broker]:
             client = connect(data, token=Globals.token, name=name)
     if client is not None:
         with client:
+            wanted = Globals.node_name
+            if wanted is not None and client.node != wanted:
+                raise InvalidConfig(
+                    f"the node serving {data} is named {client.node!r}, not {wanted!r} (a "
+                    "running node is named by `eomsg serve --node-name`)"
+                )
             yield client
         return
     if not Globals.init and not holds_store(data):
@@ -192,7 +210,12 @@ def open_broker(data: Path) -> Iterator[Broker]:
     lock.PURPOSE = Globals.command
 
     with (
-        LocalClient.open(data, NodeSettings(tick=None), create=Globals.init, name=name) as local,
+        LocalClient.open(
+            data,
+            NodeSettings(tick=None, node_name=Globals.node_name),
+            create=Globals.init,
+            name=name,
+        ) as local,
         lending(data, local.node, _lent(data)),  # others may look meanwhile, through its socket
     ):
         yield local

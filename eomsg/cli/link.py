@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -16,10 +17,11 @@ from eomsg.cli.common import (
     open_broker,
     read_secret,
 )
-from eomsg.cli.output import print_json, say, show, styled, table
+from eomsg.cli.output import print_json, say, show, shown, styled, table
+from eomsg.client.broker import Broker
 from eomsg.core.durations import format_duration, parse_duration
-from eomsg.core.links import LinkConfig, check_node_name
-from eomsg.errors import UsageError
+from eomsg.core.links import LinkConfig, LinkInfo, check_node_name
+from eomsg.errors import AuthenticationFailed, NotAllowed, UsageError
 from eomsg.wire.address import parse_address
 from eomsg.wire.tls import ClientTls
 
@@ -57,13 +59,24 @@ def add(
             "the system's).",
         ),
     ] = None,
+    wait: Annotated[
+        str,
+        typer.Option(
+            metavar="DURATION",
+            help="With ADDRESS: how long to wait for the link to be up, or refused (0: do "
+            "not wait).",
+        ),
+    ] = "10s",
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
     """Link this node to another: each sends the other the messages its queues want,
     exactly once, for as long as the link exists (a no-op if the same link exists).
     One side dials (it has the other's address); the other learns of the link when it
-    does, or is told first, with a token of the link's own.
+    does, or is told first, with a token of the link's own. The side that dials waits
+    until the link is up (the other node's queues known here) and says so; a link the
+    other node refuses is an error (exit 10) that says why, and is kept (fix what is
+    wrong, or remove it).
 
     \b
     Examples:
@@ -72,6 +85,7 @@ def add(
       eomsg link add b tcp://10.0.0.2:7501 --token-file b/eomsg.token   # b's node token
     """
     check_node_name(peer)
+    seconds = parse_duration(wait)
     made = False
     ca = None
     if address is not None:
@@ -92,14 +106,53 @@ def add(
         token = read_secret(token_file, "token file")
     else:
         token, made = make_secret(token_file, "token file"), True
+    info, unseen = None, None
     with open_broker(data) as broker:
         added = broker.add_link(peer, address, token, ca)
+        served = not broker.embedded
+        if address is not None and served:
+            try:
+                info = _first_outcome(broker, peer, seconds)
+            except NotAllowed as e:  # may add links, not look at them: the link is added
+                unseen = e.message
+    said: dict[str, object] = {"peer": peer, "address": address, "added": added}
+    if address is not None:
+        said.update(state=None if info is None else info.state)
+        said.update(error=None if info is None else info.error)
     if json:
-        print_json({"peer": peer, "address": address, "added": added, "token_made": made})
-        return
-    say(f"{'linked to' if added else 'exists: link to'} {peer}")
-    if made:
-        say(f"{peer} dials this node with the token now in {token_file} (give it a copy)")
+        print_json({**said, "token_made": made})
+    else:
+        up = info is not None and info.connected
+        say(f"{'linked to' if added else 'exists: link to'} {peer}" + (" (up)" if up else ""))
+        if made:
+            say(f"{peer} dials this node with the token now in {token_file} (give it a copy)")
+    if address is not None and not served:
+        say(f"warning: no node serves {data}: it dials {peer} once `eomsg serve` runs on it",
+            err=True)  # fmt: skip
+    elif unseen is not None:
+        say(f"warning: whether the link to {peer} is up cannot be seen: {unseen}", err=True)
+    elif info is not None and info.refusal:
+        raise AuthenticationFailed(
+            f"the link to {peer} is {info.error} (the link is kept and dialled again now and "
+            f"then: fix that, or `eomsg link remove {peer}`)"
+        )
+    elif address is not None and (info is None or not info.connected) and seconds > 0:
+        why = f": {info.error}" if info is not None and info.error else ""
+        say(f"warning: the link to {peer} is not up yet{why}; this node keeps dialling it "
+            "(see `eomsg inspect links`)", err=True)  # fmt: skip
+
+
+def _first_outcome(broker: Broker, peer: str, seconds: float) -> LinkInfo | None:
+    """The link to ``peer`` once it is up (the peer's table of routes heard: its queues
+    known here), refused, or failed to connect — or as it is after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while True:
+        info = next((i for i in broker.link_info() if i.peer == peer), None)
+        if info is None or (info.connected and peer in info.reaches) or info.error:
+            return info
+        if time.monotonic() >= deadline:
+            return info
+        time.sleep(0.05)
 
 
 def _read_ca(path: Path, address: str) -> str:
@@ -237,8 +290,8 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
     for i in links:
         row: list[str | Text] = [
             i.peer,
-            i.address or "(dials here)",
-            styled("up", "green") if i.connected else styled(_down(i.error), "red"),
+            "-" if i.removed else i.address or "(dials here)",
+            styled("up", "green") if i.connected else styled(shown(_down(i)), "red"),
             str(i.pending),
             " ".join(i.reaches) or "-",
         ]
@@ -259,5 +312,8 @@ def show_links(data: Path, json: bool, *, detail: bool) -> None:
     show(grid)
 
 
-def _down(error: str | None) -> str:
-    return "down" if error is None else f"down ({error})"
+def _down(info: LinkInfo) -> str:
+    """The state of a link that is not up, with why (as it is said: "refused by b: …")."""
+    if info.error is None:
+        return info.state
+    return info.error if info.error.startswith(info.state) else f"{info.state} ({info.error})"

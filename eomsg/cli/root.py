@@ -35,10 +35,16 @@ INIT_HELP = (
     "Create the data directory if it does not exist (env EOMSG_INIT=1); without it only "
     "`eomsg serve` does, so a mistyped --data is an error, not a new directory."
 )
+NODE_NAME_HELP = (
+    "The node's name among linked nodes (env EOMSG_NODE_NAME), as `eomsg serve "
+    "--node-name`: what a data directory made now (--init) is named, or one opened here is "
+    "renamed to while none of its links was made; a running node must have it."
+)
 # Commands that work on the data directory itself, never through a node (serve creates
 # it; compact and salvage need one that exists).
 OFFLINE = {"serve", "compact", "salvage"}
-CLIENT_GLOBALS = ("broker", "token", "tls_ca", "via", "init")  # what every other command takes
+# What every other command takes.
+CLIENT_GLOBALS = ("broker", "token", "tls_ca", "via", "init", "node_name")
 
 
 def _set(attribute: str) -> Any:

@@ -14,6 +14,7 @@ from eomsg.cli.common import (
     DEFAULT_DATA,
     DataOption,
     JsonOption,
+    before_the_name,
     check_owner_only,
     handles_errors,
 )
@@ -98,8 +99,10 @@ def serve(
     node_name: Annotated[
         str | None,
         typer.Option(
-            help="This node's name among linked nodes (default: the one it keeps, else "
-            "node-<random>); a linked node keeps its name.",
+            envvar="EOMSG_NODE_NAME",
+            callback=before_the_name,
+            help="This node's name among linked nodes (env EOMSG_NODE_NAME; default: the one "
+            "it keeps, else node-<random>); once a link was made, the node keeps its name.",
         ),
     ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Log connections.")] = False,

@@ -19,9 +19,15 @@ settings, principals and grants). Rights do not imply one another.
 **Deny by default**: a principal may do only what it is granted. The node's *owner* — a
 client presenting the node's own token, or one on its owner-only Unix socket without a
 token — is never limited: it can read the data directory anyway. A client of another
-node that reaches this one through a link acts as the principal ``@PEER``; while no grant
-at all exists such a client may do everything but admin (as before permissions existed),
-and once any rule exists only what ``@PEER`` is granted.
+node that reaches this one through a link acts as the principal ``@PEER``, which is
+granted when the link is made what a linked node's clients could always do — every right
+on the node (:func:`link_grants`), unless it holds grants already — and may be granted
+more narrowly then (revoke those, grant others). A grant to another principal never
+changes what ``@PEER`` may do; and whatever it holds, a client through a link runs no
+operation that changes this node's set-up (the server's rule): ``admin`` reaches, through
+a link, only settling another principal's transaction — a transactional consumer whose
+route here changed since it prepared one comes through another node, as another
+principal — forcing an abort, and recording a replay job.
 
 A client may always settle its own transactions (the principal that prepared one may
 commit or abort it); another's needs ``admin`` on the node.
@@ -196,6 +202,24 @@ def link_principal(peer: str) -> str:
     return f"@{peer}"
 
 
+LINK_RIGHTS = tuple(Right)
+"""What ``@PEER`` is granted on the node when a link to ``PEER`` is made: every right,
+as a linked node's clients always had — they never run an operation that changes this
+node's set-up anyway (see the module's docstring)."""
+
+
+def link_grants(peer: str) -> frozenset[Grant]:
+    """The grants a new link to ``peer`` gives ``@PEER`` (see :data:`LINK_RIGHTS`)."""
+    return frozenset(Grant(link_principal(peer), right, NODE) for right in LINK_RIGHTS)
+
+
+def who(principal: str) -> str:
+    """``principal`` as a denial names it: ``@PEER`` says whose clients it stands for."""
+    if principal.startswith("@"):
+        return f"{principal} (clients through node {principal[1:]!r})"
+    return principal
+
+
 def make_grant(principal: str, right: str, kind: str, name: str = "") -> Grant:
     """A grant from its parts as a user gives them; InvalidConfig (saying what is
     allowed) if they do not make one: publish goes with a topic pattern or the node, the
@@ -239,6 +263,13 @@ class Need:
     def __str__(self) -> str:
         return f"{' or '.join(r.value for r in self.rights)} on {self.target}"
 
+    def grant_args(self) -> str:
+        """The arguments of the ``eomsg grant`` that would meet this need (its first
+        right): ``consume --queue q``."""
+        on = {Kind.NODE: "--node", Kind.QUEUE: "--queue", Kind.TOPIC: "--topic"}
+        where = on[self.target.kind] + (f" {self.target.name}" if self.target.name else "")
+        return f"{self.rights[0].value} {where}"
+
 
 ADMINISTERS_NODE = Need((Right.ADMIN,), NODE)
 INSPECTS_NODE = Need((Right.INSPECT,), NODE)
@@ -251,7 +282,7 @@ class Policy:
     grants: frozenset[Grant] = frozenset()
 
     def allows(self, principal: str, need: Need) -> bool:
-        if principal == OWNER or (not self.grants and principal.startswith("@")):
+        if principal == OWNER:
             return True
         return any(
             g.principal == principal and g.covers(r, need.target)
@@ -259,13 +290,19 @@ class Policy:
             for r in need.rights
         )
 
+    def holds_any(self, principal: str) -> bool:
+        """Whether some grant names ``principal``."""
+        return any(g.principal == principal for g in self.grants)
+
     def check(self, principal: str, needs: Iterable[Need], doing: str) -> None:
-        """NotAllowed, naming the first need not granted, unless every one is."""
+        """NotAllowed unless every need is granted, naming the first that is not, what
+        was being done (as a user says it: ``consume queue q``, never an operation's
+        name) and the grant that would allow it."""
         for need in needs:
             if not self.allows(principal, need):
                 raise NotAllowed(
-                    f"{principal} may not {doing}: it needs {need} "
-                    "(an administrator grants it: eomsg grant)"
+                    f"{who(principal)} may not {doing}: it needs {need} (an administrator "
+                    f"grants it: eomsg grant {principal} {need.grant_args()})"
                 )
 
     def check_settle(self, principal: str, prepared_by: str | None, txid: str) -> None:
@@ -341,8 +378,8 @@ OPERATION_NEEDS: dict[str, Callable[[Mapping[str, Any]], list[Need]]] = {
     "requeue": _requeueing,
     "browse": _on_queue(Right.INSPECT),
     # A consumer reads its queue's settings (is it exclusive?) and where it lives.
-    "queue_config": _on_queue(Right.INSPECT, Right.CONSUME, Right.ADMIN),
-    "locate_queue": _on_queue(Right.INSPECT, Right.CONSUME),
+    "queue_config": _on_queue(Right.CONSUME, Right.INSPECT, Right.ADMIN),
+    "locate_queue": _on_queue(Right.CONSUME, Right.INSPECT),
     "queue_names": _on_node(Right.INSPECT),
     "stats": _on_node(Right.INSPECT),
     "memory": _on_node(Right.INSPECT),
@@ -377,6 +414,71 @@ OPERATION_NEEDS: dict[str, Callable[[Mapping[str, Any]], list[Need]]] = {
 }
 """For each operation a client runs by name: what a call with these (decoded) arguments
 needs. Every operation has an entry (a test holds it to that), so none goes unchecked."""
+
+
+def _queue(text: str, arg: str = "name") -> Callable[[Mapping[str, Any]], str]:
+    return lambda args: text.replace("QUEUE", f"queue {args[arg]}")
+
+
+def _plain(text: str) -> Callable[[Mapping[str, Any]], str]:
+    return lambda args: text
+
+
+OPERATION_DOING: dict[str, Callable[[Mapping[str, Any]], str]] = {
+    "create_queue": lambda args: f"create queue {args['config'].name}",
+    "delete_queue": _queue("delete QUEUE"),
+    "subscribe": _queue("subscribe QUEUE to a pattern"),
+    "unsubscribe": _queue("unsubscribe QUEUE from a pattern"),
+    "purge": _queue("purge QUEUE"),
+    "requeue": _queue("requeue the messages of QUEUE"),
+    "browse": _queue("browse QUEUE"),
+    "queue_config": _queue("read the settings of QUEUE"),
+    "locate_queue": _queue("find which node holds QUEUE"),
+    "queue_names": _plain("list the queues"),
+    "stats": _plain("read the queues' statistics"),
+    "memory": _plain("read where the node's memory goes"),
+    "add_link": lambda args: f"add a link to {args['peer']}",
+    "set_link_egress": lambda args: f"set the link to {args['peer']}",
+    "set_link_topics": lambda args: f"set the link to {args['peer']}",
+    "remove_link": lambda args: f"remove the link to {args['peer']}",
+    "link_info": _plain("look at the links"),
+    "flows": lambda args: (
+        "look at the consumers"
+        + ("" if args.get("queue") is None else f" of queue {args['queue']}")
+    ),
+    "unbind": _queue("unbind a consumer of QUEUE", arg="queue"),
+    "log": _plain("read the log"),
+    "configure": lambda args: f"change setting {args['name']}",
+    "saved_settings": _plain("read the node's settings"),
+    "query": _plain("run SQL on the store"),
+    "log_bounds": _plain("read the log"),
+    "log_horizon": _plain("read the log"),
+    "read_log": _plain("read the log"),
+    "replay_jobs": _plain("look at the replay jobs"),
+    "record_replay": _plain("record a replay job"),
+    "prepare_txn": _plain("run a transaction"),
+    "commit_txn": lambda args: f"commit transaction {args['txid']}",
+    "abort_txn": lambda args: f"abort transaction {args['txid']}",
+    "transact": _plain("run a transaction"),
+    "txns": _plain("look at the transactions"),
+    "add_principal": lambda args: f"add principal {args['name']}",
+    "remove_principal": lambda args: f"remove principal {args['name']}",
+    "principals": _plain("list the principals"),
+    "grant": _plain("grant rights"),
+    "revoke": _plain("revoke rights"),
+    "grants": _plain("look at the grants"),
+    "audit": _plain("read the audit log"),
+}
+"""For each operation a client runs by name: what running it with these (decoded)
+arguments is, as a user says it — what a denial names, never the operation's name.
+Every operation has an entry (a test holds it to that)."""
+
+
+def doing(op: str, args: Mapping[str, Any]) -> str:
+    """What running operation ``op`` with ``args`` is, in a user's words; KeyError for an
+    unknown one."""
+    return OPERATION_DOING[op](args)
+
 
 OWN_TXN = frozenset({"commit_txn", "abort_txn"})
 """Operations on a transaction that its own principal may run, and others only with

@@ -166,7 +166,10 @@ class LinkInfo:
     in seconds); go-backs to resend on its current connection; messages the peer took
     and this node took from it, in total since start and per second over the last
     minute; the peer's sequence taken (``read``); the nodes reached through it; while it
-    is down, why the last attempt to connect failed."""
+    is down, why the last attempt to connect failed, and whether that was a refusal
+    (``refusal``: a name or token that does not fit, a link removed — one side said no,
+    rather than could not be reached). A row with ``removed`` is no link: one this node
+    removed, whose peer still dials it (and is refused)."""
 
     peer: str
     address: str | None
@@ -188,12 +191,24 @@ class LinkInfo:
     held: int = 0  # messages from the peer held in memory now (egress memory)
     topics: tuple[str, ...] | None = None  # what the link may carry (None: every topic)
     withheld: int = 0  # messages from the peer, or to carry on, of topics not its own
+    refusal: bool = False  # the last attempt was refused, by either side (see ``error``)
+    removed: bool = False  # no link: removed here, and the peer still dials (refused)
+
+    @property
+    def state(self) -> str:
+        """``up``; ``down`` (not connected now); ``refused`` (the last attempt was
+        refused, by the peer or by this node); ``removed`` (see the class)."""
+        if self.connected:
+            return "up"
+        if self.removed:
+            return "removed"
+        return "refused" if self.refusal else "down"
 
     def to_json(self) -> dict[str, Any]:
         return {
             "peer": self.peer,
             "address": self.address,
-            "state": "up" if self.connected else "down",
+            "state": self.state,
             "pending": self.pending,
             "in_flight": self.in_flight,
             "oldest_age": self.oldest_age,
@@ -236,4 +251,6 @@ class LinkInfo:
             d["held"],
             None if d["topics"] is None else tuple(d["topics"]),
             d["withheld"],
+            d["state"] == "refused",
+            d["state"] == "removed",
         )

@@ -5,7 +5,9 @@ checks only whose transaction one settles (:mod:`eomsg.node.participant`).
 
 Every change is an administrative one (under ``_admin``) and commits with its audit
 record; the tokens' digests are kept apart from the store (:mod:`eomsg.store.principals`),
-written before a principal is added and after it is removed.
+written before a principal is added and after it is removed. A link made grants its
+peer's principal what a linked node's clients may do (:mod:`eomsg.node.links`, with
+:func:`granted`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from eomsg.core.access import (
     OWNER,
@@ -20,15 +24,17 @@ from eomsg.core.access import (
     Grant,
     Policy,
     PrincipalInfo,
+    link_grants,
     make_grant,
     validate_principal,
 )
 from eomsg.errors import InvalidConfig, PrincipalExists, PrincipalNotFound
-from eomsg.node.state import NodeState, to_us
+from eomsg.node.state import AuditRow, NodeState, to_us
 from eomsg.store import principals as digests_file
 from eomsg.store.store import US, Store
 
 MAX_AUDIT = 10_000  # records one call returns at most
+LINK_GRANTS = "link_grants"  # node_meta: linked nodes' clients have grants of their own
 
 log = logging.getLogger("eomsg.node")
 
@@ -43,6 +49,24 @@ class Access(NodeState):
         self._principals = {name: us / US for name, us in principals.items()}
         self._digests = {n: d for n, d in digests.items() if n in self._principals}
         self.access = Policy(frozenset(make_grant(*g) for g in grants))
+        if self.store.meta(LINK_GRANTS) is None:
+            self._grant_links_as_before()
+
+    def _grant_links_as_before(self) -> None:
+        """Once, for a data directory from before a linked node's clients had grants of
+        their own (``@PEER``'s, made with the link): they could do everything but admin
+        operations while the node had no grant at all, and only what ``@PEER`` held once it had
+        one. The first is kept as the grants a link makes now; the second needs none."""
+        made: frozenset[Grant] = frozenset()
+        if not self.access.grants:
+            peers = {key.split("/")[1] for key in self.store.meta_prefixed("link/")}
+            made = made.union(*(link_grants(peer) for peer in sorted(peers)))
+        why = "(as before: a linked node's clients while the node had no grant)"
+        job = granted(
+            Store.save_meta_job(LINK_GRANTS, "1"), made, grant_record(self._audit, OWNER, why)
+        )
+        self.store.writer.run(job).result()
+        self.access = Policy(self.access.grants | made)
 
     def has_principal(self, name: str) -> bool:
         """Whether principal ``name`` exists now (a session's is checked at each request:
@@ -163,3 +187,31 @@ class Access(NodeState):
         limit = max(0, min(limit, MAX_AUDIT))
         rows = self.store.audit_log(limit, None if before is None else to_us(before))
         return [AuditEntry(row[0] / US, *row[1:]) for row in rows]
+
+
+def grant_record(
+    audit: Callable[[str, str, str, str], AuditRow], by: str, why: str
+) -> Callable[[Grant], AuditRow]:
+    """The audit record (made by ``audit``: :meth:`NodeState._audit`) of a grant made
+    ``by`` a principal with another change, which ``why`` names."""
+    return lambda g: audit(by, "grant", g.principal, f"{g.right.value} on {g.target} {why}")
+
+
+def granted(job: Any, grants: Iterable[Grant], audit: Callable[[Grant], AuditRow]) -> Any:
+    """A store job: ``job``, then each of ``grants`` added with its audit record, in one
+    transaction."""
+    jobs = [job]
+    for g in sorted(grants, key=Grant.sort_key):
+        row = (g.principal, g.right.value, g.target.kind.value, g.target.name)
+        jobs.append(Store.audited(Store.grant_job(row, True), audit(g)))
+    return together(jobs)
+
+
+def together(jobs: Sequence[Callable[[Any], Any]]) -> Callable[[Any], None]:
+    """One store job running ``jobs`` in order, in its transaction."""
+
+    def job(conn: Any) -> None:
+        for each in jobs:
+            each(conn)
+
+    return job

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, overload
 
-from eomsg.core.access import OWNER
+from eomsg.core.access import OWNER, Grant, Policy, link_grants, link_principal
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Batch, Carried, Message
@@ -53,6 +53,7 @@ from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
 from eomsg.errors import DataDirDamaged, EomsgError, InvalidConfig, InvalidInput, LinkNotFound
+from eomsg.node.access import grant_record, granted, together
 from eomsg.node.egress import SEQ_AT, Egress, Held
 from eomsg.node.state import AuditRow, Destination, to_us
 from eomsg.store import secrets as link_secrets
@@ -61,6 +62,8 @@ from eomsg.store.writer import RowBatch
 
 log = logging.getLogger("eomsg.link")
 LINK_TOTALS = "\0link:"  # rates' key prefix of a link's totals
+REMOVED = "links_removed"  # node_meta: the peers whose link was removed here, and when
+MADE = ("read", "offers", "taken")  # node_meta entries a link has once it was made
 Wake = Callable[[], None]
 Way = tuple["tuple[Destination, ...]", bool, "tuple[LinkState, ...]"]  # see _route_carried
 
@@ -98,6 +101,7 @@ class LinkState:
     last_taken_at: float = 0.0
     connected_at: float = 0.0
     error: str | None = None  # why the last attempt to connect failed
+    refusal: bool = False  # … and whether it was refused (by either side)
     refused: int = 0  # messages from the peer this node could not take (since start)
     unroutable: int = 0  # messages from the peer for nodes this node has no route to
     # Egress in memory (node/egress.py): the peer's messages held now, by the peer's
@@ -138,16 +142,23 @@ class Links(Egress):
 
     def _load_links(self, name: str | None) -> None:
         """At recovery: the node's name (``name``, else the one kept, else a new one),
-        its links, what they owe and have taken, and the routes the peers offered."""
+        its links, what they owe and have taken, and the routes the peers offered.
+
+        A node is renamed only while none of its links was ever made (no peer took
+        anything from it, or told it anything): once one was, the peer knows the node by
+        its name — its read sequence, its routes and the messages' origins say it — and
+        another name is refused (InvalidConfig)."""
         store = self.store
         kept = store.meta("node_name")
         meta = store.meta_prefixed("link/")
         if name is not None:
             check_node_name(name)
-            if kept is not None and kept != name and meta:
+            made = sorted({k.split("/")[1] for k in meta if k.split("/", 2)[2] in MADE})
+            if kept is not None and kept != name and made:
                 raise InvalidConfig(
-                    f"this node is named {kept!r} and has links, which know it by that name: "
-                    f"start it as --node-name {kept} (or remove its links first)"
+                    f"this node is named {kept!r}, and its links to {', '.join(made)} know it "
+                    f"by that name: start it as --node-name {kept} (or remove those links "
+                    "first)"
                 )
         self._node_name = name or kept or f"node-{secrets.token_hex(4)}"
         self._incarnation = store.meta("incarnation") or secrets.token_hex(8)
@@ -160,6 +171,8 @@ class Links(Egress):
         self._init_egress()
         self._links = {}
         self._links_listeners: list[Callable[[], None]] = []
+        self._removed: dict[str, float] = json.loads(store.meta(REMOVED) or "{}")
+        self._removed_dials: dict[str, int] = {}  # removed peers' dials refused since open
         self._route_ids = {}
         self._unsaved_routes = {}
         self._next_route = int(store.meta("route_next") or -1)
@@ -228,8 +241,11 @@ class Links(Egress):
     ) -> bool:
         """Link this node to ``peer``: dialling ``address`` with ``token`` (checking its
         certificate against ``peer_ca`` for tls://), or waiting for it to dial with
-        ``token`` (kept hashed; none: this node's own token). Idempotent: False if the
-        same link exists; InvalidConfig if it exists with other settings."""
+        ``token`` (kept hashed; none: this node's own token). ``@PEER``, whom the peer's
+        clients act as here, is granted what a linked node's clients may do
+        (:func:`~eomsg.core.access.link_grants`) unless some grant names it already.
+        Idempotent: False if the same link exists; InvalidConfig if it exists with other
+        settings."""
         config = LinkConfig.make(peer, address, token, peer_ca)
         if peer == self._node_name:
             raise InvalidConfig(f"{peer!r} is this node's own name: link it to another node")
@@ -245,12 +261,22 @@ class Links(Egress):
                 )
             self._check_open()
             self._keep_secrets(peer, config.secrets())  # first: a link is never kept without
-            job = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            saved = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
+            removed = {p: at for p, at in self._removed.items() if p != peer}
+            jobs = [saved, Store.save_meta_job(REMOVED, json.dumps(removed))]
             entry = self._audit(by, "add-link", peer, address or "(dialled by the peer)")
-            self.store.writer.run(Store.audited(job, entry)).result()
+            job = Store.audited(together(jobs), entry)
+            grants: frozenset[Grant] = frozenset()
+            if not self.access.holds_any(link_principal(peer)):
+                grants = link_grants(peer)
+                job = granted(job, grants, grant_record(self._audit, by, "(with the link)"))
+            self.store.writer.run(job).result()
             with self._lock:
                 self._links[peer] = self._new_link(config)
                 self._routing.restore(peer, ())
+                self._removed = removed
+                self._removed_dials.pop(peer, None)
+                self.access = Policy(self.access.grants | grants)
         self._links_changed()
         return True
 
@@ -314,7 +340,9 @@ class Links(Egress):
     def remove_link(self, peer: str, *, by: str = OWNER) -> int:
         """Remove the link to ``peer`` and forget what it owed (returns how many
         messages that was) and what the peer offered; routes through it go. It leaves
-        memory first, so no publish routes to it after its records are dropped."""
+        memory first, so no publish routes to it after its records are dropped. It stays
+        removed, across restarts, until it is added again: the peer dialling this node
+        is refused, whatever token it presents (see :meth:`dialled_after_removal`)."""
         with self._admin:
             self._check_open()
             with self._lock:
@@ -328,9 +356,15 @@ class Links(Egress):
                 owed = link.outbox.sender.pending
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
-            job = Store.drop_link_job(f"link/{peer}/", route_ids)
+            removed = {**self._removed, peer: self.clock()}
+            jobs = [
+                Store.drop_link_job(f"link/{peer}/", route_ids),
+                Store.save_meta_job(REMOVED, json.dumps(removed)),
+            ]
             entry = self._audit(by, "remove-link", peer, f"{owed} messages owed" if owed else "")
-            self.store.writer.run(Store.audited(job, entry)).result()
+            self.store.writer.run(Store.audited(together(jobs), entry)).result()
+            with self._lock:
+                self._removed = removed
             self._keep_secrets(peer, None)
         self._links_changed()
         return owed
@@ -364,6 +398,7 @@ class Links(Egress):
         with self._lock:
             known = self._routing.known()
             rates = self._rates.rates(now, self._totals())
+            removed = dict(self._removed_dials)
             rows = []
             for peer in sorted(self._links):
                 link = self._links[peer]
@@ -398,8 +433,13 @@ class Links(Egress):
                     held,
                     link.config.topics,
                     link.withheld,
+                    link.refusal and not link.connected,
                 )
             )
+        for peer, dials in sorted(removed.items()):
+            said = f"{peer} still dials this node: refused {dials} time{'s' * (dials != 1)}"
+            out.append(LinkInfo(peer, None, False, 0, 0, None, 0, 0, 0, 0, (),
+                                error=f"{said} since it started", removed=True))  # fmt: skip
         return out
 
     def _totals(self) -> Totals:
@@ -426,7 +466,8 @@ class Links(Egress):
         with self._lock:
             link = self._link(peer)
             if link.peer_incarnation != incarnation:
-                log.warning(
+                log.log(
+                    logging.WARNING if link.peer_incarnation else logging.INFO,
                     "link to %s: a new incarnation of it (%s, was %s): its sequence starts "
                     "afresh", peer, incarnation, link.peer_incarnation or "none",
                 )  # fmt: skip
@@ -471,6 +512,7 @@ class Links(Egress):
             self._check_open()
             link = self._link(peer)
             link.connected, link.wake, link.connected_at, link.error = True, wake, now, None
+            link.refusal = False
             # Past what this node committed (and handed its links, in the same step): a
             # lie, or a confusion — believed, it would settle a message still committing.
             read = min(read, self._durable_seq)
@@ -480,12 +522,35 @@ class Links(Egress):
             (update,) = self._routing.link_up(peer)
         return update
 
-    def link_failed(self, peer: str, why: str) -> None:
-        """An attempt to connect to ``peer`` failed (shown by ``inspect links``)."""
+    def link_failed(self, peer: str, why: str, *, refused: bool = False) -> None:
+        """An attempt to connect to ``peer`` failed (shown by ``inspect links``):
+        ``refused`` if one side said no (a name or token that does not fit, a link
+        removed), rather than could not be reached."""
         with self._lock:
             link = self._links.get(peer)
             if link is not None:
-                link.error = why
+                link.error, link.refusal = why, refused
+
+    def links_waiting(self) -> list[tuple[str, str]]:
+        """The links that wait to be dialled with a token of their own and are not up:
+        (peer, the token's hash), those never made first, then by name."""
+        with self._lock:
+            found = [
+                (bool(link.peer_incarnation), peer, link.config.accepts)
+                for peer, link in self._links.items()
+                if link.config.address is None and link.config.accepts and not link.connected
+            ]
+        return [(peer, key) for _, peer, key in sorted(found) if key is not None]
+
+    def dialled_after_removal(self, peer: str) -> bool:
+        """Whether ``peer``, dialling this node now, is a peer whose link this node
+        removed and has not added again: its dial is to be refused (and is counted for
+        ``inspect links``)."""
+        with self._lock:
+            if peer in self._links or peer not in self._removed:
+                return False
+            self._removed_dials[peer] = self._removed_dials.get(peer, 0) + 1
+            return True
 
     def link_disconnected(self, peer: str, wake: Wake) -> None:
         """The connection ``wake`` belonged to is gone. Nothing is forgotten: what the

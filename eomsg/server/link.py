@@ -15,9 +15,17 @@ and an acknowledgement of its read sequence after each commit of what it took. P
 the connection honest: one silent for three heartbeats is cut. The whole route table is
 sent again every few heartbeats, so a change lost on the way is repaired.
 
+The dialling side starts its end of the link when the dialled node does — its first
+frame after the proof (its route table) — so a link refused after the proof (a token
+made for another name) never counts as up anywhere. A refusal is named on both sides: the
+dialled node answers with an error that says what does not fit, and a dialler that does
+not believe the welcome (a name or proof that does not fit) says why in its goodbye,
+which the dialled node logs.
+
 A cut connection loses nothing: what the link owes waits in the node and goes on the next
 connection, from the read sequence the peer then names. The dialling side redials with
-backoff (0.1 s doubling to 5 s, with jitter), for as long as the link exists.
+backoff (0.1 s doubling to 5 s, with jitter), for as long as the link exists; after a
+refusal, which asking again soon would only meet again, from 5 s doubling to a minute.
 """
 
 from __future__ import annotations
@@ -59,6 +67,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("eomsg.link")
 
 BACKOFF_FIRST, BACKOFF_MAX = 0.1, 5.0
+REFUSED_FIRST, REFUSED_MAX = 5.0, 60.0  # the backoff after the dialled node said no
+# Refusals of a link as it is (its name, token or existence), not of a moment (a store
+# being reopened): redialled after the longer backoff.
+REFUSALS = (AuthenticationFailed.code, LinkNotFound.code)
+WAITING_PROOFS = 3  # at most, to a node of a name this node has no link to (see accept)
 CHANNEL_BROKEN = "the link lost part of this tunnelled connection"
 # What only a made link carries: nothing of it is taken before both sides proved who they are.
 LINK_TRAFFIC = (ev.Transfer, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose, ev.ChannelPause)
@@ -86,6 +99,10 @@ class LinkConnection(asyncio.Protocol):
         # what the dialler sent waits (``proving``).
         self.awaiting: tuple[ev.LinkHello, list[tuple[str, str]], str] | None = None
         self.proving = False
+        # On the dialling side, after its proof: the peer's incarnation and how far it
+        # holds this node's messages, until the peer's first frame of the link starts it.
+        self.accepted: tuple[str, int] | None = None
+        self.refused = False  # this connection ended with a refusal, by either side
         self.last_heard = self.loop.time()
         self.key = ""  # the link token's hash, on the dialling side: checks the welcome
         self.nonce = ""  # … and what it asked the peer to prove it with
@@ -184,9 +201,14 @@ class LinkConnection(asyncio.Protocol):
 
     def _dispatch(self, event: ev.Event) -> None:
         if not self.linked and isinstance(event, LINK_TRAFFIC):
-            raise RemoteProtocolError(
-                f"{type(event).__name__} before the link was made (no welcome, or one refused)"
-            )
+            if self.accepted is None:
+                raise RemoteProtocolError(
+                    f"{type(event).__name__} before the link was made (no welcome, or one refused)"
+                )
+            incarnation, read = self.accepted  # the dialled node took the link on
+            self.accepted = None
+            self.node.link_hello(self.peer, incarnation)
+            self.start(read)
         match event:
             case ev.Transfer():
                 self._transfer(event)
@@ -214,10 +236,15 @@ class LinkConnection(asyncio.Protocol):
             case ev.LinkProof():
                 self.server.links.proven(self, event)
             case ev.Error():  # the dialled node refused the link
-                log.warning("link to %s refused: %s", self.peer, event.message)
-                self.node.link_failed(self.peer, f"refused: {event.message}")
+                log.warning("link to %s refused by it: %s", self.peer, event.message)
+                self.refused = event.code in REFUSALS
+                self.node.link_failed(
+                    self.peer, f"refused by {self.peer}: {event.message}", refused=self.refused
+                )
                 self.close()
             case ev.Goodbye():
+                if self.awaiting is not None:  # the dialler did not believe the welcome
+                    self.server.links.given_up(self, event.reason)
                 self.close()
             case _:  # TRANSITIONS let it through, so a handler is missing here
                 raise RemoteProtocolError(
@@ -388,13 +415,18 @@ class LinkConnection(asyncio.Protocol):
         self.transport.write(self.conn.send(event))
 
     def fail(self, error: EomsgError) -> None:
-        log.warning("link to %s: %s", self.peer, error.message)
+        """End the connection for ``error``, which the peer is told: the dialled node
+        answers with it, the dialler says it in its goodbye."""
+        side = "from" if self.conn.our_role is Role.SERVER else "to"
+        log.warning("link %s %s: %s", side, self.peer, error.message)
         self.ending = True  # nothing more it sent is acted on
         if self.transport is not None and not self.closed.is_set():
-            if self.conn.our_role is Role.SERVER:
-                last = ev.Error(0, error.code, error.message)
-                with contextlib.suppress(ProtocolError):
+            with contextlib.suppress(ProtocolError):
+                if self.conn.our_role is Role.SERVER:
+                    last = ev.Error(0, error.code, error.message)
                     self.transport.write(self.conn.send_fatal(last))
+                else:
+                    self.transport.write(self.conn.send(ev.Goodbye(error.message[:500])))
             self.transport.close()
 
     def close(self) -> None:
@@ -448,6 +480,7 @@ class LinkManager:
         assert config.address is not None
         wait = BACKOFF_FIRST
         while True:
+            refused = False
             try:
                 address = parse_address(config.address)
                 connection = await self._connect(config, address)
@@ -465,8 +498,11 @@ class LinkManager:
                 await connection.closed.wait()
                 if connection.was_linked:
                     wait = BACKOFF_FIRST
+                refused = connection.refused
+            if refused:  # asked again soon, it would only say no again
+                wait = max(wait, REFUSED_FIRST)
             await asyncio.sleep(wait * random.uniform(0.5, 1.0))
-            wait = min(wait * 2, BACKOFF_MAX)
+            wait = min(wait * 2, REFUSED_MAX if refused else BACKOFF_MAX)
 
     async def _connect(self, config: LinkConfig, address: Address) -> LinkConnection:
         server = self.server
@@ -516,35 +552,48 @@ class LinkManager:
 
     def welcomed(self, connection: LinkConnection, welcome: ev.LinkWelcome) -> None:
         """The dialled node answered: check it is the peer meant — its name, and a proof
-        that it knows the link's token — then prove this side knows it too, and start."""
-        if welcome.node != connection.peer:
-            connection.fail(
-                EomsgError(
-                    f"dialled {connection.peer!r} but the node there is {welcome.node!r}: "
-                    "check the link's address"
-                )
-            )
-            return
-        node, me = connection.node, connection.node.node_name
-        expected = link_proof(connection.key, connection.nonce, me, welcome.node, "dialled")
-        if not any(hmac.compare_digest(p.encode(), expected.encode()) for p in welcome.proofs):
+        that it knows the link's token — then prove this side knows it too. The link
+        starts when the dialled node starts it (its first frame of the link), so one it
+        refuses after the proof never counted as up. What does not fit is said to the
+        dialled node (in the goodbye) and kept for ``inspect links``."""
+        node, me, peer = connection.node, connection.node.node_name, connection.peer
+        address = self._address(peer)
+        if welcome.node != peer:
             why = (
-                "it does not know the link's token: a wrong --token-file, or not the peer "
-                "(check the address)"
+                f"{me!r} dialled {peer!r} at {address}, and the node there is {welcome.node!r}: "
+                f"check the address of {me!r}'s link to {peer!r}"
             )
-            node.link_failed(connection.peer, f"refused: {why}")
-            connection.fail(AuthenticationFailed(f"the node answering as {welcome.node!r}: {why}"))
-            return
-        connection.send(
-            ev.LinkProof(link_proof(connection.key, welcome.nonce, me, welcome.node, "dialler"))
-        )
-        node.link_hello(connection.peer, welcome.incarnation)
-        connection.start(welcome.read)
+        else:
+            expected = link_proof(connection.key, connection.nonce, me, welcome.node, "dialled")
+            if any(hmac.compare_digest(p.encode(), expected.encode()) for p in welcome.proofs):
+                connection.send(
+                    ev.LinkProof(link_proof(connection.key, welcome.nonce, me, peer, "dialler"))
+                )
+                connection.accepted = (welcome.incarnation, welcome.read)
+                return
+            why = (
+                f"{peer!r} at {address} did not prove it knows the token {me!r} dials it with: "
+                f"it accepts no such token from a node named {me!r} (a wrong --token-file, "
+                f"{peer!r} knowing this node by another name, or not {peer!r} at that address)"
+            )
+        connection.refused = True
+        node.link_failed(peer, f"refused: {why}", refused=True)
+        connection.fail(AuthenticationFailed(why))
+
+    def _address(self, peer: str) -> str:
+        return next((c.address or "?" for c in self.server.node.link_configs() if c.peer == peer),
+                    "?")  # fmt: skip
 
     async def accept(self, session: Any, hello: ev.LinkHello) -> None:
         """A node dialled this one (on ``session``'s connection): check what it says,
         answer with this node's proofs and a nonce, and wait for its own proof
-        (:meth:`proven`) before anything of the link is taken or changed."""
+        (:meth:`proven`) before anything of the link is taken or changed. A node whose
+        link this node removed is refused at once, whatever its token.
+
+        To a node of a name this node has no link to, the welcome also proves the keys
+        of a few links still waiting for their peer's first dial: if it holds one, its
+        proof says which, and it is refused with both names — the mistake of a node
+        started under another name than its peer knows it by."""
         server = self.server
         node = server.node
         conn: Connection = session.conn
@@ -563,6 +612,11 @@ class LinkManager:
             conn.peer_max_frame = hello.max_frame
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
+            if node.dialled_after_removal(hello.node):
+                raise LinkNotFound(
+                    f"{node.node_name!r} removed its link to {hello.node!r} (on "
+                    f"{node.node_name!r}, `eomsg link add {hello.node}` makes it again)"
+                )
             dials = {c.peer for c in node.link_configs() if c.address}
             if hello.node in dials and node.node_name < hello.node:
                 raise EomsgError(
@@ -587,7 +641,12 @@ class LinkManager:
 
         def too_slow() -> None:
             if connection.awaiting is not None:
-                connection.fail(RemoteProtocolError("no proof came after the welcome"))
+                why = (
+                    f"no proof came within {server.settings.handshake_timeout:g} s of the "
+                    "welcome, nor a word of why (a stuck node, or an older eomsg)"
+                )
+                self._refused(hello.node, why)
+                connection.fail(RemoteProtocolError(why))
 
         server.loop.call_later(server.settings.handshake_timeout, too_slow)
         connection.process()  # what came after the hello, buffered meanwhile
@@ -605,12 +664,25 @@ class LinkManager:
         expected = {kind: link_proof(k, nonce, hello.node, me, "dialler") for k, kind in keys}
         given = proof.proof.encode()
         good = [kind for kind, p in expected.items() if hmac.compare_digest(given, p.encode())]
+        theirs = [kind.removeprefix("for:") for kind in good if kind.startswith("for:")]
+        if theirs and "node" not in good:
+            meant = " or ".join(repr(t) for t in theirs)
+            why = (
+                f"a node dialled as {hello.node!r} with the token {me!r} made for {meant}: "
+                f"a link's token is good for its own name only (start that node as "
+                f"--node-name {theirs[0]}, or link {hello.node!r} on {me!r})"
+            )
+            for name in theirs:
+                self._refused(name, why)
+            raise AuthenticationFailed(why)
         if not good:
-            raise AuthenticationFailed(
+            why = (
                 f"wrong or missing token for a link from {hello.node!r}: give the token this "
                 "node made for it (`eomsg link add` here with --token-file) or its node token "
                 "(DIR/eomsg.token)"
             )
+            self._refused(hello.node, why)
+            raise AuthenticationFailed(why)
         # Only now may it replace a connection of that name: one that did not
         # authenticate must not be able to keep a link down.
         self._track(connection)
@@ -673,12 +745,38 @@ class LinkManager:
             )
         return connection
 
+    def given_up(self, connection: LinkConnection, reason: str) -> None:
+        """The dialler left after the welcome, without its proof: it did not believe
+        this node (a name or proof that did not fit), and ``reason`` says why."""
+        assert connection.awaiting is not None
+        hello = connection.awaiting[0]
+        connection.awaiting = None
+        said = "".join(c if c.isprintable() else " " for c in reason)[:500]  # its words
+        why = f"{hello.node!r} gave up the link after this node's welcome, saying: {said}"
+        if not any(c.peer == hello.node for c in self.server.node.link_configs()):
+            waiting = [peer for peer, _ in self.server.node.links_waiting()]
+            why += f" (this node has no link to {hello.node!r}" + (
+                f"; links waiting for their peer here: {', '.join(waiting)})" if waiting else ")"
+            )
+        log.warning("link from %s: %s", hello.node, why)
+        self._refused(hello.node, why)
+
+    def _refused(self, peer: str, why: str) -> None:
+        """The link to ``peer`` (if this node has one) was refused for ``why``: kept for
+        ``inspect links``."""
+        self.server.node.link_failed(peer, f"refused: {why}", refused=True)
+
     def _keys(self, peer: str) -> list[tuple[str, str]]:
         """The keys (tokens' hashes) a node dialling as ``peer`` may prove it knows, with
         what each is: the token this node made for that link, and this node's own token
-        (which may also make the link)."""
-        config = next((c for c in self.server.node.link_configs() if c.peer == peer), None)
+        (which may also make the link). For a name this node has no link to, also the
+        keys of a few links waiting for their peer (``for:PEER``: see :meth:`accept`)."""
+        configs = self.server.node.link_configs()
+        config = next((c for c in configs if c.peer == peer), None)
         keys = [] if config is None or config.accepts is None else [(config.accepts, "link")]
+        if config is None:
+            waiting = self.server.node.links_waiting()[:WAITING_PROOFS]
+            keys += [(key, f"for:{name}") for name, key in waiting]
         return [*keys, (token_hash(self.server.token), "node")]
 
     def _track(self, connection: LinkConnection) -> None:

@@ -661,17 +661,18 @@ class Session(asyncio.Protocol):
 
     async def _call(self, event: ev.Call) -> None:
         op = calls.operation(event.op)
-        if op.admin and self.through is not None:
-            me = self.server.node_name
-            raise NotAllowed(
-                f"{op.name} changes node {me!r}'s set-up, which a client that came through "
-                f"node {self.through!r} may not do: run it on {me!r} itself"
-            )
         limit = self.conn.peer_max_frame  # an estimated answer leaves room to spare
         budget = max(limit - ANSWER_SLACK, limit // 2)
         caller = calls.Caller(self.owner, self.holder, self.principal, budget)
         args = calls.decode(op, event.args, caller)
-        self._check(f"run {op.name}", lambda: access.operation_needs(op.name, args))
+        if op.admin and self.through is not None:
+            me = self.server.node_name
+            raise NotAllowed(
+                f"a client that came through node {self.through!r} may not "
+                f"{access.doing(op.name, args)} on node {me!r}: that changes its set-up "
+                f"(run it on {me!r} itself)"
+            )
+        self._check(access.doing(op.name, args), lambda: access.operation_needs(op.name, args))
         if "owner" in op.caller:
             self.owns_txns = True
         value = await self.server.blocking(calls.run, self.node, op, args)
