@@ -113,9 +113,12 @@ class Phase:
         return self.end - self.start
 
 
-def warmup_end(phase: Phase) -> float:
-    """When ``phase`` counts as warm: after the first 20 % of it, or 2 minutes,
-    whichever is less."""
+def warmup_end(phase: Phase, warmup: float | None = None) -> float:
+    """When ``phase`` counts as warm: after ``warmup`` seconds when given (say, the time
+    the dedup window takes to reach its share of the memory), else after the first
+    20 % of it or 2 minutes, whichever is less."""
+    if warmup is not None:
+        return phase.start + min(warmup, phase.seconds)
     return phase.start + min(WARMUP_SHARE * phase.seconds, WARMUP_MAX)
 
 
@@ -127,7 +130,10 @@ def _slope(xs: Sequence[float], ys: Sequence[float]) -> float | None:
 
 
 def summarize(
-    samples: Sequence[Sample], phase: Phase, per_second: float | None = None
+    samples: Sequence[Sample],
+    phase: Phase,
+    per_second: float | None = None,
+    warmup: float | None = None,
 ) -> dict[str, Any]:
     """The figures of one phase from its samples: its counts and rates; the RSS after
     warm-up (min, median, max, the spread (max - min) / median, whether every value is
@@ -137,7 +143,7 @@ def summarize(
     at — whether the consumer kept up (never more than one second's worth of messages
     in the queue at a sample)."""
     mine = [s for s in samples if s.phase == phase.name]
-    warm = warmup_end(phase)
+    warm = warmup_end(phase, warmup)
     steady = [s for s in mine if s.t >= warm]
     published = phase.published[1] - phase.published[0]
     consumed = phase.consumed[1] - phase.consumed[0]
@@ -385,6 +391,7 @@ class Settings:
     idle: float
     memory_limit: str | None
     serve_args: list[str]
+    warmup: float | None
     plot: Path | None
     as_json: bool
 
@@ -787,7 +794,9 @@ class Soak:
             node_exit=node_exit,
             error=error,
             phases={
-                p.name: summarize(self.samples, p, rate if p.name == "soak" else None)
+                p.name: summarize(
+                    self.samples, p, rate if p.name == "soak" else None, self.s.warmup
+                )
                 for p in self.phases
             },
             phase_times={p.name: [p.start, p.end] for p in self.phases},
@@ -877,6 +886,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "against it",
     )
     group.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds of each phase left out of its steady figures (default: 20 %% of it, "
+        "at most 120)",
+    )
+    group.add_argument(
         "--serve-arg",
         action="append",
         default=[],
@@ -916,6 +933,7 @@ def main(
         idle=args.idle,
         memory_limit=args.memory_limit,
         serve_args=args.serve_arg,
+        warmup=args.warmup,
         plot=plot_to,
         as_json=args.json,
     )

@@ -51,7 +51,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         {},
         [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
-    "memory": ({}, MemoryUse(1 << 30, 3 << 27, 1 << 20, 4096, 10, 2000, 8192, 512, 0, 64)),
+    "memory": ({}, MemoryUse(1 << 30, 3 << 27, 1 << 20, 1 << 28, 4096, 10, 2000, 8192, 512, 0, 64)),
     "add_link": (
         {"peer": "b", "address": "tls://10.0.0.2:7501", "token": "s3cret", "peer_ca": "PEM"},
         True,

@@ -217,6 +217,7 @@ def test_serve_checks_its_tls_options_before_taking_the_directory(
 
 # -- links -------------------------------------------------------------------------------
 
+
 def refused_at(address: str) -> str:
     """What the dialler says of a node at ``address`` that does not prove it knows the
     link's token."""

@@ -4,7 +4,8 @@ of it, and what each part takes (``eomsg inspect memory``).
 The parts that grow with the traffic are each bounded by their share:
 
 * **DuckDB**'s buffers: its own ``memory_limit``; past it DuckDB spills to a temporary
-  directory beside its file.
+  directory beside its file. (It gets more than its share when ``max-payload`` needs
+  it: room for three of the largest payloads.)
 * **the dedup window** (:mod:`eomsg.core.dedup`): past its share its oldest ids go to
   disk, where they are still looked up (none that can still live is forgotten).
 * **the queues**: what each cursor keeps of the messages waiting and in flight, and the
@@ -29,8 +30,11 @@ DEDUP_SHARE = 0.125
 QUEUES_SHARE = 0.375
 
 
-def duckdb_limit(limit: int) -> int:
-    return int(limit * DUCKDB_SHARE)
+def duckdb_limit(limit: int, max_payload: int = 0) -> int:
+    """DuckDB's share of ``limit`` — or more, to hold three payloads of ``max_payload``
+    at once (a message is in an insert, a WAL record and a read): a node that takes
+    large payloads needs DuckDB room for them, whatever its limit."""
+    return max(int(limit * DUCKDB_SHARE), 3 * max_payload + (64 << 20))
 
 
 def dedup_limit(limit: int) -> int:
@@ -48,6 +52,7 @@ class MemoryUse:
     limit: int
     rss: int  # the process's resident memory (0 if it cannot be read)
     duckdb: int  # DuckDB's buffers
+    duckdb_limit: int  # DuckDB's memory_limit (its share, or room for three payloads)
     dedup: int  # the dedup window in memory
     dedup_ids: int  # ids it holds in memory
     spilled_ids: int  # ids it keeps on disk
@@ -65,10 +70,6 @@ class MemoryUse:
         if any(type(v) is not int or v < 0 for v in values):
             raise ValueError("every figure is a number of bytes or items")
         return cls(*values)
-
-    @property
-    def duckdb_limit(self) -> int:
-        return duckdb_limit(self.limit)
 
     @property
     def dedup_limit(self) -> int:

@@ -49,6 +49,7 @@ class Inspection(Maintenance):
             self.settings.memory_limit,
             _rss(),
             self.store.duckdb_memory(),
+            self.store.memory_limit or 0,
             dedup,
             dedup_ids,
             len(spill),

@@ -35,7 +35,7 @@ from eomsg.node.inspection import Inspection
 from eomsg.node.links import Links
 from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
-from eomsg.node.settings import SETTINGS, NodeSettings
+from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
 from eomsg.node.state import Clock, PreparedTxn, QueueState, to_us
 from eomsg.store.store import US, MiB, SettledCounts, Store
 from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
@@ -89,7 +89,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
             wal_limit=settings.wal_limit,
             journal_segment=settings.journal_segment,
             apply_delay=settings.apply_delay,
-            memory_limit=memory.duckdb_limit(settings.memory_limit),
+            memory_limit=lambda saved: _duckdb_limit(apply_saved(settings, dict(saved))),
         )
         try:
             return cls(store, settings, clock)
@@ -264,3 +264,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
     def failed(self) -> BaseException | None:
         """Why the store stopped taking writes, if it did."""
         return self.store.writer.failure
+
+
+def _duckdb_limit(settings: NodeSettings) -> int:
+    return memory.duckdb_limit(settings.memory_limit, settings.limits.max_payload)

@@ -117,6 +117,7 @@ def _message(row: Sequence[Any]) -> Message:
 
 
 MiB = 1 << 20
+_SAVED_SETTINGS = """SELECT substr(key, 9), value FROM node_meta WHERE key LIKE 'setting.%'"""
 
 
 def room_to_open(data_dir: Path) -> tuple[int, int]:
@@ -174,10 +175,13 @@ class Store:
         wal_limit: int = WAL_LIMIT,
         journal_segment: int = journal.SEGMENT_BYTES,
         apply_delay: float = APPLY_DELAY,
-        memory_limit: int | None = None,
+        memory_limit: Callable[[Mapping[str, str]], int] | None = None,
     ) -> None:
         self.data_dir = data_dir
-        self.memory_limit = memory_limit  # DuckDB's (None: DuckDB's default)
+        # DuckDB's memory limit from the settings the directory saved (None: DuckDB's
+        # default); set as it opens, before anything large is read.
+        self._memory_limit = memory_limit
+        self.memory_limit: int | None = None
         self.wal_limit = wal_limit
         self.journal_segment = journal_segment
         self.path = data_dir / DB_NAME
@@ -228,10 +232,7 @@ class Store:
         mark = self._mark.read()
         self.warnings = integrity.before_open(self.data_dir, self.wal_path, mark)
         try:
-            config = dict(DUCKDB_CONFIG)
-            if self.memory_limit is not None:  # past it DuckDB spills to DIR/eomsg.duckdb.tmp
-                config["memory_limit"] = f"{self.memory_limit}B"
-            db = duckdb.connect(str(self.path), config=config)
+            db = duckdb.connect(str(self.path), config=DUCKDB_CONFIG)
         except duckdb.Error as e:
             if integrity.is_damage(e):
                 raise integrity.damaged(self.data_dir, one_line(e)) from e
@@ -245,6 +246,10 @@ class Store:
             if found is not None:
                 integrity.after_open(self.data_dir, mark, logread.stored_seq(db))
             migrate(db)
+            if self._memory_limit is not None:  # past it DuckDB spills beside its file
+                saved = dict(db.execute(_SAVED_SETTINGS).fetchall())
+                self.memory_limit = self._memory_limit(saved)
+                db.execute(f"SET memory_limit = '{int(self.memory_limit)}B'")
             # From here on no connection of this database can change a setting: what
             # `inspect sql` runs cannot turn fsync or checkpoints off, whatever it is.
             db.execute("SET lock_configuration = true")
@@ -842,8 +847,7 @@ class Store:
 
     def settings(self) -> dict[str, str]:
         """Node settings saved in the data directory (``eomsg config set``)."""
-        rows = self._query("SELECT key, value FROM node_meta WHERE key LIKE 'setting.%'")
-        return {key.removeprefix("setting."): value for key, value in rows}
+        return dict(self._query(_SAVED_SETTINGS))
 
     # -- principals, grants and the audit log (core/access.py) ------------------------------
 
