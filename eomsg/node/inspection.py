@@ -150,7 +150,9 @@ class Inspection(Maintenance):
             self._check_open()
             known = self.store.replay_jobs(validate_job_id(record.job_id))
             status = job_transition(known[0].status if known else None, event, record.job_id)
-            new = replace(record, status=status, recorded_at=self.clock())
+            # Past the last record (stored in µs), so it is the latest whatever the clock did.
+            at = max(self.clock(), known[0].recorded_at + 2e-6) if known else self.clock()
+            new = replace(record, status=status, recorded_at=at)
             entry = self._audit(by, f"replay-{event.value}", record.job_id, status.value)
             self.store.writer.run(Store.audited(Store.record_replay_job(new), entry)).result()
             return new

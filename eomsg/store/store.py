@@ -574,12 +574,14 @@ class Store:
     # -- replay jobs ---------------------------------------------------------------------
 
     def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
-        """The latest record of every replay job (or of ``job_id``), newest first."""
+        """The latest record of every replay job (or of ``job_id``), newest first: each
+        field the latest row's, none taken from an older row (a failed run's rows and
+        digest are none, not a done run's before it)."""
         where, params = ("WHERE job_id = ?", [job_id]) if job_id is not None else ("", [])
         rows = self._query(
             f"""SELECT job_id, arg_max(status, recorded_at), arg_max(spec, recorded_at),
                        arg_max(lo, recorded_at), arg_max(hi, recorded_at),
-                       arg_max(rows, recorded_at), arg_max(digest, recorded_at),
+                       arg_max_null(rows, recorded_at), arg_max_null(digest, recorded_at),
                        epoch_us(max(recorded_at))
                 FROM replay_jobs {where} GROUP BY job_id ORDER BY max(recorded_at) DESC""",
             params,
