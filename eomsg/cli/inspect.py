@@ -21,7 +21,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import print_json, say, show, styled, table
+from eomsg.cli.output import print_json, say, show, shown_payload, styled, table
 from eomsg.client.broker import Broker, require_served
 from eomsg.core.durations import format_duration
 from eomsg.core.limits import format_bytes
@@ -280,8 +280,7 @@ def _follow(
                 if as_json:
                     print_json(m.to_json())
                 else:
-                    body = m.payload_json_fields().get("payload", f"<{len(m.payload)} bytes>")
-                    say(f"{m.seq} {m.topic} {body}")
+                    say(f"{m.seq} {m.topic} {shown_payload(m.payload)}")
                 after = m.seq + 1
             sys.stdout.flush()
             if not messages:
@@ -312,15 +311,15 @@ def browse(
 
 
 def _show_messages(messages: list[Message], as_json: bool) -> None:
-    """Messages as JSON lines, or as a table with their payloads shown literally (cut at
-    60 characters; a payload that is not text as <binary>)."""
+    """Messages as JSON lines, or as a table with their payloads as text views show them
+    (:func:`shown_payload`, cut at 60 characters)."""
     if as_json:
         for m in messages:
             print_json(m.to_json())
         return
     grid = table("seq", "published (UTC)", "topic", "id", "bytes", "payload")
     for m in messages:
-        text = m.payload_json_fields().get("payload", "<binary>")
+        text = shown_payload(m.payload)
         grid.add_row(
             str(m.seq),
             when(m.published_at),
