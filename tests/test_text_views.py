@@ -1,4 +1,5 @@
-"""Text output shows any payload and never sticks a queue (issue 35, item 10) — through
+"""Text output shows any payload and never sticks a queue (issue 35, item 10); ``inspect
+log --follow --limit N`` starts from the last N, as ``tail -n N -f`` (item 11) — through
 real ``eomsg`` processes.
 
 ``publish`` keeps a payload's bytes exactly (``echo x | eomsg publish t -`` publishes
@@ -9,6 +10,12 @@ that is not UTF-8 as ``\\xNN``), and ``--json`` and ``--raw`` carry it exactly."
 from __future__ import annotations
 
 import json
+import queue
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from typing import IO, Any
 
 from tests.conftest import Cli
 from tests.test_cli_output import cells
@@ -68,3 +75,62 @@ def test_publish_stdin_drops_one_line_end_and_keeps_every_other_byte(cli: Cli) -
     assert [json.loads(line)["payload"] for line in r.stdout.splitlines()] == [
         "a", "b\r", "c", "", "\td ", "last",
     ]  # fmt: skip
+
+
+class Lines:
+    """The lines a process writes, read on a thread: each waited for with a deadline."""
+
+    def __init__(self, stream: IO[bytes]) -> None:
+        self.got: queue.Queue[bytes] = queue.Queue()
+        self.reader = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self.reader.start()
+
+    def _read(self, stream: IO[bytes]) -> None:
+        for line in stream:
+            self.got.put(line)
+
+    def next(self, count: int) -> list[bytes]:
+        return [self.got.get(timeout=60) for _ in range(count)]
+
+    def rest(self) -> list[bytes]:
+        """What came after the lines taken, once the stream has ended."""
+        self.reader.join(60)
+        assert not self.reader.is_alive()
+        return list(self.got.queue)
+
+
+def test_follow_starts_from_the_last_limit_messages(
+    cli: Cli, serve: Callable[..., Any], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    """3,082 messages retained on the issue's node; here 60, 40 of them on t/: the
+    follower prints the last 5 of those, then each new one — never the first 5 and then
+    everything retained."""
+    serve()
+    lines = b"".join(b"m%d\n" % i for i in range(40))
+    cli("publish", "t/x", "--stdin", "--batch", "7", input=lines)  # seqs 1..40
+    cli("publish", "u/x", "--stdin", input=b"other\n" * 20)  # 41..60
+    assert cli("inspect", "log", "--limit", "2").stdout.count(b" t/x ") == 2  # the first 2
+
+    def follow(*args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            [eomsg_bin, "inspect", "log", "--follow", *args], env=cli_env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+
+    tail = follow("--limit", "5", "--topic", "t/>")
+    bounded = follow("--limit", "5", "--from-seq", "58", "--json")  # only 3 from seq 58
+    try:
+        assert tail.stdout is not None and bounded.stdout is not None
+        seen, seen_json = Lines(tail.stdout), Lines(bounded.stdout)
+        assert seen.next(5) == [b"%d t/x m%d\n" % (s, s - 1) for s in range(36, 41)]
+        assert [json.loads(line)["seq"] for line in seen_json.next(3)] == [58, 59, 60]
+        cli("publish", "t/x", "-", input=b"new\n")
+        assert seen.next(1) == [b"61 t/x new\\n\n"]
+        assert json.loads(seen_json.next(1)[0])["payload"] == "new\n"
+    finally:
+        for proc in (tail, bounded):
+            proc.send_signal(signal.SIGTERM)
+    for proc, lines_of in ((tail, seen), (bounded, seen_json)):
+        assert proc.wait(30) == 0
+        assert proc.stderr is not None and proc.stderr.read() == b""
+        assert lines_of.rest() == []  # nothing printed but the above

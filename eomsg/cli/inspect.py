@@ -230,30 +230,36 @@ def audit(
 def log(
     topic: Annotated[str | None, typer.Option(help="Only topics matching this pattern.")] = None,
     from_seq: Annotated[int, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")] = 0,
-    limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
+    limit: Annotated[
+        int,
+        typer.Option(
+            min=1, max=100_000, help="At most this many (with --follow: the last this many)."
+        ),
+    ] = 20,
     follow: Annotated[
         bool,
         typer.Option(
             "--follow",
             "-f",
-            help="Then print each new message as it is logged, until "
-            "interrupted (needs a running node).",
+            help="Print the last --limit messages, then each new message as it is logged, "
+            "until interrupted (needs a running node).",
         ),
     ] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Messages in the retained log, oldest first.
+    """Messages in the retained log, oldest first: the first --limit from --from-seq on;
+    with --follow, the last --limit of them, then each new one (tail -n N -f).
 
     \b
     Examples:
       eomsg inspect log --topic 'orders/>' --from-seq 10 --limit 20
       eomsg inspect log --json | jq .topic
-      eomsg inspect log --follow --topic 'orders/>'"""
+      eomsg inspect log --follow --limit 5 --topic 'orders/>'"""
     with open_broker(data) as broker:
         if follow:
             require_served(broker, "--follow")  # nothing else can log while this holds it
-        messages = broker.log(topic, from_seq, limit)
+        messages = broker.log(topic, from_seq, limit, newest=follow)
         if not follow:
             _show_messages(messages, json)
             return
@@ -270,8 +276,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def _follow(
     broker: Broker, topic: str | None, first: list[Message], from_seq: int, as_json: bool
 ) -> None:
-    """Print ``first``, then each message logged after it, one per line, until Ctrl-C or
-    SIGTERM: a view of the log, so payloads are shown, not written raw."""
+    """Print ``first`` (the newest messages from ``from_seq`` on), then each message
+    logged after them, one per line, until Ctrl-C or SIGTERM: a view of the log, so
+    payloads are shown (:func:`shown_payload`), not written raw."""
     signal.signal(signal.SIGTERM, _interrupt)
     messages, after = first, from_seq
     try:

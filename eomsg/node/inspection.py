@@ -83,12 +83,15 @@ class Inspection(Maintenance):
             )
         return out
 
-    def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
-        """Messages still in the retained log, oldest first."""
+    def log(
+        self, pattern: str | None = None, from_seq: int = 0, limit: int = 20, newest: bool = False
+    ) -> list[Message]:
+        """Messages still in the retained log from ``from_seq``, oldest first: the first
+        ``limit`` of them, or with ``newest`` the last ``limit``."""
         if limit < 1:
             raise InvalidConfig("limit must be at least 1")
         regex = None if pattern is None else pattern_regex(pattern)
-        return self.store.log(regex, from_seq, limit)
+        return self.store.log(regex, from_seq, limit, newest=newest)
 
     def browse(self, name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages waiting in the queue (in flight included) from ``from_seq``, oldest

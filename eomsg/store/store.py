@@ -532,8 +532,11 @@ class Store:
         found = {row[0]: row for row in read}
         return [found.get(seq) if row is None else row for seq, row in zip(seqs, rows, strict=True)]
 
-    def log(self, topic_regex: str | None, from_seq: int, limit: int) -> list[Message]:
-        """Retained messages from ``from_seq`` on, optionally filtered by a topic regex."""
+    def log(
+        self, topic_regex: str | None, from_seq: int, limit: int, *, newest: bool = False
+    ) -> list[Message]:
+        """Retained messages from ``from_seq`` on, optionally filtered by a topic regex,
+        oldest first: the first ``limit``, or with ``newest`` the last."""
         self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         where = "seq >= ?"
         params: list[Any] = [from_seq]
@@ -541,10 +544,11 @@ class Store:
             where += " AND regexp_full_match(topic, ?)"
             params.append(topic_regex)
         rows = self._query(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY seq LIMIT ?",
+            f"""SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where}
+                ORDER BY seq {"DESC" if newest else ""} LIMIT ?""",
             [*params, limit],
         )
-        return [_message(r) for r in rows]
+        return [_message(r) for r in (reversed(rows) if newest else rows)]
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
         """The first and last seq ``sel`` selects (see :mod:`eomsg.store.logread`)."""
