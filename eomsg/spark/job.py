@@ -330,7 +330,7 @@ def execute(
     # directory for looking, it is read from the file or a node once that is gone.
     p = replace(p, route=on_store(open_broker, begin))
     sessions: list[Any] = []
-    touched: list[bool] = []  # once the sink's commit began
+    touched: list[bool] = []  # once the sink may hold some of this run's output
 
     def started() -> Any:
         sessions.append(spark())
