@@ -116,6 +116,7 @@ def _made(staged: Staged, made: JobRecord) -> Output:
 
 
 def _ledger_row(output: Output) -> dict[str, Any]:
+    """What a manifest (beside the job id) and a ledger row say of the output."""
     return {"rows": output.rows, "digest": output.digest, "spec": output.spec,
             "lo": output.lo, "hi": output.hi}  # fmt: skip
 
@@ -256,10 +257,10 @@ class DuckDBSink(Sink):
         with self._connect() as conn:
             return self._held(conn, job_id)
 
-    @staticmethod
-    def _held(conn: duckdb.DuckDBPyConnection, job_id: str) -> Output | None:
+    def _held(self, conn: duckdb.DuckDBPyConnection, job_id: str) -> Output | None:
         """The ledger's row of ``job_id`` (a ledger from before it said what made the
-        output has no spec, lo or hi columns: such output is no run's)."""
+        output has no spec, lo or hi columns: such output is no run's); SinkConflict if
+        the row cannot be read as one."""
         try:
             cursor = conn.execute(f"SELECT * FROM {LEDGER} WHERE job_id = ?", [job_id])
         except duckdb.CatalogException:
@@ -268,9 +269,14 @@ class DuckDBSink(Sink):
         if row is None:
             return None
         found = dict(zip([d[0] for d in cursor.description or ()], row, strict=True))
-        if isinstance(found.get("spec"), str):
-            found["spec"] = json.loads(found["spec"])
-        return _output(found)
+        try:
+            if isinstance(found.get("spec"), str):
+                found["spec"] = json.loads(found["spec"])
+            return _output(found)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SinkConflict(
+                f"{self.path}: {LEDGER}'s row of job {job_id} is unreadable: {one_line(e)}"
+            ) from e
 
     def commit(self, staged: Staged, made: JobRecord, *, node: Broker) -> None:
         job_id, output = made.job_id, _made(staged, made)
