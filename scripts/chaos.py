@@ -14,11 +14,11 @@ through a proxy that loses a reply now and then (the request landed, the client 
 off); then everything is healed and drained and the checker reads the whole history.
 With ``--nodes N`` the nodes are linked (``--topology``), each link through a proxy that
 drops, duplicates and reorders ``--link-faults`` of its frames, and cut now and then
-(``--link-cuts``); the producers publish on every node (at least one a node), the
-queues are on the first (the second consumer of q, s and t reaches it through the last
-node), and a queue on each other node is drained at the end: every message must reach
-each queue once, in its origin's order; a network that does not settle after the drain
-ends the run unfinished (exit 3).
+(``--link-cuts``); the producers publish on every node (at least one a node; by
+default as many as the nodes, if more than two), the queues are on the first (the second
+consumer of q, s and t reaches it through the last node), and a queue on each other node
+is drained at the end: every message must reach each queue once, in its origin's order;
+a network that does not settle after the drain ends the run unfinished (exit 3).
 ``--dry-run`` prints the faults it would inject. Exit status: 0 when no violation was
 found, 1 when one was (the report says which), 2 for a usage error, 3 when the run could
 not be completed (the node did not start, the queues did not drain, a producer failed:
@@ -47,8 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     d = Plan()
     p.add_argument("--seed", type=int, default=d.seed, help="places the faults in time")
     p.add_argument(
-        "--producers", type=int, default=d.producers, help="spread over the nodes, one by one"
-    )
+        "--producers", type=int,
+        help=f"spread over the nodes, one by one (default: {d.producers}, or one a node)",
+    )  # fmt: skip
     p.add_argument("--messages", type=int, default=d.messages, help="each producer's")
     p.add_argument("--consumers", type=int, default=d.consumers, help="of each queue")
     p.add_argument("--node-kills", type=int, default=d.node_kills)
@@ -137,7 +138,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     """The plan the arguments ask for; ValueError if it cannot be run."""
     return Plan(
         seed=args.seed,
-        producers=args.producers,
+        producers=max(Plan().producers, args.nodes) if args.producers is None else args.producers,
         messages=args.messages,
         consumers=args.consumers,
         node_kills=args.node_kills,

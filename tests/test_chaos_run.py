@@ -89,7 +89,10 @@ def test_a_network_plan_places_each_fault_at_one_of_its_nodes_or_links() -> None
         (["--link-cuts", "1"], "link cuts need a run of several nodes (use --nodes)"),
         (["--nodes", "0"], "a run has 1 to 8 nodes, not 0"),
         (["--nodes", "9"], "a run has 1 to 8 nodes, not 9"),
-        (["--nodes", "3"], "a run of 3 nodes publishes on each: use --producers 3 or more"),
+        (
+            ["--nodes", "3", "--producers", "2"],
+            "a run of 3 nodes publishes on each: use --producers 3 or more",
+        ),
         (
             ["--nodes", "2", "--consumers", "1"],
             "in a run of several nodes each queue's second consumer reaches it through "

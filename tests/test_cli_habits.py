@@ -244,7 +244,7 @@ def test_inspect_log_follows_the_log(
         cli("publish", "t/x", "-", input=b"two\nlines")
         cli("publish", "t/y", "-", input=b"\xff")
         assert follower.stdout.readline() == b"3 t/x two\\nlines\n"
-        assert follower.stdout.readline() == b"4 t/y <1 bytes>\n"
+        assert follower.stdout.readline() == b"4 t/y \\xff\n"
     finally:
         follower.send_signal(signal.SIGTERM)
         out, err = follower.communicate(timeout=30)

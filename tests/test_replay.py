@@ -16,7 +16,10 @@ from eomsg.core.replay import (
     JobEvent,
     JobRecord,
     JobStatus,
+    Output,
     Selection,
+    after_failure,
+    check_output,
     default_job_id,
     digest,
     job_transition,
@@ -26,7 +29,7 @@ from eomsg.core.replay import (
     split,
     validate_job_id,
 )
-from eomsg.errors import DataDirLocked, IllegalMove, InvalidInput, InvalidPattern
+from eomsg.errors import DataDirLocked, IllegalMove, InvalidInput, InvalidPattern, SinkConflict
 from eomsg.node.node import Node, NodeSettings
 from eomsg.server import calls
 from eomsg.store.logread import LOG_SCHEMA, FileLog
@@ -85,6 +88,69 @@ def test_plan_action(
     status: JobStatus | None, committed: bool, force: bool, action: Action
 ) -> None:
     assert plan_action(status, sink_committed=committed, force=force) is action
+
+
+WIDE = {"sink": "parquet:o", "topic": "a/>"}
+NARROW = {"sink": "parquet:o", "topic": "a/b"}
+DONE = JobRecord("j", JobStatus.DONE, WIDE, 1, 308, 307, "d")
+ITS_OUTPUT = Output(307, "d", WIDE, 1, 308)
+
+
+@pytest.mark.parametrize(
+    ("previous", "attempt", "output", "force", "refused"),
+    [
+        (DONE, DONE, ITS_OUTPUT, False, None),  # a skip
+        (DONE, DONE, Output(307, "d"), False, None),  # an older eomsg's, the same digest
+        (DONE, DONE, None, False, "no longer holds that output"),
+        (DONE, DONE, Output(7, "e", NARROW, 301, 308), False, "no longer holds that output"),
+        (DONE, DONE, None, True, None),
+        (None, DONE, ITS_OUTPUT, False, None),  # committed, then the record was lost
+        (None, DONE, Output(7, "e", NARROW, 301, 308), False, "that another run made"),
+        (None, DONE, Output(307, "d"), False, "that another run made"),
+        (None, DONE, Output(7, "e", NARROW, 301, 308), True, None),
+        # a forced run of NARROW killed before its commit: carried on, not refused
+        (
+            JobRecord("j", JobStatus.RUNNING, NARROW, 301, 308),
+            JobRecord("j", JobStatus.RUNNING, NARROW, 301, 308),
+            ITS_OUTPUT,
+            False,
+            None,
+        ),
+    ],
+)
+def test_a_record_and_a_sink_that_disagree_are_refused(
+    previous: JobRecord | None,
+    attempt: JobRecord,
+    output: Output | None,
+    force: bool,
+    refused: str | None,
+) -> None:
+    def check() -> None:
+        check_output("parquet:o", previous, attempt, output, ledger=True, force=force)
+
+    if refused is None:
+        check()
+    else:
+        with pytest.raises(SinkConflict, match=refused):
+            check()
+
+
+def test_a_topic_keeps_the_options_that_published_into_it() -> None:
+    published = JobRecord("t", JobStatus.DONE, {"sink": "topic:x", "topic": "a/>"}, 1, 5, 4, "d")
+    other = JobRecord("t", JobStatus.RUNNING, {"sink": "topic:x", "topic": "a/b"}, 1, 5)
+    with pytest.raises(InvalidInput, match="cannot take back what it was given"):
+        check_output("topic:x", published, other, None, ledger=False, force=True)
+    check_output("topic:x", published, published, None, ledger=False, force=True)
+
+
+def test_a_run_that_fails_puts_back_the_record_it_found() -> None:
+    attempt = JobRecord("j", JobStatus.RUNNING, NARROW, 301, 308)
+    died = JobRecord("j", JobStatus.RUNNING, WIDE, 1, 308)
+    assert after_failure(None, attempt, output_touched=False) == (attempt, JobEvent.FAIL)
+    assert after_failure(DONE, attempt, output_touched=False) == (DONE, JobEvent.REVERT)
+    assert after_failure(died, attempt, output_touched=False) == (died, JobEvent.FAIL)
+    assert after_failure(DONE, attempt, output_touched=True) == (attempt, JobEvent.FAIL)
+    assert job_transition(JobStatus.RUNNING, JobEvent.REVERT, "j") is JobStatus.DONE
 
 
 def test_illegal_job_moves_name_job_event_and_status() -> None:
@@ -229,3 +295,19 @@ def test_job_records_follow_the_job_table(open_node: NodeFactory, clock: FakeClo
     node.publish("a/b", b"x")
     assert node.replay_jobs()[0].job_id == "j1"
     assert JobRecord.from_json(found.to_json()) == found
+
+
+def test_a_jobs_record_is_its_latest_row_whole(open_node: NodeFactory) -> None:
+    """Every field of a job's record is its latest row's — a failed run after a done one
+    has no rows or digest, not the done run's — and the latest row is the last recorded
+    even when the clock has not moved (the fake clock stands still here)."""
+    node = open_node()
+    spec = {"sink": "parquet:x"}
+    node.record_replay(JobRecord("j", JobStatus.RUNNING, spec, 1, 101), JobEvent.START)
+    node.record_replay(JobRecord("j", JobStatus.DONE, spec, 1, 101, 100, "d"), JobEvent.FINISH)
+    node.record_replay(JobRecord("j", JobStatus.RUNNING, {"other": 1}, 5, 9), JobEvent.START)
+    node.record_replay(JobRecord("j", JobStatus.RUNNING, {"other": 1}, 5, 9), JobEvent.FAIL)
+    [found] = node.replay_jobs("j")
+    assert (found.status, found.spec, found.lo, found.hi, found.rows, found.digest) == (
+        JobStatus.FAILED, {"other": 1}, 5, 9, None, None,
+    )  # fmt: skip

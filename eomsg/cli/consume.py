@@ -112,8 +112,9 @@ def consume(
 ) -> None:
     """Consume messages until the queue has none ready for this consumer (or --max is
     reached); with --follow, until interrupted, waiting on standby while others are
-    active. A message that cannot be printed whole (a binary or multi-line payload as
-    a text line) is given back, not deleted, and stops the command (exit 3).
+    active. Text lines show any payload, what a line cannot carry escaped (\\n, \\t,
+    \\x1b, \\xff); --json and --raw carry it exactly. With --raw, a payload holding the
+    delimiter is given back, not deleted, and stops the command (exit 3).
 
     \b
     Examples:
@@ -233,8 +234,8 @@ class _Handler(abc.ABC):
 
 class _Print(_Handler):
     """Each batch written to stdout in a format and flushed, then deleted. A message the
-    format cannot carry whole stops the command: it and the rest of the batch are given
-    back, what was written before it is deleted."""
+    format refuses (raw, holding the delimiter) stops the command: it and the rest of the
+    batch are given back, what was written before it is deleted."""
 
     def __init__(self, fmt: formats.Format) -> None:
         self.format = fmt

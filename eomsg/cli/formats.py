@@ -1,38 +1,31 @@
-"""How a message is written to stdout: whole, or not at all.
+"""How a message is written to stdout.
 
-``consume`` deletes a message once it has been written, so a format that cannot carry a
-message whole (a binary payload on a text line, a payload holding the delimiter that
-separates raw payloads) refuses it with :class:`~eomsg.errors.Unprintable` rather than
-writing a stand-in: the message is given back, never lost to the output format."""
+A text line is for people: it shows any payload, what a line cannot carry escaped (as
+every text view does, :func:`~eomsg.cli.output.shown_payload`), so no payload stops a
+queue. JSON lines and raw payloads are exact. ``consume`` deletes a message once it has
+been written, so the one format that cannot write some message at all — raw payloads
+separated by a delimiter that the payload holds — refuses it with
+:class:`~eomsg.errors.Unprintable` rather than writing what could not be told apart: the
+message is given back, never lost to the output format."""
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 
+from eomsg.cli.output import shown_payload
 from eomsg.core.message import Delivered
 from eomsg.errors import Unprintable, UsageError
 
 Format = Callable[[Delivered], bytes]
-"""A message to the bytes that carry it whole; raises Unprintable when they cannot."""
-
-# What would break a text line or be acted on by a terminal (tab is kept: it is text).
-_NOT_ONE_LINE = re.compile(
-    "[\x00-\x08\x0a-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]"
-)
+"""A message to the bytes written for it; raises Unprintable when none can be."""
 
 
 def text_line(d: Delivered) -> bytes:
-    """``SEQ TOPIC PAYLOAD`` and a newline, for payloads that are one line of UTF-8 text."""
+    """``SEQ TOPIC PAYLOAD`` and a newline: the payload as :func:`shown_payload` shows
+    it, so every message is one line (never refused)."""
     m = d.message
-    try:
-        text = m.payload.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _refused(d, f"is binary ({len(m.payload)} bytes)", "--json or --raw") from None
-    if _NOT_ONE_LINE.search(text):
-        raise _refused(d, "is not one line of text", "--json or --raw")
-    return f"{m.seq} {m.topic} {text}\n".encode()
+    return f"{m.seq} {m.topic} {shown_payload(m.payload)}\n".encode()
 
 
 def json_line(d: Delivered) -> bytes:

@@ -21,7 +21,7 @@ from eomsg.cli.common import (
     handles_errors,
     open_broker,
 )
-from eomsg.cli.output import print_json, say, show, styled, table
+from eomsg.cli.output import print_json, say, show, shown_payload, styled, table
 from eomsg.client.broker import Broker, require_served
 from eomsg.core.durations import format_duration
 from eomsg.core.limits import format_bytes
@@ -267,30 +267,36 @@ def audit(
 def log(
     topic: Annotated[str | None, typer.Option(help="Only topics matching this pattern.")] = None,
     from_seq: Annotated[int, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")] = 0,
-    limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
+    limit: Annotated[
+        int,
+        typer.Option(
+            min=1, max=100_000, help="At most this many (with --follow: the last this many)."
+        ),
+    ] = 20,
     follow: Annotated[
         bool,
         typer.Option(
             "--follow",
             "-f",
-            help="Then print each new message as it is logged, until "
-            "interrupted (needs a running node).",
+            help="Print the last --limit messages, then each new message as it is logged, "
+            "until interrupted (needs a running node).",
         ),
     ] = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Messages in the retained log, oldest first.
+    """Messages in the retained log, oldest first: the first --limit from --from-seq on;
+    with --follow, the last --limit of them, then each new one (tail -n N -f).
 
     \b
     Examples:
       eomsg inspect log --topic 'orders/>' --from-seq 10 --limit 20
       eomsg inspect log --json | jq .topic
-      eomsg inspect log --follow --topic 'orders/>'"""
+      eomsg inspect log --follow --limit 5 --topic 'orders/>'"""
     with open_broker(data) as broker:
         if follow:
             require_served(broker, "--follow")  # nothing else can log while this holds it
-        messages = broker.log(topic, from_seq, limit)
+        messages = broker.log(topic, from_seq, limit, newest=follow)
         if not follow:
             _show_messages(messages, json)
             return
@@ -307,8 +313,9 @@ def _interrupt(signum: int, frame: object) -> None:
 def _follow(
     broker: Broker, topic: str | None, first: list[Message], from_seq: int, as_json: bool
 ) -> None:
-    """Print ``first``, then each message logged after it, one per line, until Ctrl-C or
-    SIGTERM: a view of the log, so payloads are shown, not written raw."""
+    """Print ``first`` (the newest messages from ``from_seq`` on), then each message
+    logged after them, one per line, until Ctrl-C or SIGTERM: a view of the log, so
+    payloads are shown (:func:`shown_payload`), not written raw."""
     signal.signal(signal.SIGTERM, _interrupt)
     messages, after = first, from_seq
     try:
@@ -317,8 +324,7 @@ def _follow(
                 if as_json:
                     print_json(m.to_json())
                 else:
-                    body = m.payload_json_fields().get("payload", f"<{len(m.payload)} bytes>")
-                    say(f"{m.seq} {m.topic} {body}")
+                    say(f"{m.seq} {m.topic} {shown_payload(m.payload)}")
                 after = m.seq + 1
             sys.stdout.flush()
             if not messages:
@@ -349,15 +355,15 @@ def browse(
 
 
 def _show_messages(messages: list[Message], as_json: bool) -> None:
-    """Messages as JSON lines, or as a table with their payloads shown literally (cut at
-    60 characters; a payload that is not text as <binary>)."""
+    """Messages as JSON lines, or as a table with their payloads as text views show them
+    (:func:`shown_payload`, cut at 60 characters)."""
     if as_json:
         for m in messages:
             print_json(m.to_json())
         return
     grid = table("seq", "published (UTC)", "topic", "id", "bytes", "payload")
     for m in messages:
-        text = m.payload_json_fields().get("payload", "<binary>")
+        text = shown_payload(m.payload)
         grid.add_row(
             str(m.seq),
             when(m.published_at),

@@ -41,6 +41,15 @@ def shown(text: str) -> str:
     return _ACTED_ON.sub(_escape, text)
 
 
+def shown_payload(payload: bytes) -> str:
+    """A payload as one line of text for people: its UTF-8 text shown literally, except
+    what :func:`shown` escapes (a newline as ``\\n``, a tab as ``\\t``, ESC as
+    ``\\x1b``), and each byte that is not UTF-8 as ``\\xNN`` — any payload, binary
+    included, so a text view never refuses one. A backslash is shown as it is: a view,
+    not an encoding (``--json`` and ``--raw`` carry the bytes exactly)."""
+    return shown(payload.decode("utf-8", "backslashreplace"))
+
+
 def say(text: str, *, err: bool = False) -> None:
     """One line on stdout (or stderr), shown literally."""
     (sys.stderr if err else sys.stdout).write(shown(text) + "\n")

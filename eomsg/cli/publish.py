@@ -38,9 +38,13 @@ def parse_headers(items: list[str]) -> dict[str, str]:
 
 
 def _lines(batch: int) -> Iterator[list[bytes]]:
+    """Stdin's lines in chunks of ``batch``, each without its one line end (``\\n`` or
+    ``\\r\\n``); every other byte kept."""
     chunk: list[bytes] = []
     for line in sys.stdin.buffer:
-        chunk.append(line.rstrip(b"\r\n"))
+        if line.endswith(b"\n"):
+            line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
+        chunk.append(line)
         if len(chunk) >= batch:
             yield chunk
             chunk = []
@@ -52,7 +56,10 @@ def _lines(batch: int) -> Iterator[list[bytes]]:
 def publish(
     topic: Annotated[str, typer.Argument(help="Topic, levels separated by '/'.")],
     payload: Annotated[
-        str | None, typer.Argument(help="Message payload; '-' reads all of stdin.")
+        str | None,
+        typer.Argument(
+            help="Message payload; '-' publishes all of stdin exactly (a final newline too)."
+        ),
     ] = None,
     id: Annotated[
         str | None, typer.Option("--id", help="Message id: publishing it again is a no-op.")

@@ -170,7 +170,6 @@ def spark_replay(
                 lambda: open_broker(data),
                 spark,
                 report,
-                force=force,
                 allow_fewer=allow_fewer,
                 interrupted=_signalled.is_set,
             )

@@ -280,8 +280,11 @@ class Operations(Protocol):
     # -- the log, settings and inspection --------------------------------------------------
 
     @operation(reads_only=True)
-    def log(pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
-        """Messages still in the retained log from ``from_seq``, oldest first."""
+    def log(
+        pattern: str | None = None, from_seq: int = 0, limit: int = 20, newest: bool = False
+    ) -> list[Message]:
+        """Messages still in the retained log from ``from_seq``, oldest first: the first
+        ``limit`` of them, or with ``newest`` the last ``limit``."""
         raise Declaration
 
     @operation(admin=True, caller=("by",))

@@ -20,7 +20,7 @@ from typing import Any
 
 from eomsg.core.durations import parse_duration
 from eomsg.core.topics import pattern_regex, validate_pattern
-from eomsg.errors import IllegalMove, InvalidInput, LogCollected
+from eomsg.errors import IllegalMove, InvalidInput, LogCollected, SinkConflict
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -196,6 +196,7 @@ class JobEvent(StrEnum):
     START = "start"
     FINISH = "finish"
     FAIL = "fail"
+    REVERT = "revert"  # a forced run that changed no output: the done job it was, again
 
 
 # (status before or None for a new job, event) -> status after. A finished job starts
@@ -207,6 +208,7 @@ JOB_TRANSITIONS: dict[tuple[JobStatus | None, JobEvent], JobStatus] = {
     (JobStatus.DONE, JobEvent.START): JobStatus.RUNNING,  # --force
     (JobStatus.RUNNING, JobEvent.FINISH): JobStatus.DONE,
     (JobStatus.RUNNING, JobEvent.FAIL): JobStatus.FAILED,
+    (JobStatus.RUNNING, JobEvent.REVERT): JobStatus.DONE,
 }
 
 
@@ -232,7 +234,8 @@ class Action(StrEnum):
 
 def plan_action(status: JobStatus | None, *, sink_committed: bool, force: bool) -> Action:
     """The one rule that makes a re-run safe: a done job is skipped unless forced, and a
-    job whose sink already holds its output only needs its record finished."""
+    job whose sink already holds its output — the output of this run's options and range
+    (:meth:`Output.made_by`), not merely of its job id — only needs its record finished."""
     if status is JobStatus.DONE:
         return Action.RUN if force else Action.SKIP
     if sink_committed and not force:
@@ -297,3 +300,94 @@ def _opt_text(value: Any) -> str | None:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"a digest is text, not {type(value).__name__}")
     return value
+
+
+@dataclass(frozen=True)
+class Output:
+    """What a sink holds for a job, as its manifest or ledger says: rows and digest, and
+    the options (``spec``) and range of the run that made them. ``spec`` is None for
+    output committed by an eomsg that did not record them: it is no run's output here."""
+
+    rows: int
+    digest: str
+    spec: dict[str, Any] | None = None
+    lo: int | None = None
+    hi: int | None = None
+
+    def made_by(self, record: JobRecord) -> bool:
+        """Whether this is the output of ``record``'s options and range."""
+        return self.spec is not None and (self.spec, self.lo, self.hi) == (
+            record.spec,
+            record.lo,
+            record.hi,
+        )
+
+    def describes(self, record: JobRecord) -> bool:
+        """Whether ``record`` (a done job) describes this output: its options and range,
+        rows and digest (an output that does not say what made it: rows and digest)."""
+        made = self.spec is None or self.made_by(record)
+        return made and (self.rows, self.digest) == (record.rows, record.digest)
+
+
+def check_output(
+    sink: str,
+    previous: JobRecord | None,
+    attempt: JobRecord,
+    output: Output | None,
+    *,
+    ledger: bool,
+    force: bool,
+) -> None:
+    """Refuse a run whose job record and sink disagree in a way only the user can settle,
+    before anything is recorded. ``previous`` is the job's record, ``attempt`` what this
+    run would record (``running``, its options and range), ``output`` what ``sink`` holds
+    for the job id; ``ledger`` says whether the sink can say (a topic cannot).
+
+    - A done job, not forced, whose sink no longer holds the output its record describes
+      (removed, or replaced by another run): SinkConflict, not a skip that claims it.
+    - Output of this job id that another run made (other options or range, another log,
+      an eomsg that did not say), unless forced, or unless this run carries on the
+      record's own unfinished run (which was forced over it): SinkConflict.
+    - Other options for a job that published into a topic: a topic cannot take back what
+      it was given, so the record could no longer describe it — InvalidInput, forced or
+      not (another job id runs them)."""
+    job = attempt.job_id
+    if previous is not None and previous.spec != attempt.spec:
+        published = previous.spec.get("sink")
+        if isinstance(published, str) and published.startswith("topic:"):
+            raise InvalidInput(
+                f"job {job} publishes its output to {published}, which cannot take back what "
+                "it was given: run these options under another --job-id"
+            )
+    if not ledger:
+        return
+    if previous is not None and previous.status is JobStatus.DONE and not force:
+        if output is None or not output.describes(previous):
+            raise SinkConflict(
+                f"job {job} is recorded done ({previous.rows} rows), but {sink} no longer "
+                "holds that output (removed, or replaced by another run): --force runs it again"
+            )
+        return
+    carries_on = previous is not None and (previous.spec, previous.lo, previous.hi) == (
+        attempt.spec,
+        attempt.lo,
+        attempt.hi,
+    )
+    if output is not None and not output.made_by(attempt) and not force and not carries_on:
+        raise SinkConflict(
+            f"{sink} holds output of job {job} that another run made (other options, another "
+            "log, or an older eomsg): give another --job-id, or --force to replace it"
+        )
+
+
+def after_failure(
+    previous: JobRecord | None, attempt: JobRecord, *, output_touched: bool
+) -> tuple[JobRecord, JobEvent]:
+    """What a run that ends short of done records, and by which event: the job's record
+    describes its output, so a run that never reached its sink puts back the record it
+    found (a done job reverts to done; an unfinished one stays what it was, failed); a new
+    job, or a run whose sink may hold some of its output (a topic takes it message by
+    message), is recorded failed."""
+    if output_touched or previous is None:
+        return attempt, JobEvent.FAIL
+    return previous, JobEvent.REVERT if previous.status is JobStatus.DONE else JobEvent.FAIL

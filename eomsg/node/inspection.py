@@ -105,12 +105,15 @@ class Inspection(Maintenance):
             )
         return out
 
-    def log(self, pattern: str | None = None, from_seq: int = 0, limit: int = 20) -> list[Message]:
-        """Messages still in the retained log, oldest first."""
+    def log(
+        self, pattern: str | None = None, from_seq: int = 0, limit: int = 20, newest: bool = False
+    ) -> list[Message]:
+        """Messages still in the retained log from ``from_seq``, oldest first: the first
+        ``limit`` of them, or with ``newest`` the last ``limit``."""
         if limit < 1:
             raise InvalidConfig("limit must be at least 1")
         regex = None if pattern is None else pattern_regex(pattern)
-        return self.store.log(regex, from_seq, limit)
+        return self.store.log(regex, from_seq, limit, newest=newest)
 
     def browse(self, name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages waiting in the queue (in flight included) from ``from_seq``, oldest
@@ -172,7 +175,9 @@ class Inspection(Maintenance):
             self._check_open()
             known = self.store.replay_jobs(validate_job_id(record.job_id))
             status = job_transition(known[0].status if known else None, event, record.job_id)
-            new = replace(record, status=status, recorded_at=self.clock())
+            # Past the last record (stored in µs), so it is the latest whatever the clock did.
+            at = max(self.clock(), known[0].recorded_at + 2e-6) if known else self.clock()
+            new = replace(record, status=status, recorded_at=at)
             entry = self._audit(by, f"replay-{event.value}", record.job_id, status.value)
             self.store.writer.run(Store.audited(Store.record_replay_job(new), entry)).result()
             return new

@@ -6,6 +6,10 @@ range through the ``eomsg`` source, decodes, transforms and stages the output; t
 commits it atomically; the job is recorded done with its rows and digest. A run that dies
 anywhere is safe to start again: the range was fixed when the job was first recorded,
 staging starts afresh, and each sink's commit notices output already in place.
+
+A job's record describes its output: it is recorded done only with output its own run
+made (the sink says which run made what it holds), and a run that fails before its sink
+took anything puts back the record it found (``core.replay.after_failure``).
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from eomsg.core.replay import (
     JobEvent,
     JobRecord,
     JobStatus,
+    Output,
     Selection,
     SeqRange,
+    after_failure,
+    check_output,
     check_retained,
     default_job_id,
     parse_time,
@@ -92,7 +99,7 @@ class ReplayPlan:
     transform: Transform
     staging: Path
     previous: JobRecord | None = None
-    committed: tuple[int, str] | None = field(default=None)
+    committed: Output | None = field(default=None)  # what the sink holds for the job
     data: Path = Path()  # the log's data directory, and the token and TLS CA of its
     token: str | None = None  # node: for the route, decided again when the run starts
     tls_ca: str | None = None
@@ -179,7 +186,8 @@ def plan(
     """Decide what running ``spec`` does, reading the log's store through ``node`` and
     writing nothing. A job seen before keeps the range it was first planned with, forced
     or not (only new options, with --force, plan it anew). LogCollected if any of that
-    range — or of an explicit --from-seq or --since — is no longer in the log."""
+    range — or of an explicit --from-seq or --since — is no longer in the log; a record
+    and sink that disagree are refused as ``core.replay.check_output`` says."""
     now = time.time() if now is None else now
     if spec.topic and spec.queue:
         raise InvalidInput("give --topic or --queue, not both")
@@ -215,8 +223,12 @@ def plan(
     count = spec.partitions or max(1, -(-(hi - lo) // ROWS_PER_PARTITION))
     sink.check(patterns)  # before Spark: a sink that cannot take the output changes nothing
     committed = sink.committed(job_id)
+    attempt = JobRecord(job_id, JobStatus.RUNNING, spec.identity(), lo, hi)
+    check_output(sink.text, previous, attempt, committed, ledger=sink.ledger, force=force)
     action = plan_action(
-        previous.status if previous else None, sink_committed=committed is not None, force=force
+        previous.status if previous else None,
+        sink_committed=committed is not None and committed.made_by(attempt),
+        force=force,
     )
     return ReplayPlan(
         job_id,
@@ -290,20 +302,21 @@ def execute(
     spark: Callable[[], Any],
     report: Report = lambda _: None,
     *,
-    force: bool = False,
     allow_fewer: bool = False,
     interrupted: Callable[[], bool] = lambda: False,
 ) -> ReplayResult:
     """Carry out ``p``. ``open_broker`` opens the log's node for a moment (an embedded
     node must not be open while Spark reads its file); ``spark`` gives the session.
     Output the sink already holds for the job is replaced by fewer rows only with
-    ``allow_fewer`` (else SinkConflict, the old output kept and the job failed).
+    ``allow_fewer`` (else SinkConflict, the old output and the job's record kept).
 
-    However the run ends short of done — an error, Spark failing, Ctrl-C or SIGTERM
-    (KeyboardInterrupt) — its staging is removed and the job recorded ``failed``
-    before the error is raised, so no job stays ``running`` and nothing is left behind;
-    an interruption is raised as Interrupted, as is any error once ``interrupted()`` says
-    a signal came (a library may turn the KeyboardInterrupt into an error of its own)."""
+    However the run ends short of done — an error, Spark failing, a refusal, Ctrl-C or
+    SIGTERM (KeyboardInterrupt) — its staging is removed and the job recorded before the
+    error is raised (``core.replay.after_failure``: as it was, if the sink took nothing of
+    this run; else ``failed``), so no run leaves its job ``running`` and nothing is left
+    behind; an interruption is raised as Interrupted, as is any error once
+    ``interrupted()`` says a signal came (a library may turn the KeyboardInterrupt into an
+    error of its own)."""
     if p.action is Action.SKIP:
         assert p.previous is not None
         return ReplayResult(p.job_id, "skipped", p.previous.rows or 0, p.previous.digest)
@@ -316,27 +329,29 @@ def execute(
     # The route as the run finds the log: planned through a command that lent the
     # directory for looking, it is read from the file or a node once that is gone.
     p = replace(p, route=on_store(open_broker, begin))
-    done = JobRecord(p.job_id, JobStatus.DONE, p.spec.identity(), p.lo, p.hi)
     sessions: list[Any] = []
+    touched: list[bool] = []  # once the sink may hold some of this run's output
 
     def started() -> Any:
         sessions.append(spark())
         return sessions[-1]
 
     try:
-        rows, digest = _carry_out(p, open_broker, started, report, force, allow_fewer)
-        done = replace(done, rows=rows, digest=digest)
+        output = _carry_out(p, record, open_broker, started, report, allow_fewer, touched)
+        done = replace(record, rows=output.rows, digest=output.digest)
         on_store(open_broker, lambda node: node.record_replay(done, JobEvent.FINISH))
     except BaseException as e:
         for session in sessions:  # its tasks stop writing before their staging goes
             with contextlib.suppress(Exception):
                 session.sparkContext.cancelAllJobs()
         shutil.rmtree(p.staging, ignore_errors=True)
-        recorded = _record_failed(open_broker, record, interrupted)
+        back, event = after_failure(p.previous, record, output_touched=bool(touched))
+        recorded = _record_failed(open_broker, back, event, interrupted)
         if isinstance(e, KeyboardInterrupt) or interrupted():
+            left = "recorded failed" if event is JobEvent.FAIL else "left done, as it was"
             raise Interrupted(
                 f"interrupted: job {p.job_id} was "
-                + ("recorded failed" if recorded else "left running (its store was busy)")
+                + (left if recorded else "left running (its store was busy)")
                 + "; run the same command again to redo it"
             ) from e
         if isinstance(e, EomsgError):
@@ -344,43 +359,52 @@ def execute(
         if isinstance(e, Exception):
             raise _spark_error(e) from e
         raise
-    return ReplayResult(p.job_id, "done", rows, digest)
+    return ReplayResult(p.job_id, "done", output.rows, output.digest)
 
 
 def _carry_out(
     p: ReplayPlan,
+    record: JobRecord,
     open_broker: OpenBroker,
     spark: Callable[[], Any],
     report: Report,
-    force: bool,
     allow_fewer: bool,
-) -> tuple[int, str]:
+    touched: list[bool],
+) -> Output:
     """Stage the job's output with Spark and commit it to the sink (or, when the sink
-    holds it already, only say so): its rows and digest."""
+    holds this run's output already, only say so): what the sink then holds. ``touched``
+    is appended to once the sink may hold any of this run's output."""
     if p.action is Action.RECORD:
         assert p.committed is not None
-        report(f"output already committed ({p.committed[0]} rows)")
+        report(f"output already committed ({p.committed.rows} rows)")
         return p.committed
     staged = _run_spark(p, spark(), report) if p.hi > p.lo else empty(p.staging)
     failpoint("replay.staged")
-    if p.committed is not None and staged.rows < p.committed[0] and not allow_fewer:
+    if p.committed is not None and staged.rows < p.committed.rows and not allow_fewer:
         raise SinkConflict(
-            f"{p.sink.text} holds {p.committed[0]} rows of job {p.job_id}; this run made "
+            f"{p.sink.text} holds {p.committed.rows} rows of job {p.job_id}; this run made "
             f"{staged.rows}: the output was left as it was (--allow-fewer replaces it)"
         )
     report(f"staged {staged.rows} rows; committing to {p.sink.text}")
-    on_store(open_broker, lambda node: p.sink.commit(p.job_id, staged, force=force, node=node))
+    try:
+        on_store(open_broker, lambda node: p.sink.commit(staged, record, node=node))
+    except SinkConflict:
+        raise  # the sink refused it, and so changed nothing
+    except BaseException:
+        touched.append(True)  # a topic may hold part of it
+        raise
+    touched.append(True)
     failpoint("replay.committed")
-    return staged.rows, staged.digest
+    return Output(staged.rows, staged.digest, record.spec, record.lo, record.hi)
 
 
 def _record_failed(
-    open_broker: OpenBroker, record: JobRecord, interrupted: Callable[[], bool]
+    open_broker: OpenBroker, record: JobRecord, event: JobEvent, interrupted: Callable[[], bool]
 ) -> bool:
-    """Record the job failed, if its store can be had (and no second signal cuts that
-    short); whether it was."""
+    """Record the job as ``record`` by ``event`` (failed, or back as it was), if its store
+    can be had (and no second signal cuts that short); whether it was."""
     try:
-        on_store(open_broker, lambda node: node.record_replay(record, JobEvent.FAIL))
+        on_store(open_broker, lambda node: node.record_replay(record, event))
     except (EomsgError, KeyboardInterrupt):
         return False
     except Exception:

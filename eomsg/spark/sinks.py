@@ -6,12 +6,16 @@ rename, so a retried or speculative task leaves one whole file) and reports its 
 the file's SHA-256. Then the driver *commits*, atomically and idempotently:
 
 - ``parquet:DIR`` — the staging directory is renamed to ``DIR`` with a manifest naming
-  the job; a ``DIR`` holding this job's manifest is already committed.
-- ``duckdb:PATH:TABLE`` — one transaction inserts the rows (tagged with ``replay_job``)
-  and the job's row in the ledger table ``eomsg_replay_ledger``; a job in the ledger is
+  the job and what made its output; a ``DIR`` whose manifest says exactly this output is
   already committed.
+- ``duckdb:PATH:TABLE`` — one transaction replaces the job's rows (tagged with
+  ``replay_job``) and its row in the ledger table ``eomsg_replay_ledger``, which says what
+  made them; a ledger row saying exactly this output is already committed.
 - ``topic:NAME`` — each row is published with the id ``replay:JOB:SEQ``; the node drops
-  the ids it already holds, so publishing again adds nothing.
+  the ids it already holds, so publishing again adds nothing. A topic keeps no ledger.
+
+What a sink holds for a job (:class:`Output`) names the options and range that made it,
+so a job is recorded done only with output of its own run (``core.replay.check_output``).
 
 Staging must be on a file system the driver and every executor share (as Spark's own
 file output needs); by default it sits beside the output.
@@ -41,7 +45,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from eomsg.client.broker import Broker
 from eomsg.core.message import Outgoing
-from eomsg.core.replay import digest, replay_id
+from eomsg.core.replay import JobRecord, Output, digest, replay_id
 from eomsg.core.topics import Matcher, validate_topic
 from eomsg.errors import InvalidInput, SinkConflict, StorageError, one_line
 from eomsg.spark.transform import KEY_COLUMNS
@@ -106,6 +110,33 @@ def empty(path: Path) -> Staged:
     return Staged(path, 0, digest([]))
 
 
+def _made(staged: Staged, made: JobRecord) -> Output:
+    """What a sink holds once it took ``staged``, the output of the run ``made``."""
+    return Output(staged.rows, staged.digest, made.spec, made.lo, made.hi)
+
+
+def _ledger_row(output: Output) -> dict[str, Any]:
+    """What a manifest (beside the job id) and a ledger row say of the output."""
+    return {"rows": output.rows, "digest": output.digest, "spec": output.spec,
+            "lo": output.lo, "hi": output.hi}  # fmt: skip
+
+
+def _output(found: dict[str, Any]) -> Output:
+    """An Output from a manifest or ledger row (KeyError, TypeError or ValueError if it
+    is not one); one without ``spec`` says nothing of what made it."""
+    spec = found.get("spec")
+    if spec is not None and not isinstance(spec, dict):
+        raise TypeError(f"a spec is an object, not {type(spec).__name__}")
+    lo, hi = found.get("lo"), found.get("hi")
+    return Output(
+        int(found["rows"]),
+        str(found["digest"]),
+        spec,
+        None if lo is None else int(lo),
+        None if hi is None else int(hi),
+    )
+
+
 def _parts(path: Path) -> list[Path]:
     return sorted(path.glob("part-*.parquet"))
 
@@ -114,22 +145,24 @@ class Sink(ABC):
     """An output a replay commits to exactly once (see the module docstring)."""
 
     text: str
+    ledger = True  # whether committed() can say what the sink holds for a job
 
     @abstractmethod
     def staging(self, job_id: str, default_dir: Path) -> Path:
         """Where the job's output is staged."""
 
     @abstractmethod
-    def committed(self, job_id: str) -> tuple[int, str] | None:
-        """``(rows, digest)`` if this job's output is already in place, else None."""
+    def committed(self, job_id: str) -> Output | None:
+        """What the sink holds for ``job_id``, or None (always None without a ledger)."""
 
     def check(self, patterns: tuple[str, ...]) -> None:  # noqa: B027  (most need none)
         """Refuse, before Spark starts, what this sink could only refuse after the run:
         InvalidInput saying why. ``patterns`` is what the job reads (empty: every topic)."""
 
     @abstractmethod
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
-        """Put the staged output in place, atomically; a no-op if it already is."""
+    def commit(self, staged: Staged, made: JobRecord, *, node: Broker) -> None:
+        """Put the staged output of ``made`` (the run: job id, options, range) in place of
+        whatever the sink holds for its job, atomically; a no-op if it holds exactly it."""
 
 
 class ParquetSink(Sink):
@@ -148,14 +181,18 @@ class ParquetSink(Sink):
         except (OSError, ValueError) as e:
             raise SinkConflict(f"{self.path / MANIFEST} is unreadable: {one_line(e)}") from e
 
-    def committed(self, job_id: str) -> tuple[int, str] | None:
+    def committed(self, job_id: str) -> Output | None:
         manifest = self._manifest()
         if manifest is None or manifest.get("job_id") != job_id:
             return None
-        return int(manifest["rows"]), str(manifest["digest"])
+        try:
+            return _output(manifest)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SinkConflict(f"{self.path / MANIFEST} is unreadable: {one_line(e)}") from e
 
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
-        if self.committed(job_id) is not None and not force:
+    def commit(self, staged: Staged, made: JobRecord, *, node: Broker) -> None:
+        job_id = made.job_id
+        if self.committed(job_id) == _made(staged, made):
             shutil.rmtree(staged.path, ignore_errors=True)
             return
         if self.path.exists():
@@ -171,7 +208,7 @@ class ParquetSink(Sink):
                     "remove it or choose another directory"
                 )
         (staged.path / SCHEMA_FILE).unlink(missing_ok=True)
-        manifest_text = json.dumps({"job_id": job_id, "rows": staged.rows, "digest": staged.digest})
+        manifest_text = json.dumps({"job_id": job_id, **_ledger_row(_made(staged, made))})
         (staged.path / MANIFEST).write_text(manifest_text + "\n")
         trash = self.path.parent / f".{self.path.name}.eomsg-old-{job_id}"
         shutil.rmtree(trash, ignore_errors=True)
@@ -214,19 +251,35 @@ class DuckDBSink(Sink):
                 "replay writes; name another table (it is created) or add them"
             )
 
-    def committed(self, job_id: str) -> tuple[int, str] | None:
+    def committed(self, job_id: str) -> Output | None:
         if not self.path.exists():
             return None
         with self._connect() as conn:
-            try:
-                row = conn.execute(
-                    f"SELECT rows, digest FROM {LEDGER} WHERE job_id = ?", [job_id]
-                ).fetchone()
-            except duckdb.CatalogException:
-                return None
-        return None if row is None else (int(row[0]), str(row[1]))
+            return self._held(conn, job_id)
 
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
+    def _held(self, conn: duckdb.DuckDBPyConnection, job_id: str) -> Output | None:
+        """The ledger's row of ``job_id`` (a ledger from before it said what made the
+        output has no spec, lo or hi columns: such output is no run's); SinkConflict if
+        the row cannot be read as one."""
+        try:
+            cursor = conn.execute(f"SELECT * FROM {LEDGER} WHERE job_id = ?", [job_id])
+        except duckdb.CatalogException:
+            return None
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        found = dict(zip([d[0] for d in cursor.description or ()], row, strict=True))
+        try:
+            if isinstance(found.get("spec"), str):
+                found["spec"] = json.loads(found["spec"])
+            return _output(found)
+        except (KeyError, TypeError, ValueError) as e:
+            raise SinkConflict(
+                f"{self.path}: {LEDGER}'s row of job {job_id} is unreadable: {one_line(e)}"
+            ) from e
+
+    def commit(self, staged: Staged, made: JobRecord, *, node: Broker) -> None:
+        job_id, output = made.job_id, _made(staged, made)
         parts = [str(p) for p in _parts(staged.path)]
         with self._connect() as conn:
             conn.execute("BEGIN TRANSACTION")
@@ -235,10 +288,12 @@ class DuckDBSink(Sink):
                     f"""CREATE TABLE IF NOT EXISTS {LEDGER} (
                            job_id VARCHAR PRIMARY KEY, table_name VARCHAR NOT NULL,
                            rows BIGINT NOT NULL, digest VARCHAR NOT NULL,
-                           committed_at TIMESTAMP NOT NULL)"""
+                           committed_at TIMESTAMP NOT NULL,
+                           spec VARCHAR, lo BIGINT, hi BIGINT)"""
                 )
-                done = conn.execute(f"SELECT 1 FROM {LEDGER} WHERE job_id = ?", [job_id]).fetchone()
-                if done is not None and not force:
+                for column, kind in (("spec", "VARCHAR"), ("lo", "BIGINT"), ("hi", "BIGINT")):
+                    conn.execute(f"ALTER TABLE {LEDGER} ADD COLUMN IF NOT EXISTS {column} {kind}")
+                if self._held(conn, job_id) == output:
                     conn.execute("ROLLBACK")
                     shutil.rmtree(staged.path, ignore_errors=True)
                     return
@@ -255,9 +310,20 @@ class DuckDBSink(Sink):
                             SELECT *, ?::VARCHAR AS {JOB_COLUMN} FROM read_parquet(?)""",
                         [job_id, parts],
                     )
+                row = _ledger_row(output)
                 conn.execute(
-                    f"INSERT OR REPLACE INTO {LEDGER} VALUES (?, ?, ?, ?, now()::TIMESTAMP)",
-                    [job_id, self.table, staged.rows, staged.digest],
+                    f"""INSERT OR REPLACE INTO {LEDGER}
+                            (job_id, table_name, rows, digest, committed_at, spec, lo, hi)
+                        VALUES (?, ?, ?, ?, now()::TIMESTAMP, ?, ?, ?)""",
+                    [
+                        job_id,
+                        self.table,
+                        row["rows"],
+                        row["digest"],
+                        json.dumps(row["spec"]),
+                        row["lo"],
+                        row["hi"],
+                    ],
                 )
                 conn.execute("COMMIT")
             except duckdb.Error as e:
@@ -287,6 +353,8 @@ def _json_default(value: Any) -> Any:
 
 
 class TopicSink(Sink):
+    ledger = False
+
     def __init__(self, text: str, topic: str) -> None:
         self.text, self.topic = text, topic
 
@@ -306,10 +374,11 @@ class TopicSink(Sink):
                 "a run again would replay its own output; publish to a topic it does not read"
             )
 
-    def committed(self, job_id: str) -> tuple[int, str] | None:
+    def committed(self, job_id: str) -> Output | None:
         return None  # the node's dedup makes publishing again harmless
 
-    def commit(self, job_id: str, staged: Staged, *, force: bool, node: Broker) -> None:
+    def commit(self, staged: Staged, made: JobRecord, *, node: Broker) -> None:
+        job_id = made.job_id
         ordinals: dict[int, int] = {}
         futures = []
         for part in _parts(staged.path):

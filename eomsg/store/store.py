@@ -623,8 +623,11 @@ class Store:
         found = {row[0]: row for row in read}
         return [found.get(seq) if row is None else row for seq, row in zip(seqs, rows, strict=True)]
 
-    def log(self, topic_regex: str | None, from_seq: int, limit: int) -> list[Message]:
-        """Retained messages from ``from_seq`` on, optionally filtered by a topic regex."""
+    def log(
+        self, topic_regex: str | None, from_seq: int, limit: int, *, newest: bool = False
+    ) -> list[Message]:
+        """Retained messages from ``from_seq`` on, optionally filtered by a topic regex,
+        oldest first: the first ``limit``, or with ``newest`` the last."""
         self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         where = "seq >= ?"
         params: list[Any] = [from_seq]
@@ -632,10 +635,11 @@ class Store:
             where += " AND regexp_full_match(topic, ?)"
             params.append(topic_regex)
         rows = self._query(
-            f"SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where} ORDER BY seq LIMIT ?",
+            f"""SELECT {_MESSAGE_COLUMNS} FROM messages WHERE {where}
+                ORDER BY seq {"DESC" if newest else ""} LIMIT ?""",
             [*params, limit],
         )
-        return [_message(r) for r in rows]
+        return [_message(r) for r in (reversed(rows) if newest else rows)]
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
         """The first and last seq ``sel`` selects (see :mod:`eomsg.store.logread`)."""
@@ -665,12 +669,14 @@ class Store:
     # -- replay jobs ---------------------------------------------------------------------
 
     def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
-        """The latest record of every replay job (or of ``job_id``), newest first."""
+        """The latest record of every replay job (or of ``job_id``), newest first: each
+        field the latest row's, none taken from an older row (a failed run's rows and
+        digest are none, not a done run's before it)."""
         where, params = ("WHERE job_id = ?", [job_id]) if job_id is not None else ("", [])
         rows = self._query(
             f"""SELECT job_id, arg_max(status, recorded_at), arg_max(spec, recorded_at),
                        arg_max(lo, recorded_at), arg_max(hi, recorded_at),
-                       arg_max(rows, recorded_at), arg_max(digest, recorded_at),
+                       arg_max_null(rows, recorded_at), arg_max_null(digest, recorded_at),
                        epoch_us(max(recorded_at))
                 FROM replay_jobs {where} GROUP BY job_id ORDER BY max(recorded_at) DESC""",
             params,
