@@ -45,14 +45,15 @@ QUEUES = {
 TOPIC = "chaos/m"
 
 # The named steps (eomsg.failpoints) a run crashes the node at: publishing, deleting,
-# each move of a transaction, the writer's commits, the journal's append, apply, forget.
+# each move of a transaction, the writer's commits, the journal's append, seal, apply,
+# forget.
 NODE_FAILPOINTS = (
     "publish.before_commit", "publish.after_commit", "delete.before_commit",
     "txn.prepare.before_commit", "txn.prepare.after_commit", "txn.commit.before_commit",
     "txn.commit.after_commit", "txn.abort.before_commit", "store.commit.before",
     "store.commit.after", "store.job.before_commit", "journal.append.before",
     "journal.append.before_sync", "journal.apply.before_commit",
-    "journal.apply.after_commit", "journal.forget.before",
+    "journal.apply.after_commit", "journal.forget.before", "journal.seal.before_sync",
 )  # fmt: skip
 # … and a transactional consumer at: its coordinator's and its database's steps.
 CLIENT_FAILPOINTS = (
