@@ -66,7 +66,8 @@ class MemoryUse:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> MemoryUse:
-        values = [d[f.name] for f in fields(cls)]
+        """The figures a node sent; one it did not send (an older node) reads as 0."""
+        values = [d.get(f.name, 0) for f in fields(cls)]
         if any(type(v) is not int or v < 0 for v in values):
             raise ValueError("every figure is a number of bytes or items")
         return cls(*values)
