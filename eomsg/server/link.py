@@ -407,8 +407,8 @@ class LinkConnection(asyncio.Protocol):
                 next_table = now + TABLE_EVERY * heartbeat
             if self.node.link_tick(self.peer):
                 self._work.set()
-            if self._limit_changed():
-                return
+            if not self.ending:  # (the watchdog above still looks after an ending one)
+                self._limit_changed()
 
     # -- tunnelled connections (server/tunnel.py) -------------------------------------------
 
