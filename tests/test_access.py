@@ -266,6 +266,7 @@ FREE_FRAMES = {"Hello", "LinkHello", "Goodbye", "Ping", "Pong", "Cancel", "FlowA
 LINK_FRAMES = {
     "LinkProof",
     "Transfer",
+    "Oversize",
     "Taken",
     "Interest",
     "Channel",

@@ -170,7 +170,6 @@ def serve(
     opened = Node.open_when_room(data, node_settings)
     assert opened is not None  # (it waits until it opens, or a signal ends the process)
     with opened as node:
-        settings = replace(settings, max_frame=node.settings.frame_limit)  # links' as it starts
         run_server(data, node, settings, ready, reopen=lambda: Node.open(data, node_settings))
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})

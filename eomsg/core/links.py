@@ -185,7 +185,8 @@ class LinkInfo:
     out_rate: float | None = None
     in_rate: float | None = None
     error: str | None = None  # why the last attempt to connect failed, while it is down
-    refused: int = 0  # messages from the peer this node could not take, since start
+    refused: int = 0  # messages from the peer this node could not take, or to it that fit
+    # no frame it takes (both passed over), since start
     unroutable: int = 0  # … for nodes it has no route to (not carried there)
     egress: str = "store"  # what this node does with the peer's messages for its queues
     held: int = 0  # messages from the peer held in memory now (egress memory)

@@ -102,7 +102,9 @@ class LinkState:
     connected_at: float = 0.0
     error: str | None = None  # why the last attempt to connect failed
     refusal: bool = False  # … and whether it was refused (by either side)
-    refused: int = 0  # messages from the peer this node could not take (since start)
+    # Messages refused, since start: from the peer, that this node could not take, and
+    # to it, that fit no frame it takes (passed over).
+    refused: int = 0
     unroutable: int = 0  # messages from the peer for nodes this node has no route to
     # Egress in memory (node/egress.py): the peer's messages held now, by the peer's
     # seq (ascending); the last acknowledgement sent; the first peer seq of each frame
@@ -640,6 +642,20 @@ class Links(Egress):
             out.append((frame.prev, _batch(name, part, now_us, route_targets, route_of)))
         return out
 
+    def link_passed_over(self, peer: str, seq: int, size: int, limit: int) -> None:
+        """This node's message ``seq``, with a payload of ``size`` bytes, fits no frame
+        of the ``limit`` bytes ``peer`` takes, and ``peer`` acknowledged it passed over
+        (it took it as refused): counted as refused, and logged."""
+        with self._lock:
+            link = self._links.get(peer)
+            if link is None:
+                return
+            link.refused += 1
+        log.warning(
+            "link to %s: message %d refused: its payload of %d bytes fits no frame %s takes (at "
+            "most %d bytes): passed over", peer, seq, size, peer, limit,
+        )  # fmt: skip
+
     def link_taken(self, peer: str, read: int, gap: bool) -> None:
         """``peer`` holds this node's messages up to ``read`` (``gap``: it missed what
         follows): settle what that covers; after a gap, send again from there."""
@@ -700,13 +716,13 @@ class Links(Egress):
         to acknowledge. A frame all taken before resolves at once; one that does not
         follow what was taken says so (``gap``). A message this node cannot take is
         counted as refused and passed over; one for a node this node has no route to
-        is not carried there (both logged, and counted in :meth:`link_info`).
+        is not carried there (both logged once, and counted in :meth:`link_info`).
 
         On a link whose egress is ``memory``, a frame whose messages are all for this
         node's queues alone is held in memory instead (:mod:`eomsg.node.egress`): taken
         at once, and acknowledged as each is settled here or written."""
         limits = self.settings.limits
-        outgoing: list[Carried | None] = []  # None: refused here (see below)
+        outgoing: list[Carried | str] = []  # a str: refused here, and why (see below)
         for m in messages:
             try:
                 check_outgoing(m, limits)
@@ -714,10 +730,31 @@ class Links(Egress):
                 # A message this node cannot take (over its payload limit, a topic it
                 # refuses) is taken as refused: held, it would block every message
                 # behind it on the link for ever. Said in the log and in inspect links.
-                log.warning("link to %s: message %d refused: %s", peer, m.seq, e.message)
-                outgoing.append(None)
+                outgoing.append(e.message)
                 continue
             outgoing.append(m)
+        return self._accept(peer, prev, [m.seq for m in messages], outgoing)
+
+    def accept_oversize(
+        self, peer: str, prev: int, seq: int, size: int, limit: int
+    ) -> Future[tuple[int, bool]]:
+        """``peer`` passed over its message ``seq`` (continuing from ``prev``), with a
+        payload of ``size`` bytes: it fits no frame of the ``limit`` bytes this node
+        takes from it. Taken as a message this node cannot take is — counted as
+        refused, logged — so the link's sequence goes on past it; the future resolves
+        as :meth:`accept_transfer`'s does."""
+        why = (
+            f"its payload of {size} bytes fits no frame this node takes (at most {limit} "
+            f"bytes; its max-payload is {self.settings.limits.max_payload} bytes): {peer} "
+            "passed it over"
+        )
+        return self._accept(peer, prev, [seq], [why])
+
+    def _accept(
+        self, peer: str, prev: int, seqs: list[int], outgoing: list[Carried | str]
+    ) -> Future[tuple[int, bool]]:
+        """Take the messages ``seqs`` of ``peer``, continuing from ``prev``: each is
+        ``outgoing``'s message to store here and onward, or why it is refused."""
         self._check_room()
         now = self.clock()
         done: Future[tuple[int, bool]] = Future()
@@ -725,15 +762,15 @@ class Links(Egress):
             self._check_open()
             link = self._link(peer)
             receiver = link.receiver
-            offer = receiver.offer(prev, [m.seq for m in messages])
+            offer = receiver.offer(prev, seqs)
             if offer.verdict is not Verdict.TAKE:
                 done.set_result((self._acked(link), offer.verdict is Verdict.GAP))
                 return done
-            routes, kept, peer_seqs = [], [], []
+            routes, kept, peer_seqs, refused = [], [], [], []
             routed: dict[tuple[str, tuple[str, ...]], Way] = {}
-            for m, taken in zip(messages[offer.start :], outgoing[offer.start :], strict=True):
-                if taken is None:
-                    link.refused += 1
+            for seq, m in zip(seqs[offer.start :], outgoing[offer.start :], strict=True):
+                if isinstance(m, str):
+                    refused.append((seq, m))
                     continue
                 if not link.allows(m.topic):  # not this link's to carry: passed over
                     link.withheld += 1
@@ -747,9 +784,9 @@ class Links(Egress):
                 for out in withheld:  # not the next link's to carry
                     out.withheld += 1
                 routes.append(route)
-                kept.append(taken)
+                kept.append(m)
                 peer_seqs.append(m.seq)
-            read = messages[-1].seq
+            read = seqs[-1]
             link.received += len(kept)
             if self._holds(link, kept, routes):
                 wake = self._hold_frame(link, kept, routes, peer_seqs, now)
@@ -757,8 +794,11 @@ class Links(Egress):
                 done.set_result((self._acked(link), False))
             else:
                 wake = None
-                first = messages[offer.start].seq
+                first = seqs[offer.start]
                 committed = self._store_frame(link, kept, routes, first, now)
+            link.refused += len(refused)  # (not if the store refused the frame: sent again)
+        for seq, why in refused:
+            log.warning("link to %s: message %d refused: %s", peer, seq, why)
         if wake is not None:
             self._notify(wake)
             return done

@@ -22,6 +22,15 @@ dialled node answers with an error that says what does not fit, and a dialler th
 not believe the welcome (a name or proof that does not fit) says why in its goodbye,
 which the dialled node logs.
 
+Frame limits: each side says in its hello or welcome the largest frame it takes — the
+node's :attr:`~eomsg.node.settings.NodeSettings.frame_limit` as it connects — and holds
+the other to it. What the link owes goes in as many frames as the peer's limit needs; a
+message that fits none alone is passed over (:class:`~eomsg.wire.events.Oversize`), which
+the peer takes as a message it refused, so nothing behind it waits. A node whose frame
+limit changes (its max-payload set while it serves) ends its links' connections to say
+the new one on the next; so does one told of a message passed over under its old limit,
+which the peer then sends again.
+
 A cut connection loses nothing: what the link owes waits in the node and goes on the next
 connection, from the read sequence the peer then names. The dialling side redials with
 backoff (0.1 s doubling to 5 s, with jitter), for as long as the link exists; after a
@@ -37,7 +46,7 @@ import logging
 import random
 import secrets
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, cast
 
@@ -74,8 +83,10 @@ REFUSALS = (AuthenticationFailed.code, LinkNotFound.code)
 WAITING_PROOFS = 3  # at most, to a node of a name this node has no link to (see accept)
 CHANNEL_BROKEN = "the link lost part of this tunnelled connection"
 # What only a made link carries: nothing of it is taken before both sides proved who they are.
-LINK_TRAFFIC = (ev.Transfer, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose, ev.ChannelPause)
-TICK = 0.25  # how often the resend timer is looked at
+LINK_TRAFFIC = (ev.Transfer, ev.Oversize, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose,
+                ev.ChannelPause)  # fmt: skip
+TICK = 0.25  # how often the resend timer (and this node's frame limit) is looked at
+LARGE_FRAME = 1 << 20  # a frame body from this size on is written apart from its header
 TABLE_EVERY = 5  # heartbeats between two sendings of the whole route table
 
 
@@ -106,6 +117,10 @@ class LinkConnection(asyncio.Protocol):
         self.last_heard = self.loop.time()
         self.key = ""  # the link token's hash, on the dialling side: checks the welcome
         self.nonce = ""  # … and what it asked the peer to prove it with
+        # Messages passed over on this connection (too large for any frame the peer
+        # takes), by seq, with their payload's size: refused once the peer acknowledges
+        # them — it may instead connect again, to take them under a new frame limit.
+        self._passing: dict[int, int] = {}
         self._work = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -212,8 +227,12 @@ class LinkConnection(asyncio.Protocol):
         match event:
             case ev.Transfer():
                 self._transfer(event)
+            case ev.Oversize():
+                self._oversize(event)
             case ev.Taken():
                 self.node.link_taken(self.peer, event.read, event.gap)
+                if self._passing:
+                    self._passed(event.read)
                 self._work.set()
             case ev.Interest():
                 self.node.link_heard(self.peer, event.full, event.moves)
@@ -252,8 +271,24 @@ class LinkConnection(asyncio.Protocol):
                 )
 
     def _transfer(self, event: ev.Transfer) -> None:
+        self._take(self.node.accept_transfer, event.prev, event.batch.carried())
+
+    def _oversize(self, event: ev.Oversize) -> None:
+        """The peer passed over a message that fits no frame this side said it takes —
+        taken as refused; unless this node's frame limit changed since it said so (its
+        max-payload changed): then the link connects again, to say the new one, and the
+        peer sends it again under it."""
+        if self._limit_changed():
+            return
+        self._take(
+            self.node.accept_oversize, event.prev, event.seq, event.size, self.conn.max_frame
+        )
+
+    def _take(self, accept: Callable[..., Future[tuple[int, bool]]], *args: Any) -> None:
+        """Hand what the peer sent to the node (``accept(peer, *args)``), and acknowledge
+        it once the node holds it."""
         try:
-            taken = self.node.accept_transfer(self.peer, event.prev, event.batch.carried())
+            taken = accept(self.peer, *args)
         except EomsgError as e:
             if e.code in ("invalid_input", "invalid_topic", "invalid_config", "payload_too_large"):
                 raise
@@ -308,15 +343,46 @@ class LinkConnection(asyncio.Protocol):
                 self._send_transfer(prev, batch)
 
     def _send_transfer(self, prev: int, batch: Batch) -> None:
-        """Send one frame, split in halves while it is over the peer's frame limit."""
-        try:
-            self.send(ev.Transfer(prev, batch))
-        except FrameTooLarge:
-            if len(batch) == 1:
-                raise
+        """Send ``batch``, continuing from ``prev``, in as many frames as the peer's frame
+        limit needs: halved while what it may take (:func:`~eomsg.wire.events.
+        transfer_bound`) is over the limit, so a frame is packed once. A message that
+        fits no frame the peer takes, alone, is passed over: the peer is told
+        (:class:`~eomsg.wire.events.Oversize`), and it counts as refused on both sides
+        once the peer acknowledges it (:meth:`_passed`)."""
+        if len(batch) > 1 and ev.transfer_bound(batch) > self.conn.peer_max_frame:
             first, rest = batch.split()
             self._send_transfer(prev, first)
             self._send_transfer(first.seqs[-1], rest)
+            return
+        try:
+            self.send(ev.Transfer(prev, batch))
+        except FrameTooLarge:
+            if len(batch) > 1:
+                raise  # within its bound, it cannot be: a bug, which costs this connection
+            seq, size = batch.seqs[0], len(batch.payloads[0])
+            self._passing[seq] = size
+            self.send(ev.Oversize(prev, seq, size))
+
+    def _passed(self, read: int) -> None:
+        """The peer acknowledged up to ``read``: the messages passed over up to it were
+        refused there (counted and logged here too)."""
+        for seq in sorted(s for s in self._passing if s <= read):
+            size = self._passing.pop(seq)
+            self.node.link_passed_over(self.peer, seq, size, self.conn.peer_max_frame)
+
+    def _limit_changed(self) -> bool:
+        """Whether this node's frame limit is no longer the one this side of the
+        connection said (its max-payload changed, and frames follow it): if so, the
+        connection ends — the link connects again at once and says the new one."""
+        limit = self.node.settings.frame_limit
+        if limit == self.conn.max_frame:
+            return False
+        log.info(
+            "link to %s: this node takes frames of %d bytes now, not %d: connecting again to "
+            "say so", self.peer, limit, self.conn.max_frame,
+        )  # fmt: skip
+        self.close(f"{self.node.node_name!r} takes frames of {limit} bytes now")
+        return True
 
     async def _timers(self) -> None:
         """The resend timer, pings, and the watchdog for a silent peer."""
@@ -341,6 +407,8 @@ class LinkConnection(asyncio.Protocol):
                 next_table = now + TABLE_EVERY * heartbeat
             if self.node.link_tick(self.peer):
                 self._work.set()
+            if not self.ending:  # (the watchdog above still looks after an ending one)
+                self._limit_changed()
 
     # -- tunnelled connections (server/tunnel.py) -------------------------------------------
 
@@ -412,7 +480,12 @@ class LinkConnection(asyncio.Protocol):
     def send(self, event: ev.Event) -> None:
         if self.transport is None or self.closed.is_set() or self.conn.state is State.CLOSED:
             return
-        self.transport.write(self.conn.send(event))
+        header, body = self.conn.send_parts(event)
+        if len(body) < LARGE_FRAME:
+            self.transport.write(header + body)
+        else:  # a large body is not copied to be put behind its header
+            self.transport.write(header)
+            self.transport.write(body)
 
     def fail(self, error: EomsgError) -> None:
         """End the connection for ``error``, which the peer is told: the dialled node
@@ -429,12 +502,13 @@ class LinkConnection(asyncio.Protocol):
                     self.transport.write(self.conn.send(ev.Goodbye(error.message[:500])))
             self.transport.close()
 
-    def close(self) -> None:
+    def close(self, reason: str = "closing") -> None:
+        """End the connection, saying ``reason`` in a goodbye (the link connects again)."""
         self.ending = True
         if self.transport is not None:
             if self.conn.state not in (State.CLOSED,):
                 with contextlib.suppress(ProtocolError):
-                    self.transport.write(self.conn.send(ev.Goodbye("closing")))
+                    self.transport.write(self.conn.send(ev.Goodbye(reason[:500])))
             self.transport.close()
 
     def abort(self) -> None:
@@ -507,7 +581,9 @@ class LinkManager:
     async def _connect(self, config: LinkConfig, address: Address) -> LinkConnection:
         server = self.server
         node = server.node
-        conn = Connection(Role.CLIENT, server.settings.max_frame)
+        # What this node's frame limit is now: its max-payload may have changed since
+        # it started.
+        conn = Connection(Role.CLIENT, node.settings.frame_limit)
         connection = LinkConnection(server, config.peer, conn)
         assert config.token is not None  # a link that dials has one (LinkConfig.make)
         connection.key = token_hash(config.token)
@@ -543,7 +619,7 @@ class LinkManager:
                 node.incarnation,
                 peer_incarnation,
                 read,
-                server.settings.max_frame,
+                conn.max_frame,
                 connection.nonce,
             )
         )
@@ -609,7 +685,6 @@ class LinkManager:
                     f"link protocol version {hello.version} is not supported; this node "
                     f"speaks version {ev.LINK_VERSION}"
                 )
-            conn.peer_max_frame = hello.max_frame
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
             if node.dialled_after_removal(hello.node):
@@ -631,8 +706,8 @@ class LinkManager:
             connection.awaiting = (hello, keys, nonce)
             connection.send(
                 ev.LinkWelcome(
-                    ev.LINK_VERSION, me, node.incarnation, read, s.max_frame, s.heartbeat,
-                    proofs, nonce,
+                    ev.LINK_VERSION, me, node.incarnation, read, node.settings.frame_limit,
+                    s.heartbeat, proofs, nonce,
                 )
             )  # fmt: skip
         except EomsgError as e:

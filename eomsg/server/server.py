@@ -35,7 +35,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from eomsg.core.limits import DEFAULT_MAX_FRAME, MAX_FRAME, MIN_FRAME
 from eomsg.errors import (
     DataDirDamaged,
     DataDirError,
@@ -58,14 +57,13 @@ log = logging.getLogger("eomsg.server")
 @dataclass(frozen=True)
 class ServerSettings:
     """Limits and timings of the daemon. ``listen`` adds TCP addresses to the socket;
-    with ``tls`` they all speak TLS. ``max_frame`` is the frame limit of links (``eomsg
-    serve`` sets it to the node's as it starts); a client's connection is held to the
-    node's :attr:`~eomsg.node.settings.NodeSettings.frame_limit` as it connects."""
+    with ``tls`` they all speak TLS. (The largest frame a client or a linked node may
+    send is the node's :attr:`~eomsg.node.settings.NodeSettings.frame_limit` as it
+    connects.)"""
 
     listen: tuple[Address, ...] = ()
     allow_remote: bool = False
     tls: ServerTls | None = None
-    max_frame: int = DEFAULT_MAX_FRAME
     max_connections: int = 1024
     max_inflight_bytes: int = 64 << 20  # unacknowledged publish bytes per connection
     max_total_inflight_bytes: int = 512 << 20  # ... and over all connections
@@ -93,8 +91,6 @@ class ServerSettings:
                     f"--listen {address} is not a loopback address; add --allow-remote to "
                     "accept other machines (they must present the token)"
                 )
-        if not MIN_FRAME <= self.max_frame <= MAX_FRAME:
-            raise InvalidConfig("--max-frame must be between 64 KiB and 1 GiB")
         if self.max_connections < 1:
             raise InvalidConfig("--max-connections must be at least 1")
         if not 0.01 <= self.resend <= 3600:

@@ -7,10 +7,10 @@ the client never look at raw msgpack. Anything else raises :class:`RemoteProtoco
 Client → node: Hello, Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck,
 Ping, Pong, Goodbye. Node → client: Welcome, Published, Deliver, Deleted, Result, Error,
 FlowChanged, Unbound, Ping, Pong, Goodbye. Between linked nodes (the dialling one first):
-LinkHello, LinkWelcome, then both ways Interest, Transfer, Taken, Ping, Pong, Goodbye. A
-request carries a request id (``rid``)
-chosen by the client, unique among its requests in flight; the reply carries the same id,
-so requests can be pipelined.
+LinkHello, LinkWelcome, LinkProof, then both ways Interest, Transfer, Oversize, Taken,
+Channel, ChannelClose, ChannelPause, Ping, Pong, Goodbye. A request carries a request id
+(``rid``) chosen by the client, unique among its requests in flight; the reply carries
+the same id, so requests can be pipelined.
 """
 
 from __future__ import annotations
@@ -726,7 +726,7 @@ class Unbound(Event):
 
 # -- links between nodes -----------------------------------------------------------------
 
-LINK_VERSION = 5
+LINK_VERSION = 6  # 6: Oversize; each side holds the other to the frame limit it said
 MAX_TARGETS = 1024  # nodes one transferred message is for
 
 
@@ -750,8 +750,9 @@ class LinkHello(Event):
     """A node dialling a linked peer: who it is (``node``, and ``incarnation``: its data
     directory's identity, so a peer notices a node rebuilt from nothing), how far it has
     taken the peer's messages (``read``, as of the peer's incarnation
-    ``peer_incarnation``; "" if never), and a ``nonce`` the peer's welcome answers with
-    a proof that it knows the link's token (which never travels)."""
+    ``peer_incarnation``; "" if never), ``max_frame``: the largest frame it accepts (the
+    peer never sends a larger one), and a ``nonce`` the peer's welcome answers with a
+    proof that it knows the link's token (which never travels)."""
 
     TYPE: ClassVar[int] = 21
     version: int
@@ -785,7 +786,7 @@ class LinkHello(Event):
             _str(inc, "incarnation"),
             _str(peer_inc, "peer incarnation"),
             _int(read, "read"),
-            _int(max_frame, "max frame"),
+            _frame_limit(max_frame),
             _str(nonce, "nonce"),
         )
 
@@ -793,9 +794,10 @@ class LinkHello(Event):
 @dataclass(frozen=True, slots=True)
 class LinkWelcome(Event):
     """The dialled node answers: who it is, how far it has taken the dialling node's
-    messages, its frame limit and ping interval, its ``proofs`` that it knows the
-    link's token (:func:`eomsg.core.links.link_proof` of the hello's nonce, one per key
-    it would accept), and a ``nonce`` of its own for the dialler to answer the same way
+    messages, the largest frame it accepts (the dialler never sends a larger one), its
+    ping interval, its ``proofs`` that it knows the link's token
+    (:func:`eomsg.core.links.link_proof` of the hello's nonce, one per key it would
+    accept), and a ``nonce`` of its own for the dialler to answer the same way
     (:class:`LinkProof`) before anything else is taken."""
 
     TYPE: ClassVar[int] = 22
@@ -831,7 +833,7 @@ class LinkWelcome(Event):
             _str(node, "node"),
             _str(inc, "incarnation"),
             _int(read, "read"),
-            _int(max_frame, "max frame"),
+            _frame_limit(max_frame),
             _num(heartbeat, "heartbeat"),
             _names(proofs, "proofs", 4),
             _str(nonce, "nonce"),
@@ -987,6 +989,46 @@ class Transfer(Event):
         return cls(_int(prev, "prev"), _batch(origin, *columns))
 
 
+def transfer_bound(batch: Batch) -> int:
+    """At most the bytes a :class:`Transfer` of ``batch`` takes in a frame (what a sender
+    splits by, so that a frame it packs fits the peer's limit): its payloads, its text
+    counted at 4 bytes a character (UTF-8 never takes more), and the framing of every
+    field and of the frame."""
+    size = 128 + 4 * len(batch.origin) + (ITEM_OVERHEAD + 15) * len(batch.seqs)
+    size += sum(map(len, batch.payloads))
+    size += 4 * (sum(map(len, batch.topics)) + sum(len(i) for i in batch.ids if i is not None))
+    size += sum(5 + sum(4 * len(t) + 5 for t in targets) for targets in batch.routes)
+    if batch.headers is not None:
+        size += sum(4 * (len(k) + len(v)) + 10 for h in batch.headers for k, v in h.items())
+    if batch.sources is not None:
+        size += sum(4 * (len(s[0]) + len(s[1])) for s in batch.sources if s is not None)
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class Oversize(Event):
+    """The link's message ``seq``, continuing from the sender's sequence ``prev``, fits
+    no frame the receiver takes (the frame limit its side of the handshake said): its
+    payload is of ``size`` bytes. The sender passes it over — this takes its place in
+    the link's sequence, as a Transfer of it would — and the receiver counts it as
+    refused, as it does a message over its max-payload, and acknowledges it: nothing
+    behind it waits. (A receiver whose frame limit changed since it said it connects
+    again instead, to say the new one: the message is sent again under it.)"""
+
+    TYPE: ClassVar[int] = 30
+    prev: int
+    seq: int
+    size: int
+
+    def to_wire(self) -> list[Any]:
+        return [self.TYPE, self.prev, self.seq, self.size]
+
+    @classmethod
+    def from_wire(cls, body: list[Any]) -> Oversize:
+        _, prev, seq, size = _fields(body, 3, "oversize")
+        return cls(_int(prev, "prev"), _int(seq, "seq"), _int(size, "size"))
+
+
 @dataclass(frozen=True, slots=True)
 class Taken(Event):
     """The receiver holds, durably, every message of the link up to ``read``; ``gap``: a
@@ -1094,6 +1136,7 @@ EVENT_TYPES: dict[int, type[Event]] = {
         ChannelClose,
         ChannelPause,
         LinkProof,
+        Oversize,
     )
 }
 

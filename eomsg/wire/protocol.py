@@ -12,12 +12,13 @@ against the frame limit *before* the body is read, so an oversize frame costs no
 but its header. Decoding is strict: no extension types, bounded lengths, every field
 checked (see :mod:`eomsg.wire.events`).
 
-Frame limits: each end says in its handshake (Hello, Welcome) the largest frame it
-accepts, and that is the limit it holds the peer to; a frame we send over the peer's
-limit raises FrameTooLarge and is not sent, so the layers above split what they send to
-fit (deliveries, answers, publish batches). Until a node has read the client's first
-frame it accepts no more than :data:`~eomsg.core.limits.HANDSHAKE_FRAME`: a peer that has
-not said who it is cannot make it hold a large frame.
+Frame limits: each end says in its handshake (Hello, Welcome; between linked nodes
+LinkHello, LinkWelcome) the largest frame it accepts, and that is the limit it holds the
+peer to; a frame we send over the peer's limit raises FrameTooLarge and is not sent, so
+the layers above split what they send to fit (deliveries, answers, publish batches, a
+link's transfers). Until a node has read the client's first frame it accepts no more
+than :data:`~eomsg.core.limits.HANDSHAKE_FRAME`: a peer that has not said who it is
+cannot make it hold a large frame.
 
 Who may send what, and when, is the table :data:`TRANSITIONS`; a move not in it raises
 an error naming the event, the sender's role and the state: :class:`RemoteProtocolError`
@@ -61,6 +62,7 @@ from eomsg.wire.events import (
     LinkHello,
     LinkProof,
     LinkWelcome,
+    Oversize,
     Ping,
     Pong,
     Publish,
@@ -106,7 +108,7 @@ PEER_CLOSED: Final = _Sentinel.CLOSED
 _C, _S = Role.CLIENT, Role.SERVER
 _REQUESTS = (Publish, Fetch, Subscribe, Cancel, Delete, Release, Call, FlowAck)
 _ANSWERS = (Published, Deliver, Deleted, Result, Error, FlowChanged, Unbound)
-_LINK = (Interest, Transfer, Taken, Channel, ChannelClose, ChannelPause, Ping, Pong)
+_LINK = (Interest, Transfer, Oversize, Taken, Channel, ChannelClose, ChannelPause, Ping, Pong)
 
 TRANSITIONS: dict[tuple[Role, State, type[Event]], State] = {
     (_C, State.START, Hello): State.HELLO_SENT,
@@ -143,9 +145,9 @@ def _reject_ext(code: int, data: bytes) -> object:
 
 class Connection:
     """One end of a connection, as ``our_role``. ``max_frame`` bounds the frames we
-    accept — what our handshake frame (Hello, Welcome) says, once we sent it; the frames
-    we send are bounded by :attr:`peer_max_frame`, what the peer's said (until then
-    the default)."""
+    accept — what our handshake frame (Hello, Welcome, LinkHello, LinkWelcome) says, once
+    we sent it; the frames we send are bounded by :attr:`peer_max_frame`, what the
+    peer's said (until then the default)."""
 
     def __init__(self, our_role: Role, max_frame: int = DEFAULT_MAX_FRAME) -> None:
         self.our_role = our_role
@@ -298,15 +300,11 @@ class Connection:
             raise kind(
                 f"{sender.value} cannot send {type(event).__name__} in state {self.state.value}"
             )
-        if isinstance(event, (Hello, Welcome)):
+        if isinstance(event, (Hello, Welcome, LinkHello, LinkWelcome)):
             if sender is self.our_role:
                 self.max_frame = event.max_frame  # what we say is what we hold them to
             else:
                 self.peer_max_frame = event.max_frame
-        elif isinstance(event, LinkWelcome) and self.our_role is Role.CLIENT:
-            # A linked peer's frames may be as large as its own limit (server/link.py).
-            self.peer_max_frame = event.max_frame
-            self.max_frame = max(self.max_frame, event.max_frame)
         self.state = new
 
 
