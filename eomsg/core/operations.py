@@ -41,7 +41,10 @@ R = TypeVar("R")
 
 ARROW = "arrow"
 ArrowTable = Annotated[Any, ARROW]
-"""A ``pyarrow.Table`` (core does not import pyarrow; the wire carries it as Arrow IPC)."""
+"""A ``pyarrow.Table``, declared without importing pyarrow, so that declaring the
+operations loads none of it: a client, and every command through a running node, imports
+pyarrow only when a table is carried (``eomsg.wire.arrowipc``: as Arrow IPC). Other
+modules of core do import it (``core.dedup``'s runs are NumPy and Arrow columns)."""
 
 TxnDelete = tuple[str, int, int, int]
 """A delivery a transaction deletes: ``(queue, seq, epoch, attempt)``."""
