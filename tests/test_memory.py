@@ -7,14 +7,18 @@ says where the memory goes. (How flat a node stays over a long run is measured b
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from threading import current_thread
 
+import duckdb
 import pytest
 
 from eomsg.core.limits import Limits
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import MemoryFull
+from eomsg.store import writer as writer_module
 
 from .conftest import Cli, NodeFactory, NodeProcess
 
@@ -118,3 +122,57 @@ def test_a_take_reads_a_bounded_number_of_payload_bytes(open_node: NodeFactory) 
     node.close()
     node = open_node(limits=Limits(max_payload=8 << 20))
     assert len(node.fetch("q", 12)) == 4  # the ones above came back, redelivered
+
+
+class _NoMemory:
+    """A DuckDB cursor of a moment when the buffers are full (a reader of a large
+    payload beside the writer's checkpoint of another): its first read fails as
+    DuckDB's does."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def execute(self, sql: str, params: object = ()) -> _NoMemory:
+        self.reads += 1
+        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to pin block")
+
+
+def test_a_read_duckdb_has_no_memory_for_runs_again_beside_the_writer(
+    open_node: NodeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = open_node()
+    node.create_queue(QueueConfig("q", ("t",)))
+    node.store.writer.sync()
+    full = _NoMemory()
+    monkeypatch.setattr(node.store, "_reader", lambda: full)
+    threads: list[str] = []
+    run = node.store.writer.run
+
+    def noted(job: Callable[[duckdb.DuckDBPyConnection], object]) -> object:
+        return run(lambda conn: threads.append(current_thread().name) or job(conn))
+
+    monkeypatch.setattr(node.store.writer, "run", noted)
+    assert [config.name for _, config in node.store.load_queues()] == ["q"]
+    assert full.reads == 1 and threads == ["eomsg-applier"]
+
+
+def test_an_apply_duckdb_has_no_memory_for_waits_and_loses_nothing(
+    open_node: NodeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    node = open_node()
+    node.create_queue(QueueConfig("q", ("t",)))
+    failures = iter([True, True, True])
+    insert = writer_module.insert_rows
+
+    def short_of_memory(conn: duckdb.DuckDBPyConnection, batch: object, lsn: int) -> None:
+        insert(conn, batch, lsn)  # type: ignore[arg-type]
+        if next(failures, False):
+            raise duckdb.OutOfMemoryException("Out of Memory Error: failed to allocate")
+
+    monkeypatch.setattr(writer_module, "insert_rows", short_of_memory)
+    monkeypatch.setattr(writer_module, "APPLY_MEMORY_WAIT", 0.01)
+    node.publish_batch([Outgoing("t", b"kept")])
+    node.store.writer.sync()
+    assert next(failures, None) is None and not node.store.writer.failed
+    assert node.store.query("SELECT seq, payload FROM messages")[1] == [(1, b"kept")]
+    assert [d.message.payload for d in node.fetch("q", 10)] == [b"kept"]

@@ -5,7 +5,7 @@ The parts that grow with the traffic are each bounded by their share:
 
 * **DuckDB**'s buffers: its own ``memory_limit``; past it DuckDB spills to a temporary
   directory beside its file. (It gets more than its share when ``max-payload`` needs
-  it: room for three of the largest payloads.)
+  it: room for four of the largest payloads.)
 * **the dedup window** (:mod:`eomsg.core.dedup`): past its share its oldest ids go to
   disk, where they are still looked up (none that can still live is forgotten).
 * **the queues**: what each cursor keeps of the messages waiting and in flight, and the
@@ -31,10 +31,13 @@ QUEUES_SHARE = 0.375
 
 
 def duckdb_limit(limit: int, max_payload: int = 0) -> int:
-    """DuckDB's share of ``limit`` — or more, to hold three payloads of ``max_payload``
-    at once (a message is in an insert, a WAL record and a read): a node that takes
-    large payloads needs DuckDB room for them, whatever its limit."""
-    return max(int(limit * DUCKDB_SHARE), 3 * max_payload + (64 << 20))
+    """DuckDB's share of ``limit`` — or more, to hold four payloads of ``max_payload``
+    at once (a checkpoint holds a message twice, as its row and as the blocks it
+    writes, while a read holds it again and a reader of the next one starts): a node
+    that takes large payloads needs DuckDB room for them, whatever its limit. A read
+    that finds no room even so runs again alone with the writer (see
+    :meth:`eomsg.store.store.Store`), and an apply waits (:mod:`eomsg.store.writer`)."""
+    return max(int(limit * DUCKDB_SHARE), 4 * max_payload + (64 << 20))
 
 
 def dedup_limit(limit: int) -> int:
@@ -52,7 +55,7 @@ class MemoryUse:
     limit: int
     rss: int  # the process's resident memory (0 if it cannot be read)
     duckdb: int  # DuckDB's buffers
-    duckdb_limit: int  # DuckDB's memory_limit (its share, or room for three payloads)
+    duckdb_limit: int  # DuckDB's memory_limit (its share, or room for four payloads)
     dedup: int  # the dedup window in memory
     dedup_ids: int  # ids it holds in memory
     spilled_ids: int  # ids it keeps on disk

@@ -149,6 +149,10 @@ _SYNC = object()
 APPLY_ROWS = 50_000  # rows that make the applier commit to DuckDB at once
 APPLY_BYTES = 8 << 20  # journal bytes that do too (what one DuckDB transaction writes)
 APPLY_DELAY = 0.25  # seconds a journaled row waits at most before it is applied
+# An apply DuckDB has no memory for (readers of large payloads hold it) is tried again
+# this many times, this long apart, before the writer stops.
+APPLY_MEMORY_TRIES = 100
+APPLY_MEMORY_WAIT = 0.1
 MAX_BEHIND = 32 << 20  # journal bytes not yet applied past which the journal waits
 _DURABLE = "COMMIT succeeded and is durable"  # DuckDB's words, when its checkpoint fails
 log = logging.getLogger("eomsg.store")
@@ -270,6 +274,11 @@ class Writer:
     def failed(self) -> bool:
         """True once a write failed; the writer then refuses all work."""
         return self._failed is not None
+
+    def on_its_thread(self) -> bool:
+        """True on the thread that applies and runs jobs (where waiting for a job would
+        wait for ever)."""
+        return threading.current_thread() is self._apply_thread
 
     @property
     def behind(self) -> int:
@@ -491,15 +500,28 @@ class Writer:
         lsn = records[-1][1]
         if self._failed is None:
             conn = self._conn
-            try:
-                conn.execute("BEGIN TRANSACTION")
-                insert_rows(conn, batch, lsn)
-                failpoint("journal.apply.before_commit")
-                conn.execute("COMMIT")
-            except Exception as e:
-                self._rollback()
-                self._stop(e)  # what is journaled stays: the next open applies it
-            else:
+            for attempt in range(APPLY_MEMORY_TRIES):
+                committing = False
+                try:
+                    conn.execute("BEGIN TRANSACTION")
+                    insert_rows(conn, batch, lsn)
+                    failpoint("journal.apply.before_commit")
+                    committing = True
+                    conn.execute("COMMIT")
+                except duckdb.OutOfMemoryException as e:
+                    self._rollback()
+                    if committing or attempt + 1 == APPLY_MEMORY_TRIES:
+                        self._stop(e)  # what is journaled stays: the next open applies it
+                    else:
+                        # Readers of large payloads hold DuckDB's memory: the records
+                        # are journaled and their messages in the overlay, so they wait.
+                        time.sleep(APPLY_MEMORY_WAIT)
+                        continue
+                except Exception as e:
+                    self._rollback()
+                    self._stop(e)  # what is journaled stays: the next open applies it
+                break
+            if self._failed is None:
                 failpoint("journal.apply.after_commit")
                 messages = batch.tables.get("messages")
                 if messages:
