@@ -103,6 +103,29 @@ def test_a_crash_inside_the_last_record_is_a_torn_tail(tmp_path: Path) -> None:
             assert [r.payload for r in found.records] == payloads[:2], name
 
 
+def test_a_torn_first_record_is_written_over_and_the_segment_kept(tmp_path: Path) -> None:
+    """A crash inside a segment's first record: the next open makes the segment that
+    record would have started anew, under the same name, and goes on writing there (it
+    deleted that segment as an older one before)."""
+    write_journal(tmp_path, PAYLOADS[:3])
+    j = Journal.start(tmp_path, 3)  # DuckDB holds all three: a new segment starts at 4
+    j.append(os.urandom(5000))  # the new segment's first record, cut by the crash
+    j.close(applied=3)
+    ((first, path),) = journal.segments(tmp_path)
+    assert first == 4
+    data = bytearray(path.read_bytes())
+    end = SEGMENT_HEADER.size + HEADER.size + 5000
+    data[4096:end] = bytes(end - 4096)  # the power went after its first page
+    path.write_bytes(bytes(data))
+    found = scan(tmp_path, 3)
+    assert found.torn and not found.damage and found.last_lsn == 3
+    j = Journal.start(tmp_path, 3, found=found)
+    assert j.append(b"kept") == 4
+    j.close(applied=3)
+    found = scan(tmp_path, 3)
+    assert [r.payload for r in found.records] == [b"kept"] and not (found.torn or found.damage)
+
+
 def test_a_segment_cut_short_anywhere_is_damage_never_a_shorter_journal(tmp_path: Path) -> None:
     """`truncate` is not a crash: a segment is allocated whole before it is named, so a
     shorter one lost what was past the cut — at a record's edge, inside one, inside the

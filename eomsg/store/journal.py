@@ -576,7 +576,7 @@ class Journal:
     def _make(self, lsn: int, need: int) -> tuple[int, int]:
         """Make segment ``lsn`` whole (allocated, its header synced) under a temporary
         name, then give it its name durably: its open descriptor and size. A full disk
-        fails here, leaving no segment of that name."""
+        fails here, leaving no segment of that name (or the one that had it)."""
         room = max(self.segment_bytes, SEGMENT_HEADER.size + need + HEADER.size)
         path = self.directory / f"{lsn:020d}{SUFFIX}"
         making = path.with_name(path.name + MAKING)
@@ -591,6 +591,9 @@ class Journal:
             os.close(fd)
             making.unlink(missing_ok=True)
             raise
+        # A segment of that name is replaced: one whose only record was torn (this
+        # open's successor of the last whole record starts where it started).
+        self._files = [(first, p) for first, p in self._files if first != lsn]
         self._files.append((lsn, path))
         return fd, room
 
