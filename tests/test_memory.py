@@ -7,9 +7,7 @@ says where the memory goes. (How flat a node stays over a long run is measured b
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
-from threading import current_thread
 
 import duckdb
 import pytest
@@ -19,6 +17,7 @@ from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import MemoryFull
 from eomsg.store import writer as writer_module
+from eomsg.store.writer import Writer
 
 from .conftest import Cli, NodeFactory, NodeProcess
 
@@ -127,33 +126,32 @@ def test_a_take_reads_a_bounded_number_of_payload_bytes(open_node: NodeFactory) 
 class _NoMemory:
     """A DuckDB cursor of a moment when the buffers are full (a reader of a large
     payload beside the writer's checkpoint of another): its first read fails as
-    DuckDB's does."""
+    DuckDB's does; the next is read, noting whether the writer was held meanwhile."""
 
-    def __init__(self) -> None:
-        self.reads = 0
+    def __init__(self, cursor: duckdb.DuckDBPyConnection, writer: Writer) -> None:
+        self.cursor, self.writer = cursor, writer
+        self.reads: list[bool] = []
 
-    def execute(self, sql: str, params: object = ()) -> _NoMemory:
-        self.reads += 1
-        raise duckdb.OutOfMemoryException("Out of Memory Error: failed to pin block")
+    def execute(self, sql: str, params: object = ()) -> duckdb.DuckDBPyConnection:
+        self.reads.append(self.writer._quiet.locked())
+        if len(self.reads) == 1:
+            raise duckdb.OutOfMemoryException("Out of Memory Error: failed to pin block")
+        return self.cursor.execute(sql, params)
 
 
-def test_a_read_duckdb_has_no_memory_for_runs_again_beside_the_writer(
+def test_a_read_duckdb_has_no_memory_for_runs_again_with_the_writer_held(
     open_node: NodeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Under the node's lock too (requeue reads payloads under it): the read waits for
+    no work of the journal's thread, which needs that lock."""
     node = open_node()
     node.create_queue(QueueConfig("q", ("t",)))
     node.store.writer.sync()
-    full = _NoMemory()
+    full = _NoMemory(node.store._reader(), node.store.writer)
     monkeypatch.setattr(node.store, "_reader", lambda: full)
-    threads: list[str] = []
-    run = node.store.writer.run
-
-    def noted(job: Callable[[duckdb.DuckDBPyConnection], object]) -> object:
-        return run(lambda conn: threads.append(current_thread().name) or job(conn))
-
-    monkeypatch.setattr(node.store.writer, "run", noted)
-    assert [config.name for _, config in node.store.load_queues()] == ["q"]
-    assert full.reads == 1 and threads == ["eomsg-applier"]
+    with node._lock:
+        assert [config.name for _, config in node.store.load_queues()] == ["q"]
+    assert full.reads == [False, True]
 
 
 def test_an_apply_duckdb_has_no_memory_for_waits_and_loses_nothing(

@@ -35,8 +35,8 @@ def duckdb_limit(limit: int, max_payload: int = 0) -> int:
     at once (a checkpoint holds a message twice, as its row and as the blocks it
     writes, while a read holds it again and a reader of the next one starts): a node
     that takes large payloads needs DuckDB room for them, whatever its limit. A read
-    that finds no room even so runs again alone with the writer (see
-    :meth:`eomsg.store.store.Store`), and an apply waits (:mod:`eomsg.store.writer`)."""
+    that finds no room even so runs again with the writer held between its commits
+    (``Writer.alone``), and an apply waits for readers (:mod:`eomsg.store.writer`)."""
     return max(int(limit * DUCKDB_SHARE), 4 * max_payload + (64 << 20))
 
 

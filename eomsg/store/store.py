@@ -396,19 +396,19 @@ class Store:
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         """Rows of one read. A read DuckDB found no memory for — a large payload read
-        while the writer commits or checkpoints another — runs once more on the
-        writer's thread, where nothing of the writer's runs beside it."""
+        while the writer commits or checkpoints another — runs once more with the
+        writer held between its commits (:meth:`Writer.alone`)."""
         try:
             return self._reader().execute(sql, params).fetchall()
-        except duckdb.OutOfMemoryException as e:
-            if self.writer.on_its_thread():
+        except duckdb.OutOfMemoryException:
+            pass
+        except duckdb.Error as e:
+            raise self._error(e, "reading the store") from e
+        with self.writer.alone():
+            try:
+                return self._reader().execute(sql, params).fetchall()
+            except duckdb.Error as e:
                 raise self._error(e, "reading the store") from e
-        except duckdb.Error as e:
-            raise self._error(e, "reading the store") from e
-        try:
-            return self.writer.run(lambda conn: conn.execute(sql, params).fetchall()).result()
-        except duckdb.Error as e:
-            raise self._error(e, "reading the store") from e
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run one plain SELECT in a read-only transaction: column names, rows. Anything

@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
 from typing import Any, TypeVar
 
@@ -263,6 +263,7 @@ class Writer:
         self._failed: BaseException | None = None
         self._closed = False
         self._gate = threading.Lock()  # orders work handed in against close()
+        self._quiet = threading.Lock()  # held by the applier as it commits or checkpoints
         self._apply_thread = threading.Thread(
             target=self._apply_run, name="eomsg-applier", daemon=True
         )
@@ -275,10 +276,13 @@ class Writer:
         """True once a write failed; the writer then refuses all work."""
         return self._failed is not None
 
-    def on_its_thread(self) -> bool:
-        """True on the thread that applies and runs jobs (where waiting for a job would
-        wait for ever)."""
-        return threading.current_thread() is self._apply_thread
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """Hold the applier between its commits and checkpoints: for a read DuckDB had
+        no memory for beside them (a large payload in each). Takes no other lock, and
+        the applier takes none while it holds this one."""
+        with self._quiet:
+            yield
 
     @property
     def behind(self) -> int:
@@ -503,11 +507,12 @@ class Writer:
             for attempt in range(APPLY_MEMORY_TRIES):
                 committing = False
                 try:
-                    conn.execute("BEGIN TRANSACTION")
-                    insert_rows(conn, batch, lsn)
-                    failpoint("journal.apply.before_commit")
-                    committing = True
-                    conn.execute("COMMIT")
+                    with self._quiet:
+                        conn.execute("BEGIN TRANSACTION")
+                        insert_rows(conn, batch, lsn)
+                        failpoint("journal.apply.before_commit")
+                        committing = True
+                        conn.execute("COMMIT")
                 except duckdb.OutOfMemoryException as e:
                     self._rollback()
                     if committing or attempt + 1 == APPLY_MEMORY_TRIES:
@@ -582,7 +587,8 @@ class Writer:
         if self._failed is not None:
             return
         try:
-            self._checkpoint(self._conn, self.last_seq)
+            with self._quiet:
+                self._checkpoint(self._conn, self.last_seq)
         except duckdb.FatalException as e:  # DuckDB invalidated the database
             self._stop(e)
         except Exception as e:
