@@ -41,7 +41,7 @@ import duckdb
 
 from eomsg.errors import DataDirDamaged, DataDirError, UsageError, one_line
 from eomsg.failpoints import failpoint
-from eomsg.store import integrity, journal, journaled, wal
+from eomsg.store import integrity, journal, journaled, logread, spill, wal
 from eomsg.store.files import DB_NAME, owner_only, sync
 from eomsg.store.lock import DataDirLock
 from eomsg.store.logread import stored_seq
@@ -496,6 +496,14 @@ def _name_losses(new: duckdb.DuckDBPyConnection, out: Salvaged) -> None:
            AND NOT EXISTS (SELECT 1 FROM settled s
                            WHERE s.queue_id = d.queue_id AND s.seq = d.seq)"""
     )
+    # The ids of lost messages are forgotten, so that a producer's retry of one is
+    # taken as new (kept, it would be answered with the seq of a message that is gone).
+    # Below the log's horizon an id outlives its message by its own expiry: kept.
+    new.execute(
+        """DELETE FROM publish_ids p WHERE p.seq >= ?
+           AND NOT EXISTS (SELECT 1 FROM messages m WHERE m.seq = p.seq)""",
+        [logread.horizon(new)[0]],
+    )
     out.log_gaps = [
         (int(a), int(b))
         for a, b in new.execute(
@@ -557,6 +565,7 @@ def _swap(data_dir: Path, record: dict[str, Any]) -> Salvaged:
         mark.write(Mark(0, int(result["last_seq"])))
     finally:
         mark.close()
+    spill.remove(data_dir)  # it may know ids of messages lost: a retry of one is taken
     shutil.rmtree(data_dir / WORK_DIR, ignore_errors=True)
     for entry in data_dir.iterdir():
         owner_only(entry)

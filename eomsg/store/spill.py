@@ -11,7 +11,8 @@ It is an index of what the store holds, never the only copy: the ids it covers â
 live one numbered below :attr:`SpilledIds.covered` â€” are in ``publish_ids`` too. A
 spill commits with the new ``covered`` in one transaction, so a crash leaves it as it
 was before or after; opening a node loads the ids from ``covered`` on from DuckDB. A
-file that cannot be read is made anew from DuckDB (:meth:`SpilledIds.rebuild`).
+file that cannot be read is emptied, and the open loads every id from DuckDB; salvage
+deletes the file (:func:`remove`), since it may name ids of messages salvage lost.
 
 File: ``DIR/dedup.sqlite`` (owner-only), rows ``(seq, h, id, expires)``: ``seq`` is the
 rowid (garbage collection drops a range of it), ``h`` the id's 32-bit hash, indexed.
@@ -24,7 +25,7 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from eomsg.core.dedup import RetainedIds, id_hash
@@ -61,8 +62,7 @@ class SpilledIds:
             log.warning("%s cannot be read (%s): making it anew from the store", self.path, e)
             with contextlib.suppress(sqlite3.Error):
                 self._db.close()
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{self.path}{suffix}").unlink(missing_ok=True)
+            remove(data_dir)
             self._open()
 
     def _open(self) -> None:
@@ -165,15 +165,6 @@ class SpilledIds:
             if done < CHUNK:
                 return dropped
 
-    def rebuild(self, rows: Iterable[RetainedIds]) -> None:
-        """Make it anew from ``rows`` (runs of what the store holds, oldest first)."""
-        with self._lock:
-            self._db.execute("DELETE FROM ids")
-            self._db.execute("DELETE FROM meta")
-            self._covered, self._count = 0, 0
-        for run in rows:
-            self.add(run)
-
     @property
     def disk_bytes(self) -> int:
         with contextlib.suppress(OSError):
@@ -183,3 +174,10 @@ class SpilledIds:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def remove(data_dir: Path) -> None:
+    """Delete the spill file of ``data_dir`` and SQLite's files beside it (idempotent):
+    the next open loads every live id from DuckDB."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{data_dir / NAME}{suffix}").unlink(missing_ok=True)
