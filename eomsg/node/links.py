@@ -358,15 +358,14 @@ class Links(Egress):
                 owed = link.outbox.sender.pending
                 self._spread(self._routing.unlink(peer))
                 self._routes.clear()
-            removed = {**self._removed, peer: self.clock()}
+                # With the link gone, at once: a dial taken on meanwhile is refused.
+                removed = self._removed = {**self._removed, peer: self.clock()}
             jobs = [
                 Store.drop_link_job(f"link/{peer}/", route_ids),
                 Store.save_meta_job(REMOVED, json.dumps(removed)),
             ]
             entry = self._audit(by, "remove-link", peer, f"{owed} messages owed" if owed else "")
             self.store.writer.run(Store.audited(together(jobs), entry)).result()
-            with self._lock:
-                self._removed = removed
             self._keep_secrets(peer, None)
         self._links_changed()
         return owed

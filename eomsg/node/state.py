@@ -232,8 +232,11 @@ class NodeState:
 
     def _queues_memory(self) -> int:
         """About the bytes the queues take: their cursors, and the messages journaled but
-        not yet in DuckDB (read from the writer's memory meanwhile)."""
-        return sum(q.cursor.nbytes for q in self._queues.values()) + self.store.writer.behind
+        not yet in DuckDB (read from the writer's memory meanwhile). Outside the node's
+        lock: a copy of the queues (taken whole under the GIL) is summed, so a queue made
+        or dropped meanwhile changes no dictionary under the sum."""
+        queues = list(self._queues.values())
+        return sum(q.cursor.nbytes for q in queues) + self.store.writer.behind
 
     def _check_memory(self) -> None:
         """MemoryFull while the queues take more than their share of the node's memory:
@@ -242,7 +245,7 @@ class NodeState:
         retries, never a node that runs out of memory. Read afresh at each call."""
         used, budget = self._queues_memory(), self.settings.queue_budget
         if used > budget:
-            waiting = sum(q.cursor.depth for q in self._queues.values())
+            waiting = sum(q.cursor.depth for q in list(self._queues.values()))
             raise MemoryFull(
                 f"the node's queues hold {waiting} messages in {format_bytes(used)} of "
                 f"memory, over their share of {format_bytes(budget)}: publishing "

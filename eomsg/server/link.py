@@ -785,7 +785,8 @@ class LinkManager:
             try:
                 node.link_hello(hello.node, hello.incarnation)
             except LinkNotFound:
-                if not may_make:  # its link was removed since the welcome
+                # Its link was removed since the welcome, or (found here) since the hello.
+                if not may_make or node.dialled_after_removal(hello.node):
                     raise
                 await self.server.blocking(node.add_link, hello.node, None, None)
                 if gone():
