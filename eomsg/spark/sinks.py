@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import contextlib
 import json
 import os
 import re
@@ -327,7 +328,8 @@ class DuckDBSink(Sink):
                 )
                 conn.execute("COMMIT")
             except duckdb.Error as e:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(duckdb.Error):  # none left after a failed COMMIT
+                    conn.execute("ROLLBACK")
                 raise SinkConflict(f"cannot write {self.path}:{self.table}: {one_line(e)}") from e
         shutil.rmtree(staged.path, ignore_errors=True)
 

@@ -438,7 +438,7 @@ def written_bytes(data_dir: Path) -> int:
                     if kind != RECORD or pos + HEADER.size + length > size:
                         break  # the zeroed rest, a seal (or a torn or legacy record)
                     pos += HEADER.size + length
-                total += pos - SEGMENT_HEADER.size
+                total += max(0, pos - SEGMENT_HEADER.size)  # (none in one cut short)
         except OSError:  # deleted meanwhile: the writer applied it
             continue
     return total
