@@ -23,9 +23,9 @@ file output needs); by default it sits beside the output.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import hashlib
-import contextlib
 import json
 import os
 import re
