@@ -6,6 +6,7 @@ says where the memory goes. (How flat a node stays over a long run is measured b
 
 from __future__ import annotations
 
+import errno
 import json
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from eomsg.core.limits import Limits
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import MemoryFull
+from eomsg.node.node import Node, NodeSettings
+from eomsg.store import store as store_module
 from eomsg.store import writer as writer_module
 from eomsg.store.writer import Writer
 
@@ -174,3 +177,22 @@ def test_an_apply_duckdb_has_no_memory_for_waits_and_loses_nothing(
     assert next(failures, None) is None and not node.store.writer.failed
     assert node.store.query("SELECT seq, payload FROM messages")[1] == [(1, b"kept")]
     assert [d.message.payload for d in node.fetch("q", 10)] == [b"kept"]
+
+
+def test_an_open_that_fails_past_the_store_lets_go_of_it(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spill file cannot be made (a full disk): the open fails, and lets go of the
+    directory's lock and files, so that the next open in the same process (serve
+    waiting for room) can succeed."""
+    Node.open(data_dir, NodeSettings(tick=None)).close()
+
+    def full(_: Path) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store_module, "SpilledIds", full)
+    with pytest.raises(OSError):
+        Node.open(data_dir, NodeSettings(tick=None))
+    monkeypatch.undo()
+    with Node.open(data_dir, NodeSettings(tick=None)) as node:
+        assert node.memory().spilled_ids == 0

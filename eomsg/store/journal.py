@@ -608,10 +608,11 @@ class Journal:
 
     def close(self, applied: int) -> None:
         """Close the file and delete the segments DuckDB holds, but the current one."""
-        self._close_file()
+        self.close_file()
         self.forget(applied)
 
-    def _close_file(self) -> None:
+    def close_file(self) -> None:
+        """Close the file and delete nothing (idempotent): for an open given up."""
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

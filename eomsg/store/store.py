@@ -209,10 +209,17 @@ class Store:
         self._local = threading.local()
         self._cursors: list[duckdb.DuckDBPyConnection] = []
         self._cursors_lock = threading.Lock()
-        self._private()
-        last = self.last_seq()
-        self._mark.write(Mark(_size(self.wal_path), last))
-        self.spill = SpilledIds(data_dir)  # the dedup window's oldest ids
+        try:
+            self._private()
+            last = self.last_seq()
+            self._mark.write(Mark(_size(self.wal_path), last))
+            self.spill = SpilledIds(data_dir)  # the dedup window's oldest ids
+        except BaseException:  # (a full disk): let go of everything, as a failed _open
+            self._journal.close_file()
+            self._db.close()
+            self._mark.close()
+            self._lock.release()
+            raise
         self.failure_listeners: list[Callable[[BaseException], None]] = []
         self.writer = Writer(
             self._db.cursor(),
