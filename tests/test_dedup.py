@@ -207,3 +207,21 @@ def test_a_store_from_before_the_hash_is_salvaged_with_its_ids(
     node = open_node()
     again = node.publish_batch([Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(n)])
     assert [r.seq for r in again] == [r.seq for r in first] and all(r.duplicate for r in again)
+
+
+def test_a_run_spilled_again_is_counted_once(tmp_path: Path) -> None:
+    """The window merged or swept its oldest run while it was being written: the next
+    spill writes those ids again (idempotent), and the count of ids on disk stays true."""
+    spill = SpilledIds(tmp_path)
+    try:
+        first = RetainedIds.of(["a", "b"], [1, 2], [None, None])
+        spill.add(first)
+        spill.add(RetainedIds.merged([first, RetainedIds.of(["c"], [3], [None])]))
+        assert len(spill) == 3 and spill.covered == 4
+    finally:
+        spill.close()
+    again = SpilledIds(tmp_path)
+    try:
+        assert len(again) == 3
+    finally:
+        again.close()

@@ -112,7 +112,9 @@ class SpilledIds:
                 self._db.execute("COMMIT")
         covered = max(self._covered, run.last_seq + 1)
         with self._lock:
-            self._count += len(seqs)
+            # Those below what was covered were here already (the same run again, after
+            # the window merged or swept it as it was written): counted once.
+            self._count += int((seqs >= self._covered).sum())
             self._db.executemany(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)",
                 [("covered", covered), ("count", self._count)],
