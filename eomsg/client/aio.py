@@ -55,7 +55,6 @@ from eomsg.wire.tls import ClientTls, tls_refused
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
-FRAME_SLACK = 8 << 10  # room in a frame for its own fields, besides the messages
 LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
 
 
@@ -290,7 +289,7 @@ class AsyncClient(Operations):
     def _frames(self, messages: Sequence[Outgoing]) -> list[tuple[Outgoing, ...]]:
         """``messages`` in runs that each fit a Publish frame the node accepts (one
         message that fits none alone: the node's frame limit cannot carry it)."""
-        budget = self.conn.peer_max_frame - FRAME_SLACK
+        budget = self.conn.peer_max_frame - ev.FRAME_SLACK
         frames: list[tuple[Outgoing, ...]] = []
         start, size = 0, 0
         for i, m in enumerate(messages):

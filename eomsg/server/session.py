@@ -75,7 +75,6 @@ log = logging.getLogger("eomsg.server")
 
 MAX_PREFETCH = 100_000
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
-FRAME_SLACK = 8 << 10  # room in a frame for its own fields, besides the items it carries
 ANSWER_SLACK = 64 << 10  # room left in an answer the node sizes by estimate (read_log)
 CLOSE_GRACE = 2.0  # seconds a closing connection may take to flush its last frames
 LOGGED_DENIALS = 20  # denied requests logged per connection
@@ -691,7 +690,7 @@ class Session(asyncio.Protocol):
         accepts could carry — as many as it takes, each sent once the client has read
         the one before (so the node holds the answer, not the frames too). FrameTooLarge
         if an answer (or an item of it) alone does not fit."""
-        budget = self.conn.peer_max_frame - FRAME_SLACK
+        budget = self.conn.peer_max_frame - ev.FRAME_SLACK
         split = listed_result(op) and ev.value_bound(value) > budget
         parts = _split(value, budget) if split else [value]
         what = f"an item of the answer to {op.name}" if split else f"{op.name}'s answer"
@@ -819,7 +818,7 @@ class Session(asyncio.Protocol):
         """Deliver frames, each within the client's frame limit; a Fetch's last one has
         ``more`` False. FrameTooLarge, naming the message, if one alone does not fit (the
         frames before it are sent)."""
-        budget = self.conn.peer_max_frame - FRAME_SLACK
+        budget = self.conn.peer_max_frame - ev.FRAME_SLACK
         now = self.node.clock()
         chunk: list[Delivered] = []
         size = 0

@@ -16,6 +16,7 @@ the same id, so requests can be pipelined.
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -322,6 +323,12 @@ class Fetch(Event):
 
 
 ITEM_OVERHEAD = 96  # bytes of one message's fields in a frame besides its text and payload
+FRAME_SLACK = 8 << 10  # room in a frame for its own fields, besides the items it carries
+
+
+def _headers_bound(headers: Mapping[str, str]) -> int:
+    """At most the bytes ``headers`` take in a frame (text at 4 bytes a character)."""
+    return sum(4 * (len(k) + len(v)) + 10 for k, v in headers.items())
 
 
 def message_bound(m: Message | Outgoing) -> int:
@@ -331,7 +338,7 @@ def message_bound(m: Message | Outgoing) -> int:
     name of 1024 characters is the largest)."""
     size = len(m.payload) + 4 * (len(m.topic) + len(m.id or "")) + ITEM_OVERHEAD
     if m.headers:
-        size += sum(4 * (len(k) + len(v)) + 10 for k, v in m.headers.items())
+        size += _headers_bound(m.headers)
     return size
 
 
@@ -999,7 +1006,7 @@ def transfer_bound(batch: Batch) -> int:
     size += 4 * (sum(map(len, batch.topics)) + sum(len(i) for i in batch.ids if i is not None))
     size += sum(5 + sum(4 * len(t) + 5 for t in targets) for targets in batch.routes)
     if batch.headers is not None:
-        size += sum(4 * (len(k) + len(v)) + 10 for h in batch.headers for k, v in h.items())
+        size += sum(map(_headers_bound, batch.headers))
     if batch.sources is not None:
         size += sum(4 * (len(s[0]) + len(s[1])) for s in batch.sources if s is not None)
     return size
