@@ -753,8 +753,11 @@ class Links(Egress):
         self, peer: str, prev: int, seqs: list[int], outgoing: list[Carried | str]
     ) -> Future[tuple[int, bool]]:
         """Take the messages ``seqs`` of ``peer``, continuing from ``prev``: each is
-        ``outgoing``'s message to store here and onward, or why it is refused."""
+        ``outgoing``'s message to store here and onward, or why it is refused. DiskFull
+        or MemoryFull (the queues over their share) while this node cannot take more:
+        the peer keeps them and sends them again, as a producer retries."""
         self._check_room()
+        self._check_memory()
         now = self.clock()
         done: Future[tuple[int, bool]] = Future()
         with self._lock:
