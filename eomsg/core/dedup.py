@@ -43,6 +43,11 @@ def id_hash(msg_id: str) -> int:
     return zlib.crc32(msg_id.encode("utf-8", "surrogatepass"))
 
 
+def hashes_of(msg_ids: Sequence[str]) -> np.ndarray:
+    """The :func:`id_hash` of each of ``msg_ids``, as an array."""
+    return np.fromiter(map(id_hash, msg_ids), np.uint32, len(msg_ids))
+
+
 @dataclass(frozen=True)
 class RetainedIds:
     """The live publish ids a store held at open, as columns sorted by ``hashes``:
@@ -76,7 +81,7 @@ class RetainedIds:
         cls, ids: Sequence[str], seqs: Sequence[int], expires: Sequence[float | None]
     ) -> RetainedIds:
         """Columns in any order, sorted here (the store has DuckDB sort them instead)."""
-        hashes = np.fromiter(map(id_hash, ids), np.uint32, len(ids))
+        hashes = hashes_of(ids)
         order = np.argsort(hashes, kind="stable")
         nan = float("nan")
         return cls(
@@ -112,25 +117,37 @@ class RetainedIds:
             pa.chunked_array([ids.take(pa.array(order)).combine_chunks()]),
         )
 
-    def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
+    def find(
+        self,
+        msg_ids: Sequence[str],
+        now: float,
+        horizon: int,
+        wanted: np.ndarray | None = None,
+    ) -> dict[str, int]:
         """The seqs of those of ``msg_ids`` that are here and can still live: one
-        vectorised search for the batch, then the id itself compared at each hash match."""
-        if not len(self.hashes) or not msg_ids:
+        vectorised search for the batch (``wanted``: their :func:`hashes_of`, when the
+        caller searches several runs), then the id itself compared at each hash match."""
+        hashes = self.hashes
+        if not len(hashes) or not msg_ids:
             return {}
-        wanted = np.fromiter(map(id_hash, msg_ids), np.uint32, len(msg_ids))
-        lo = np.searchsorted(self.hashes, wanted, "left")
-        hi = np.searchsorted(self.hashes, wanted, "right")
+        if wanted is None:
+            wanted = hashes_of(msg_ids)
+        lo = hashes.searchsorted(wanted)
+        hit = hashes.take(lo, mode="clip") == wanted  # (few numpy calls: a batch is small)
+        if not hit.any():
+            return {}
         found: dict[str, int] = {}
-        for k in np.flatnonzero(hi > lo).tolist():
-            msg_id = msg_ids[k]
-            for j in range(int(lo[k]), int(hi[k])):
-                if self._id(j) != msg_id:
-                    continue
-                expires = float(self.expires[j])
-                seq = int(self.seqs[j])
-                live = expires > now if expires == expires else seq >= horizon
-                if live and seq > found.get(msg_id, -1):
-                    found[msg_id] = seq
+        for k in np.flatnonzero(hit).tolist():
+            msg_id, h = msg_ids[k], wanted[k]
+            j = int(lo[k])
+            while j < len(hashes) and hashes[j] == h:
+                if self._id(j) == msg_id:
+                    expires = float(self.expires[j])
+                    seq = int(self.seqs[j])
+                    live = expires > now if expires == expires else seq >= horizon
+                    if live and seq > found.get(msg_id, -1):
+                        found[msg_id] = seq
+                j += 1
         return found
 
     def keep(self, mask: np.ndarray) -> RetainedIds:
@@ -201,13 +218,17 @@ class DedupWindow:
             elif ttl_expiry[msg_id] > now:
                 found[msg_id] = seq
             # else lapsed: published anew since, so any entry in an older tier is older still
+        if not others or not self._runs:
+            return found
+        wanted = hashes_of(others)  # once for every run searched
         for run in reversed(self._runs):
-            if not others:
-                break
-            hits = run.find(others, now, self._horizon)
+            hits = run.find(others, now, self._horizon, wanted)
             if hits:
                 found.update(hits)
-                others = [i for i in others if i not in hits]
+                left = [k for k, msg_id in enumerate(others) if msg_id not in hits]
+                if not left:
+                    break
+                others, wanted = [others[k] for k in left], wanted[left]
         return found
 
     def remember(self, msg_id: str, seq: int, expires_at: float | None) -> None:
