@@ -110,6 +110,7 @@ class Spilling(Window):
         dedup_module.FOLD, dedup_module.LARGEST_MERGE = 2, 8
         self.dir = Path(tempfile.mkdtemp())
         self.spill = SpilledIds(self.dir)
+        self.spill.start_filter(4096)  # the smallest: 32,768 bits, so hashes collide
         self.lock = threading.Lock()
         self.window = Deduplication(DedupWindow(), self.spill, 0, self.lock)  # type: ignore[assignment]
 
@@ -132,11 +133,16 @@ class Spilling(Window):
         self.window.spill_over()  # type: ignore[attr-defined]  # a budget of 0: all runs but one
 
     @rule()
+    def fill_filter(self) -> None:
+        self.window.fill_filter()  # type: ignore[attr-defined]
+
+    @rule()
     def restart(self) -> None:
         """What a node's open does: the spill file as it is, the live ids it does not
         cover read back into memory."""
         self.spill.close()
         self.spill = SpilledIds(self.dir)
+        self.spill.start_filter(4096)  # (it answers once filled: every lookup goes to SQLite)
         kept = [
             (i, s, e)
             for i, (s, e) in self.model.items()

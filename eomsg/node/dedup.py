@@ -20,6 +20,7 @@ from eomsg.store.spill import SpilledIds
 from eomsg.store.store import Store
 
 LOAD_ROWS = 16 * FOLD  # ids read from DuckDB at a time when a node opens
+FILTER_SHARE = 8  # the spill's filter takes about this part of the window's budget
 log = logging.getLogger("eomsg.node")
 
 
@@ -42,6 +43,7 @@ class Deduplication:
         pass the budget (so opening a store of a hundred million ids does not need
         memory for them)."""
         spill = store.spill
+        spill.start_filter(budget // FILTER_SHARE)
         dedup = cls(DedupWindow(spilled=len(spill) > 0), spill, budget, lock)
         for run in store.publish_id_runs(now_us, spill.covered, LOAD_ROWS):
             dedup.window.add_run(run)
@@ -75,7 +77,7 @@ class Deduplication:
         moved = 0
         while True:
             with self._lock:
-                run = self.window.oldest(self.budget)
+                run = self.window.oldest(self.budget - self.spill.filter_bytes)
             if run is None:
                 return moved
             self.spill.add(run)
@@ -91,6 +93,12 @@ class Deduplication:
             self.window.expire(now)
         self.spill.forget_below(horizon, now)
 
+    def fill_filter(self) -> None:
+        """Read another chunk of the spilled ids' hashes into the spill's filter (on the
+        maintenance thread, until it holds them all)."""
+        self.spill.fill_filter()
+
     @property
     def nbytes(self) -> int:
-        return self.window.nbytes
+        """The window in memory and the spill's filter."""
+        return self.window.nbytes + self.spill.filter_bytes

@@ -63,6 +63,7 @@ class Maintenance(NodeState):
             ).result()
             self._dedup.collect(horizon, now)
         self._dedup.spill_over()  # the window back within its share of the memory
+        self._dedup.fill_filter()
 
     def _poll(self, now: float) -> None:
         """Apply the passage of time to every cursor and persist what it settled."""

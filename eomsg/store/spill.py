@@ -14,6 +14,13 @@ was before or after; opening a node loads the ids from ``covered`` on from DuckD
 file that cannot be read is emptied, and the open loads every id from DuckDB; salvage
 deletes the file (:func:`remove`), since it may name ids of messages salvage lost.
 
+Most ids looked up are new, and a new id would cost a seek each: a filter in memory
+(a bitmap of the hashes here, :meth:`SpilledIds.start_filter`) answers "not here" for
+most of them without SQLite. A bit is set before an id's run leaves the window's memory
+and is never cleared (an id collected leaves a false "maybe", which SQLite answers);
+until the filter has read the hashes already here (:meth:`SpilledIds.fill_filter`, a
+chunk at a time on the maintenance thread) every lookup goes to SQLite.
+
 File: ``DIR/dedup.sqlite`` (owner-only), rows ``(seq, h, id, expires)``: ``seq`` is the
 rowid (garbage collection drops a range of it), ``h`` the id's 32-bit hash, indexed.
 """
@@ -28,11 +35,14 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from eomsg.core.dedup import RetainedIds, id_hash
+import numpy as np
+
+from eomsg.core.dedup import RetainedIds, hashes_of, id_hash
 from eomsg.store.files import PRIVATE_FILE, owner_only
 
 NAME = "dedup.sqlite"
 CHUNK = 50_000  # rows a transaction writes or deletes: lookups get in between
+FILTER_BYTES = 16 << 20  # the filter's bitmap at most (2^27 bits)
 CACHE_BYTES = 8 << 20  # SQLite's page cache
 log = logging.getLogger("eomsg.store")
 
@@ -77,6 +87,55 @@ class SpilledIds:
         self._db.executescript(_SCHEMA)
         self._covered = self._meta("covered")
         self._count = self._meta("count")  # about: a count(*) would read the whole index
+        self._filter: np.ndarray | None = None  # the bitmap of hashes, once started
+        self._shift = 32
+        self._unread: int | None = None  # the seq its reading of the file goes on from
+
+    def start_filter(self, nbytes: int) -> None:
+        """Keep a filter of about ``nbytes`` (a power of two, at most FILTER_BYTES; none
+        below 4 KiB) of the hashes here; it answers once :meth:`fill_filter` has read
+        every hash the file held."""
+        size = min(FILTER_BYTES, 1 << max(0, nbytes.bit_length() - 1))
+        if size < 4096:
+            return
+        with self._lock:
+            self._filter = np.zeros(size, np.uint8)
+            self._shift = 32 - (size * 8).bit_length() + 1
+            self._unread = 0 if self._count else None
+
+    def fill_filter(self) -> bool:
+        """Read the next chunk of the hashes here into the filter; True once it holds
+        them all (it answers from then on)."""
+        with self._lock:
+            start = self._unread
+            if start is None or self._filter is None:
+                return True
+            rows = self._db.execute(
+                "SELECT seq, h FROM ids WHERE seq >= ? ORDER BY seq LIMIT ?", [start, CHUNK]
+            ).fetchall()
+        if rows:
+            self._mark(np.fromiter((h for _, h in rows), np.uint32, len(rows)))
+        with self._lock:
+            self._unread = None if len(rows) < CHUNK else rows[-1][0] + 1
+            return self._unread is None
+
+    def _mark(self, hashes: np.ndarray) -> None:
+        if self._filter is not None:
+            bits = hashes >> self._shift
+            np.bitwise_or.at(self._filter, bits >> 3, (1 << (bits & 7)).astype(np.uint8))
+
+    def _maybe(self, msg_ids: Sequence[str]) -> Sequence[str]:
+        """Those of ``msg_ids`` that may be here (all of them until the filter answers)."""
+        bitmap = self._filter
+        if bitmap is None or self._unread is not None:
+            return msg_ids
+        bits = hashes_of(msg_ids) >> self._shift
+        maybe = (bitmap[bits >> 3] >> (bits & 7)) & 1
+        return [msg_id for msg_id, m in zip(msg_ids, maybe.tolist(), strict=True) if m]
+
+    @property
+    def filter_bytes(self) -> int:
+        return 0 if self._filter is None else len(self._filter)
 
     def _meta(self, key: str) -> int:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
@@ -94,6 +153,7 @@ class SpilledIds:
         """Put the ids of ``run`` here (a chunk a transaction), then note that every id
         below the run's last seq is: the run is the window's oldest, so what is older
         was spilled before. Idempotent (a row's seq is its key)."""
+        self._mark(run.hashes)  # first: a lookup that skips SQLite finds it in memory meanwhile
         order = run.seqs.argsort()
         seqs, hashes, expires = run.seqs[order], run.hashes[order], run.expires[order]
         ids = run.ids.take(order.astype("int64"))
@@ -124,8 +184,12 @@ class SpilledIds:
     def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
         """The seqs of those of ``msg_ids`` that are here and can still live (expiry
         and the log's horizon checked, as the window does): one indexed query for the
-        batch, the id itself compared at each hash match."""
+        batch, the id itself compared at each hash match — for the ids the filter does
+        not rule out."""
         if not msg_ids or not self._count:
+            return {}
+        msg_ids = self._maybe(msg_ids)
+        if not msg_ids:
             return {}
         wanted = {id_hash(i) for i in msg_ids}
         names = set(msg_ids)
