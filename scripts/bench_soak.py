@@ -834,6 +834,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     limit = _limit_bytes(result["memory_limit"])
     if limit is not None:
         ax.axhline(limit / MIB, color="tab:red", linestyle="--", label="memory limit")
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.05 * limit / MIB))  # the limit in view
     for name, (start, _end) in result["phase_times"].items():
         ax.axvline(start / 60, color="grey", linewidth=0.6)
         ax.annotate(name, (start / 60, 0), xytext=(2, 2), textcoords="offset points", fontsize=8)

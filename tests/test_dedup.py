@@ -235,3 +235,30 @@ def test_a_run_spilled_again_is_counted_once(tmp_path: Path) -> None:
         assert len(again) == 3
     finally:
         again.close()
+
+
+def test_the_spills_filter_spares_new_ids_the_disk_and_answers_once_filled(
+    tmp_path: Path,
+) -> None:
+    """Ids looked up that were never spilled mostly cost no SQLite query; after an open
+    every lookup queries until the filter has read the file, and then again few do —
+    and a spilled id is found all along."""
+    spill = SpilledIds(tmp_path)
+    spill.start_filter(4096)  # 32,768 bits for 1,000 ids: about 3 % false "maybe"s
+    spill.add(RetainedIds.of([f"old-{i}" for i in range(1000)], range(1, 1001), [None] * 1000))
+    for opened in ("made", "reopened"):
+        queries: list[str] = []
+        spill._db.set_trace_callback(queries.append)
+        assert all(not spill.find([f"new-{i}"], 0.0, 0) for i in range(200))
+        assert spill.find(["old-7"], 0.0, 0) == {"old-7": 8}
+        selects = sum(q.startswith("SELECT id") for q in queries)
+        assert selects <= 30, (opened, selects)
+        spill.close()
+        spill = SpilledIds(tmp_path)
+        spill.start_filter(4096)
+        queries = []
+        spill._db.set_trace_callback(queries.append)
+        assert not spill.find(["new-0"], 0.0, 0) and spill.find(["old-7"], 0.0, 0)
+        assert sum(q.startswith("SELECT id") for q in queries) == 2  # not filled: SQLite
+        assert spill.fill_filter()  # one chunk holds them all
+    spill.close()
