@@ -504,6 +504,7 @@ class Writer:
         lsn = records[-1][1]
         if self._failed is None:
             conn = self._conn
+            committed = False
             for attempt in range(APPLY_MEMORY_TRIES):
                 committing = False
                 try:
@@ -513,6 +514,7 @@ class Writer:
                         failpoint("journal.apply.before_commit")
                         committing = True
                         conn.execute("COMMIT")
+                    committed = True
                 except duckdb.OutOfMemoryException as e:
                     self._rollback()
                     if committing or attempt + 1 == APPLY_MEMORY_TRIES:
@@ -526,7 +528,7 @@ class Writer:
                     self._rollback()
                     self._stop(e)  # what is journaled stays: the next open applies it
                 break
-            if self._failed is None:
+            if committed:
                 failpoint("journal.apply.after_commit")
                 messages = batch.tables.get("messages")
                 if messages:
