@@ -33,6 +33,15 @@ from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 from scripts.pgcluster import Cluster, server_bin
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C reaches the processes the tests start: a shell runs a command it put in
+    the background (``bash scripts/test.sh &``) with SIGINT ignored, and an ignored
+    signal stays ignored in every child — the tests that stop a command with SIGINT, as
+    a user's Ctrl-C does, would wait for it in vain."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 class FakeClock:
     """Wall-clock seconds that move only when a test says so."""
 

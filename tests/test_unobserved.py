@@ -62,9 +62,11 @@ PRODUCERS = textwrap.dedent(
         try:
             work(client)
         except EomsgError as e:
-            print(f"{work.__name__}: {e}", flush=True)
+            with said:  # (print writes the text and its newline apart: threads interleave)
+                print(f"{work.__name__}: {e}", flush=True)
         client.close()
 
+    said = threading.Lock()
     works = (one_by_one, pipelined, batches, consuming)
     threads = [threading.Thread(target=run, args=(w, eomsg.connect(target))) for w in works]
     for t in threads:
