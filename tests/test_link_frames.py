@@ -190,6 +190,20 @@ def _stop(proc: NodeProcess) -> str:
     return log
 
 
+def _linked(nodes: Nodes, b_payload: str | None, dialler: str) -> tuple[NodeProcess, NodeProcess]:
+    """a (max-payload 8MiB) and b (``b_payload``) served and linked, dialled by the
+    sender (a) or the receiver (b), with b's queue audit taking orders/>."""
+    _make(nodes, "a", "8MiB")
+    _make(nodes, "b", b_payload)
+    a, b = _serve(nodes, "a"), _serve(nodes, "b")
+    nodes.run("queue", "create", "audit", "--subscribe", "orders/>", "--data", nodes.dir("b"))
+    if dialler == "sender":
+        _link(nodes, "a", b, "b")
+    else:
+        _link(nodes, "b", a, "a")
+    return a, b
+
+
 @pytest.mark.parametrize("dialler", ["sender", "receiver"])
 def test_a_message_no_frame_of_the_peer_carries_is_refused_and_the_link_goes_on(
     nodes: Nodes, dialler: str
@@ -198,14 +212,7 @@ def test_a_message_no_frame_of_the_peer_carries_is_refused_and_the_link_goes_on(
     frames one at a time, one that fits none, and one after it. Before, a aborted the
     connection on the third and sent it again on the next, for ever: the fourth never
     came, and neither node counted anything as refused."""
-    _make(nodes, "a", "8MiB")
-    _make(nodes, "b", "3MiB")
-    a, b = _serve(nodes, "a"), _serve(nodes, "b")
-    nodes.run("queue", "create", "audit", "--subscribe", "orders/>", "--data", nodes.dir("b"))
-    if dialler == "sender":
-        _link(nodes, "a", b, "b")
-    else:
-        _link(nodes, "b", a, "a")
+    a, b = _linked(nodes, "3MiB", dialler)
     fit = [os.urandom(3 * MiB), os.urandom(3 * MiB - 100)]
     with eomsg.connect(Path(nodes.dir("a"))) as client:
         for i, payload in enumerate(fit):
@@ -243,14 +250,7 @@ def test_a_max_payload_raised_while_serving_reaches_the_links_at_once(
     say so at once, and a 5 MB message a publishes just after is carried whole. Before,
     b's links kept its frame limit from when it started until it restarted, and a's
     message was stuck."""
-    _make(nodes, "a", "8MiB")
-    _make(nodes, "b", None)
-    a, b = _serve(nodes, "a"), _serve(nodes, "b")
-    nodes.run("queue", "create", "audit", "--subscribe", "orders/>", "--data", nodes.dir("b"))
-    if dialler == "sender":
-        _link(nodes, "a", b, "b")
-    else:
-        _link(nodes, "b", a, "a")
+    a, b = _linked(nodes, None, dialler)
 
     done = nodes.run("config", "set", "max-payload", "8MiB", "--data", nodes.dir("b"))
     assert done.stdout == "max-payload = 8388608\n"
