@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import duckdb
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -20,6 +21,7 @@ from eomsg.core.dedup import DedupWindow, RetainedIds, id_hash
 from eomsg.core.message import Outgoing
 from eomsg.node.dedup import Deduplication
 from eomsg.store import salvage
+from eomsg.store import spill as spill_module
 from eomsg.store.files import DB_NAME
 from eomsg.store.spill import SpilledIds
 from tests.conftest import NodeFactory
@@ -101,13 +103,14 @@ TestWindow.settings = settings(max_examples=200, stateful_step_count=40, deadlin
 
 class Spilling(Window):
     """The same model, the window folding (tiny runs here) and spilling its oldest runs
-    to disk (:mod:`eomsg.store.spill`) as a node's does past its budget, through
-    restarts that reopen the spill file and read back what it does not cover."""
+    to disk (:mod:`eomsg.store.spill`) as a node's does past its budget — into tiny
+    partitions, dropped as they die — through restarts that reopen the spill file and
+    read back what it does not cover."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.saved = dedup_module.FOLD, dedup_module.LARGEST_MERGE
-        dedup_module.FOLD, dedup_module.LARGEST_MERGE = 2, 8
+        self.saved = dedup_module.FOLD, dedup_module.LARGEST_MERGE, spill_module.PART_ROWS
+        dedup_module.FOLD, dedup_module.LARGEST_MERGE, spill_module.PART_ROWS = 2, 8, 3
         self.dir = Path(tempfile.mkdtemp())
         self.spill = SpilledIds(self.dir)
         self.spill.start_filter(4096)  # the smallest: 32,768 bits, so hashes collide
@@ -115,7 +118,7 @@ class Spilling(Window):
         self.window = Deduplication(DedupWindow(), self.spill, 0, self.lock)  # type: ignore[assignment]
 
     def teardown(self) -> None:
-        dedup_module.FOLD, dedup_module.LARGEST_MERGE = self.saved
+        dedup_module.FOLD, dedup_module.LARGEST_MERGE, spill_module.PART_ROWS = self.saved
         self.spill.close()
         shutil.rmtree(self.dir)
 
@@ -248,7 +251,7 @@ def test_the_spills_filter_spares_new_ids_the_disk_and_answers_once_filled(
     spill.add(RetainedIds.of([f"old-{i}" for i in range(1000)], range(1, 1001), [None] * 1000))
     for opened in ("made", "reopened"):
         queries: list[str] = []
-        spill._db.set_trace_callback(queries.append)
+        spill._reader.set_trace_callback(queries.append)
         assert all(not spill.find([f"new-{i}"], 0.0, 0) for i in range(200))
         assert spill.find(["old-7"], 0.0, 0) == {"old-7": 8}
         selects = sum(q.startswith("SELECT id") for q in queries)
@@ -257,8 +260,71 @@ def test_the_spills_filter_spares_new_ids_the_disk_and_answers_once_filled(
         spill = SpilledIds(tmp_path)
         spill.start_filter(4096)
         queries = []
-        spill._db.set_trace_callback(queries.append)
+        spill._reader.set_trace_callback(queries.append)
         assert not spill.find(["new-0"], 0.0, 0) and spill.find(["old-7"], 0.0, 0)
         assert sum(q.startswith("SELECT id") for q in queries) == 2  # not filled: SQLite
         assert spill.fill_filter()  # one chunk holds them all
     spill.close()
+
+
+def test_spilled_ids_fill_partitions_that_go_whole_once_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Runs go into partitions of about PART_ROWS ids, by seq; each is looked up, newest
+    first; garbage collection drops a partition only once every id in it is dead (one
+    with a time to live still running stays), and the filter is then read anew from
+    what is left — the old one answering meanwhile — and lets fewer lookups through."""
+    monkeypatch.setattr(spill_module, "PART_ROWS", 1000)
+    spill = SpilledIds(tmp_path)
+    spill.start_filter(4096)
+    for r in range(5):
+        seqs = range(1 + 1000 * r, 1001 + 1000 * r)
+        ttl = [2000.0 if r == 1 and s == 1500 else None for s in seqs]  # one in run 2
+        spill.add(RetainedIds.of([f"id-{s}" for s in seqs], seqs, ttl))
+    assert spill.partitions == 5 and len(spill) == 5000 and spill.covered == 5001
+    assert spill.find(["id-1", "id-1500", "id-4999", "id-0"], 1000.0, 0) == {
+        "id-1": 1,
+        "id-1500": 1500,
+        "id-4999": 4999,
+    }
+    # Below the horizon: partition 1 goes; partition 2 stays for its id with a ttl.
+    assert spill.forget_below(2600, 1000.0) == 1000
+    assert spill.partitions == 4 and len(spill) == 4000
+    tables = {n for (n,) in spill._db.execute("SELECT name FROM sqlite_master")}
+    assert "part_1" not in tables and {"part_2", "part_5"} <= tables
+    assert spill.find(["id-1500", "id-1501", "id-2700"], 1000.0, 2600) == {
+        "id-1500": 1500,
+        "id-2700": 2700,
+    }
+    assert spill.filter_bytes == 2 * 4096  # the old one answers while the new one fills
+    while not spill.fill_filter():
+        pass
+    assert spill.filter_bytes == 4096
+    assert spill.forget_below(2600, 2000.0) == 1000  # its ttl ran out: partition 2 goes
+    spill.close()
+    again = SpilledIds(tmp_path)  # what was dropped stays dropped
+    try:
+        assert again.partitions == 3 and len(again) == 3000 and again.covered == 5001
+        assert again.find(["id-1500", "id-3000"], 2000.0, 2600) == {"id-3000": 3000}
+    finally:
+        again.close()
+
+
+def test_a_spill_file_an_older_eomsg_wrote_is_made_anew(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One table of every id (before partitions): not read, emptied; the node's open
+    then loads every live id from the store."""
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / spill_module.NAME) as db:
+        db.execute("CREATE TABLE ids (seq INTEGER PRIMARY KEY, h INTEGER, id TEXT, expires REAL)")
+        db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
+        db.execute("INSERT INTO ids VALUES (1, 5, 'a', NULL)")
+        db.execute("INSERT INTO meta VALUES ('covered', 2)")
+    spill = SpilledIds(tmp_path)
+    try:
+        assert len(spill) == 0 and spill.covered == 0 and spill.find(["a"], 0.0, 0) == {}
+        assert "written by an older eomsg" in caplog.text
+    finally:
+        spill.close()
