@@ -328,3 +328,53 @@ def test_a_spill_file_an_older_eomsg_wrote_is_made_anew(
         assert "written by an older eomsg" in caplog.text
     finally:
         spill.close()
+
+
+def test_most_new_ids_are_searched_for_in_no_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bitmap of the runs' hashes rules out most ids never published, so a lookup of
+    one does not search every run (what made the in-memory window a third of a busy
+    node's time) — and an id a run holds is found all along."""
+    window = DedupWindow()
+    for r in range(4):
+        seqs = range(1 + 1000 * r, 1001 + 1000 * r)
+        window.add_run(RetainedIds.of([f"id-{s}" for s in seqs], seqs, [None] * 1000))
+    searched = 0
+    find = RetainedIds.find
+
+    def counted(run: RetainedIds, *args: object, **kwargs: object) -> dict[str, int]:
+        nonlocal searched
+        searched += 1
+        return find(run, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(RetainedIds, "find", counted)
+    assert not any(window.lookup(f"new-{i}", 0.0) for i in range(1000))
+    assert searched < 400  # without the filter: 4,000 (4 runs for each id)
+    assert [window.lookup(f"id-{s}", 0.0) for s in (1, 1999, 4000)] == [1, 1999, 4000]
+    assert window.lookup_many([f"id-{s}" for s in range(1, 4001, 7)] + ["new"], 0.0) == {
+        f"id-{s}": s for s in range(1, 4001, 7)
+    }
+
+
+def test_a_spill_is_a_few_statements_not_a_step_a_row(tmp_path: Path) -> None:
+    """Python's sqlite3 lets go of the GIL at each step: a row a step, the spilling
+    thread won it back from a busy event loop a row at a time (65,536 rows took 136 s
+    beside a busy thread). A run goes in as a JSON array a chunk, and a filter reads
+    hashes the same way."""
+    spill = SpilledIds(tmp_path)
+    try:
+        n = 3 * spill_module.CHUNK
+        statements: list[str] = []
+        spill._db.set_trace_callback(statements.append)
+        spill.add(RetainedIds.of([f"id-{i}" for i in range(n)], range(1, n + 1), [None] * n))
+        assert len(spill) == n and len(statements) <= 12, len(statements)
+        spill.close()
+        spill = SpilledIds(tmp_path)
+        spill.start_filter(1 << 20)
+        statements = []
+        spill._reader.set_trace_callback(statements.append)  # type: ignore[union-attr]
+        while not spill.fill_filter():
+            pass
+        assert len(statements) <= 5, len(statements)
+        assert spill.find(["id-7", "new"], 0.0, 0) == {"id-7": 8}
+    finally:
+        spill.close()

@@ -14,8 +14,9 @@ The window is tiered, newest first, and bounded in memory:
 * **runs**: :class:`RetainedIds`, columns sorted by :func:`id_hash`, searched a batch at
   a time (a quarter of a dictionary's memory, and no object per id). Runs cover
   consecutive ranges of seqs, oldest first; four of a size merge into one, up to
-  :data:`LARGEST_MERGE` ids, so a lookup searches a handful. The ids the store held
-  at open come back as runs too.
+  :data:`LARGEST_MERGE` ids, so a lookup searches a handful — and only for the ids a
+  bitmap of the runs' hashes (:class:`HashBitmap`, two to four bytes an id) does not rule
+  out, which most new ids are. The ids the store held at open come back as runs too.
 * the oldest runs **spill**: once the runs outgrow the window's share of the node's
   memory (:meth:`DedupWindow.oldest`), the node writes the oldest to disk
   (:class:`eomsg.store.spill.SpilledIds`) and drops it here (:meth:`DedupWindow.spilled`);
@@ -46,6 +47,33 @@ def id_hash(msg_id: str) -> int:
 def hashes_of(msg_ids: Sequence[str]) -> np.ndarray:
     """The :func:`id_hash` of each of ``msg_ids``, as an array."""
     return np.fromiter(map(id_hash, msg_ids), np.uint32, len(msg_ids))
+
+
+class HashBitmap:
+    """A filter of 32-bit hashes: one bit for each of its ``8 * nbytes`` buckets (a
+    hash's top bits), set for every hash marked and never cleared — so "not here" is
+    certain and "maybe" is confirmed by whoever holds the ids. ``nbytes``: a power of two."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.bits = np.zeros(nbytes, np.uint8)
+        self._shift = 32 - (nbytes * 8).bit_length() + 1
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.bits)
+
+    def mark(self, hashes: np.ndarray) -> None:
+        b = hashes >> self._shift
+        np.bitwise_or.at(self.bits, b >> 3, (1 << (b & 7)).astype(np.uint8))
+
+    def maybe(self, hashes: np.ndarray) -> list[bool]:
+        """For each of ``hashes``: whether it may have been marked."""
+        if len(hashes) <= 8:  # a few: cheaper one at a time than as arrays
+            bits, shift = self.bits, self._shift
+            return [bool(bits[b >> 3] >> (b & 7) & 1) for b in (int(h) >> shift for h in hashes)]
+        b = hashes >> self._shift
+        found: list[bool] = ((self.bits[b >> 3] >> (b & 7)) & 1).astype(bool).tolist()
+        return found
 
 
 @dataclass(frozen=True)
@@ -163,6 +191,7 @@ class RetainedIds:
 FOLD = 65_536  # ids kept in dictionaries before they are folded into a run
 LARGEST_MERGE = 1 << 20  # runs grow by merging four of a size up to about this many ids
 DICT_ENTRY = 150  # bytes a dictionary entry of a short id takes, about (key, value, slot)
+RUNS_FILTER_MIN = 4096  # bytes the runs' filter takes at least
 
 
 class DedupWindow:
@@ -174,8 +203,10 @@ class DedupWindow:
         self._ttl_seq: dict[str, int] = {}
         self._ttl_expiry: dict[str, float] = {}
         self._runs: list[RetainedIds] = []  # oldest first, consecutive ranges of seqs
-        if retained is not None and len(retained):
-            self._runs.append(retained)
+        self._filter: HashBitmap | None = None  # every hash of every run is marked in it
+        self._marked = 0  # hashes marked in it since it was made
+        if retained is not None:
+            self.add_run(retained)
         self._horizon = 0  # ids without a TTL below it are forgotten
         self.has_spilled = spilled  # some live ids are on disk, not here
 
@@ -189,10 +220,30 @@ class DedupWindow:
 
     @property
     def nbytes(self) -> int:
-        """About the memory the window takes: its runs' columns, and its dictionaries."""
-        return (len(self._lasting) + len(self._ttl_seq)) * DICT_ENTRY + sum(
-            r.nbytes for r in self._runs
+        """About the memory the window takes: its runs' columns and their filter, and
+        its dictionaries."""
+        return (
+            (len(self._lasting) + len(self._ttl_seq)) * DICT_ENTRY
+            + sum(r.nbytes for r in self._runs)
+            + (self._filter.nbytes if self._filter is not None else 0)
         )
+
+    def _take(self, run: RetainedIds) -> None:
+        """Append ``run`` as the newest run, its hashes marked in the runs' filter —
+        made anew, sized for the ids the runs hold, once it has taken a byte's worth
+        of marks for each of its bytes (past that it lets through more than one new
+        id in nine) or holds four times the ids the runs still do."""
+        self._runs.append(run)
+        held = sum(len(r) for r in self._runs)
+        f = self._filter
+        if f is None or self._marked + len(run) > f.nbytes or 4 * held < self._marked:
+            f = self._filter = HashBitmap(max(RUNS_FILTER_MIN, 1 << (2 * held - 1).bit_length()))
+            for r in self._runs:
+                f.mark(r.hashes)
+            self._marked = held
+        else:
+            f.mark(run.hashes)
+            self._marked += len(run)
 
     def lookup(self, msg_id: str, now: float) -> int | None:
         """The sequence number published under ``msg_id``, if that message can still live
@@ -221,6 +272,13 @@ class DedupWindow:
         if not others or not self._runs:
             return found
         wanted = hashes_of(others)  # once for every run searched
+        if self._filter is not None:  # most new ids are in no run: no run is searched
+            maybe = self._filter.maybe(wanted)
+            if not all(maybe):
+                left = [k for k, m in enumerate(maybe) if m]
+                if not left:
+                    return found
+                others, wanted = [others[k] for k in left], wanted[left]
         for run in reversed(self._runs):
             hits = run.find(others, now, self._horizon, wanted)
             if hits:
@@ -270,7 +328,7 @@ class DedupWindow:
             expires = [expires[i] for i in order]
         for lo in range(0, len(ids), FOLD):  # a run each FOLD ids, so each can spill
             hi = lo + FOLD
-            self._runs.append(RetainedIds.of(ids[lo:hi], seqs[lo:hi], expires[lo:hi]))
+            self._take(RetainedIds.of(ids[lo:hi], seqs[lo:hi], expires[lo:hi]))
         self._lasting, self._ttl_seq, self._ttl_expiry = {}, {}, {}
         runs = self._runs
         while (
@@ -284,7 +342,7 @@ class DedupWindow:
         """Take ``run`` — ids newer than every one held, none in the dictionaries — as
         the newest run (a store's ids, read at open a run at a time)."""
         if len(run):
-            self._runs.append(run)
+            self._take(run)
 
     def oldest(self, budget: int) -> RetainedIds | None:
         """The oldest run, when the window takes more than ``budget`` bytes and holds
