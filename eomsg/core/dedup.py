@@ -56,6 +56,7 @@ class HashBitmap:
 
     def __init__(self, nbytes: int) -> None:
         self.bits = np.zeros(nbytes, np.uint8)
+        self._bytes = self.bits.data  # the same bytes, read one at a time as ints
         self._shift = 32 - (nbytes * 8).bit_length() + 1
 
     @property
@@ -69,8 +70,10 @@ class HashBitmap:
     def maybe(self, hashes: np.ndarray) -> list[bool]:
         """For each of ``hashes``: whether it may have been marked."""
         if len(hashes) <= 8:  # a few: cheaper one at a time than as arrays
-            bits, shift = self.bits, self._shift
-            return [bool(bits[b >> 3] >> (b & 7) & 1) for b in (int(h) >> shift for h in hashes)]
+            bits, shift = self._bytes, self._shift
+            return [
+                bool(bits[b >> 3] >> (b & 7) & 1) for b in (h >> shift for h in hashes.tolist())
+            ]
         b = hashes >> self._shift
         found: list[bool] = ((self.bits[b >> 3] >> (b & 7)) & 1).astype(bool).tolist()
         return found

@@ -45,7 +45,9 @@ and never call the node.
 from __future__ import annotations
 
 import itertools
+import math
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
@@ -71,6 +73,9 @@ from eomsg.node.dedup import Deduplication
 from eomsg.node.settings import NodeSettings, apply_saved
 from eomsg.store.store import US, Store
 from eomsg.store.writer import RowBatch
+
+FREE_MARGIN = 256 << 20  # free bytes above the reserve past which a reading may stand
+FREE_FRESH = 0.02  # seconds a reading of the free space stands, that far above
 
 Clock = Callable[[], float]
 Notify = Callable[[FlowEvent], None]
@@ -168,6 +173,8 @@ class NodeState:
     """The state every concern of the node shares, under the lock discipline of this
     module's docstring, and the helpers more than one concern uses."""
 
+    _free_seen: tuple[int, float] = (0, -math.inf)  # free bytes last read, and when
+
     # Set by Node._recover, from the store.
     _next_seq: int  # the seq the next published message gets
     _durable_seq: int  # the last seq whose commit is durable
@@ -215,13 +222,20 @@ class NodeState:
         """DiskFull unless the data directory's disk has the reserve free: below it the
         node takes no new messages (settlements, which keep the backlog from growing,
         go on), so a checkpoint and a restart always find the room they need. Reads the
-        free space afresh at each call (a publish batch, not a message), so a disk that
-        just filled up is refused at once and publishing resumes as soon as there is
-        room."""
+        free space afresh at each call (a publish batch, not a message) while it is
+        within :data:`FREE_MARGIN` of the reserve — so a disk filling up is refused at
+        once and publishing resumes as soon as there is room — and at most every
+        :data:`FREE_FRESH` seconds while it is far above (a statvfs lets go of the GIL,
+        and the event loop waited to win it back at each publish: a tenth of its time
+        at 10,000 publishes a second)."""
         reserve = self.settings.disk_reserve
         if not reserve:
             return
-        free = self.store.disk_free()
+        free, at = self._free_seen
+        now = time.monotonic()
+        if free - reserve < FREE_MARGIN or now - at > FREE_FRESH:
+            free = self.store.disk_free()
+            self._free_seen = (free, now)
         if free < reserve:
             raise DiskFull(
                 f"the disk holding {self.store.data_dir} has {free / (1 << 20):.1f} MiB "
