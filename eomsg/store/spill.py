@@ -239,8 +239,7 @@ class SpilledIds:
         covered = max(self._covered, run.last_seq + 1)
         if not len(new):
             return
-        seqs, hashes, expires = run.seqs[new], run.hashes[new], run.expires[new]
-        ids = run.ids.take(new.astype("int64"))
+        expires = run.expires[new]
         latest = None if np.isnan(expires).all() else float(np.nanmax(expires))
         with self._lock:
             newest = self._parts[-1] if self._parts else None
@@ -266,13 +265,13 @@ class SpilledIds:
                                 id TEXT NOT NULL, expires REAL)"""
                     )
                     db.execute(f"CREATE INDEX {part.table}_h ON {part.table} (h)")
-                for lo in range(0, len(new), CHUNK):
-                    hi = min(lo + CHUNK, len(new))
+                for lo in range(0, len(new), CHUNK):  # (a chunk's copy at a time in memory)
+                    some = new[lo : lo + CHUNK]
                     rows = zip(
-                        seqs[lo:hi].tolist(),
-                        hashes[lo:hi].tolist(),
-                        ids.slice(lo, hi - lo).to_pylist(),
-                        [None if math.isnan(e) else e for e in expires[lo:hi].tolist()],
+                        run.seqs[some].tolist(),
+                        run.hashes[some].tolist(),
+                        run.ids.take(some.astype("int64")).to_pylist(),
+                        [None if math.isnan(e) else e for e in expires[lo : lo + CHUNK].tolist()],
                         strict=True,
                     )
                     db.execute(
