@@ -378,3 +378,31 @@ def test_a_spill_is_a_few_statements_not_a_step_a_row(tmp_path: Path) -> None:
         assert spill.find(["id-7", "new"], 0.0, 0) == {"id-7": 8}
     finally:
         spill.close()
+
+
+def test_a_spill_file_missing_a_partition_is_made_anew_and_a_failure_is_a_storage_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A partition ``parts`` lists but the file lacks: at open the file is made anew (the
+    node then reads every live id from the store); while open, what SQLite raises reaches
+    the caller as a StorageError naming the file — the node's maintenance logs it and
+    tries again — never as SQLite's own exception."""
+    import sqlite3
+
+    from eomsg.errors import StorageError
+
+    spill = SpilledIds(tmp_path)
+    spill.add(RetainedIds.of(["a", "b"], [1, 2], [None, None]))
+    with sqlite3.connect(tmp_path / spill_module.NAME) as db:
+        db.execute("DROP TABLE part_1")
+    with pytest.raises(StorageError, match=r"the dedup spill .* failed: no such table"):
+        spill.find(["a"], 0.0, 0)
+    with pytest.raises(StorageError, match="no such table"):
+        spill.add(RetainedIds.of(["c"], [3], [None]))
+    spill.close()
+    again = SpilledIds(tmp_path)
+    try:
+        assert len(again) == 0 and again.covered == 0
+        assert "part_1, listed in parts, is missing" in caplog.text
+    finally:
+        again.close()

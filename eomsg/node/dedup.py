@@ -5,8 +5,9 @@ window's share of the node's memory (:mod:`eomsg.core.memory`).
 Lookups and remembering run under the node's lock, as part of a publish. Spilling and
 collecting run on the maintenance thread: the disk is written without the lock, which
 is taken only to change the window — and a lookup on disk reads through a connection of
-its own, so a publish does not wait for a spill's transaction; an id is always in memory
-or on disk, never neither (it leaves memory only once the disk holds it)."""
+its own, so a publish does not wait for a spill's transaction (only, at times, for a
+filter's chunk of hashes or mark); an id is always in memory or on disk, never neither
+(it leaves memory only once the disk holds it)."""
 
 from __future__ import annotations
 

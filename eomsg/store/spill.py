@@ -51,18 +51,21 @@ latest time to live in it; each ``part_n`` has rows ``(seq, h, id, expires)`` wi
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ParamSpec, TypeVar
 
 import numpy as np
 
 from eomsg.core.dedup import HashBitmap, RetainedIds, hashes_of
+from eomsg.errors import StorageError
 from eomsg.store.files import PRIVATE_FILE, owner_only
 
 NAME = "dedup.sqlite"
@@ -71,6 +74,9 @@ CHUNK = 50_000  # hashes a filter reads at a time (lookups get in between)
 FILL_ROWS = 4 * CHUNK  # hashes :meth:`SpilledIds.fill_filter` reads a call
 FILTER_BYTES = 16 << 20  # the filter's bitmap at most (2^27 bits)
 CACHE_BYTES = 8 << 20  # SQLite's page cache, for each of the two connections
+WAL_BYTES = 16 << 20  # the WAL is cut back to this after a checkpoint
+P = ParamSpec("P")
+R = TypeVar("R")
 log = logging.getLogger("eomsg.store")
 
 _SCHEMA = """
@@ -102,19 +108,38 @@ class _Part:
         return self.hi <= horizon and (self.expires is None or self.expires <= now)
 
 
+def _maintenance(method: Callable[P, R]) -> Callable[P, R]:
+    """A spill, a collection, or a step of a filter's reading: one at a time (each
+    changes the partitions and the filters in more than one step), and what SQLite or a
+    damaged file raises becomes a StorageError naming the file (the node's maintenance
+    logs it and tries again at its next tick)."""
+
+    @functools.wraps(method)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        spill = args[0]
+        assert isinstance(spill, SpilledIds)
+        with spill._maintaining, spill._failures():
+            return method(*args, **kwargs)
+
+    return run
+
+
 class SpilledIds:
     """The spilled publish ids of one data directory (see the module docstring).
-    Thread-safe: lookups (under the node's lock) read through their own connection;
-    spills, collections and the filter's reading (on the maintenance thread) write
-    through the other."""
+    Thread-safe: lookups (under the node's lock) read through their own connection and
+    wait only while the list of partitions or a filter changes; spills, collections and
+    the filter's reading (on the maintenance thread) take turns and write through the
+    other connection."""
 
     def __init__(self, data_dir: Path) -> None:
         self.path = data_dir / NAME
+        self._maintaining = threading.Lock()  # see _maintenance; taken before the others
         self._lock = threading.Lock()  # the writing connection
         self._reading = threading.Lock()  # the reading connection and ``_parts``
         try:
             self._open()
-        except sqlite3.DatabaseError as e:  # damaged or old: it is only an index, made anew
+        except (sqlite3.DatabaseError, TypeError, ValueError) as e:  # damaged or old: it is
+            # only an index, made anew
             log.warning("%s cannot be used (%s): making it anew from the store", self.path, e)
             self._close_quietly()
             remove(data_dir)
@@ -134,6 +159,8 @@ class SpilledIds:
         self._reader: sqlite3.Connection | None = None
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.execute("PRAGMA synchronous = NORMAL")  # an index of what DuckDB holds
+        self._db.execute(f"PRAGMA journal_size_limit = {WAL_BYTES}")  # (a spill is one
+        # transaction: a WAL left the size of the largest would stay so)
         if self._db.execute("SELECT 1 FROM sqlite_master WHERE name = 'ids'").fetchone():
             raise sqlite3.DatabaseError("written by an older eomsg, as one table")
         self._db.executescript(_SCHEMA)
@@ -142,9 +169,15 @@ class SpilledIds:
         row = self._db.execute("SELECT value FROM meta WHERE key = 'covered'").fetchone()
         self._covered = int(row[0]) if row else 0
         self._parts = [
-            _Part(*row)
-            for row in self._db.execute("SELECT n, hi, count, expires FROM parts ORDER BY n")
+            _Part(int(n), int(hi), int(count), None if e is None else float(e))
+            for n, hi, count, e in self._db.execute(
+                "SELECT n, hi, count, expires FROM parts ORDER BY n"
+            )
         ]
+        tables = {t for (t,) in self._db.execute("SELECT name FROM sqlite_master")}
+        for part in self._parts:
+            if part.table not in tables:
+                raise sqlite3.DatabaseError(f"{part.table}, listed in parts, is missing")
         self._last_n = self._parts[-1].n if self._parts else 0
         self._filter: HashBitmap | None = None  # answers "not here" once it holds every hash
         self._filling: HashBitmap | None = None  # reading the hashes here, to answer next
@@ -158,6 +191,14 @@ class SpilledIds:
 
     # -- the filter ---------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _failures(self) -> Iterator[None]:
+        try:
+            yield
+        except (sqlite3.Error, ValueError, OverflowError) as e:
+            raise StorageError(f"the dedup spill {self.path} failed: {e}") from e
+
+    @_maintenance
     def start_filter(self, nbytes: int) -> None:
         """Keep a filter of about ``nbytes`` (a power of two, at most FILTER_BYTES; none
         below 4 KiB) of the hashes here; it answers once :meth:`fill_filter` has read
@@ -176,6 +217,7 @@ class SpilledIds:
         self._filling = filter_
         self._unread = [(p.n, 0) for p in self._parts]
 
+    @_maintenance
     def fill_filter(self) -> bool:
         """Read up to :data:`FILL_ROWS` more of the hashes here into the filter being
         filled; True once none is (the filter answers from then on)."""
@@ -229,6 +271,7 @@ class SpilledIds:
     def partitions(self) -> int:
         return len(self._parts)
 
+    @_maintenance
     def add(self, run: RetainedIds) -> None:
         """Put the ids of ``run`` here and note that every id below the run's last seq
         is, in one transaction: the run is the window's oldest, so what is older was
@@ -275,8 +318,10 @@ class SpilledIds:
                         strict=True,
                     )
                     db.execute(
-                        f"INSERT OR REPLACE INTO {part.table} SELECT value ->> 0, "
-                        "value ->> 1, value ->> 2, value ->> 3 FROM json_each(?)",
+                        f"INSERT OR REPLACE INTO {part.table} "
+                        "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+                        "json_extract(value, '$[2]'), json_extract(value, '$[3]') "
+                        "FROM json_each(?)",
                         [json.dumps(list(rows))],
                     )
                 db.execute(
@@ -306,7 +351,7 @@ class SpilledIds:
             return {}
         hashes = hashes_of(msg_ids)
         found: dict[str, int] = {}
-        with self._reading:
+        with self._reading, self._failures():
             if self._filter is not None:
                 maybe = self._filter.maybe(hashes)
                 pending = {
@@ -333,6 +378,7 @@ class SpilledIds:
                 pending = {i: h for i, h in pending.items() if i not in found}
         return found
 
+    @_maintenance
     def forget_below(self, horizon: int, now: float) -> int:
         """Drop the partitions whose every id is dead — numbered below ``horizon``
         (their messages left the log), any time to live run out — a table a
@@ -374,7 +420,7 @@ class SpilledIds:
         return total
 
     def close(self) -> None:
-        with self._lock, self._reading:
+        with self._maintaining, self._lock, self._reading:
             self._close_quietly()
 
 

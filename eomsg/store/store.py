@@ -365,8 +365,8 @@ class Store:
 
     def disk_free(self) -> int:
         """Bytes an unprivileged writer may still use now on the data directory's disk
-        (one statvfs, about a microsecond: read afresh by each caller, never a stale
-        note of it)."""
+        (one statvfs, about a microsecond: a fresh reading at each call; a caller says
+        how long one stands)."""
         st = os.statvfs(self.data_dir)
         return st.f_bavail * st.f_frsize
 
