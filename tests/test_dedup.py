@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sqlite3
 import tempfile
 import threading
 from pathlib import Path
@@ -19,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from eomsg.core import dedup as dedup_module
 from eomsg.core.dedup import DedupWindow, RetainedIds, id_hash
 from eomsg.core.message import Outgoing
+from eomsg.errors import StorageError
 from eomsg.node.dedup import Deduplication
 from eomsg.store import salvage
 from eomsg.store import spill as spill_module
@@ -315,8 +317,6 @@ def test_a_spill_file_an_older_eomsg_wrote_is_made_anew(
 ) -> None:
     """One table of every id (before partitions): not read, emptied; the node's open
     then loads every live id from the store."""
-    import sqlite3
-
     with sqlite3.connect(tmp_path / spill_module.NAME) as db:
         db.execute("CREATE TABLE ids (seq INTEGER PRIMARY KEY, h INTEGER, id TEXT, expires REAL)")
         db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)")
@@ -387,10 +387,6 @@ def test_a_spill_file_missing_a_partition_is_made_anew_and_a_failure_is_a_storag
     node then reads every live id from the store); while open, what SQLite raises reaches
     the caller as a StorageError naming the file — the node's maintenance logs it and
     tries again — never as SQLite's own exception."""
-    import sqlite3
-
-    from eomsg.errors import StorageError
-
     spill = SpilledIds(tmp_path)
     spill.add(RetainedIds.of(["a", "b"], [1, 2], [None, None]))
     with sqlite3.connect(tmp_path / spill_module.NAME) as db:
