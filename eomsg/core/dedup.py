@@ -79,6 +79,26 @@ class HashBitmap:
         return found
 
 
+def _gather(chunks: Sequence[pa.Array], starts: np.ndarray, rows: np.ndarray) -> pa.Array:
+    """The strings at ``rows`` — positions across ``chunks``, which begin at ``starts``
+    — in that order. Each chunk gives its own rows: Arrow's take over a chunked array
+    first copies every chunk into one array (tens of MiB for a run of a million ids,
+    for a few rows)."""
+    rows = np.asarray(rows, np.int64)
+    if len(chunks) == 1:
+        return chunks[0].take(pa.array(rows))
+    which = np.searchsorted(starts, rows, "right") - 1
+    group = np.argsort(which, kind="stable")
+    grouped, bounds = rows[group], np.searchsorted(which[group], np.arange(len(chunks) + 1))
+    pieces = [
+        chunks[c].take(pa.array(grouped[bounds[c] : bounds[c + 1]] - starts[c]))
+        for c in range(len(chunks))
+        if bounds[c] < bounds[c + 1]
+    ]
+    joined = pa.concat_arrays(pieces) if pieces else pa.array([], pa.string())
+    return joined.take(pa.array(np.argsort(group)))
+
+
 @dataclass(frozen=True)
 class RetainedIds:
     """The live publish ids a store held at open, as columns sorted by ``hashes``:
@@ -87,7 +107,7 @@ class RetainedIds:
     hashes: np.ndarray  # uint32, ascending
     seqs: np.ndarray  # int64
     expires: np.ndarray  # float64 seconds; NaN: none
-    ids: pa.ChunkedArray  # strings, as DuckDB handed them over: never copied into one
+    ids: pa.ChunkedArray  # strings in chunks (DuckDB's, or a merge's): never copied into one
 
     @classmethod
     def empty(cls) -> RetainedIds:
@@ -137,16 +157,29 @@ class RetainedIds:
     @classmethod
     def merged(cls, runs: Sequence[RetainedIds]) -> RetainedIds:
         """One run of the ids of ``runs``, sorted by hash (a stable sort: the order
-        within a hash is the runs' order)."""
+        within a hash is the runs' order). Its ids are gathered :data:`MERGE_SLICE` at a
+        time into chunks of their own, so a merge holds the runs, the result and one
+        slice, never a copy of all the runs' ids in one."""
         hashes = np.concatenate([r.hashes for r in runs])
         order = np.argsort(hashes, kind="stable")
-        ids = pa.chunked_array([c for r in runs for c in r.ids.chunks], pa.string())
+        chunks = [c for r in runs for c in r.ids.chunks]
+        starts = np.cumsum([0] + [len(c) for c in chunks[:-1]], dtype=np.int64)
         return cls(
             hashes[order],
             np.concatenate([r.seqs for r in runs])[order],
             np.concatenate([r.expires for r in runs])[order],
-            pa.chunked_array([ids.take(pa.array(order)).combine_chunks()]),
+            pa.chunked_array(
+                [
+                    _gather(chunks, starts, order[lo : lo + MERGE_SLICE])
+                    for lo in range(0, len(order), MERGE_SLICE)
+                ],
+                pa.string(),
+            ),
         )
+
+    def ids_at(self, rows: np.ndarray) -> pa.Array:
+        """The ids at ``rows``, in that order (each taken from its own chunk)."""
+        return _gather(self.ids.chunks, self._chunk_starts, rows)
 
     def find(
         self,
@@ -192,6 +225,7 @@ class RetainedIds:
 
 
 FOLD = 65_536  # ids kept in dictionaries before they are folded into a run
+MERGE_SLICE = 65_536  # ids a merge gathers at a time: one chunk of the merged run
 LARGEST_MERGE = 1 << 20  # runs grow by merging four of a size up to about this many ids
 DICT_ENTRY = 150  # bytes a dictionary entry of a short id takes, about (key, value, slot)
 RUNS_FILTER_MIN = 4096  # bytes the runs' filter takes at least

@@ -313,7 +313,7 @@ class SpilledIds:
                     rows = zip(
                         run.seqs[some].tolist(),
                         run.hashes[some].tolist(),
-                        run.ids.take(some.astype("int64")).to_pylist(),
+                        run.ids_at(some).to_pylist(),
                         [None if math.isnan(e) else e for e in expires[lo : lo + CHUNK].tolist()],
                         strict=True,
                     )
