@@ -110,6 +110,10 @@ def test_rates_are_the_change_since_the_oldest_note_within_a_minute() -> None:
         r.note(float(t), {"a": (t * 3, t)})
     assert r.rates(200.0, {"a": (600, 200)}) == {"a": (3.0, 1.0)}
     assert r.rates(200.0 + WINDOW + 5, {"a": (600, 200)}) == {}  # every note too old now
+    later = Rates()  # a queue made after the first note: its rate from the first with it
+    later.note(0.0, {"a": (0, 0)})
+    later.note(2.0, {"a": (0, 0), "b": (0, 0)})
+    assert later.rates(4.0, {"a": (8, 0), "b": (6, 2)}) == {"a": (2.0, 0.0), "b": (3.0, 1.0)}
 
 
 @given(st.dictionaries(st.text(), st.text(), min_size=1))

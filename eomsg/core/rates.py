@@ -30,15 +30,21 @@ class Rates:
 
     def rates(self, now: float, totals: Totals) -> dict[str, tuple[float, float]]:
         """In and out per second for each queue in ``totals``, since the oldest note
-        (at most a window ago, at least EVERY seconds ago); none for a queue not noted
-        then, or when nothing was noted long enough ago."""
-        past = next((n for n in self._notes if EVERY <= now - n[0] <= WINDOW + EVERY), None)
-        if past is None:
-            return {}
-        then, old = past
-        span = now - then
-        return {
-            name: (max(0, arrived - old[name][0]) / span, max(0, deleted - old[name][1]) / span)
-            for name, (arrived, deleted) in totals.items()
-            if name in old
-        }
+        that has it (at most a window ago, at least EVERY seconds ago); none for a queue
+        no such note has. A queue made after the oldest note gets its rate from a later
+        one, not after a whole window."""
+        found: dict[str, tuple[float, float]] = {}
+        for then, old in self._notes:  # oldest first
+            if len(found) == len(totals):
+                break
+            span = now - then
+            if not EVERY <= span <= WINDOW + EVERY:
+                continue
+            for name, (arrived, deleted) in totals.items():
+                if name not in found and name in old:
+                    before = old[name]
+                    found[name] = (
+                        max(0, arrived - before[0]) / span,
+                        max(0, deleted - before[1]) / span,
+                    )
+        return found
