@@ -238,7 +238,6 @@ def test_a_store_from_before_the_hash_is_salvaged_with_its_ids(
 
 
 MERGE_MEMORY = """
-import sys
 import numpy as np, pyarrow as pa
 from eomsg.core.dedup import RetainedIds, hashes_of
 runs = []
@@ -262,8 +261,8 @@ assert spilled[1].to_pylist() == merged.ids.to_pylist()[500_000:550_000]
 
 def test_a_merge_holds_no_copy_of_all_the_runs_ids_in_one() -> None:
     """Merging four runs holds the runs, the merged run and a slice: Arrow's take over a
-    chunked array would first copy every chunk into one (a third again at its peak, in
-    the node's RSS at every merge); nor does spilling a few rows copy the run."""
+    chunked array would first copy every chunk into one (half as much again at its peak,
+    in the node's RSS at every merge); nor does spilling a few rows copy the run."""
     out = subprocess.run(
         [sys.executable, "-c", MERGE_MEMORY], capture_output=True, text=True, check=True
     ).stdout

@@ -79,6 +79,11 @@ class HashBitmap:
         return found
 
 
+def _starts(chunks: Sequence[pa.Array]) -> np.ndarray:
+    """Where each of ``chunks`` starts, counted across them all."""
+    return np.cumsum([0] + [len(c) for c in chunks[:-1]], dtype=np.int64)
+
+
 def _gather(chunks: Sequence[pa.Array], starts: np.ndarray, rows: np.ndarray) -> pa.Array:
     """The strings at ``rows`` — positions across ``chunks``, which begin at ``starts``
     — in that order. Each chunk gives its own rows: Arrow's take over a chunked array
@@ -121,7 +126,7 @@ class RetainedIds:
     @functools.cached_property
     def _chunk_starts(self) -> np.ndarray:
         """Where each chunk of :attr:`ids` starts: an id is found in O(log chunks)."""
-        return np.cumsum([0] + [len(c) for c in self.ids.chunks[:-1]], dtype=np.int64)
+        return _starts(self.ids.chunks)
 
     def _id(self, i: int) -> str:
         c = int(np.searchsorted(self._chunk_starts, i, "right")) - 1
@@ -163,7 +168,7 @@ class RetainedIds:
         hashes = np.concatenate([r.hashes for r in runs])
         order = np.argsort(hashes, kind="stable")
         chunks = [c for r in runs for c in r.ids.chunks]
-        starts = np.cumsum([0] + [len(c) for c in chunks[:-1]], dtype=np.int64)
+        starts = _starts(chunks)
         return cls(
             hashes[order],
             np.concatenate([r.seqs for r in runs])[order],
