@@ -251,6 +251,33 @@ def test_inspect_log_follows_the_log(
     assert (follower.returncode, out, err) == (0, b"", b"")
 
 
+def test_a_signal_while_following_ends_after_the_look_under_way(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """SIGTERM (or Ctrl-C) arriving during a call to the node lets the call finish: raised
+    inside it, the interruption abandoned the call's coroutine ("never awaited")."""
+    from eomsg.cli.inspect import _follow
+
+    class Node:
+        looks = finished = 0
+
+        def log(self, topic: str | None, after: int, limit: int) -> list[Any]:
+            self.looks += 1
+            os.kill(os.getpid(), signal.SIGTERM)  # handled before this call returns
+            self.finished += 1
+            return []
+
+    node = Node()
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        _follow(node, None, [], 0, False)  # type: ignore[arg-type]
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert (node.looks, node.finished) == (1, 1)
+    assert capsys.readouterr() == ("", "")
+
+
 def test_inspect_queues_and_top_show_bytes_and_rates(cli: Cli, serve: Callable[..., Any]) -> None:
     serve()
     cli("queue", "create", "q", "--subscribe", "t/>")

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from pathlib import Path
@@ -35,11 +36,16 @@ class SmallDisk:
         return st.f_bavail * st.f_frsize
 
     def fill(self, leave: int) -> None:
-        """Grow the filler until only about ``leave`` bytes are free."""
-        with open(self.filler, "ab") as f:
-            while (gap := self.free() - leave) > 0:
-                f.write(b"\0" * min(gap, 4 * MiB))
-                f.flush()
+        """Grow the filler until only about ``leave`` bytes are free. The disk's other
+        writers (the nodes) go on meanwhile: one of them may take the last free bytes
+        first, and then the disk is as full as asked."""
+        try:
+            with open(self.filler, "ab", buffering=0) as f:
+                while (gap := self.free() - leave) > 0:
+                    f.write(b"\0" * min(gap, 4 * MiB))
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
 
     def empty(self) -> None:
         self.filler.unlink(missing_ok=True)

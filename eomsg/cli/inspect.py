@@ -306,8 +306,27 @@ def log(
 FOLLOW_POLL = 0.2  # seconds between looks at the log while following it
 
 
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt  # SIGTERM ends following as Ctrl-C does
+class _Following:
+    """Ctrl-C and SIGTERM while following the log: they end it at once while it sleeps
+    between looks, and after the look under way otherwise — raised inside a call to the
+    node, the interruption would abandon the call's coroutine half-sent."""
+
+    def __init__(self) -> None:
+        self.sleeping = False
+        self.stopped = False
+
+    def on_signal(self, signum: int, frame: object) -> None:
+        self.stopped = True
+        if self.sleeping:
+            raise KeyboardInterrupt
+
+    def pause(self) -> None:
+        self.sleeping = True
+        try:
+            if not self.stopped:
+                time.sleep(FOLLOW_POLL)
+        finally:
+            self.sleeping = False
 
 
 def _follow(
@@ -316,10 +335,12 @@ def _follow(
     """Print ``first`` (the newest messages from ``from_seq`` on), then each message
     logged after them, one per line, until Ctrl-C or SIGTERM: a view of the log, so
     payloads are shown (:func:`shown_payload`), not written raw."""
-    signal.signal(signal.SIGTERM, _interrupt)
+    following = _Following()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, following.on_signal)
     messages, after = first, from_seq
     try:
-        while True:
+        while not following.stopped:
             for m in messages:
                 if as_json:
                     print_json(m.to_json())
@@ -328,8 +349,9 @@ def _follow(
                 after = m.seq + 1
             sys.stdout.flush()
             if not messages:
-                time.sleep(FOLLOW_POLL)
-            messages = broker.log(topic, after, 1000)
+                following.pause()
+            if not following.stopped:
+                messages = broker.log(topic, after, 1000)
     except KeyboardInterrupt:
         return
 
