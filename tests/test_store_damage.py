@@ -24,16 +24,18 @@ from eomsg.store import spill, wal
 
 WAL = "eomsg.duckdb.wal"
 
-# Publish N messages with ids m0..m{N-1} (one DuckDB commit each: applied from the journal
-# at once), then die without a checkpoint.
+# Publish N messages with ids m{F}..m{F+N-1} (one DuckDB commit each: applied from the
+# journal at once), then die without a checkpoint.
 CRASHING_PUBLISHER = textwrap.dedent(
     """
     import os, signal, sys
     from eomsg.core.queues import QueueConfig
     from eomsg.node.node import Node, NodeSettings
     node = Node.open(sys.argv[1], NodeSettings(tick=None, apply_delay=0))
-    node.create_queue(QueueConfig("q", ("t/>",)))
-    for i in range(int(sys.argv[2])):
+    first = int(sys.argv[4])
+    if not first:
+        node.create_queue(QueueConfig("q", ("t/>",)))
+    for i in range(first, first + int(sys.argv[2])):
         node.publish("t/x", os.urandom(int(sys.argv[3])), id=f"m{i}")
         node.store.writer.sync()
     node.store.writer.close()  # every mark written
@@ -42,8 +44,10 @@ CRASHING_PUBLISHER = textwrap.dedent(
 )
 
 
-def crashed_store(data: Path, n: int = 400, size: int = 200) -> None:
-    done = subprocess.run([sys.executable, "-c", CRASHING_PUBLISHER, str(data), str(n), str(size)])
+def crashed_store(data: Path, n: int = 400, size: int = 200, first: int = 0) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CRASHING_PUBLISHER, str(data), str(n), str(size), str(first)]
+    )
     assert done.returncode == -signal.SIGKILL
     assert (data / WAL).stat().st_size > 0
 
@@ -75,13 +79,20 @@ def test_a_write_cut_off_by_a_crash_is_reported_and_dropped(
     "damage", ["truncated", "bit flip", "length flip", "wal deleted", "old store restored"]
 )
 def test_lost_acknowledged_writes_are_refused_then_salvaged(
-    damage: str, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path, tmp_path: Path
+    damage: str, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:
-    crashed_store(data_dir)
     path = data_dir / WAL
-    data = bytearray(path.read_bytes())
-    scan = wal.scan(path)
-    assert scan is not None and scan.commits > 400
+    if damage == "old store restored":  # the store and its WAL replaced by an older copy
+        crashed_store(data_dir, n=100)
+        older = {name: (data_dir / name).read_bytes() for name in ("eomsg.duckdb", WAL)}
+        crashed_store(data_dir, n=300, first=100)
+        for name, content in older.items():
+            (data_dir / name).write_bytes(content)
+    else:
+        crashed_store(data_dir)
+        data = bytearray(path.read_bytes())
+        scan = wal.scan(path)
+        assert scan is not None and scan.commits > 400
     if damage == "truncated":
         path.write_bytes(data[: len(data) // 2])
     elif damage == "bit flip":
@@ -93,11 +104,6 @@ def test_lost_acknowledged_writes_are_refused_then_salvaged(
         path.write_bytes(bytes(data))
     elif damage == "wal deleted":
         path.unlink()
-    else:  # the store and its WAL replaced by an older copy of both
-        old = tmp_path / "old"
-        crashed_store(old, n=100)
-        for name in ("eomsg.duckdb", WAL):
-            (data_dir / name).write_bytes((old / name).read_bytes())
     r = cli(eomsg_bin, cli_env, "publish", "t/x", "more")
     assert r.returncode == ExitCode.DAMAGED, r.stderr
     assert r.stderr.startswith(f"Error: {data_dir} is damaged: ") and r.stderr.count("\n") == 1
@@ -110,9 +116,8 @@ def test_lost_acknowledged_writes_are_refused_then_salvaged(
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     kept = ids(eomsg_bin, cli_env)
-    # In order, once each, and every one missing named: an older store restored lacks
-    # what the journal had already handed to DuckDB when the crash came (how much
-    # depends on when it came).
+    # In order, once each, and every one missing named: an older copy of the store lacks
+    # what its journal no longer held (records DuckDB had applied since it was copied).
     gaps = {seq for lo, hi in report["log_gaps"] for seq in range(lo, hi + 1)}
     held = len(kept) + len(gaps)
     assert kept == [f"m{seq - 1}" for seq in range(1, held + 1) if seq not in gaps]
@@ -201,7 +206,7 @@ def test_the_wal_stays_within_its_bound(data_dir: Path) -> None:
     DuckDB's own automatic checkpoint back (here: a reader with a transaction open)."""
     limit = 1 << 20
     with Node.open(data_dir, NodeSettings(tick=None, wal_limit=limit)) as node:
-        reader = node.store._db.cursor()
+        reader = node.store._cursor()
         reader.execute("BEGIN TRANSACTION READ ONLY")
         reader.execute("SELECT count(*) FROM messages").fetchall()
         largest = 0
@@ -298,3 +303,43 @@ def test_a_store_file_cut_short_is_damage_and_its_open_changes_nothing(
     after = {p.name: p.read_bytes() for p in data_dir.iterdir() if p.is_file()}
     assert [n for n in before if before[n] != after.get(n) and n != "eomsg.lock"] == []
     assert cli(eomsg_bin, cli_env, "inspect", "queues").stderr == first.stderr
+
+
+def test_salvage_finds_the_rows_of_a_damaged_block_whatever_the_row_groups_size(
+    tmp_path: Path,
+) -> None:
+    """A file eomsg wrote before it gave its row group size holds DuckDB's row groups of
+    122,880 rows, then the node's of 16,384: the rows a damaged block held are found
+    from the sizes of the row groups before it, not from either size."""
+    import duckdb
+
+    from eomsg.store import integrity, salvage
+    from eomsg.store.store import ROW_GROUP_ROWS
+
+    path = tmp_path / "mixed.duckdb"
+    rows_of = "SELECT range, repeat(md5(range::VARCHAR), 4) FROM range({}, {})"
+    with duckdb.connect(str(path)) as db:  # as an older eomsg wrote it
+        db.execute("CREATE TABLE t (a BIGINT, p VARCHAR)")
+        db.execute("INSERT INTO t " + rows_of.format(0, 130000))
+    with duckdb.connect() as db:  # as the node writes it now
+        db.execute(f"ATTACH '{path}' AS m (ROW_GROUP_SIZE {ROW_GROUP_ROWS})")
+        db.execute("INSERT INTO m.t " + rows_of.format(130000, 170000))
+        db.execute("CHECKPOINT m")
+        sizes = db.execute(
+            "SELECT row_group_id, max(start + count) FROM pragma_storage_info('m.t') "
+            "GROUP BY ALL ORDER BY 1"
+        ).fetchall()
+        # A block of the payloads of row group 2, which starts at row 139,264.
+        block, start, count = db.execute(
+            "SELECT block_id, start, count FROM pragma_storage_info('m.t') "
+            "WHERE row_group_id = 2 AND column_name = 'p' AND block_id >= 0 LIMIT 1"
+        ).fetchone() or (0, 0, 0)
+    assert [n for _, n in sizes] == [122_880, 16_384, 16_384, 14_352]
+    data = bytearray(path.read_bytes())
+    location = integrity.HEADERS + int(block) * salvage.BLOCK
+    data[location + 100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with duckdb.connect(str(path), read_only=True) as db:
+        found, rows = salvage._first_bad_block(db)
+    assert found == location
+    assert salvage._merged(rows) == [("t", 139_264 + start, 139_264 + start + count)]

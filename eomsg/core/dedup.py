@@ -50,33 +50,60 @@ def hashes_of(msg_ids: Sequence[str]) -> np.ndarray:
 
 
 class HashBitmap:
-    """A filter of 32-bit hashes: one bit for each of its ``8 * nbytes`` buckets (a
-    hash's top bits), set for every hash marked and never cleared — so "not here" is
-    certain and "maybe" is confirmed by whoever holds the ids. ``nbytes``: a power of two."""
+    """A filter of 32-bit hashes (a Bloom filter): ``probes`` bits of its ``8 * nbytes``
+    for each hash — the top bits of the hash, and of it times an odd constant for each
+    further probe (a bijection of 32-bit words: a different bit, for a different hash)
+    — set for every hash marked and never cleared, so "not here" is certain and "maybe"
+    is confirmed by whoever holds the ids. More probes rule out more when the filter
+    holds few hashes for its size and cost a pass over the hashes each. ``nbytes``: a
+    power of two."""
 
-    def __init__(self, nbytes: int) -> None:
+    def __init__(self, nbytes: int, probes: int = 1) -> None:
+        if not 1 <= probes <= len(_PROBE_MIX):
+            raise ValueError(f"a filter takes 1 to {len(_PROBE_MIX)} probes, not {probes}")
         self.bits = np.zeros(nbytes, np.uint8)
         self._bytes = self.bits.data  # the same bytes, read one at a time as ints
-        self._shift = 32 - (nbytes * 8).bit_length() + 1
+        self._shift = np.uint32(32 - (nbytes * 8).bit_length() + 1)
+        self._mix = [np.uint32(m) for m in _PROBE_MIX[:probes]]
 
     @property
     def nbytes(self) -> int:
         return len(self.bits)
 
+    @property
+    def probes(self) -> int:
+        return len(self._mix)
+
+    def _bits(self, hashes: np.ndarray, mix: np.uint32) -> np.ndarray:
+        return (hashes.astype(np.uint32, copy=False) * mix) >> self._shift
+
     def mark(self, hashes: np.ndarray) -> None:
-        b = hashes >> self._shift
-        np.bitwise_or.at(self.bits, b >> 3, (1 << (b & 7)).astype(np.uint8))
+        for mix in self._mix:
+            b = self._bits(hashes, mix)
+            np.bitwise_or.at(self.bits, b >> 3, (1 << (b & 7)).astype(np.uint8))
 
     def maybe(self, hashes: np.ndarray) -> list[bool]:
         """For each of ``hashes``: whether it may have been marked."""
         if len(hashes) <= 8:  # a few: cheaper one at a time than as arrays
-            bits, shift = self._bytes, self._shift
+            bits, shift, mixes = self._bytes, int(self._shift), [int(m) for m in self._mix]
             return [
-                bool(bits[b >> 3] >> (b & 7) & 1) for b in (h >> shift for h in hashes.tolist())
+                all(
+                    bits[b >> 3] >> (b & 7) & 1
+                    for b in ((h * m & 0xFFFFFFFF) >> shift for m in mixes)
+                )
+                for h in hashes.tolist()
             ]
-        b = hashes >> self._shift
-        found: list[bool] = ((self.bits[b >> 3] >> (b & 7)) & 1).astype(bool).tolist()
-        return found
+        found = np.ones(len(hashes), bool)
+        for mix in self._mix:
+            b = self._bits(hashes, mix)
+            found &= ((self.bits[b >> 3] >> (b & 7)) & 1).astype(bool)
+        result: list[bool] = found.tolist()
+        return result
+
+
+# Odd multipliers, one a probe (the first leaves the hash as it is): the golden ratio's
+# and MurmurHash3's finalising constants.
+_PROBE_MIX = (1, 0x9E3779B1, 0x85EBCA6B, 0xC2B2AE35, 0x27D4EB2F, 0x165667B1)
 
 
 def _starts(chunks: Sequence[pa.Array]) -> np.ndarray:

@@ -11,7 +11,7 @@ go on with what is left. It plans first (``--dry-run`` prints the plan), then:
 3. finds the data blocks whose checksum fails and gives each, in the work copy only, its
    checksum again so DuckDB reads the rest of the table; the rows stored in such a
    block are left out (their bytes are not to be trusted). Then it copies every table
-   into a new store, a row group at a time, narrowing down around anything that still
+   into a new store, 122,880 rows at a time, narrowing down around anything that still
    cannot be read, and counts what was lost (rows, once each);
 4. puts every readable record of the journal past what the store held into the new
    store — past a hole too (:mod:`eomsg.store.journaled` names what a hole took) —
@@ -52,7 +52,7 @@ from eomsg.store.writer import applied_lsn, journal_format
 JOURNAL = "eomsg.salvage"
 SALVAGED_SUFFIX = ".salvaged"
 WORK_DIR = ".salvage-work"
-CHUNK = 122_880  # rows copied at a time: one DuckDB row group
+CHUNK = 122_880  # rows copied at a time (DuckDB's default row group)
 SMALLEST = 2_048  # a chunk this small that cannot be read is given up as lost
 BLOCK = 262_144  # DuckDB's block size (each starts with its u64 checksum)
 _LOCATION = re.compile(r"in block at location (\d+)")
@@ -388,15 +388,33 @@ def _first_bad_block(
             block = (location - integrity.HEADERS) // BLOCK
             rows = []
             for name in tables:
+                first = _row_group_starts(db, name)
                 for group, start, count in db.execute(
                     "SELECT row_group_id, start, count FROM pragma_storage_info(?) "
                     "WHERE block_id = ? AND persistent",
                     [name, block],
                 ).fetchall():
-                    lo = int(group) * CHUNK + int(start)
+                    lo = first[int(group)] + int(start)
                     rows.append((name, lo, lo + int(count)))
             return location, rows
     return None, []
+
+
+def _row_group_starts(db: duckdb.DuckDBPyConnection, table: str) -> dict[int, int]:
+    """The first row of each row group of ``table``. Their sizes differ: DuckDB's
+    default row group (122,880 rows) in files eomsg wrote before it gave its own
+    (:data:`eomsg.store.store.ROW_GROUP_ROWS`), and the row groups written since, in
+    the same file."""
+    sizes = db.execute(
+        "SELECT row_group_id, max(start + count) FROM pragma_storage_info(?) "
+        "WHERE column_id = 0 GROUP BY row_group_id ORDER BY row_group_id",
+        [table],
+    ).fetchall()
+    first, at = {}, 0
+    for group, size in sizes:
+        first[int(group)] = at
+        at += int(size)
+    return first
 
 
 def _merged(rows: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
