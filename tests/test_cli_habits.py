@@ -255,7 +255,8 @@ def test_a_signal_while_following_ends_after_the_look_under_way(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """SIGTERM (or Ctrl-C) arriving during a call to the node lets the call finish: raised
-    inside it, the interruption abandoned the call's coroutine ("never awaited")."""
+    inside it, the interruption abandoned the call's coroutine ("never awaited"). A
+    second one ends following at once, the call unfinished."""
     from eomsg.cli.inspect import _follow
 
     class Node:
@@ -267,14 +268,22 @@ def test_a_signal_while_following_ends_after_the_look_under_way(
             self.finished += 1
             return []
 
-    node = Node()
+    class Hung(Node):
+        def log(self, topic: str | None, after: int, limit: int) -> list[Any]:
+            self.looks += 1
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)  # a second: a node that no longer answers
+            self.finished += 1
+            return []
+
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _follow(node, None, [], 0, False)  # type: ignore[arg-type]
+        for node, finished in ((Node(), 1), (Hung(), 0)):
+            _follow(node, None, [], 0, False)  # type: ignore[arg-type]
+            assert (node.looks, node.finished) == (1, finished)
     finally:
         for s, handler in before.items():
             signal.signal(s, handler)
-    assert (node.looks, node.finished) == (1, 1)
     assert capsys.readouterr() == ("", "")
 
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from eomsg.core import dedup as dedup_module
-from eomsg.core.dedup import DedupWindow, HashBitmap, RetainedIds, id_hash
+from eomsg.core.dedup import DedupWindow, HashBitmap, RetainedIds, hashes_of, id_hash
 from eomsg.core.message import Outgoing
 from eomsg.errors import StorageError
 from eomsg.node.dedup import Deduplication
@@ -348,6 +348,28 @@ def test_the_spills_filter_spares_new_ids_the_disk_and_answers_once_filled(
         assert not spill.find(["new-0"], 0.0, 0) and spill.find(["old-7"], 0.0, 0)
         assert sum(q.startswith("SELECT id") for q in queries) == 2  # not filled: SQLite
         assert spill.fill_filter()  # one chunk holds them all
+    spill.close()
+
+
+def test_a_spill_filter_filled_past_its_probes_is_read_anew_with_fewer(tmp_path: Path) -> None:
+    """Four probes an id rule out the most while a filter holds few ids for its bits;
+    once it is full enough that fewer do, it is read anew with fewer (the old one
+    answering meanwhile), and a spilled id is found all along."""
+    spill = SpilledIds(tmp_path)
+    spill.start_filter(4096)  # 32,768 bits
+    assert spill._filter is not None and spill._filter.probes == 4
+    ids = [f"old-{i}" for i in range(20_000)]  # 1.6 bits an id: one probe does best
+    spill.add(RetainedIds.of(ids, range(1, 20_001), [None] * 20_000))
+    assert spill._filling is not None and spill._filling.probes == 1
+    assert spill.find(["old-7"], 0.0, 0) == {"old-7": 8}  # the old filter answers
+    while not spill.fill_filter():
+        pass
+    assert spill._filter.probes == 1 and spill._filling is None
+    assert spill.find(ids[::997], 0.0, 0) == {i: int(i[4:]) + 1 for i in ids[::997]}
+    new = hashes_of([f"new-{i}" for i in range(10_000)])
+    four = HashBitmap(4096, 4)
+    four.mark(hashes_of(ids))
+    assert np.mean(spill._filter.maybe(new)) < np.mean(four.maybe(new)) - 0.1  # 52 % vs 68 %
     spill.close()
 
 

@@ -167,3 +167,18 @@ def test_through_a_served_node_by_the_cli(
         assert r.stderr.startswith("Error: ") and r.stderr.count("\n") == 1
     assert run("inspect", "sql", guarded, "--json").stdout == before
     assert proc.proc is not None and proc.proc.poll() is None
+
+
+def test_the_store_reaches_no_file_but_its_own_even_past_the_sandbox(
+    node: Node, tmp_path: Path
+) -> None:
+    """File access is turned off once the store's file is attached: a cursor of the
+    node's own, which no sandbox checks, can read no other file and attach none."""
+    other = tmp_path / "other.csv"
+    other.write_text("a\n1\n")
+    assert settings(node)["enable_external_access"] == "false"
+    cursor = node.store._cursor()
+    for sql in (f"SELECT * FROM read_csv('{other}')", f"ATTACH '{tmp_path / 'x.duckdb'}'"):
+        with pytest.raises(duckdb.PermissionException):
+            cursor.execute(sql)
+    assert not (tmp_path / "x.duckdb").exists()

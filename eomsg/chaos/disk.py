@@ -37,8 +37,8 @@ class SmallDisk:
 
     def fill(self, leave: int) -> None:
         """Grow the filler until only about ``leave`` bytes are free. The disk's other
-        writers (the nodes) go on meanwhile: one of them may take the last free bytes
-        first, and then the disk is as full as asked."""
+        writers (the nodes) go on meanwhile and may take the last free bytes first: the
+        filler then gives back what it took past ``leave``."""
         try:
             with open(self.filler, "ab", buffering=0) as f:
                 while (gap := self.free() - leave) > 0:
@@ -46,6 +46,8 @@ class SmallDisk:
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
+            if (short := leave - self.free()) > 0:
+                os.truncate(self.filler, max(0, self.filler.stat().st_size - short))
 
     def empty(self) -> None:
         self.filler.unlink(missing_ok=True)

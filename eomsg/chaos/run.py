@@ -439,7 +439,32 @@ def _drain(
                     _recover_in_doubt(plan, client, workdir)
                     next_recovery = time.monotonic() + 2.0
         time.sleep(0.2)
-    raise EomsgError(f"the run did not drain within {timeout:.0f} s")
+    raise EomsgError(f"the run did not drain within {timeout:.0f} s: {_standing(nodes)}")
+
+
+def _standing(nodes: dict[str, _Node]) -> str:
+    """Where a run that does not drain stands: each node's queues that hold messages
+    and its links that owe or are down (why, as the link last said), or why the node
+    cannot be asked."""
+    import eomsg
+
+    said = []
+    for name, node in nodes.items():
+        try:
+            with eomsg.connect(node.data) as client:
+                queues = [f"{s.name}={s.depth}" for s in client.stats() if s.depth]
+                links = [
+                    f"{i.peer}:"
+                    + ("up" if i.connected else f"down({i.error})")
+                    + f" owes {i.pending}"
+                    for i in client.link_info()
+                    if i.pending or not i.connected
+                ]
+        except EomsgError as e:
+            said.append(f"{name}: cannot be asked ({e})")
+            continue
+        said.append(f"{name}: queues {queues or 'empty'}, links {links or 'all up, owing nothing'}")
+    return "; ".join(said)
 
 
 def _owed(nodes: dict[str, _Node]) -> int:

@@ -309,16 +309,17 @@ FOLLOW_POLL = 0.2  # seconds between looks at the log while following it
 class _Following:
     """Ctrl-C and SIGTERM while following the log: they end it at once while it sleeps
     between looks, and after the look under way otherwise — raised inside a call to the
-    node, the interruption would abandon the call's coroutine half-sent."""
+    node, the interruption would abandon the call's coroutine half-sent. A second one
+    ends it at once, whatever it is doing (a node that stopped answering, a full pipe)."""
 
     def __init__(self) -> None:
         self.sleeping = False
         self.stopped = False
 
     def on_signal(self, signum: int, frame: object) -> None:
-        self.stopped = True
-        if self.sleeping:
+        if self.sleeping or self.stopped:
             raise KeyboardInterrupt
+        self.stopped = True
 
     def pause(self) -> None:
         self.sleeping = True

@@ -75,6 +75,8 @@ class HashBitmap:
         return len(self._mix)
 
     def _bits(self, hashes: np.ndarray, mix: np.uint32) -> np.ndarray:
+        if mix == 1:  # the first probe: the hash's own top bits, no copy
+            return hashes >> self._shift
         return (hashes.astype(np.uint32, copy=False) * mix) >> self._shift
 
     def mark(self, hashes: np.ndarray) -> None:
@@ -86,6 +88,10 @@ class HashBitmap:
         """For each of ``hashes``: whether it may have been marked."""
         if len(hashes) <= 8:  # a few: cheaper one at a time than as arrays
             bits, shift, mixes = self._bytes, int(self._shift), [int(m) for m in self._mix]
+            if len(mixes) == 1:  # (each publish asks the runs' filter: kept lean)
+                return [
+                    bool(bits[b >> 3] >> (b & 7) & 1) for b in (h >> shift for h in hashes.tolist())
+                ]
             return [
                 all(
                     bits[b >> 3] >> (b & 7) & 1

@@ -401,10 +401,9 @@ def _first_bad_block(
 
 
 def _row_group_starts(db: duckdb.DuckDBPyConnection, table: str) -> dict[int, int]:
-    """The first row of each row group of ``table``. Their sizes differ: DuckDB's
-    default row group (122,880 rows) in files eomsg wrote before it gave its own
-    (:data:`eomsg.store.store.ROW_GROUP_ROWS`), and the row groups written since, in
-    the same file."""
+    """The first row of each row group of ``table``. Their sizes differ within one
+    file: DuckDB's default (122,880 rows) where compaction, salvage or an eomsg from
+    before :data:`eomsg.store.store.ROW_GROUP_ROWS` wrote them, that where the node did."""
     sizes = db.execute(
         "SELECT row_group_id, max(start + count) FROM pragma_storage_info(?) "
         "WHERE column_id = 0 GROUP BY row_group_id ORDER BY row_group_id",

@@ -27,10 +27,12 @@ A lookup queries the tables newest first, and stops for an id once it is found l
 what an older table holds is numbered lower.
 
 Most ids looked up are new, and a new id would cost a query per table: a filter in
-memory (a Bloom filter of the hashes here, :data:`PROBES` bits an id,
-:meth:`SpilledIds.start_filter`) answers "not here" for most of them without SQLite.
-With one bit an id, 8 % of new ids passed it once it held 11 million, each a query per
-table: a node's lookups grew with its spilled ids, the very cost partitions bound. The
+memory (a Bloom filter of the hashes here, :meth:`SpilledIds.start_filter`) answers "not
+here" for most of them without SQLite. With one bit an id, 8 % of new ids passed the
+16 MiB filter once it held 11 million, each a query per table — a node's lookups grew
+with its spilled ids, the very cost partitions bound; with four, 0.6 %. As more ids
+fill it, fewer probes rule out more (:func:`_probes`): the filter is read anew with
+fewer once that holds for the ids here, as it is when tables are dropped. The
 bits are set before an id's run leaves the window's memory; until the filter has read
 the hashes already here (:meth:`SpilledIds.fill_filter`, a bounded number at a time on
 the maintenance thread) every lookup goes to SQLite. Once tables are dropped a new
@@ -75,7 +77,7 @@ PART_ROWS = 1 << 20  # ids a partition takes before the next is started
 CHUNK = 50_000  # hashes a filter reads at a time (lookups get in between)
 FILL_ROWS = 4 * CHUNK  # hashes :meth:`SpilledIds.fill_filter` reads a call
 FILTER_BYTES = 16 << 20  # the filter's bitmap at most (2^27 bits)
-PROBES = 4  # the filter's bits an id: 0.6 % of new ids pass it at 11 million ids (1 bit: 8 %)
+PROBES = 4  # the filter's bits an id at most (fewer as ids fill it up: :func:`_probes`)
 MARK_ROWS = 1 << 16  # hashes marked at a time, lookups waiting meanwhile
 CACHE_BYTES = 8 << 20  # SQLite's page cache, for each of the two connections
 WAL_BYTES = 16 << 20  # the WAL is cut back to this after a checkpoint
@@ -126,6 +128,12 @@ def _maintenance(method: Callable[P, R]) -> Callable[P, R]:
             return method(*args, **kwargs)
 
     return run
+
+
+def _probes(nbytes: int, ids: int) -> int:
+    """The probes an id of a filter of ``nbytes`` holding ``ids`` hashes that let the
+    fewest new ids through: ln 2 times its bits an id, 1 to :data:`PROBES`."""
+    return max(1, min(PROBES, round(math.log(2) * 8 * nbytes / max(ids, 1))))
 
 
 class SpilledIds:
@@ -212,7 +220,7 @@ class SpilledIds:
             return
         with self._reading:
             if self._parts:
-                self._refill(HashBitmap(size, PROBES))
+                self._refill(HashBitmap(size, _probes(size, len(self))))
             else:
                 self._filter = HashBitmap(size, PROBES)
 
@@ -348,6 +356,13 @@ class SpilledIds:
                     self._last_n = part.n
                 else:
                     self._parts[-1] = part
+                f = self._filter  # grown past what its probes suit: read anew with fewer
+                if (
+                    f is not None
+                    and self._filling is None
+                    and (fewer := _probes(f.nbytes, len(self))) < f.probes
+                ):
+                    self._refill(HashBitmap(f.nbytes, fewer))
             self._covered = covered
 
     def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
@@ -416,7 +431,8 @@ class SpilledIds:
         if dropped:
             with self._reading:
                 if self._filter is not None and self._filling is None:
-                    self._refill(HashBitmap(self._filter.nbytes, PROBES))
+                    size = self._filter.nbytes
+                    self._refill(HashBitmap(size, _probes(size, len(self))))
         return dropped
 
     @property

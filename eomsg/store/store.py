@@ -339,7 +339,7 @@ class Store:
         self._mark.write(Mark(0, self.writer.last_seq), sync=True)
         if not self.writer.failed:
             with contextlib.suppress(duckdb.Error):  # the WAL replays at the next open
-                self._db.execute("CHECKPOINT")
+                self._db.execute(f"CHECKPOINT {CATALOG}")
         self._db.close()
         self.spill.close()
         self._mark.close()
@@ -373,7 +373,7 @@ class Store:
         a checkpoint shrinks the WAL, and a mark left above it would be taken for lost
         writes at the next open."""
         self._mark.write(Mark(0, last_seq), sync=True)
-        conn.execute("CHECKPOINT")
+        conn.execute(f"CHECKPOINT {CATALOG}")
 
     def _writer_failed(self, cause: BaseException) -> None:
         for listener in self.failure_listeners:
