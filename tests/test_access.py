@@ -159,6 +159,7 @@ MATRIX: dict[str, tuple[frozenset[str], str | None, Build]] = {
     "queue_names": (frozenset({"inspect"}), "node", lambda q, n: call("queue_names")),
     "stats": (frozenset({"inspect"}), "node", lambda q, n: call("stats")),
     "memory": (frozenset({"inspect"}), "node", lambda q, n: call("memory")),
+    "node_info": (frozenset({"inspect"}), "node", lambda q, n: call("node_info")),
     # flows
     "flows of a queue": (frozenset({"inspect"}), "queue", lambda q, n: call("flows", queue=q)),
     "flows": (frozenset({"inspect"}), "node", lambda q, n: call("flows")),

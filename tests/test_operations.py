@@ -19,6 +19,7 @@ from eomsg.core.election import FlowInfo
 from eomsg.core.links import LinkInfo
 from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message, Outgoing, PublishResult
+from eomsg.core.nodeinfo import NodeInfo
 from eomsg.core.operations import OPERATIONS, Operation, Operations
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, JobStatus, Selection
@@ -52,6 +53,13 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
         [QueueStats("q", ("t/>",), 3, 1, 5, 0, 1, 0, 2.5, "q-dlq", 5, 1, 2, 1, 768, 12.5, None)],
     ),
     "memory": ({}, MemoryUse(1 << 30, 3 << 27, 1 << 20, 1 << 28, 4096, 10, 2000, 8192, 512, 0, 64)),
+    "node_info": (
+        {},
+        NodeInfo(
+            *("a", "0.1.0", 4242, 1.7e9, 12.5, "/srv/eomsg", ("unix:///srv/eomsg/eomsg.sock",)),
+            *(7, 5, 3, 2, 1, 0, 10 << 30, 256 << 20),
+        ),
+    ),
     "add_link": (
         {"peer": "b", "address": "tls://10.0.0.2:7501", "token": "s3cret", "peer_ca": "PEM"},
         True,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from eomsg.cli import access, config, inspect, link, queue
+from eomsg.cli import access, config, inspect, link, node, queue
 from eomsg.cli.common import DEFAULT_DATA, Globals
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
@@ -40,6 +40,7 @@ app.command()(inspect.browse)
 app.command()(serve)
 app.command()(top)
 app.command()(recover)
+app.command()(node.ping)
 app.command("spark-replay")(spark_replay)
 app.command()(compact)
 app.command()(salvage)
@@ -49,6 +50,7 @@ app.add_typer(queue.app, name="queue")
 app.add_typer(link.app, name="link")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")
+app.add_typer(node.app, name="node")
 app.add_typer(access.app, name="user")
 
 

@@ -189,12 +189,7 @@ def open_broker(data: Path) -> Iterator[Broker]:
             client = connect(data, token=Globals.token, name=name)
     if client is not None:
         with client:
-            wanted = Globals.node_name
-            if wanted is not None and client.node != wanted:
-                raise InvalidConfig(
-                    f"the node serving {data} is named {client.node!r}, not {wanted!r} (a "
-                    "running node is named by `eomsg serve --node-name`)"
-                )
+            _check_name(client, data)
             yield client
         return
     if not Globals.init and not holds_store(data):
@@ -219,6 +214,34 @@ def open_broker(data: Path) -> Iterator[Broker]:
         lending(data, local.node, _lent(data)),  # others may look meanwhile, through its socket
     ):
         yield local
+
+
+@contextlib.contextmanager
+def open_served(data: Path) -> Iterator[Client]:
+    """A client of the running node (``--broker``, or the one serving ``data``), never an
+    embedded one: for what asks whether a node is up. Unavailable if none answers."""
+    name = f"eomsg-cli:{os.getpid()}"
+    if Globals.broker is not None:
+        tls = ClientTls.from_env(Globals.tls_ca) if Globals.broker.startswith("tls://") else None
+        with connect(
+            Globals.broker, token=Globals.token, name=name, tls=tls, via=Globals.via
+        ) as named:
+            yield named
+        return
+    if not socket_path(data).exists():
+        raise Unavailable(f"no node serves {data} (start one with `eomsg serve`, or give --broker)")
+    with connect(data, token=Globals.token, name=name, via=Globals.via) as client:
+        _check_name(client, data)
+        yield client
+
+
+def _check_name(client: Client, data: Path) -> None:
+    wanted = Globals.node_name
+    if wanted is not None and client.node != wanted:
+        raise InvalidConfig(
+            f"the node serving {data} is named {client.node!r}, not {wanted!r} (a "
+            "running node is named by `eomsg serve --node-name`)"
+        )
 
 
 def _lent(data: Path) -> str:

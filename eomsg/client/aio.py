@@ -449,17 +449,19 @@ class AsyncClient(Operations):
         client it has not heard from for three; the client pings every one)."""
         return time.monotonic() - self.lease_from < LEASE * self.heartbeat
 
-    async def ping(self) -> None:
-        """A round trip to the node; once it returns, the lease runs from when the ping
-        was sent, and the node's clock is known to within half the round trip. A node
-        that does not answer within three heartbeats is taken for gone: Unavailable."""
+    async def ping(self) -> float:
+        """A round trip to the node, in seconds; once it returns, the lease runs from when
+        the ping was sent, and the node's clock is known to within half the round trip. A
+        node that does not answer within three heartbeats is taken for gone: Unavailable."""
         self.check_open()
         nonce = next(self._nonces)
         future: asyncio.Future[None] = self.loop.create_future()
-        self._pings[nonce] = (time.monotonic(), future)
+        sent = time.monotonic()
+        self._pings[nonce] = (sent, future)
         try:
             self._send(ev.Ping(nonce))
             await asyncio.wait_for(asyncio.shield(future), 3 * self.heartbeat)
+            return time.monotonic() - sent
         except TimeoutError:
             error = Unavailable(f"the node at {self.address} did not answer a ping in time")
             self._lost(error)

@@ -300,6 +300,11 @@ class Client(Broker):
 
     # -- operations (declared in eomsg.core.operations) ----------------------------------------
 
+    def ping(self) -> float:
+        """A round trip to the node, in seconds (:meth:`AsyncClient.ping`)."""
+        self._check()
+        return self._run(self._ac.ping())
+
     def run_operation(self, op: Operation[Any, Any], args: dict[str, Any]) -> Any:
         """Run a declared operation (this client's methods of the same names call it)."""
         return self._run(self._ac.run_operation_async(op, args))

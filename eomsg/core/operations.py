@@ -32,6 +32,7 @@ from eomsg.core.election import FlowInfo
 from eomsg.core.links import DEFAULT_HOLD, LinkInfo
 from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message, Outgoing, PublishResult
+from eomsg.core.nodeinfo import NodeInfo
 from eomsg.core.queues import QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
@@ -215,6 +216,12 @@ class Operations(Protocol):
     def memory() -> MemoryUse:
         """Where the node's memory goes: its limit, and what each part takes of its share
         (DuckDB, the dedup window in memory and on disk, the queues)."""
+        raise Declaration
+
+    @operation(reads_only=True)
+    def node_info() -> NodeInfo:
+        """Who the node is and how it stands: name, version, uptime, data directory,
+        addresses, links, disk (``eomsg node info``)."""
         raise Declaration
 
     # -- links ------------------------------------------------------------------------

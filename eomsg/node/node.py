@@ -15,7 +15,10 @@ maintenance ticker, listeners, and closing.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -23,6 +26,7 @@ from pathlib import Path
 
 from eomsg.core import memory
 from eomsg.core.cursor import Outcome
+from eomsg.core.nodeinfo import NodeInfo
 from eomsg.core.txn import TxnState
 from eomsg.errors import DiskFull, EomsgError, NodeClosed
 from eomsg.node.access import Access
@@ -37,6 +41,7 @@ from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
 from eomsg.node.state import Clock, PreparedTxn, QueueState, to_us
+from eomsg.store.schema import SCHEMA_VERSION
 from eomsg.store.store import US, MiB, SettledCounts, Store
 from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
 
@@ -62,6 +67,8 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         super().__init__(store, settings, clock)
+        self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
+        self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on
         self._recover()
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
@@ -240,6 +247,39 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
                     return  # the store must be reopened: its listeners were told
                 log.warning("maintenance failed, tried again in %g s: %s", tick, e)
 
+    # -- identity -----------------------------------------------------------------------
+
+    def served_on(self, addresses: list[str], protocol_version: int) -> None:
+        """Told by the daemon serving the node: its addresses and the wire protocol's
+        version, for :meth:`node_info` (the node itself speaks no wire)."""
+        self.served = (tuple(addresses), protocol_version)
+
+    def node_info(self) -> NodeInfo:
+        """Who the node is and how it stands (:mod:`eomsg.core.nodeinfo`). Reads the disk's
+        free space afresh."""
+        self._check_open()
+        links = self.link_info()
+        with self._lock:
+            queues = len(self._queues)
+            in_doubt = sum(t.owner is None for t in self._txns.values())
+        return NodeInfo(
+            name=self.node_name,
+            version=_version(),
+            pid=os.getpid(),
+            started_at=self._opened[0],
+            uptime=time.monotonic() - self._opened[1],
+            data_dir=str(self.store.data_dir.resolve()),
+            listening=self.served[0],
+            schema_version=SCHEMA_VERSION,
+            protocol_version=self.served[1],
+            queues=queues,
+            links=len(links),
+            links_up=sum(i.connected for i in links),
+            in_doubt=in_doubt,
+            disk_free=self.store.disk_free(),
+            disk_reserve=self.settings.disk_reserve,
+        )
+
     # -- watching -----------------------------------------------------------------------
 
     def add_listener(self, callback: Callable[[str], None]) -> None:
@@ -264,6 +304,11 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
     def failed(self) -> BaseException | None:
         """Why the store stopped taking writes, if it did."""
         return self.store.writer.failure
+
+
+@functools.cache
+def _version() -> str:
+    return importlib.metadata.version("eomsg")
 
 
 def _duckdb_limit(settings: NodeSettings) -> int:

@@ -48,6 +48,7 @@ from eomsg.node.node import Node, room_to_open
 from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
+from eomsg.wire.events import PROTOCOL_VERSION
 from eomsg.wire.tls import ServerTls
 
 T = TypeVar("T")
@@ -182,6 +183,7 @@ class Server:
         return self.node.node_name
 
     def _attach(self, node: Node) -> None:
+        node.served_on([str(a) for a in self.addresses], PROTOCOL_VERSION)
         node.add_listener(self._on_ready)
         node.add_failure_listener(self._failure_heard)
         node.add_links_listener(self._links_changed)
@@ -282,6 +284,7 @@ class Server:
             port = server.sockets[0].getsockname()[1]
             scheme = "tcp" if tls is None else "tls"
             self.addresses.append(Address(scheme, host=address.host, port=port))
+        self.node.served_on([str(a) for a in self.addresses], PROTOCOL_VERSION)
         self.links.reconcile()
 
     def request_stop(self) -> None:

@@ -1,0 +1,80 @@
+"""``eomsg ping`` and ``eomsg node info`` through the user's door: real ``eomsg``
+processes, a real node (issue 36, item 2)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from eomsg.wire.events import PROTOCOL_VERSION
+from tests.conftest import Cli, NodeProcess
+
+
+def test_ping_without_a_node_says_so_and_makes_nothing(cli: Cli, data_dir: Path) -> None:
+    done = cli("ping", code=9)
+    assert done.stdout == b""
+    assert done.stderr.decode() == (
+        f"Error: no node serves {data_dir} (start one with `eomsg serve`, or give --broker)\n"
+    )
+    assert not data_dir.exists()  # a health check never opens (or makes) the directory
+    cli("ping", "--count", "0", code=2)
+
+
+def test_ping_times_round_trips_to_the_running_node(
+    cli: Cli, serve: Callable[..., NodeProcess], data_dir: Path
+) -> None:
+    node = serve("--node-name", "alpha")
+    lines = cli("ping", "-c", "3", "--interval", "0", "--json").stdout.splitlines()
+    pongs = [json.loads(x) for x in lines]
+    assert [(p["node"], p["address"]) for p in pongs] == [
+        ("alpha", f"unix://{data_dir}/eomsg.sock")
+    ] * 3
+    assert all(0 < p["rtt_ms"] < 10_000 for p in pongs)
+    text = cli("ping").stdout.decode()
+    assert text.startswith(f"pong from alpha at unix://{data_dir}/eomsg.sock in ")
+    assert text.endswith(" ms\n")
+    tcp = ["--broker", node.tcp]
+    assert cli(*tcp, "--token", node.token, "ping").stdout.startswith(b"pong from alpha at tcp://")
+    refused = cli(*tcp, "--token", "not-the-token", "ping", code=10)
+    assert refused.stderr.startswith(b"Error: ")
+
+
+def test_a_paused_node_fails_its_ping(cli: Cli, serve: Callable[..., NodeProcess]) -> None:
+    node = serve()
+    assert node.proc is not None
+    os.kill(node.proc.pid, signal.SIGSTOP)
+    try:
+        done = cli("ping", code=9)
+    finally:
+        os.kill(node.proc.pid, signal.SIGCONT)
+    assert b"did not answer" in done.stderr
+    cli("ping")  # answering again
+
+
+def test_node_info_says_who_the_node_is_served_or_embedded(
+    cli: Cli, serve: Callable[..., NodeProcess], data_dir: Path
+) -> None:
+    cli("queue", "create", "q", "--subscribe", "q/>")
+    embedded = json.loads(cli("node", "info", "--json").stdout)
+    assert embedded["listening"] == [] and embedded["protocol_version"] == 0
+    assert embedded["data_dir"] == str(data_dir.resolve()) and embedded["queues"] == 1
+    assert "nothing (opened by this command)" in cli("node", "info").stdout.decode()
+
+    node = serve()
+    assert node.proc is not None
+    served = json.loads(cli("node", "info", "--json").stdout)
+    assert served["name"] == embedded["name"]  # the same node, kept in its directory
+    assert served["pid"] == node.proc.pid
+    assert served["listening"] == [f"unix://{data_dir}/eomsg.sock", node.tcp]
+    assert served["protocol_version"] == PROTOCOL_VERSION
+    assert served["schema_version"] == embedded["schema_version"] > 0
+    assert (served["links"], served["links_up"], served["in_doubt"]) == (0, 0, 0)
+    assert served["disk_free"] > 0 and served["disk_reserve"] >= 0
+    assert 0 <= served["uptime"] < 600
+    text = cli("node", "info").stdout.decode()
+    assert served["name"] in text and node.tcp in text
+    assert re.search(rf"protocol +│ {PROTOCOL_VERSION} ", text)
