@@ -161,6 +161,7 @@ class NodeProcess:
         ready = json.loads(line)
         assert ready["event"] == "ready"
         self.tcp = ready["listen"][1]
+        self.metrics: str | None = ready.get("metrics")  # its URL, with --metrics
         return self
 
     @property

@@ -1,11 +1,11 @@
 """The docs' shell examples, read from their Markdown and run as a user's shell runs them.
 
 What a page holds (:func:`blocks`, :func:`spans`): its fenced blocks, each with its
-language (``sh`` and ``bash`` are shell examples; ``python`` and ``text`` are not run), the
-section it is in and the reason it is not run, if the line just above the fence says
-``<!-- not run: REASON -->``; and its backticked spans outside the fences (an inline
-example is one whose words run ``eomsg``), which the same comment just before a span
-exempts from being checked as a command.
+language (``sh`` and ``bash`` are shell examples; ``python``, ``text``, ``ini`` and
+``yaml`` are not run), the section it is in and the reason it is not run, if the line
+just above the fence says ``<!-- not run: REASON -->``; and its backticked spans outside
+the fences (an inline example is one whose words run ``eomsg``), which the same comment
+just before a span exempts from being checked as a command.
 
 How a shell example runs (:class:`Shell`), one line at a time (a ``\\`` continuation
 joined), each in ``bash -c`` in the page's directory, with the venv's ``eomsg`` first on
@@ -54,7 +54,7 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 NOT_RUN = re.compile(r"<!-- not run: (\S[^>]*?) -->")
 NOT_RUN_BEFORE = re.compile(NOT_RUN.pattern + r"\s*$")
 SHELL = ("sh", "bash")
-LANGUAGES = (*SHELL, "python", "text")
+LANGUAGES = (*SHELL, "python", "text", "ini", "yaml")  # the last two: configuration, not run
 ADDRESS = re.compile(r"(?<=(?:tcp|tls)://)([A-Za-z0-9.-]+:\d+)")
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Za-z0-9]|\r")
 OPERATORS = {"|", "||", "&&", ";", "&"}

@@ -46,7 +46,7 @@ from tests.docshell import (
 )
 
 ROOT = Path(__file__).resolve().parent.parent
-PAGES = [ROOT / "README.md", ROOT / "docs" / "cli.md"]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "cli.md", ROOT / "docs" / "operations.md"]
 ROOT_COMMAND = typer.main.get_command(app)
 PLACEHOLDER = re.compile(r"^[A-Z][A-Z0-9_]*(?:[:=,.][A-Z][A-Z0-9_]*)*,?$")
 SYNOPSIS = re.compile(r"[\[\]()|…]")

@@ -62,6 +62,15 @@ def serve(
             help="Allow --listen on a non-loopback address (clients need the token).",
         ),
     ] = False,
+    metrics: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="Serve Prometheus metrics over HTTP at tcp://HOST:PORT (port 0 picks one; "
+            "loopback unless --allow-remote); a scrape presents a token as "
+            "'Authorization: Bearer TOKEN'. Off unless given.",
+        ),
+    ] = None,
     max_frame: Annotated[
         str | None,
         typer.Option(
@@ -116,6 +125,7 @@ def serve(
       eomsg serve --data ./eomsg-data &
       eomsg serve --listen tcp://127.0.0.1:7420   # TCP clients need DIR/eomsg.token
       eomsg serve --listen tcp://0.0.0.0:7501 --allow-remote --tls-cert a.pem --tls-key a.key
+      eomsg serve --metrics tcp://127.0.0.1:9464  # Prometheus scrapes /metrics with the token
     """
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
@@ -138,6 +148,7 @@ def serve(
         heartbeat=heartbeat,
         handshake_timeout=handshake_timeout,
         resend=resend,
+        metrics=None if metrics is None else parse_address(metrics),
     )
     settings.check()  # before taking the data directory
 
@@ -152,18 +163,21 @@ def serve(
     if node_name is not None:
         check_node_name(node_name)  # before taking the data directory
 
-    def ready(addresses: list[Address]) -> None:
+    def ready(addresses: list[Address], scraped: Address | None) -> None:
         where = [str(a) for a in addresses]
         name = node.node_name
+        at = None if scraped is None else f"http://{scraped.host}:{scraped.port}/metrics"
         if json:
             print_json(
                 {"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where,
-                 "node": name}
+                 "node": name, **({"metrics": at} if at else {})}
             )  # fmt: skip
         else:
             say(f"eomsg node {name} (pid {os.getpid()}) serving {data} on {', '.join(where)}")
             if len(addresses) > 1:
                 say(f"TCP clients need the token in {token_path(data)}")
+            if at is not None:
+                say(f"metrics at {at} (Authorization: Bearer TOKEN)")
 
     os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
     # On a full disk it waits for room, as it does when its store fails later on.

@@ -94,6 +94,7 @@ class Delivery(NodeState):
                 fits = int(TAKE_BYTES // max(q.payload_bytes, 1.0))
                 max_messages = max(1, min(max_messages, fits))
             taken = q.cursor.take(now, max_messages, epoch, holder)
+            q.delivered += len(taken.deliveries)
             more = q.cursor.ready_count > 0
             batch = RowBatch()
             for d in taken.deliveries:

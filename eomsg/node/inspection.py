@@ -38,6 +38,16 @@ class Inspection(Maintenance):
         columns, rows = self.store.query(sql)
         return columns, [tuple(_narrow(v) for v in row) for row in rows]
 
+    def deliveries(self) -> dict[str, int]:
+        """Each queue's deliveries since the node opened, redeliveries included (for the
+        metrics: a counter that starts again at a restart)."""
+        with self._lock:
+            return {name: q.delivered for name, q in self._queues.items()}
+
+    def journal_bytes(self) -> int:
+        """The bytes the journal's segment files take on disk."""
+        return self.store.journal_bytes()
+
     def memory(self) -> MemoryUse:
         """Where the node's memory goes (:mod:`eomsg.core.memory`)."""
         with self._lock:

@@ -93,7 +93,10 @@ def to_us(seconds: float) -> int:
 class QueueState:
     """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
 
-    __slots__ = ("config", "counts", "cursor", "election", "id", "live_epochs", "payload_bytes")
+    __slots__ = (
+        "config", "counts", "cursor", "delivered", "election", "id", "live_epochs",
+        "payload_bytes",
+    )  # fmt: skip
 
     def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
         self.id = queue_id
@@ -102,6 +105,7 @@ class QueueState:
             ack_timeout=config.ack_timeout, max_redeliveries=config.max_redeliveries
         )
         self.counts = dict.fromkeys(Outcome, 0)
+        self.delivered = 0  # deliveries since the node opened (redeliveries included)
         self.election = Election(config.max_active, config.immediate, epochs)
         self.live_epochs: set[int] = set()  # of the active flows: deletes accepted
         # About the payload of its messages (a moving average of what was published to

@@ -177,6 +177,8 @@ class LinkConnection(asyncio.Protocol):
         ``read``: send the route table, then keep the link going."""
         update = self.node.link_connected(self.peer, read, self.wake)
         self.linked = self.was_linked = True
+        if self.server.metrics is not None:
+            self.server.metrics.link_connects.labels(self.peer).inc()
         self.started.set()
         log.info("link to %s: connected", self.peer)
         self.send(ev.Interest(update.full, update.moves))

@@ -46,6 +46,7 @@ from eomsg.errors import (
 )
 from eomsg.node.node import Node, room_to_open
 from eomsg.server.link import LinkManager
+from eomsg.server.metrics import Metrics, check_address
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
 from eomsg.wire.events import PROTOCOL_VERSION
@@ -73,9 +74,12 @@ class ServerSettings:
     poll: float = 1.0  # how often idle consumers look for redeliveries that came due
     resend: float = 1.0  # how often an unacknowledged flow-active/inactive is sent again
     drain_timeout: float = 30.0
+    metrics: Address | None = None  # serve Prometheus metrics here (HTTP)
 
     def check(self) -> None:
         """InvalidConfig for settings that contradict the security baseline or each other."""
+        if self.metrics is not None:
+            check_address(self.metrics, self.allow_remote)
         for address in self.listen:
             if address.is_unix:
                 raise InvalidConfig(
@@ -152,6 +156,7 @@ class Server:
         self.token = load_token(data_dir)
         self.links = LinkManager(self)
         self.addresses: list[Address] = []
+        self.metrics = Metrics(self) if settings.metrics is not None else None
         self.sessions: set[Session] = set()
         self.inflight_bytes = 0
         self._servers: list[asyncio.AbstractServer] = []
@@ -285,6 +290,8 @@ class Server:
             scheme = "tcp" if tls is None else "tls"
             self.addresses.append(Address(scheme, host=address.host, port=port))
         self.node.served_on([str(a) for a in self.addresses], PROTOCOL_VERSION)
+        if self.metrics is not None and self.settings.metrics is not None:
+            self.metrics.start(self.settings.metrics)
         self.links.reconcile()
 
     def request_stop(self) -> None:
@@ -298,6 +305,8 @@ class Server:
         """Graceful shutdown; see the module docstring. Call once."""
         self._stopping = True
         self.links.stop()
+        if self.metrics is not None:
+            await self.blocking(self.metrics.stop)
         for server in self._servers:
             server.close()
         sessions = list(self.sessions)
@@ -414,7 +423,7 @@ def serve(
     data_dir: Path,
     node: Node,
     settings: ServerSettings,
-    on_ready: Callable[[list[Address]], None] = lambda addresses: None,
+    on_ready: Callable[[list[Address], Address | None], None] = lambda addresses, metrics: None,
     reopen: Callable[[], Node] | None = None,
 ) -> None:
     """Serve ``node`` until SIGTERM or SIGINT, then shut down gracefully. The caller
@@ -431,7 +440,7 @@ def serve(
             loop.add_signal_handler(sig, server.request_stop)
         try:
             await server.start()
-            on_ready(server.addresses)
+            on_ready(server.addresses, None if server.metrics is None else server.metrics.address)
             await server.stop_requested()
         finally:
             await server.stop()

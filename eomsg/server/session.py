@@ -399,23 +399,30 @@ class Session(asyncio.Protocol):
 
     def _publish(self, event: ev.Publish) -> None:
         size = sum(len(m.payload) for m in event.messages) + 64 * len(event.messages)
+        arrived = self.loop.time()
         try:
             committed = self.node.publish_batch_async(event.messages)
         except EomsgError as e:
             self._send(ev.Error(event.rid, e.code, e.message))
             return
         self._track(size)
-        committed.add_done_callback(self._from_writer(self._published, event.rid, size))
+        committed.add_done_callback(self._from_writer(self._published, event.rid, size, arrived))
 
-    def _published(self, rid: int, size: int, f: Future[list[PublishResult]]) -> None:
+    def _published(
+        self, rid: int, size: int, arrived: float, f: Future[list[PublishResult]]
+    ) -> None:
         self._untrack(size)
         error = f.exception()
         if error is not None:
             self._send_error(rid, error)
-        else:
-            self._send(ev.Published(rid, tuple(f.result())))
+            return
+        self._send(ev.Published(rid, tuple(f.result())))
+        metrics = self.server.metrics
+        if metrics is not None:
+            metrics.publish_latency.observe(self.loop.time() - arrived)
 
     def _delete(self, event: ev.Delete) -> None:
+        arrived = self.loop.time()
         try:
             committed = self.node.delete_async(
                 event.queue, event.keys, epoch=event.epoch, holder=self.holder
@@ -425,15 +432,18 @@ class Session(asyncio.Protocol):
             return
         self._settled(event.queue, event.keys)
         self._track(0)
-        committed.add_done_callback(self._from_writer(self._deleted, event.rid))
+        committed.add_done_callback(self._from_writer(self._deleted, event.rid, arrived))
 
-    def _deleted(self, rid: int, f: Future[list[bool]]) -> None:
+    def _deleted(self, rid: int, arrived: float, f: Future[list[bool]]) -> None:
         self._untrack(0)
         error = f.exception()
         if error is not None:
             self._send_error(rid, error)
-        else:
-            self._send(ev.Deleted(rid, tuple(f.result())))
+            return
+        self._send(ev.Deleted(rid, tuple(f.result())))
+        metrics = self.server.metrics
+        if metrics is not None:
+            metrics.delete_latency.observe(self.loop.time() - arrived)
 
     async def _fetch(self, event: ev.Fetch) -> None:
         if not 1 <= event.max <= MAX_PREFETCH:

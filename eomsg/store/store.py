@@ -391,6 +391,18 @@ class Store:
         st = os.statvfs(self.data_dir)
         return st.f_bavail * st.f_frsize
 
+    def journal_bytes(self) -> int:
+        """The bytes the journal's segment files take on disk now (0 if none)."""
+        total = 0
+        with (
+            contextlib.suppress(FileNotFoundError),
+            os.scandir(self.data_dir / journal.DIR_NAME) as entries,
+        ):
+            for entry in entries:
+                with contextlib.suppress(FileNotFoundError):  # retired meanwhile
+                    total += entry.stat().st_size
+        return total
+
     def _private(self) -> None:
         """Narrow every file of the data directory to its owner (DuckDB makes its files
         with the process's umask, and its WAL anew after each checkpoint)."""
