@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -29,13 +30,14 @@ from eomsg.cli.common import (
     JsonOption,
     handles_errors,
     open_broker,
+    open_served,
 )
 from eomsg.cli.output import print_json, say
 from eomsg.client.broker import BoundConsumer, Broker, require_served
 from eomsg.client.consumer import Received
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered
-from eomsg.errors import HandlerFailed, NotActive, Unprintable, UsageError
+from eomsg.errors import HandlerFailed, NotActive, Unavailable, Unprintable, UsageError
 
 if TYPE_CHECKING:
     from eomsg.client.sink import TableSink
@@ -70,6 +72,16 @@ def consume(
             "--follow", "-f", help="Keep waiting for new messages (needs a running node)."
         ),
     ] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--timeout",
+            min=0.0,
+            metavar="SECONDS",
+            help="Wait for new messages as --follow does, but stop after this many seconds "
+            "without one (needs a running node).",
+        ),
+    ] = None,
     priority: Annotated[
         int,
         typer.Option(help="Priority of this consumer on a queue that limits active ones."),
@@ -112,9 +124,12 @@ def consume(
 ) -> None:
     """Consume messages until the queue has none ready for this consumer (or --max is
     reached); with --follow, until interrupted, waiting on standby while others are
-    active. Text lines show any payload, what a line cannot carry escaped (\\n, \\t,
-    \\x1b, \\xff); --json and --raw carry it exactly. With --raw, a payload holding the
-    delimiter is given back, not deleted, and stops the command (exit 3).
+    active, and riding out restarts of the node (it connects again, backing off, and
+    carries on: what it held comes again, as any undeleted message does); with
+    --timeout, likewise until that long passes without a message. Text lines show any
+    payload, what a line cannot carry escaped (\\n, \\t, \\x1b, \\xff); --json and --raw
+    carry it exactly. With --raw, a payload holding the delimiter is given back, not
+    deleted, and stops the command (exit 3).
 
     \b
     Examples:
@@ -150,22 +165,34 @@ def consume(
         handler = _Print(formats.json_line if json else formats.text_line)
     if max is not None:  # take ahead no more than will be handed out
         batch, prefetch = min(batch, max), min(prefetch, max)
+    waits = follow or timeout is not None
     last: FlowEvent | None = None
+    left = max  # messages still to take (None: no limit)
+    outage = _Outage()
     with handler:
-        with open_broker(data) as broker:
-            if follow:  # waiting for others' publishes needs a node they can reach
-                require_served(broker, "--follow")
-            if activity is None:
-                activity = broker.queue_config(queue).max_active > 0
-            with _bound(broker, queue, prefetch, priority, follow) as c:
-                for item in c.batches(batch, max):
-                    if isinstance(item, FlowEvent):
-                        last = item
-                        if activity:
-                            _announce(item, json)
-                        continue
-                    with _Stop.deferred():
-                        handler(item)
+        while left is None or left > 0:
+            try:
+                with open_served(data) if outage.lost else open_broker(data) as broker:
+                    if waits:  # waiting for others' publishes needs a node they can reach
+                        require_served(broker, "--timeout" if not follow else "--follow")
+                    outage.over(broker)
+                    if activity is None:
+                        activity = broker.queue_config(queue).max_active > 0
+                    with _bound(broker, queue, prefetch, priority, waits, timeout) as c:
+                        for item in c.batches(batch, left):
+                            if isinstance(item, FlowEvent):
+                                last = item
+                                if activity:
+                                    _announce(item, json)
+                                continue
+                            with _Stop.deferred():
+                                handler(item)
+                            if left is not None:
+                                left -= len(item)
+                break
+            except Unavailable as e:
+                if not (waits and outage.began(e)):
+                    raise
         handler.report()
     if last is not None and not last.active:
         raise NotActive(
@@ -208,10 +235,46 @@ class _Stop:
             raise SystemExit(cls.requested)
 
 
-def _bound(broker: Broker, queue: str, prefetch: int, priority: int, follow: bool) -> BoundConsumer:
+def _bound(
+    broker: Broker, queue: str, prefetch: int, priority: int, waits: bool, idle: float | None
+) -> BoundConsumer:
     """This command's consumer of ``queue``: until the queue has nothing ready for it,
-    or with ``follow`` until interrupted."""
-    return broker.consumer(queue, prefetch, priority=priority, until_empty=not follow)
+    or if it ``waits`` until interrupted (or ``idle`` seconds pass without a message)."""
+    return broker.consumer(
+        queue, prefetch, idle_timeout=idle, priority=priority, until_empty=not waits
+    )
+
+
+class _Outage:
+    """A waiting consumer whose node went away (killed, restarted, stopped): it connects
+    again — to a running node only, never opening the directory itself, which the node
+    is about to take back — after 0.1 s, then twice as long each time up to 1 s, saying
+    on stderr when it lost the node and when it has it again."""
+
+    FIRST, LONGEST = 0.1, 1.0
+
+    def __init__(self) -> None:
+        self.connected = False  # once: a node that never answered is an error at once
+        self.lost = False
+        self.delay = self.FIRST
+
+    def began(self, error: Unavailable) -> bool:
+        """The node went away (``error``): False if it never answered (give up); else
+        wait before the next attempt and say why, the first time, and True."""
+        if not self.connected:
+            return False
+        if not self.lost:
+            say(f"warning: lost the node ({error.message}); connecting again", err=True)
+            self.lost = True
+        time.sleep(self.delay)
+        self.delay = min(2 * self.delay, self.LONGEST)
+        return True
+
+    def over(self, broker: Broker) -> None:
+        """Connected (again) to ``broker``'s node."""
+        if self.lost:
+            say(f"connected again to the node at {broker.address}", err=True)
+        self.connected, self.lost, self.delay = True, False, self.FIRST
 
 
 class _Handler(abc.ABC):

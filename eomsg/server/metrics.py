@@ -152,7 +152,10 @@ def _refusal(server: Server, token: str) -> tuple[str, str] | None:
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """A request handler that logs through ``logging`` at debug, not to stderr."""
+    """A request handler that logs through ``logging`` at debug, not to stderr, and
+    gives up on a client silent for :attr:`timeout` seconds (each holds a thread)."""
+
+    timeout = 10.0
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("metrics: " + format, *args)
