@@ -78,3 +78,26 @@ def test_node_info_says_who_the_node_is_served_or_embedded(
     text = cli("node", "info").stdout.decode()
     assert served["name"] in text and node.tcp in text
     assert re.search(rf"protocol +│ {PROTOCOL_VERSION} ", text)
+
+
+def test_inspect_log_takes_the_last_n_and_ends_at_a_seq_or_a_time(cli: Cli) -> None:
+    cli("queue", "create", "q", "--subscribe", "q/>")
+    cli("publish", "q/a", "--stdin", input=b"".join(b"m%d\n" % i for i in range(1, 31)))
+
+    def seqs(*args: str) -> list[int]:
+        out = cli("inspect", "log", "--json", *args).stdout
+        return [json.loads(x)["seq"] for x in out.splitlines()]
+
+    assert seqs() == list(range(1, 21))  # the first 20 unless told
+    assert seqs("--last", "3") == [28, 29, 30]  # oldest first, as tail -n 3
+    assert seqs("--to-seq", "12", "--last", "2") == [11, 12]
+    assert seqs("--from-seq", "5", "--to-seq", "7") == [5, 6, 7]
+    assert seqs("--until", "2000-01-01") == []
+    assert seqs("--until", "2999-01-01", "--limit", "2") == [1, 2]
+    assert seqs("--until", "1h") == []  # published before an hour ago: none
+    bad = cli("inspect", "log", "--last", "2", "--limit", "2", code=2)
+    assert bad.stderr == b"Error: --last N and --limit N do not combine (--last is the last N)\n"
+    bad = cli("inspect", "log", "--follow", "--to-seq", "3", code=2)
+    assert b"--follow has no end" in bad.stderr
+    bad = cli("inspect", "log", "--until", "soon", code=3)
+    assert bad.stderr.startswith(b"Error: time 'soon' is not understood")

@@ -95,7 +95,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     ),
     "flows": ({"queue": None}, [FlowInfo("q", 4, "c:1", -2, True, 77, 1.5, 3)]),
     "unbind": ({"queue": "q", "flow": 4}, 3),
-    "log": ({"pattern": "t/>", "from_seq": 2, "limit": 5, "newest": True}, [MSG]),
+    "log": (
+        {"pattern": "t/>", "from_seq": 2, "limit": 5, "newest": True, "to_seq": 9, "until": 1.7e9},
+        [MSG],
+    ),
     "configure": ({"name": "retention", "value": "1d"}, "86400"),
     "saved_settings": ({}, {"retention": "86400"}),
     "query": ({"sql": "SELECT 1"}, (["a", "b"], [(1, "x"), (None, b"\x01")])),

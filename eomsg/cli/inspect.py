@@ -26,6 +26,8 @@ from eomsg.client.broker import Broker, require_served
 from eomsg.core.durations import format_duration
 from eomsg.core.limits import format_bytes
 from eomsg.core.message import Message
+from eomsg.core.replay import parse_time
+from eomsg.errors import UsageError
 
 app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help=True)
 
@@ -268,11 +270,29 @@ def log(
     topic: Annotated[str | None, typer.Option(help="Only topics matching this pattern.")] = None,
     from_seq: Annotated[int, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")] = 0,
     limit: Annotated[
-        int,
+        int | None,
         typer.Option(
-            min=1, max=100_000, help="At most this many (with --follow: the last this many)."
+            min=1,
+            max=100_000,
+            help="At most this many, 20 unless told (with --follow: the last this many).",
         ),
-    ] = 20,
+    ] = None,
+    last: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=100_000, metavar="N", help="The last N messages selected (tail -n N)."
+        ),
+    ] = None,
+    to_seq: Annotated[
+        int | None, typer.Option(min=0, max=SEQ_MAX, help="Last sequence number (inclusive).")
+    ] = None,
+    until: Annotated[
+        str | None,
+        typer.Option(
+            metavar="TIME",
+            help="Published before: ISO date/time (UTC unless given) or a duration ago (2h).",
+        ),
+    ] = None,
     follow: Annotated[
         bool,
         typer.Option(
@@ -285,18 +305,27 @@ def log(
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Messages in the retained log, oldest first: the first --limit from --from-seq on;
-    with --follow, the last --limit of them, then each new one (tail -n N -f).
+    """Messages in the retained log, oldest first: the first --limit from --from-seq on
+    (up to --to-seq, published before --until); --last N, the last N of them; with
+    --follow, the last --limit of them, then each new one (tail -n N -f).
 
     \b
     Examples:
       eomsg inspect log --topic 'orders/>' --from-seq 10 --limit 20
+      eomsg inspect log --last 5 --until 2026-11-01T08:00:00
       eomsg inspect log --json | jq .topic
       eomsg inspect log --follow --limit 5 --topic 'orders/>'"""
+    if last is not None and limit is not None:
+        raise UsageError("--last N and --limit N do not combine (--last is the last N)")
+    if follow and (to_seq is not None or until is not None):
+        raise UsageError("--follow has no end: it does not combine with --to-seq or --until")
+    before = None if until is None else parse_time(until, time.time())
+    newest = follow or last is not None
+    count = last if last is not None else limit or 20
     with open_broker(data) as broker:
         if follow:
             require_served(broker, "--follow")  # nothing else can log while this holds it
-        messages = broker.log(topic, from_seq, limit, newest=follow)
+        messages = broker.log(topic, from_seq, count, newest, to_seq, before)
         if not follow:
             _show_messages(messages, json)
             return

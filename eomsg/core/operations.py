@@ -291,9 +291,15 @@ class Operations(Protocol):
 
     @operation(reads_only=True)
     def log(
-        pattern: str | None = None, from_seq: int = 0, limit: int = 20, newest: bool = False
+        pattern: str | None = None,
+        from_seq: int = 0,
+        limit: int = 20,
+        newest: bool = False,
+        to_seq: int | None = None,
+        until: float | None = None,
     ) -> list[Message]:
-        """Messages still in the retained log from ``from_seq``, oldest first: the first
+        """Messages still in the retained log from ``from_seq`` (to ``to_seq``, published
+        before ``until``, seconds since the epoch, when given), oldest first: the first
         ``limit`` of them, or with ``newest`` the last ``limit``."""
         raise Declaration
 

@@ -11,6 +11,7 @@ snapshot under ``_lock`` and reads the store outside it; a job record is written
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, va
 from eomsg.core.topics import pattern_regex
 from eomsg.errors import InvalidConfig
 from eomsg.node.maintenance import Maintenance
+from eomsg.node.state import to_us
 from eomsg.store.store import Store
 
 LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
@@ -116,14 +118,26 @@ class Inspection(Maintenance):
         return out
 
     def log(
-        self, pattern: str | None = None, from_seq: int = 0, limit: int = 20, newest: bool = False
+        self,
+        pattern: str | None = None,
+        from_seq: int = 0,
+        limit: int = 20,
+        newest: bool = False,
+        to_seq: int | None = None,
+        until: float | None = None,
     ) -> list[Message]:
-        """Messages still in the retained log from ``from_seq``, oldest first: the first
+        """Messages still in the retained log from ``from_seq`` (to ``to_seq``, published
+        before ``until``, seconds since the epoch, when given), oldest first: the first
         ``limit`` of them, or with ``newest`` the last ``limit``."""
         if limit < 1:
             raise InvalidConfig("limit must be at least 1")
+        if until is not None and not math.isfinite(until):
+            raise InvalidConfig("until must be a time (seconds since the epoch)")
         regex = None if pattern is None else pattern_regex(pattern)
-        return self.store.log(regex, from_seq, limit, newest=newest)
+        until_us = None if until is None else to_us(max(until, 0.0))
+        return self.store.log(
+            regex, from_seq, limit, newest=newest, to_seq=to_seq, until_us=until_us
+        )
 
     def browse(self, name: str, from_seq: int = 0, limit: int = 20) -> list[Message]:
         """Messages waiting in the queue (in flight included) from ``from_seq``, oldest

@@ -681,13 +681,27 @@ class Store:
         return [found.get(seq) if row is None else row for seq, row in zip(seqs, rows, strict=True)]
 
     def log(
-        self, topic_regex: str | None, from_seq: int, limit: int, *, newest: bool = False
+        self,
+        topic_regex: str | None,
+        from_seq: int,
+        limit: int,
+        *,
+        newest: bool = False,
+        to_seq: int | None = None,
+        until_us: int | None = None,
     ) -> list[Message]:
-        """Retained messages from ``from_seq`` on, optionally filtered by a topic regex,
-        oldest first: the first ``limit``, or with ``newest`` the last."""
+        """Retained messages from ``from_seq`` on (to ``to_seq``; published before
+        ``until_us``, microseconds since the epoch), optionally filtered by a topic
+        regex, oldest first: the first ``limit``, or with ``newest`` the last."""
         self.writer.sync()  # every acknowledged write, not only what DuckDB holds
         where = "seq >= ?"
         params: list[Any] = [from_seq]
+        if to_seq is not None:
+            where += " AND seq <= ?"
+            params.append(to_seq)
+        if until_us is not None:
+            where += " AND published_at < make_timestamp(?)"
+            params.append(until_us)
         if topic_regex is not None:
             where += " AND regexp_full_match(topic, ?)"
             params.append(topic_regex)
