@@ -305,31 +305,64 @@ def test_inspect_queues_and_top_show_bytes_and_rates(cli: Cli, serve: Callable[.
     assert frame["queues"][0]["bytes"] == 200
 
 
+# A handler that holds its message until the test says ``go`` (a file in its directory):
+# the consume command holds the data directory meanwhile, for as long as the test needs.
+UNTIL_GO = "while [ ! -e go ]; do sleep 0.05; done"
+
+
 def test_a_command_holding_the_directory_lets_others_look_but_not_change(
-    cli: Cli, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+    cli: Cli, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path, tmp_path: Path
 ) -> None:
     cli("queue", "create", "q", "--subscribe", "t/>")
     cli("publish", "t/x", "waiting")
-    holder = subprocess.Popen(  # no node runs: top holds the directory in-process
-        [eomsg_bin, "top", "--interval", "0.2"], env=cli_env,
+    holder = subprocess.Popen(  # no node runs: consume holds the directory in-process
+        [eomsg_bin, "consume", "q", "--exec", UNTIL_GO], env=cli_env, cwd=tmp_path,
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
     try:
         assert eventually(lambda: (data_dir / "eomsg.sock").exists())
         stats = json.loads(cli("inspect", "queues", "--json").stdout)
-        assert [(s["name"], s["depth"]) for s in stats] == [("q", 1)]
+        assert [(s["name"], s["depth"], s["in_flight"]) for s in stats] == [("q", 1, 1)]
         assert json.loads(cli("browse", "q", "--json").stdout)["payload"] == "waiting"
         assert cli("queue", "list").stdout.count(b"\n") == 5
         said = (
-            f"Error: data directory {data_dir} is in use by pid {holder.pid} (eomsg top), which "
-            "lets other commands look at it but not change it; wait for it to finish\n"
+            f"Error: data directory {data_dir} is in use by pid {holder.pid} (eomsg consume), "
+            "which lets other commands look at it but not change it; wait for it to finish\n"
         ).encode()
         for change in (("publish", "t/x", "p"), ("queue", "purge", "q", "--yes"), ("consume", "q")):
             r = cli(*change, code=ExitCode.DATA_DIR)
             assert (r.stdout, r.stderr) == (b"", said), change
     finally:
-        holder.send_signal(signal.SIGINT)
+        (tmp_path / "go").touch()
         _, err = holder.communicate(timeout=60)
     assert (holder.returncode, err) == (0, b"")
     assert not (data_dir / "eomsg.sock").exists()  # lending ended with the command
     assert cli("publish", "t/x", "p").stdout == b"published seq 2\n"
+
+
+def test_a_view_holding_the_directory_never_stops_its_writers(
+    cli: Cli, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
+) -> None:
+    """Embedded ``eomsg top`` only looks: it lends the directory whole, so publishing,
+    consuming and purging go through it while it runs — from its first moment on."""
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    holder = subprocess.Popen(
+        [eomsg_bin, "top", "--interval", "0.2", "--json"], env=cli_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert cli("publish", "t/x", "first").stdout == b"published seq 1\n"  # as it starts
+        assert eventually(lambda: (data_dir / "eomsg.sock").exists())
+        cli("publish", "t/x", "--stdin", input=b"a\nb\nc\n")
+        assert cli("consume", "q", "--max", "2").stdout == b"1 t/x first\n2 t/x a\n"
+        assert cli("queue", "purge", "q", "--yes").returncode == 0
+        assert holder.poll() is None
+    finally:
+        holder.send_signal(signal.SIGINT)
+        out, err = holder.communicate(timeout=60)
+    assert (holder.returncode, err) == (0, b"")
+    assert json.loads(out.splitlines()[-1])["queues"][0]["name"] == "q"  # it showed them
+    (q,) = json.loads(cli("inspect", "queues", "--json").stdout)
+    assert (q["deleted"], q["purged"]) == (2, 2)
+    assert not (data_dir / "eomsg.sock").exists()
+    assert cli("publish", "t/x", "p").stdout == b"published seq 5\n"

@@ -428,12 +428,16 @@ def test_at_a_terminal_the_tasks_show_as_a_bar(
 def test_a_replay_waits_for_a_directory_another_command_lends_for_looking(
     eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
 ) -> None:
-    """While ``eomsg top`` holds the directory (lending it for looking only), the replay
-    plans through it, then waits to record the job — and runs once top is gone."""
+    """While ``eomsg consume`` holds the directory (lending it for looking only), the
+    replay plans through it, then waits to record the job — and runs once it is gone."""
     from tests.conftest import eventually
+    from tests.test_cli_habits import UNTIL_GO
 
-    holder = subprocess.Popen([eomsg_bin, "top", "--interval", "0.2"], env=cli_env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    for step in (["queue", "create", "held", "--subscribe", "held/>"], ["publish", "held/x", "x"]):
+        subprocess.run([eomsg_bin, *step], env=cli_env, check=True, capture_output=True)
+    holder = subprocess.Popen([eomsg_bin, "consume", "held", "--exec", UNTIL_GO],
+                              env=cli_env, cwd=tmp_path, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE)  # fmt: skip
     try:
         assert eventually(lambda: (filled / "eomsg.sock").exists())
         run = subprocess.Popen(
@@ -444,7 +448,7 @@ def test_a_replay_waits_for_a_directory_another_command_lends_for_looking(
         time.sleep(3)
         assert run.poll() is None  # waiting, not failed
     finally:
-        holder.send_signal(signal.SIGINT)
+        (tmp_path / "go").touch()
         holder.wait(60)
     out, err = run.communicate(timeout=300)
     assert (run.returncode, json.loads(out or "{}").get("rows")) == (0, N), err

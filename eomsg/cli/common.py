@@ -9,6 +9,7 @@ import functools
 import os
 import secrets
 import stat
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
@@ -20,6 +21,7 @@ from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
 from eomsg.errors import (
     DataDirError,
+    DataDirLocked,
     EomsgError,
     ExitCode,
     InvalidConfig,
@@ -160,13 +162,25 @@ class Globals:
     command: str | None = None  # the command running ("eomsg queue purge")
 
 
+# How long a command waits for a data directory another command holds, before it says
+# so: the holder lends it through its socket within LEND_AFTER (0.5 s), and a quick
+# command is done before that.
+LOCKED_WAIT = 3.0
+
+
 @contextlib.contextmanager
-def open_broker(data: Path) -> Iterator[Broker]:
+def open_broker(data: Path, *, view: bool = False) -> Iterator[Broker]:
     """The node for one command: a client of the running node when there is one (the
     ``--broker`` or the data directory's socket), else the node of ``data`` embedded in
     this process for the command's duration — created if missing only with ``--init``
     (a mistyped --data is an error, not a new directory). A named broker that does not
-    answer is an error, never a reason to fall back."""
+    answer is an error, never a reason to fall back. A directory another command holds
+    is waited for up to :data:`LOCKED_WAIT` seconds, going through its socket as soon
+    as it lends it.
+
+    Embedded, the command lends the directory through its socket while it runs: for
+    looking only, or — a ``view``, which itself changes nothing (``eomsg top``) — whole,
+    so that the writers it would otherwise turn away go through it as through a node."""
     name = f"eomsg-cli:{os.getpid()}"
     via = Globals.via
     if Globals.broker is not None:
@@ -183,15 +197,32 @@ def open_broker(data: Path) -> Iterator[Broker]:
         with connect(data, token=Globals.token, name=name, via=via) as through:
             yield through
         return
-    client: Client | None = None
-    if socket_path(data).exists():
-        with contextlib.suppress(Unavailable):  # a socket left by a node that died
-            client = connect(data, token=Globals.token, name=name)
-    if client is not None:
-        with client:
+    with contextlib.ExitStack() as stack:
+        yield _node_of(data, name, view, stack)
+
+
+def _node_of(data: Path, name: str, view: bool, stack: contextlib.ExitStack) -> Broker:
+    """:func:`open_broker`'s node for ``data``, closed with ``stack``: the one serving
+    it, else embedded here — waiting out a holder that is about to lend it."""
+    deadline = time.monotonic() + LOCKED_WAIT
+    while True:
+        client: Client | None = None
+        if socket_path(data).exists():
+            with contextlib.suppress(Unavailable):  # a socket left by a node that died
+                client = connect(data, token=Globals.token, name=name)
+        if client is not None:
+            stack.enter_context(client)
             _check_name(client, data)
-            yield client
-        return
+            return client
+        try:
+            return _embedded(data, name, view, stack)
+        except DataDirLocked:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def _embedded(data: Path, name: str, view: bool, stack: contextlib.ExitStack) -> Broker:
     if not Globals.init and not holds_store(data):
         raise DataDirError(
             f"no eomsg data in {data} yet (check --data; `eomsg serve` or --init creates it)"
@@ -203,17 +234,21 @@ def open_broker(data: Path) -> Iterator[Broker]:
     from eomsg.store import lock
 
     lock.PURPOSE = Globals.command
-
-    with (
+    local = stack.enter_context(
         LocalClient.open(
             data,
             NodeSettings(tick=None, node_name=Globals.node_name),
             create=Globals.init,
             name=name,
-        ) as local,
-        lending(data, local.node, _lent(data)),  # others may look meanwhile, through its socket
-    ):
-        yield local
+        )
+    )
+    # Others reach the directory meanwhile through its socket: to look, or (a view's)
+    # for everything.
+    if view:  # at once: it may run for long, and writers must not wait for it
+        stack.enter_context(lending(data, local.node, None, after=0.0))
+    else:
+        stack.enter_context(lending(data, local.node, _lent(data)))
+    return local
 
 
 @contextlib.contextmanager

@@ -140,7 +140,7 @@ def top(
       eomsg top
       eomsg top --count 5 --json
     """
-    with open_broker(data) as broker:
+    with open_broker(data, view=True) as broker:
         frame = take_frame(broker, None)
         shown = 0
         if json:  # Ctrl-C ends it as it ends the live view: exit 0

@@ -1,14 +1,16 @@
-"""A data directory lent for looking. The store takes one process at a time, so a command
-that runs in-process — a long ``eomsg consume``, ``eomsg top``, a replay between its
-steps — holds the directory; while it does, it serves the directory's socket for
-operations that change nothing (``inspect``, ``browse``, ``queue list``, ``config
-show``), so other commands can look instead of being turned away. Anything else is
-refused as DataDirLocked, naming the holder: only ``eomsg serve`` shares a directory for
-changes.
+"""A data directory lent by the command that holds it. The store takes one process at a
+time, so a command that runs in-process — a long ``eomsg consume``, ``eomsg top``, a
+replay between its steps — holds the directory; while it does, it serves the
+directory's socket for operations that change nothing (``inspect``, ``browse``, ``queue
+list``, ``config show``), so other commands can look instead of being turned away.
+Anything else is refused as DataDirLocked, naming the holder — unless the holder is a
+view that changes nothing itself (``eomsg top``): it lends the directory whole, and
+writers go through it as through ``eomsg serve``, so that looking never stops them.
 
 Lending starts once the command has held the directory for LEND_AFTER seconds (a quick
-command never pays for it) and stops, its socket removed, before the command lets the
-directory go; what is connected then is told the node is shutting down."""
+command never pays for it; a view lends at once) and stops, its socket removed, before
+the command lets the directory go; what is connected then is told the node is shutting
+down."""
 
 from __future__ import annotations
 
@@ -27,12 +29,15 @@ log = logging.getLogger("eomsg.server")
 
 
 @contextlib.contextmanager
-def lending(data_dir: Path, node: Node, refusal: str) -> Iterator[None]:
-    """Lend ``data_dir`` (held by this process, ``node`` open on it) for looking while
-    the block runs — what would change it refused as DataDirLocked(``refusal``); stop
-    lending, and wait for that, before it ends."""
+def lending(
+    data_dir: Path, node: Node, refusal: str | None, *, after: float = LEND_AFTER
+) -> Iterator[None]:
+    """Lend ``data_dir`` (held by this process, ``node`` open on it) ``after`` seconds
+    into the block — for looking, what would change it refused as
+    DataDirLocked(``refusal``), or with ``refusal`` None for everything; stop lending,
+    and wait for that, before it ends."""
     lender = _Lender(data_dir, node, refusal)
-    timer = threading.Timer(LEND_AFTER, lender.start)
+    timer = threading.Timer(after, lender.start)
     timer.daemon = True
     timer.start()
     try:
@@ -45,7 +50,7 @@ def lending(data_dir: Path, node: Node, refusal: str) -> Iterator[None]:
 class _Lender:
     """The socket's server, on a thread and an event loop of its own."""
 
-    def __init__(self, data_dir: Path, node: Node, refusal: str) -> None:
+    def __init__(self, data_dir: Path, node: Node, refusal: str | None) -> None:
         self.data_dir = data_dir
         self.node = node
         self.refusal = refusal
