@@ -189,15 +189,23 @@ def test_queue_commands(run) -> None:  # type: ignore[no-untyped-def]
 
 def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untyped-def]
     assert json.loads(run("config", "set", "retention", "7d", "--json").stdout) == {
-        "retention": "604800"
+        "retention": 604800
     }
-    assert run("config", "set", "max-payload", "64KiB").stdout == "max-payload = 65536\n"
+    assert run("config", "set", "max-payload", "64KiB").stdout == (
+        "max-payload = 64.0 KiB (65536 bytes)\n"
+    )
     assert json.loads(run("config", "show", "--json").stdout) == {
-        "retention": "604800",
-        "gc-interval": "60",
-        "max-payload": "65536",
-        "disk-reserve": str(128 << 20),
+        "retention": 604800,
+        "gc-interval": 60,
+        "max-payload": 65536,
+        "disk-reserve": 128 << 20,
     }
+    shown = run("config", "show").stdout
+    assert "7d00h (604800 s)" in shown and "128.0 MiB (134217728 bytes)" in shown
+    assert run("config", "set", "max-payload", "60kB").stdout == (  # SI, as written
+        "max-payload = 58.6 KiB (60000 bytes)\n"
+    )
+    run("config", "set", "max-payload", "64KiB")
     r = run("publish", "t", "x" * 65537, code=ExitCode.INVALID_INPUT)
     assert "exceeds the limit of 65536 bytes" in r.stderr
     r = run("config", "set", "colour", "blue", code=ExitCode.INVALID_INPUT)
@@ -208,8 +216,14 @@ def test_config_is_saved_in_the_data_dir(run) -> None:  # type: ignore[no-untype
     run("config", "set", "max-payload", "1GiB", code=ExitCode.INVALID_INPUT)
     r = run("config", "set", "disk-reserve", "lots", code=ExitCode.INVALID_INPUT)
     assert r.stderr.startswith("Error: size 'lots' is not understood") and r.stderr.count("\n") == 1
-    assert run("config", "set", "disk-reserve", "1GiB").stdout == f"disk-reserve = {1 << 30}\n"
-    assert run("config", "set", "disk-reserve", "0").stdout == "disk-reserve = 0\n"
+    assert run("config", "set", "disk-reserve", "1GiB").stdout == (
+        f"disk-reserve = 1.0 GiB ({1 << 30} bytes)\n"
+    )
+    assert run("config", "set", "disk-reserve", "0").stdout == "disk-reserve = 0 (none)\n"
+    beyond = run("config", "set", "disk-reserve", "900TB")  # saved, and said to be too much
+    assert beyond.stderr.startswith("warning: the disk holding the data directory has ")
+    assert "every publish is refused until more is free" in beyond.stderr
+    run("config", "set", "disk-reserve", "0")
 
 
 def test_compact_and_salvage_on_a_missing_directory(run, data_dir: Path) -> None:  # type: ignore[no-untyped-def]

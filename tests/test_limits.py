@@ -61,7 +61,9 @@ def test_a_50mb_message_is_consumed_browsed_and_published_through_the_node(
     through the node byte for byte, and another published through it too (before: the
     consumer waited for ever, browse and publish failed with exit 1)."""
     big = payload_of(50 * MB)
-    assert cli("config", "set", "max-payload", "64MiB").stdout == b"max-payload = 67108864\n"
+    assert cli("config", "set", "max-payload", "64MiB").stdout == (
+        b"max-payload = 64.0 MiB (67108864 bytes)\n"
+    )
     cli("queue", "create", "bigq", "-s", "big")
     assert cli("publish", "big", "-", input=big).stdout == b"published seq 1\n"
     node = serve()
@@ -86,8 +88,10 @@ def test_limits_that_cannot_work_together_are_refused_when_set(cli: Cli, serve: 
         b"payload needs frames of 65 MiB): give --max-frame 65MiB or more (or leave it out: "
         b"frames then follow max-payload), or set max-payload 7 MiB or less\n"
     )
-    assert json.loads(cli("config", "show", "--json").stdout)["max-payload"] == str(1 << 20)
-    assert cli("config", "set", "max-payload", "7MiB").stdout == b"max-payload = 7340032\n"
+    assert json.loads(cli("config", "show", "--json").stdout)["max-payload"] == 1 << 20
+    assert cli("config", "set", "max-payload", "7MiB").stdout == (
+        b"max-payload = 7.0 MiB (7340032 bytes)\n"
+    )
     cli("queue", "create", "q", "-s", "t")
     largest = payload_of(7 << 20)
     assert cli("publish", "t", "-", input=largest).stdout == b"published seq 1\n"
@@ -95,7 +99,9 @@ def test_limits_that_cannot_work_together_are_refused_when_set(cli: Cli, serve: 
     code, _, err = node.stop()
     assert code == 0 and unobserved(err) == []
 
-    assert cli("config", "set", "max-payload", "64MiB").stdout == b"max-payload = 67108864\n"
+    assert cli("config", "set", "max-payload", "64MiB").stdout == (
+        b"max-payload = 64.0 MiB (67108864 bytes)\n"
+    )
     r = cli("serve", "--max-frame", "64MiB", code=ExitCode.INVALID_INPUT)
     assert r.stdout == b""
     assert r.stderr == (
@@ -105,7 +111,7 @@ def test_limits_that_cannot_work_together_are_refused_when_set(cli: Cli, serve: 
     )
     r = cli("serve", "--max-frame", "2GiB", code=ExitCode.INVALID_INPUT)
     assert r.stderr == b"Error: size '2GiB' must be between 64 KiB and 1 GiB\n"
-    assert json.loads(cli("config", "show", "--json").stdout)["max-payload"] == str(64 << 20)
+    assert json.loads(cli("config", "show", "--json").stdout)["max-payload"] == 64 << 20
     serve("--max-frame", "65MiB").stop()
 
 

@@ -253,7 +253,7 @@ def test_a_max_payload_raised_while_serving_reaches_the_links_at_once(
     a, b = _linked(nodes, None, dialler)
 
     done = nodes.run("config", "set", "max-payload", "8MiB", "--data", nodes.dir("b"))
-    assert done.stdout == "max-payload = 8388608\n"
+    assert done.stdout == "max-payload = 8.0 MiB (8388608 bytes)\n"
     big = os.urandom(5 * MiB)
     with eomsg.connect(Path(nodes.dir("a"))) as client:
         client.publish("orders/big", big)

@@ -40,29 +40,27 @@ HANDSHAKE_FRAME = 64 << 10  # what a node accepts before the first frame (a hell
 # frame's own fields, with room to spare.
 FRAME_OVERHEAD = 1 << 20
 _HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
-_SIZE = re.compile(r"(\d+)\s*(b|kib|kb|k|mib|mb|m|gib|gb|g)?", re.IGNORECASE)
-_SIZE_UNITS = {
-    "b": 1,
-    "k": 1024,
-    "kb": 1024,
-    "kib": 1024,
-    "m": 1 << 20,
-    "mb": 1 << 20,
-    "mib": 1 << 20,
-    "g": 1 << 30,
-    "gb": 1 << 30,
-    "gib": 1 << 30,
+_SIZE = re.compile(r"(\d+)\s*([kmgt]i?b|[kmgt]|b)?", re.IGNORECASE)
+# As written: SI units are powers of 1000 (``10MB`` is 10,000,000 bytes), IEC units powers
+# of 1024 (``10MiB``); a bare letter (``64m``) is IEC, as in most tools' size options.
+_SIZE_UNITS: dict[str, int] = {"b": 1} | {
+    unit: base**power
+    for power, letter in enumerate("kmgt", start=1)
+    for unit, base in ((f"{letter}b", 1000), (f"{letter}ib", 1024), (letter, 1024))
 }
 
 P = TypeVar("P", bound=Publishable)
 
 
 def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
-    """Bytes in ``text`` (``65536``, ``64KiB``, ``1MiB``, ``2GiB``), between ``low`` and
-    ``high`` (by default 1 byte and :data:`MAX_MAX_PAYLOAD`, 512 MiB)."""
+    """Bytes in ``text`` (``65536``, ``64KiB``, ``1MiB``, ``2GiB``; ``10MB`` is 10**7),
+    between ``low`` and ``high`` (by default 1 byte and :data:`MAX_MAX_PAYLOAD`, 512 MiB)."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
-        raise InvalidConfig(f"size {text!r} is not understood: use bytes or KiB/MiB/GiB, e.g. 1MiB")
+        raise InvalidConfig(
+            f"size {text!r} is not understood: use bytes, KiB/MiB/GiB/TiB (powers of 1024) "
+            "or kB/MB/GB/TB (powers of 1000), e.g. 1MiB"
+        )
     size = int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
     if not low <= size <= high:
         raise InvalidConfig(f"size {text!r} must be between {_show(low)} and {_show(high)}")
