@@ -88,7 +88,7 @@ def test_publish_json_contract(run) -> None:  # type: ignore[no-untyped-def]
         {"seq": 3, "id": "line-2", "duplicate": False, "queues": 1},
     ]
     r = run("publish", "t", "--stdin", "--id-prefix", "line-", input="a\nb\nc\n")
-    assert r.stdout == "published 1 messages (seq 4..4), 2 duplicates\n"
+    assert r.stdout == "published 1 message (seq 4), 2 duplicates\n"
 
 
 def test_binary_payload_is_base64(run) -> None:  # type: ignore[no-untyped-def]

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
 import signal
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -101,3 +103,44 @@ def test_inspect_log_takes_the_last_n_and_ends_at_a_seq_or_a_time(cli: Cli) -> N
     assert b"--follow has no end" in bad.stderr
     bad = cli("inspect", "log", "--until", "soon", code=3)
     assert bad.stderr.startswith(b"Error: time 'soon' is not understood")
+
+
+def test_a_broker_without_a_scheme_is_told_what_to_give(cli: Cli, data_dir: Path) -> None:
+    done = cli("--broker", "127.0.0.1:47502", "inspect", "queues", code=3)
+    assert done.stderr == (
+        b"Error: --broker '127.0.0.1:47502' is not a URL (tcp://127.0.0.1:47502?): give "
+        b"tcp://HOST:PORT, tls://HOST:PORT or unix://PATH (a data directory is --data)\n"
+    )
+    assert cli("ping", "--broker", "somewhere", code=3).stderr.startswith(
+        b"Error: --broker 'somewhere' is not a URL: give"
+    )
+    assert not data_dir.exists()
+
+
+def test_declining_a_delete_at_the_terminal_says_nothing_changed(
+    cli: Cli, eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    cli("queue", "create", "q", "--subscribe", "q/>")
+    controller, terminal = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [eomsg_bin, "queue", "delete", "q"], env=cli_env, stdin=terminal,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        os.write(controller, b"n\n")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(controller)
+        os.close(terminal)
+    assert (proc.returncode, err) == (2, b"Error: not confirmed: nothing changed\n")
+    assert json.loads(cli("queue", "list", "--json").stdout)[0]["name"] == "q"
+
+
+def test_a_delimiter_goes_with_raw(cli: Cli) -> None:
+    cli("queue", "create", "q", "--subscribe", "q/>")
+    cli("publish", "q/a", "x")
+    done = cli("consume", "q", "--delimiter", "", code=2)
+    assert done.stderr == (
+        b"Error: --delimiter goes with --raw (text and JSON lines end with a newline)\n"
+    )
+    assert cli("consume", "q", "--raw", "--delimiter", "\\0").stdout == b"x\0"

@@ -159,6 +159,15 @@ def test_what_does_not_trust_the_node_is_refused_in_one_line(nodes: Nodes, pki: 
         f"the node at tcp://127.0.0.1:{port} closed the connection before the handshake (if "
         "it serves TLS, use tls://)"
     )
+    # TLS to a plain TCP port: said as such, not as an OpenSSL code.
+    plain_node = nodes.start("p")
+    plain_port = plain_node.tcp.rsplit(":", 1)[1]
+    done = nodes.run("ping", "--broker", f"tls://127.0.0.1:{plain_port}", "--token", "t",
+                     "--tls-ca", str(pki.ca_file), code=10)  # fmt: skip
+    assert done.stderr == (
+        f"Error: the node at tls://127.0.0.1:{plain_port}: that port does not speak TLS; use "
+        "tcp://HOST:PORT for it, or the node's TLS port (eomsg node info)\n"
+    )
     # TLS settings for an address that is not tls://.
     with pytest.raises(InvalidConfig, match="is not a tls:// address"):
         eomsg.connect(f"tcp://127.0.0.1:{port}", token=node.token, tls=ClientTls(pki.ca_file))
@@ -207,7 +216,7 @@ def test_serve_checks_its_tls_options_before_taking_the_directory(
     done = nodes.run("serve", "--data", d, "--tls-cert", str(cert), code=2)
     assert done.stderr == "Error: TLS needs both --tls-cert and --tls-key\n"
     key.chmod(0o644)
-    done = nodes.run("serve", "--data", d, "--tls-cert", str(cert), "--tls-key", str(key), code=2)
+    done = nodes.run("serve", "--data", d, "--tls-cert", str(cert), "--tls-key", str(key), code=3)
     assert "is open to other users: make it owner-only" in done.stderr
     key.chmod(0o600)
     done = nodes.run("serve", "--data", d, "--tls-cert", str(key), "--tls-key", str(key), code=3)
@@ -394,7 +403,7 @@ def test_link_add_says_what_is_wrong_in_one_line(nodes: Nodes, pki: Pki, tmp_pat
         "Error: --peer-ca is for the side that dials: give the other node's ADDRESS\n"
     )
     token.chmod(0o644)
-    done = nodes.run("link", "add", "b", "--token-file", str(token), *d, code=2)
+    done = nodes.run("link", "add", "b", "--token-file", str(token), *d, code=3)
     assert "is open to other users" in done.stderr
     assert json.loads(nodes.run("link", "list", "--json", *d).stdout) == []
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import secrets
 import stat
 import time
@@ -25,6 +26,7 @@ from eomsg.errors import (
     EomsgError,
     ExitCode,
     InvalidConfig,
+    InvalidInput,
     NotAllowed,
     Unavailable,
     UsageError,
@@ -73,29 +75,29 @@ JsonOption = Annotated[
 
 
 def check_owner_only(path: Path, what: str) -> None:
-    """UsageError unless ``path`` (a secret: a token, a private key) can be read and is
+    """InvalidConfig unless ``path`` (a secret: a token, a private key) can be read and is
     its owner's alone."""
     try:
         mode = os.stat(path).st_mode
     except OSError as e:
-        raise UsageError(f"cannot read {what} {path}: {e.strerror}") from e
+        raise InvalidConfig(f"cannot read {what} {path}: {e.strerror}") from e
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise UsageError(
+        raise InvalidConfig(
             f"{what} {path} is open to other users: make it owner-only (chmod 600 {path})"
         )
 
 
 def read_secret(path: Path, what: str) -> str:
-    """The text of the owner-only file ``path`` (a token), stripped; UsageError if it is
+    """The text of the owner-only file ``path`` (a token), stripped; InvalidConfig if it is
     open to others, unreadable or empty."""
     check_owner_only(path, what)
     try:
         text = path.read_text().strip()
     except (OSError, UnicodeDecodeError) as e:
         why = getattr(e, "strerror", None) or "not text"
-        raise UsageError(f"cannot read {what} {path}: {why}") from e
+        raise InvalidConfig(f"cannot read {what} {path}: {why}") from e
     if not text:
-        raise UsageError(f"{what} {path} is empty")
+        raise InvalidConfig(f"{what} {path} is empty")
     return text
 
 
@@ -184,8 +186,7 @@ def open_broker(data: Path, *, view: bool = False) -> Iterator[Broker]:
     name = f"eomsg-cli:{os.getpid()}"
     via = Globals.via
     if Globals.broker is not None:
-        tls = ClientTls.from_env(Globals.tls_ca) if Globals.broker.startswith("tls://") else None
-        with connect(Globals.broker, token=Globals.token, name=name, tls=tls, via=via) as named:
+        with _named(Globals.broker, name) as named:
             yield named
         return
     if via is not None:  # only a node reaches other nodes: no falling back
@@ -257,10 +258,7 @@ def open_served(data: Path) -> Iterator[Client]:
     embedded one: for what asks whether a node is up. Unavailable if none answers."""
     name = f"eomsg-cli:{os.getpid()}"
     if Globals.broker is not None:
-        tls = ClientTls.from_env(Globals.tls_ca) if Globals.broker.startswith("tls://") else None
-        with connect(
-            Globals.broker, token=Globals.token, name=name, tls=tls, via=Globals.via
-        ) as named:
+        with _named(Globals.broker, name) as named:
             yield named
         return
     if not socket_path(data).exists():
@@ -268,6 +266,20 @@ def open_served(data: Path) -> Iterator[Client]:
     with connect(data, token=Globals.token, name=name, via=Globals.via) as client:
         _check_name(client, data)
         yield client
+
+
+def _named(broker: str, name: str) -> Client:
+    """A client of the node ``--broker`` names: a URL, never a directory (``--data``)."""
+    if "://" not in broker:
+        hint = (
+            f" (tcp://{broker}?)" if re.fullmatch(r"[\w.\-]+:\d+|\[[\w:.]+\]:\d+", broker) else ""
+        )
+        raise InvalidInput(
+            f"--broker {broker!r} is not a URL{hint}: give tcp://HOST:PORT, tls://HOST:PORT "
+            "or unix://PATH (a data directory is --data)"
+        )
+    tls = ClientTls.from_env(Globals.tls_ca) if broker.startswith("tls://") else None
+    return connect(broker, token=Globals.token, name=name, tls=tls, via=Globals.via)
 
 
 def _check_name(client: Client, data: Path) -> None:

@@ -105,12 +105,12 @@ def consume(
         ),
     ] = False,
     delimiter: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="With --raw: what follows each payload, with escapes (\\n, \\0, \\x1e); a "
-            "payload holding it is given back and stops the command.",
+            help="With --raw: what follows each payload (\\n unless told), with escapes "
+            "(\\n, \\0, \\x1e); a payload holding it is given back and stops the command.",
         ),
-    ] = "\\n",
+    ] = None,
     activity: Annotated[
         bool | None,
         typer.Option(
@@ -142,6 +142,8 @@ def consume(
     signal.signal(signal.SIGTERM, _Stop.on_sigterm)
     if into is not None and exec_ is not None:
         raise UsageError("--into and --exec do not combine (use one)")
+    if delimiter is not None and not raw:
+        raise UsageError("--delimiter goes with --raw (text and JSON lines end with a newline)")
     if raw and (json or into is not None or exec_ is not None):
         raise UsageError(
             "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
@@ -160,7 +162,7 @@ def consume(
     elif exec_ is not None:
         handler, batch, prefetch = _Exec(exec_), 1, 1
     elif raw:
-        handler = _Print(formats.raw(_delimiter(delimiter, max)))
+        handler = _Print(formats.raw(_delimiter("\\n" if delimiter is None else delimiter, max)))
     else:
         handler = _Print(formats.json_line if json else formats.text_line)
     if max is not None:  # take ahead no more than will be handed out

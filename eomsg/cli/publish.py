@@ -158,8 +158,18 @@ def _publish_lines(
         while in_flight:
             acknowledge(in_flight.popleft().result())
     if not as_json:
-        span = f" (seq {first}..{last})" if first is not None else ""
-        say(f"published {published} messages{span}, {duplicates} duplicates")
+        span = (
+            ""
+            if first is None
+            else f" (seq {first})"
+            if first == last
+            else f" (seq {first}..{last})"
+        )
+        say(f"published {_count(published, 'message')}{span}, {_count(duplicates, 'duplicate')}")
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _say(result: PublishResult, topic: str) -> None:

@@ -13,6 +13,7 @@ from eomsg.cli.common import (
     SEQ_MAX,
     DataOption,
     JsonOption,
+    fail,
     handles_errors,
     open_broker,
 )
@@ -157,13 +158,14 @@ YesOption = Annotated[
 
 
 def _confirm(question: str, yes: bool) -> None:
-    """Go on if ``yes``, or if the person at the terminal says so; else stop (exit 2)."""
+    """Go on if ``yes``, or if the person at the terminal says so; else stop, saying so
+    (exit 2)."""
     if yes:
         return
     if not sys.stdin.isatty():
         raise UsageError(f"{question}: confirm with --yes")
     if not typer.confirm(shown(question) + "?", default=False):
-        raise typer.Exit(int(ExitCode.USAGE))
+        raise fail("not confirmed: nothing changed", ExitCode.USAGE)
 
 
 @app.command()

@@ -125,6 +125,9 @@ def tls_refused(where: object, error: ssl.SSLError) -> AuthenticationFailed:
     if isinstance(error, ssl.SSLCertVerificationError):
         why = f"its certificate is not trusted here ({error.verify_message})"
         fix = "give the CA that signed it with --tls-ca or env EOMSG_TLS_CA"
+    elif error.reason == "WRONG_VERSION_NUMBER":  # what a plain TCP port answers a hello
+        why = "that port does not speak TLS"
+        fix = "use tcp://HOST:PORT for it, or the node's TLS port (eomsg node info)"
     else:
         why = f"the TLS handshake failed ({error.reason or error})"
         fix = "check the node's TLS settings and any client certificate (EOMSG_TLS_CERT)"
