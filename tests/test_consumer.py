@@ -20,7 +20,14 @@ from eomsg.client.consumer import Item, Pushed
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Message, Outgoing
 from eomsg.core.queues import QueueConfig
-from eomsg.errors import StaleDelivery, StaleEpoch, Unavailable, Unbound, UsageError
+from eomsg.errors import (
+    InvalidDuration,
+    StaleDelivery,
+    StaleEpoch,
+    Unavailable,
+    Unbound,
+    UsageError,
+)
 from tests.conftest import eventually
 
 
@@ -314,3 +321,23 @@ def test_iterating_a_consumer_outside_with_raises_at_once(
             capture_output=True, text=True, timeout=60, check=True,
         )  # fmt: skip
         assert (done.stdout, done.stderr) == (said, ""), kind
+
+
+def test_a_ttl_is_seconds_or_a_duration_as_the_cli_takes_it(q: Broker) -> None:
+    q.publish("q/x", b"1h", ttl="1h")
+    q.publish_async("q/x", b"90s", ttl="90s").result()
+    q.publish("q/x", b"seconds", ttl=30.0)
+    with q.transaction() as tx:
+        tx.publish("q/x", b"in a transaction", ttl="2m")
+    got = {d.message.payload: d.message for d in q.fetch("q", 10)}
+    for payload, seconds in (
+        (b"1h", 3600),
+        (b"90s", 90),
+        (b"seconds", 30),
+        (b"in a transaction", 120),
+    ):
+        m = got[payload]
+        assert m.expires_at is not None
+        assert m.expires_at - m.published_at == pytest.approx(seconds, abs=0.01)
+    with pytest.raises(InvalidDuration, match="duration 'soon' is not understood"):
+        q.publish("q/x", b"never", ttl="soon")

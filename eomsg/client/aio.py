@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from eomsg.client.consumer import AsyncConsumer, Item, Pushed
+from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import MAX_FRAME, Limits, check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult, check_keys
@@ -241,7 +242,7 @@ class AsyncClient(Operations):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> PublishResult:
         """Publish one message; returns once it is durable on the node."""
@@ -253,13 +254,15 @@ class AsyncClient(Operations):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> asyncio.Future[PublishResult]:
         """Queue one message for the next batch frame and return a future for its
         acknowledgement. Waits while the window of unacknowledged messages is full.
         Invalid input raises here, before anything is sent."""
-        message = check_outgoing(Outgoing(topic, payload, id, ttl, headers or {}), self.limits)
+        message = check_outgoing(
+            Outgoing(topic, payload, id, ttl_seconds(ttl), headers or {}), self.limits
+        )
         self.check_open()
         await self._window.acquire()
         future: asyncio.Future[PublishResult] = self.loop.create_future()

@@ -98,7 +98,7 @@ class Broker(Operations, Protocol):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> PublishResult: ...
 
@@ -108,7 +108,7 @@ class Broker(Operations, Protocol):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Pending[PublishResult]: ...
 

@@ -24,6 +24,7 @@ from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, connect_async
 from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.broker import Broker
 from eomsg.client.consumer import Item, RemoteConsumer, failed
+from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
@@ -166,7 +167,7 @@ class Client(Broker):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> PublishResult:
         """Publish one message; returns once it is durable on the node."""
@@ -178,13 +179,15 @@ class Client(Broker):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Ack[PublishResult]:
         """Queue one message and return a future for its acknowledgement (durable once
         resolved). Blocks while ``window`` messages are unacknowledged. Invalid input
         raises here; retry a failed publish with the same ``id`` to keep it once-only."""
-        message = check_outgoing(Outgoing(topic, payload, id, ttl, headers or {}), self._ac.limits)
+        message = check_outgoing(
+            Outgoing(topic, payload, id, ttl_seconds(ttl), headers or {}), self._ac.limits
+        )
         self._check()
         n = next(self._sent)
         signal = self._signal

@@ -37,6 +37,7 @@ from typing import Any, NoReturn
 
 from eomsg.client.recovery import Participant, Step, execute, plan, settle
 from eomsg.client.resources import MarkerTable, Resource
+from eomsg.core.durations import ttl_seconds
 from eomsg.core.message import Delivered, Outgoing, PublishResult
 from eomsg.core.txn import DEFAULT_TIMEOUT, TxnMove, TxnState, move
 from eomsg.errors import (
@@ -123,12 +124,12 @@ class Transaction:
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> None:
         """Publish at commit (invisible until then; never, if the transaction aborts)."""
         self._active()
-        self._messages.append(Outgoing(topic, payload, id, ttl, headers or {}))
+        self._messages.append(Outgoing(topic, payload, id, ttl_seconds(ttl), headers or {}))
 
     def delete(self, message: Any) -> None:
         """Delete a received message at commit (a :class:`Received` or a

@@ -11,6 +11,12 @@ _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 MAX_SECONDS = 100 * 365 * 86400.0
 
 
+def ttl_seconds(ttl: float | str | None) -> float | None:
+    """A message's time to live as a publish call takes it: seconds, or a duration as
+    people type it (``"1h"``, as ``eomsg publish --ttl``); None for none."""
+    return parse_duration(ttl) if isinstance(ttl, str) else ttl
+
+
 def parse_duration(text: str, *, allow_zero: bool = False) -> float:
     """Seconds in ``text``: a plain number of seconds or parts like ``1h30m``.
 

@@ -23,6 +23,7 @@ from typing import Any
 from eomsg.client.broker import Broker
 from eomsg.client.consumer import failed
 from eomsg.core.access import OWNER
+from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
@@ -130,12 +131,12 @@ class LocalClient(Broker):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> PublishResult:
         """Publish one message; returns once it is durable."""
         self._check_open()
-        return self.node.publish(topic, payload, id=id, ttl=ttl, headers=headers)
+        return self.node.publish(topic, payload, id=id, ttl=ttl_seconds(ttl), headers=headers)
 
     def publish_async(
         self,
@@ -143,13 +144,14 @@ class LocalClient(Broker):
         payload: bytes,
         *,
         id: str | None = None,
-        ttl: float | None = None,
+        ttl: float | str | None = None,
         headers: dict[str, str] | None = None,
     ) -> Future[PublishResult]:
         """Queue one message for the next group commit; the future resolves once it is
         durable, or fails with the node's refusal (DiskFull, …). Invalid input raises
         here."""
-        return first(self.publish_batch_async([Outgoing(topic, payload, id, ttl, headers or {})]))
+        message = Outgoing(topic, payload, id, ttl_seconds(ttl), headers or {})
+        return first(self.publish_batch_async([message]))
 
     def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
         """Publish messages atomically; durable on return."""
