@@ -101,11 +101,18 @@ def test_raw_output_carries_any_payload_whole(cli: Cli) -> None:
     assert r.stdout == b"holds\x00nul"
     r = cli("consume", "q", "--raw", "--delimiter", "", code=2)
     assert r.stderr == b"Error: an empty --delimiter cannot separate payloads (use --max 1)\n"
-    r = cli("consume", "q", "--raw", "--json", code=2)
+    r = cli("consume", "q", "--raw", "--into", "duckdb:x.duckdb:t", code=2)
     assert r.stderr == (
         b"Error: --raw writes payloads to stdout: it does not combine with --json, --into "
         b"or --exec\n"
     )
+    r = cli("consume", "q", "--raw", "--json", code=2)  # said as --json asks
+    assert json.loads(r.stderr) == {
+        "error": "usage",
+        "message": "--raw writes payloads to stdout: it does not combine with --json, --into "
+        "or --exec",
+        "exit_code": 2,
+    }
 
 
 def test_prefetched_messages_never_shown_do_not_count_as_attempts(cli: Cli) -> None:

@@ -144,3 +144,17 @@ def test_a_delimiter_goes_with_raw(cli: Cli) -> None:
         b"Error: --delimiter goes with --raw (text and JSON lines end with a newline)\n"
     )
     assert cli("consume", "q", "--raw", "--delimiter", "\\0").stdout == b"x\0"
+
+
+def test_under_json_an_error_is_a_json_line(cli: Cli) -> None:
+    cli("queue", "list")  # made
+    for args in (("consume", "nope", "--json"), ("--json", "consume", "nope")):
+        done = cli(*args, code=4)
+        assert done.stdout == b""
+        assert json.loads(done.stderr) == {
+            "error": "queue_not_found",
+            "message": "queue 'nope' does not exist; create it with `eomsg queue create nope`",
+            "exit_code": 4,
+        }
+    plain = cli("consume", "nope", code=4)
+    assert plain.stderr.startswith(b"Error: queue 'nope' does not exist")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
-from eomsg.cli.output import say
+from eomsg.cli.output import print_json, say
 from eomsg.client.broker import Broker
 from eomsg.client.sync import Client, connect
 from eomsg.errors import (
@@ -125,23 +125,30 @@ def open_secret(path: Path, what: str) -> int:
         raise UsageError(f"cannot make {what} {path}: {e.strerror}") from e
 
 
-def fail(message: str, code: ExitCode) -> typer.Exit:
-    """Print ``Error: message`` on stderr, literally, and return the Exit to raise."""
-    say(f"Error: {message}", err=True)
+def fail(message: str, code: ExitCode, *, kind: str = "error", as_json: bool = False) -> typer.Exit:
+    """Print ``Error: message`` on stderr, literally — or with ``as_json`` the line
+    ``{"error": KIND, "message": …, "exit_code": N}`` — and return the Exit to raise."""
+    if as_json:
+        print_json({"error": kind, "message": message, "exit_code": int(code)}, err=True)
+    else:
+        say(f"Error: {message}", err=True)
     return typer.Exit(int(code))
 
 
 def handles_errors(fn: Callable[P, R]) -> Callable[P, R]:
-    """Decorate a command so an EomsgError becomes ``Error: …`` and its exit code."""
+    """Decorate a command so an EomsgError becomes ``Error: …`` (a JSON line on stderr
+    under ``--json``, naming the error's code) and its exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        as_json = bool(kwargs.get("json"))
         try:
             return fn(*args, **kwargs)
         except NotAllowed as e:  # said as what the user ran, which the node cannot know
-            raise fail(f"{Globals.command or 'eomsg'}: {e.message}", e.exit_code) from e
+            said = f"{Globals.command or 'eomsg'}: {e.message}"
+            raise fail(said, e.exit_code, kind=e.code, as_json=as_json) from e
         except EomsgError as e:
-            raise fail(e.message, e.exit_code) from e
+            raise fail(e.message, e.exit_code, kind=e.code, as_json=as_json) from e
 
     return wrapper
 

@@ -55,9 +55,9 @@ def say(text: str, *, err: bool = False) -> None:
     (sys.stderr if err else sys.stdout).write(shown(text) + "\n")
 
 
-def print_json(obj: Any) -> None:
-    """One JSON document on one line of stdout."""
-    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+def print_json(obj: Any, *, err: bool = False) -> None:
+    """One JSON document on one line of stdout (stderr with ``err``)."""
+    (sys.stderr if err else sys.stdout).write(json.dumps(obj, ensure_ascii=False) + "\n")
 
 
 @functools.cache
