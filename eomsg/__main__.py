@@ -1,5 +1,5 @@
 """``python -m eomsg``: the ``eomsg`` command."""
 
-from eomsg.cli.app import main
+from eomsg.cli import main
 
 main()

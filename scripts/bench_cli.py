@@ -1,8 +1,9 @@
 """Start-up of the command line: the wall time of whole ``eomsg`` processes.
 
-  cli  the median wall time of ``eomsg --help``, ``eomsg publish`` and ``eomsg inspect
-       queues``, the last two through a node (``eomsg serve``) on a temporary data
-       directory, each run ``n`` times; also which heavy modules each loaded
+  cli  the median wall time of ``eomsg --version``, ``eomsg --help``, ``eomsg publish``
+       and ``eomsg inspect queues``, the last two through a node (``eomsg serve``) on a
+       temporary data directory, each run ``n`` times; also which heavy modules each
+       loaded
 
 A command through a running node should load neither the store (DuckDB, Arrow) nor
 Spark nor an application database's driver: ``loaded`` lists those a run imported (read
@@ -25,6 +26,7 @@ from pathlib import Path
 SCENARIOS = ("cli",)
 HEAVY = ("duckdb", "pyarrow", "psycopg", "pyspark", "pandas")
 COMMANDS = {
+    "version": ["--version"],
     "help": ["--help"],
     "publish": ["publish", "bench/cli", "hello"],
     "inspect queues": ["inspect", "queues"],

@@ -9,6 +9,7 @@ import pty
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -158,3 +159,16 @@ def test_under_json_an_error_is_a_json_line(cli: Cli) -> None:
         }
     plain = cli("consume", "nope", code=4)
     assert plain.stderr.startswith(b"Error: queue 'nope' does not exist")
+
+
+def test_version_is_answered_without_loading_the_commands(eomsg_bin: str) -> None:
+    from importlib.metadata import version
+
+    done = subprocess.run([eomsg_bin, "--version"], capture_output=True, text=True, check=True)
+    assert done.stdout == f"eomsg {version('eomsg')}\n"
+    probe = (
+        "import sys; sys.argv = ['eomsg', '--version']; from eomsg.cli import main; main(); "
+        "print(sorted(m for m in sys.modules if m.startswith(('eomsg.cli.', 'typer', 'rich'))))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines()[-1] == "[]"
