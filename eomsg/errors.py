@@ -120,6 +120,13 @@ class QueueNotFound(EomsgError):
     exit_code = ExitCode.NOT_FOUND
 
 
+class ContextNotFound(EomsgError):
+    """No context of that name is in the user's contexts file (``eomsg context``)."""
+
+    code = "context_not_found"
+    exit_code = ExitCode.NOT_FOUND
+
+
 class LinkNotFound(EomsgError):
     """No link to the named node exists."""
 

@@ -40,6 +40,10 @@ def pytest_configure(config: pytest.Config) -> None:
     a user's Ctrl-C does, would wait for it in vain."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The user's own contexts (eomsg context use) must not send the tests' commands to
+    # one of their nodes: every test, and every process it starts, sees an empty config.
+    os.environ["XDG_CONFIG_HOME"] = str(config.rootpath / ".pytest_cache" / "config")
+    os.environ.pop("EOMSG_CONTEXT", None)
 
 
 class FakeClock:

@@ -44,7 +44,7 @@ def test_command_has_help_and_docs(name: str, command: Any) -> None:
 
 
 GLOBAL = {"--data", "--json", "--broker", "--token", "--tls-ca", "--via", "--init", "--help"}
-GLOBAL |= {"--node-name"}
+GLOBAL |= {"--node-name", "--context"}
 
 
 def section(name: str) -> str:

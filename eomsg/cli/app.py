@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from eomsg.cli import access, config, inspect, link, node, queue
+from eomsg.cli import access, config, context, inspect, link, node, queue
 from eomsg.cli.common import DEFAULT_DATA, Globals
 from eomsg.cli.consume import consume
 from eomsg.cli.publish import publish
@@ -15,6 +15,7 @@ from eomsg.cli.recover import recover
 from eomsg.cli.replay import spark_replay
 from eomsg.cli.root import (
     BROKER_HELP,
+    CONTEXT_HELP,
     INIT_HELP,
     NODE_NAME_HELP,
     TLS_CA_HELP,
@@ -51,6 +52,7 @@ app.add_typer(link.app, name="link")
 app.add_typer(inspect.app, name="inspect")
 app.add_typer(config.app, name="config")
 app.add_typer(node.app, name="node")
+app.add_typer(context.app, name="context")
 app.add_typer(access.app, name="user")
 
 
@@ -95,6 +97,10 @@ def root(
         str | None,
         typer.Option("--node-name", envvar="EOMSG_NODE_NAME", metavar="NAME", help=NODE_NAME_HELP),
     ] = None,
+    context: Annotated[
+        str | None,
+        typer.Option("--context", envvar="EOMSG_CONTEXT", metavar="NAME", help=CONTEXT_HELP),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Machine-readable JSON output.")] = False,
 ) -> None:
     """Durable, exactly-once messaging for applications that keep their own databases.
@@ -103,6 +109,7 @@ def root(
     given in both places, the one after the name counts."""
     Globals.broker, Globals.token, Globals.init = broker, token, init
     Globals.tls_ca, Globals.via, Globals.node_name = tls_ca, via, node_name
+    Globals.context = context
 
 
 def main() -> None:

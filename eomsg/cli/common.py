@@ -168,6 +168,7 @@ class Globals:
     via: str | None = None
     init: bool = False
     node_name: str | None = None
+    context: str | None = None  # --context, env EOMSG_CONTEXT (eomsg.cli.context)
     command: str | None = None  # the command running ("eomsg queue purge")
 
 
@@ -190,6 +191,9 @@ def open_broker(data: Path, *, view: bool = False) -> Iterator[Broker]:
     Embedded, the command lends the directory through its socket while it runs: for
     looking only, or — a ``view``, which itself changes nothing (``eomsg top``) — whole,
     so that the writers it would otherwise turn away go through it as through a node."""
+    from eomsg.cli.context import apply_context
+
+    apply_context()
     name = f"eomsg-cli:{os.getpid()}"
     via = Globals.via
     if Globals.broker is not None:
@@ -263,6 +267,9 @@ def _embedded(data: Path, name: str, view: bool, stack: contextlib.ExitStack) ->
 def open_served(data: Path) -> Iterator[Client]:
     """A client of the running node (``--broker``, or the one serving ``data``), never an
     embedded one: for what asks whether a node is up. Unavailable if none answers."""
+    from eomsg.cli.context import apply_context
+
+    apply_context()
     name = f"eomsg-cli:{os.getpid()}"
     if Globals.broker is not None:
         with _named(Globals.broker, name) as named:

@@ -35,6 +35,10 @@ INIT_HELP = (
     "Create the data directory if it does not exist (env EOMSG_INIT=1); without it only "
     "`eomsg serve` does, so a mistyped --data is an error, not a new directory."
 )
+CONTEXT_HELP = (
+    "Reach the node as context NAME says (env EOMSG_CONTEXT; default: the one `eomsg "
+    "context use` chose): its broker, token file and CA, unless given here."
+)
 NODE_NAME_HELP = (
     "The node's name among linked nodes (env EOMSG_NODE_NAME), as `eomsg serve "
     "--node-name`: what a data directory made now (--init) is named, or one opened here is "
@@ -44,7 +48,7 @@ NODE_NAME_HELP = (
 # it; compact and salvage need one that exists).
 OFFLINE = {"serve", "compact", "salvage"}
 # What every other command takes.
-CLIENT_GLOBALS = ("broker", "token", "tls_ca", "via", "init", "node_name")
+CLIENT_GLOBALS = ("broker", "token", "tls_ca", "via", "init", "node_name", "context")
 
 
 def _set(attribute: str) -> Any:
