@@ -172,3 +172,15 @@ def test_version_is_answered_without_loading_the_commands(eomsg_bin: str) -> Non
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.splitlines()[-1] == "[]"
+
+
+def test_completion_for_a_shell_typer_does_not_know_is_refused(eomsg_bin: str) -> None:
+    for args in (["--show-completion", "tcsh"], ["--install-completion=csh"]):
+        done = subprocess.run([eomsg_bin, *args], capture_output=True, text=True)
+        shell = args[-1].split("=")[-1]
+        assert (done.returncode, done.stdout) == (2, "")
+        assert done.stderr == (
+            f"Error: no completion for {shell!r}: bash, zsh, fish, powershell, pwsh\n"
+        )
+    bash = subprocess.run([eomsg_bin, "--show-completion", "bash"], capture_output=True, text=True)
+    assert bash.returncode == 0 and "_eomsg_completion" in bash.stdout

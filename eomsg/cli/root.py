@@ -98,6 +98,21 @@ def _plain_help(param: Any) -> None:
         param.metavar = _METAVARS.get(name) or ("N" if param.bare_type() == "int" else name.upper())
 
 
+COMPLETION_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
+
+
+def _completion_shell(words: list[str]) -> str | None:
+    """The shell ``--show-completion SHELL`` or ``--install-completion SHELL`` names."""
+    for i, word in enumerate(words):
+        option, _, value = word.partition("=")
+        if option in ("--show-completion", "--install-completion"):
+            if value:
+                return value
+            following = words[i + 1] if i + 1 < len(words) else ""
+            return following if following and not following.startswith("-") else None
+    return None
+
+
 def _leaves(group: TyperGroup) -> Iterator[tuple[str, Any]]:
     for name, command in group.commands.items():
         if isinstance(command, TyperGroup):
@@ -130,6 +145,12 @@ class EomsgGroup(TyperGroup):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run the command line; a usage error is ``Error: …`` on one line, exit 2."""
         standalone = kwargs.pop("standalone_mode", True)
+        words = list(args[0] if args else kwargs.get("args") or sys.argv[1:])
+        shell = _completion_shell(words)
+        if shell is not None and shell not in COMPLETION_SHELLS:
+            # typer would print (or install) bash's script for a shell it does not know
+            say(f"Error: no completion for {shell!r}: {', '.join(COMPLETION_SHELLS)}", err=True)
+            return self._exit(ExitCode.USAGE, standalone)
         try:
             code = super().main(*args, **{**kwargs, "standalone_mode": False})
         except typer.TyperException as e:  # click's ClickException: a usage error
