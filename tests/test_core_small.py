@@ -105,15 +105,26 @@ def test_rates_are_the_change_since_the_oldest_note_within_a_minute() -> None:
     r.note(0.0, {"a": (0, 0)})
     r.note(0.5, {"a": (50, 0)})  # within a second of the last note: not kept
     assert r.rates(0.5, {"a": (50, 0)}) == {}  # no note a second old yet
-    assert r.rates(10.0, {"a": (100, 40), "b": (5, 5)}) == {"a": (10.0, 4.0)}  # b: not noted
+    # b, lacking from the note of 0.0, was made since: all it took counts, over 10 s
+    assert r.rates(10.0, {"a": (100, 40), "b": (5, 5)}) == {"a": (10.0, 4.0), "b": (0.5, 0.5)}
     for t in range(1, 200):
         r.note(float(t), {"a": (t * 3, t)})
     assert r.rates(200.0, {"a": (600, 200)}) == {"a": (3.0, 1.0)}
     assert r.rates(200.0 + WINDOW + 5, {"a": (600, 200)}) == {}  # every note too old now
-    later = Rates()  # a queue made after the first note: its rate from the first with it
+    later = Rates()  # a queue made after the first note: from the last note without it
     later.note(0.0, {"a": (0, 0)})
-    later.note(2.0, {"a": (0, 0), "b": (0, 0)})
-    assert later.rates(4.0, {"a": (8, 0), "b": (6, 2)}) == {"a": (2.0, 0.0), "b": (3.0, 1.0)}
+    later.note(2.0, {"a": (0, 0), "b": (2003, 2003)})  # made and filled within a tick
+    assert later.rates(4.0, {"a": (8, 0), "b": (2003, 2003)}) == {
+        "a": (2.0, 0.0),
+        "b": (2003 / 4, 2003 / 4),  # not 0.0: what passed before its first note counts
+    }
+    assert later.rates(1.5, {"b": (10, 0)}) == {"b": (10 / 1.5, 0.0)}
+    assert later.rates(0.5, {"b": (10, 0)}) == {}  # no note a second old yet
+    again = Rates()  # deleted and made again under its name: from the note that lacks it
+    again.note(0.0, {"q": (500, 500)})
+    again.note(2.0, {})
+    again.note(3.0, {"q": (0, 0)})
+    assert again.rates(6.0, {"q": (12, 0)}) == {"q": (3.0, 0.0)}
 
 
 @given(st.dictionaries(st.text(), st.text(), min_size=1))

@@ -30,21 +30,27 @@ class Rates:
 
     def rates(self, now: float, totals: Totals) -> dict[str, tuple[float, float]]:
         """In and out per second for each queue in ``totals``, since the oldest note
-        that has it (at most a window ago, at least EVERY seconds ago); none for a queue
-        no such note has. A queue made after the oldest note gets its rate from a later
-        one, not after a whole window."""
+        that has it (at most a window ago, at least EVERY seconds ago). A queue that a
+        note within that span lacks did not exist then: its totals were nothing, so its
+        rate runs from the latest such note — what passed through it before it was
+        first noted counts (a queue made and filled within a tick showed 0.0 for a
+        minute). None for a queue no note in the span has or lacks."""
         found: dict[str, tuple[float, float]] = {}
+        made_after: dict[str, float] = {}  # queue -> the latest note from before it was
         for then, old in self._notes:  # oldest first
-            if len(found) == len(totals):
-                break
             span = now - then
             if not EVERY <= span <= WINDOW + EVERY:
                 continue
             for name, (arrived, deleted) in totals.items():
-                if name not in found and name in old:
-                    before = old[name]
+                before = old.get(name)
+                if before is None:
+                    made_after[name] = then
+                elif name not in found and name not in made_after:
                     found[name] = (
                         max(0, arrived - before[0]) / span,
                         max(0, deleted - before[1]) / span,
                     )
+        for name, then in made_after.items():
+            arrived, deleted = totals[name]
+            found[name] = (arrived / (now - then), deleted / (now - then))
         return found
