@@ -1,7 +1,8 @@
 """eomsg: durable, exactly-once messaging for applications that keep their own databases.
 
 ``eomsg.connect(...)`` talks to a running node (``eomsg serve``);
-``eomsg.LocalClient.open(...)`` embeds one in this process. Both are an
+``eomsg.LocalClient.open(...)`` embeds one in this process; ``eomsg.open_dir(DIR)`` does
+what the command line does: the node serving DIR, else DIR embedded. Both are an
 :class:`eomsg.Broker`: the same operations, consumers, elections and transactions.
 ``broker.transaction(resources=[eomsg.DuckDBResource(app)])`` publishes, deletes and
 changes the application's database atomically.
@@ -38,6 +39,7 @@ _HOMES = {
     "TxnInfo": "eomsg.core.txn",
     "connect": "eomsg.client.sync",
     "connect_async": "eomsg.client.aio",
+    "open_dir": "eomsg.embedded.reach",
     "recover_resource": "eomsg.client.transaction",
 }
 
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from eomsg.core.queues import QueueConfig
     from eomsg.core.txn import TxnInfo
     from eomsg.embedded.local import LocalClient
+    from eomsg.embedded.reach import open_dir
     from eomsg.node.node import Node, NodeSettings
     from eomsg.wire.tls import ClientTls
 
@@ -97,5 +100,6 @@ __all__ = [
     "TxnInfo",
     "connect",
     "connect_async",
+    "open_dir",
     "recover_resource",
 ]

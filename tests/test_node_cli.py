@@ -13,6 +13,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from eomsg.wire.events import PROTOCOL_VERSION
 from tests.conftest import Cli, NodeProcess
 
@@ -184,3 +186,21 @@ def test_completion_for_a_shell_typer_does_not_know_is_refused(eomsg_bin: str) -
         )
     bash = subprocess.run([eomsg_bin, "--show-completion", "bash"], capture_output=True, text=True)
     assert bash.returncode == 0 and "_eomsg_completion" in bash.stdout
+
+
+def test_open_dir_finds_the_node_as_the_command_line_does(
+    serve: Callable[..., NodeProcess], data_dir: Path
+) -> None:
+    import eomsg
+    from eomsg.errors import DataDirError
+
+    with pytest.raises(DataDirError):  # made only when asked
+        eomsg.open_dir(data_dir)
+    with eomsg.open_dir(data_dir, create=True) as here:  # no node: embedded
+        assert here.embedded
+        here.create_queue(eomsg.QueueConfig("q", subscriptions=("q/>",)))
+        here.publish("q/a", b"1", ttl="1h")
+    serve()
+    with eomsg.open_dir(data_dir) as served:  # a node serves it: through the node
+        assert not served.embedded
+        assert [d.message.payload for d in served.fetch("q", 5)] == [b"1"]
