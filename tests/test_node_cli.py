@@ -204,3 +204,29 @@ def test_open_dir_finds_the_node_as_the_command_line_does(
     with eomsg.open_dir(data_dir) as served:  # a node serves it: through the node
         assert not served.embedded
         assert [d.message.payload for d in served.fetch("q", 5)] == [b"1"]
+
+
+def test_queue_names_complete_from_the_running_node_only(
+    cli: Cli,
+    serve: Callable[..., NodeProcess],
+    eomsg_bin: str,
+    cli_env: dict[str, str],
+    data_dir: Path,
+) -> None:
+    cli("queue", "create", "orders", "--subscribe", "o/>")
+    cli("queue", "create", "audit", "--subscribe", "a/>")
+
+    def complete(words: str) -> list[str]:
+        env = {**cli_env, "_EOMSG_COMPLETE": "complete_bash", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split(" ")) - 1)}  # fmt: skip
+        done = subprocess.run([eomsg_bin], env=env, capture_output=True, text=True, timeout=60)
+        assert (done.returncode, done.stderr) == (0, "")
+        return done.stdout.split()
+
+    assert complete("eomsg consume o") == []  # no node: the directory is never opened here
+    node = serve()
+    assert complete("eomsg consume o") == ["orders"]
+    assert sorted(complete("eomsg queue purge ")) == ["audit", "orders"]
+    assert complete("eomsg browse x") == []
+    node.stop()
+    assert complete("eomsg inspect flows ") == []  # a node gone: nothing, and no trace

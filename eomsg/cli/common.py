@@ -296,6 +296,23 @@ def _named(broker: str, name: str) -> Client:
     return connect(broker, token=Globals.token, name=name, tls=tls, via=Globals.via)
 
 
+def complete_queue(ctx: typer.Context, incomplete: str) -> list[str]:
+    """Shell completion of a queue's name: those of the node serving ``--data`` (or
+    ``--broker``) that start with what was typed. Only a running node is asked — never
+    the directory opened here, which would hold it from the node — and anything that
+    goes wrong completes nothing."""
+    data = Path(ctx.params.get("data") or os.environ.get("EOMSG_DATA") or DEFAULT_DATA)
+    broker = os.environ.get("EOMSG_BROKER")
+    try:
+        if broker is None and not socket_path(data).exists():
+            return []
+        token = os.environ.get("EOMSG_TOKEN")
+        with connect(broker or data, token=token, name="eomsg-complete", timeout=2.0) as c:
+            return [name for name in c.queue_names() if name.startswith(incomplete)]
+    except Exception:  # a completion must never print a traceback into the prompt
+        return []
+
+
 def _check_name(client: Client, data: Path) -> None:
     wanted = Globals.node_name
     if wanted is not None and client.node != wanted:

@@ -28,6 +28,7 @@ from eomsg.cli.common import (
     SEQ_MAX,
     DataOption,
     JsonOption,
+    complete_queue,
     handles_errors,
     open_broker,
     open_served,
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
 
 @handles_errors
 def consume(
-    queue: Annotated[str, typer.Argument(help="Queue to consume from.")],
+    queue: Annotated[
+        str, typer.Argument(help="Queue to consume from.", autocompletion=complete_queue)
+    ],
     max: Annotated[
         int | None, typer.Option("--max", min=1, max=SEQ_MAX, help="Stop after this many messages.")
     ] = None,

@@ -18,6 +18,7 @@ from eomsg.cli.common import (
     SEQ_MAX,
     DataOption,
     JsonOption,
+    complete_queue,
     handles_errors,
     open_broker,
 )
@@ -140,7 +141,10 @@ def _rate(per_second: float | None) -> str:
 @app.command()
 @handles_errors
 def flows(
-    queue: Annotated[str | None, typer.Argument(help="Queue (default: every queue).")] = None,
+    queue: Annotated[
+        str | None,
+        typer.Argument(help="Queue (default: every queue).", autocompletion=complete_queue),
+    ] = None,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
@@ -388,7 +392,9 @@ def _follow(
 
 @handles_errors
 def browse(
-    queue: Annotated[str, typer.Argument(help="Queue to look into.")],
+    queue: Annotated[
+        str, typer.Argument(help="Queue to look into.", autocompletion=complete_queue)
+    ],
     from_seq: Annotated[int, typer.Option(min=0, max=SEQ_MAX, help="First sequence number.")] = 0,
     limit: Annotated[int, typer.Option(min=1, max=100_000, help="At most this many.")] = 20,
     data: DataOption = DEFAULT_DATA,

@@ -13,6 +13,7 @@ from eomsg.cli.common import (
     SEQ_MAX,
     DataOption,
     JsonOption,
+    complete_queue,
     fail,
     handles_errors,
     open_broker,
@@ -120,7 +121,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 @app.command()
 @handles_errors
 def subscribe(
-    name: Annotated[str, typer.Argument(help="Queue name.")],
+    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
     pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -132,7 +133,7 @@ def subscribe(
 @app.command()
 @handles_errors
 def unsubscribe(
-    name: Annotated[str, typer.Argument(help="Queue name.")],
+    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
     pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -171,7 +172,7 @@ def _confirm(question: str, yes: bool) -> None:
 @app.command()
 @handles_errors
 def purge(
-    name: Annotated[str, typer.Argument(help="Queue name.")],
+    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
     yes: YesOption = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -191,7 +192,7 @@ def purge(
 @app.command()
 @handles_errors
 def delete(
-    name: Annotated[str, typer.Argument(help="Queue name.")],
+    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
     force: Annotated[
         bool, typer.Option("--force", help="Delete even if it holds messages.")
     ] = False,
@@ -218,7 +219,11 @@ REQUEUE_BATCH = 10_000  # messages moved per commit by `queue requeue`
 @handles_errors
 def requeue(
     name: Annotated[
-        str, typer.Argument(help="Queue to move messages out of (a dead-letter queue).")
+        str,
+        typer.Argument(
+            help="Queue to move messages out of (a dead-letter queue).",
+            autocompletion=complete_queue,
+        ),
     ],
     to: Annotated[
         str | None,
@@ -265,7 +270,7 @@ def _active_limit(c: QueueConfig) -> str:
 @app.command()
 @handles_errors
 def unbind(
-    name: Annotated[str, typer.Argument(help="Queue name.")],
+    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
     flow: Annotated[int, typer.Argument(help="Flow id (see `eomsg inspect flows`).")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
