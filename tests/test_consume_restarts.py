@@ -94,3 +94,28 @@ def test_timeout_stops_a_waiting_consumer_after_a_quiet_spell(
     assert [json.loads(x)["payload"] for x in done.stdout.splitlines()] == ["m0", "m1", "m2"]
     assert time.monotonic() - started >= 1  # it waited for more before it stopped
     assert cli("consume", "q", "--timeout", "0.2").stdout == b""
+
+
+def test_timeout_also_bounds_the_wait_for_a_node_that_went_away(
+    cli: Cli, serve: Callable[..., NodeProcess], eomsg_bin: str, cli_env: dict[str, str]
+) -> None:
+    cli("queue", "create", "q", "--subscribe", "q/>")
+    node = serve()
+    waiting = subprocess.Popen(
+        [eomsg_bin, "consume", "q", "--timeout", "2"], env=cli_env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert eventually(
+            lambda: json.loads(cli("inspect", "queues", "--json").stdout)[0]["flows"] == 1
+        )
+        assert node.proc is not None
+        node.proc.kill()
+        node.proc.wait(30)
+        _, err = waiting.communicate(timeout=60)  # not for ever: the node stays away
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+            waiting.wait()
+    assert waiting.returncode == 9, err
+    assert err.startswith("warning: lost the node (") and err.count("Error: ") == 1

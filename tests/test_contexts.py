@@ -24,12 +24,14 @@ def ctx(
     of its own: only a context (or an option) says where the node is."""
     env = {**cli_env, "XDG_CONFIG_HOME": str(tmp_path / "config")}
     env.pop("EOMSG_INIT")
-    env["EOMSG_DATA"] = str(tmp_path / "nowhere")
+    env.pop("EOMSG_DATA")  # ./eomsg-data, which does not exist where they run
+    (tmp_path / "cwd").mkdir()
 
     def run(*args: str, code: int = 0, **more: str) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [eomsg_bin, *args], env={**env, **more}, capture_output=True, text=True, timeout=60
-        )
+            [eomsg_bin, *args], env={**env, **more}, capture_output=True, text=True,
+            timeout=60, cwd=tmp_path / "cwd",
+        )  # fmt: skip
         assert done.returncode == code, (args, done.stdout, done.stderr)
         return done
 
@@ -47,6 +49,7 @@ def test_a_context_reaches_its_node_without_options(
     ctx: Callable[..., subprocess.CompletedProcess[str]],
     serve: Callable[..., NodeProcess],
     tmp_path: Path,
+    data_dir: Path,
 ) -> None:
     node = serve("--node-name", "prod")
     token = owner_file(tmp_path / "prod.token", node.token)
@@ -72,6 +75,14 @@ def test_a_context_reaches_its_node_without_options(
     assert stat.S_IMODE(config.stat().st_mode) == 0o700
     assert stat.S_IMODE((config / "contexts.json").stat().st_mode) == 0o600
     assert node.token not in (config / "contexts.json").read_text()
+    # A directory named on the command line or in the environment is that directory's
+    # node, not the current context's.
+    through = ctx("--data", str(data_dir), "ping").stdout  # the directory's socket
+    assert through.startswith(f"pong from prod at unix://{data_dir}/eomsg.sock")
+    assert ctx("ping").stdout.startswith("pong from prod at tcp://")  # the context's
+    assert ctx("ping", EOMSG_DATA=str(tmp_path / "elsewhere"), code=9).stderr.startswith(
+        f"Error: no node serves {tmp_path / 'elsewhere'}"
+    )
     assert ctx("context", "use", "--none").stdout == "using no context\n"
     ctx("ping", code=9)
     assert ctx("context", "remove", "prod").stdout == "removed context prod\n"
@@ -102,8 +113,17 @@ def test_what_a_context_cannot_be_is_refused_in_one_line(
     contexts.chmod(0o644)
     assert "the contexts file" in ctx("context", "list", code=3).stderr
     contexts.chmod(0o600)
-    contexts.write_text("{not json")
-    assert ctx("context", "list", code=3).stderr.startswith(
-        f"Error: the contexts file {contexts} is not one eomsg wrote"
-    )
+    for damaged in (
+        "{not json",
+        '{"current": ["x"], "contexts": {}}',
+        '{"current": "x", "contexts": {"x": {"broker": 5}}}',
+        '{"current": null, "contexts": {"x": {"broker": "tcp://h:1", "via": 9}}}',
+        '{"current": "y", "contexts": {}}',
+        "[" * 100_000,
+    ):
+        contexts.write_text(damaged)
+        for args in (("context", "list"), ("ping",)):
+            assert ctx(*args, code=3).stderr.startswith(
+                f"Error: the contexts file {contexts} is not one eomsg wrote"
+            ), damaged[:40]
     ctx("context", "use", code=2)  # a name or --none

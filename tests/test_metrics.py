@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -98,7 +99,7 @@ def test_only_a_token_that_may_inspect_the_node_scrapes(
     [
         (("--metrics", "tcp://0.0.0.0:0"), "not a loopback address; add --allow-remote"),
         (("--metrics", "unix:///tmp/m.sock"), "give tcp://HOST:PORT"),
-        (("--metrics", "nonsense"), ""),
+        (("--metrics", "nonsense"), "must start with unix://, tcp:// or tls://"),
     ],
 )
 def test_metrics_listen_where_the_rules_allow(
@@ -140,3 +141,42 @@ def test_links_are_scraped_with_their_state_and_connects(
         assert (again["eomsg_link_up", peer], again["eomsg_link_connects_total", peer]) == (1, 2)
     finally:
         nodes.close()
+
+
+def test_a_flood_of_slow_connections_costs_the_node_nothing(
+    cli: Cli, serve: Callable[..., NodeProcess]
+) -> None:
+    """Connections that trickle a request are held to a few at a time (the rest answered
+    503 and closed): the node keeps serving its clients, and scrapes come back once the
+    flood is gone."""
+    from eomsg.server.metrics import MAX_SCRAPES
+
+    node = serve(*METRICS)
+    assert node.metrics is not None
+    port = int(node.metrics.split(":")[2].split("/")[0])
+    slow = []
+    try:
+        for _ in range(MAX_SCRAPES + 4):
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")  # and never the end
+            slow.append(s)
+        assert eventually(lambda: scrape(node.metrics or "", node.token)[0] == 503, 60)
+        assert cli("ping").returncode == 0
+        cli("queue", "create", "q", "--subscribe", "q/>")
+    finally:
+        for s in slow:
+            s.close()
+    assert eventually(lambda: scrape(node.metrics or "", node.token)[0] == 200, 60)
+
+
+def test_off_loopback_the_nodes_own_token_is_refused(
+    cli: Cli, serve: Callable[..., NodeProcess]
+) -> None:
+    node = serve("--metrics", "tcp://0.0.0.0:0", "--allow-remote")
+    assert node.metrics is not None
+    url = node.metrics.replace("0.0.0.0", "127.0.0.1")
+    status, why = scrape(url, node.token)
+    assert status == 403 and "not taken over plain HTTP off loopback" in why
+    token = json.loads(cli("user", "add", "prom", "--json").stdout)["token"]
+    cli("grant", "prom", "inspect", "--node")
+    assert scrape(url, token)[0] == 200

@@ -47,6 +47,8 @@ def before_the_name(ctx: typer.Context, param: typer.CallbackParam, value: Any) 
     given before it (``eomsg --data d queue list``), else its environment or default."""
     name, root = param.name or "", ctx.find_root()
     Globals.command = ctx.command_path  # what this process is, if it holds a directory
+    if name == "data" and any(_said(c, name) for c in (ctx, root) if name in c.params):
+        Globals.data_given = True  # a directory named: it, not the current context
     if _given(ctx, name) or name not in root.params or not _given(root, name):
         return value
     return root.params[name]
@@ -55,6 +57,12 @@ def before_the_name(ctx: typer.Context, param: typer.CallbackParam, value: Any) 
 def _given(ctx: Any, name: str) -> bool:
     source = ctx.get_parameter_source(name)
     return source is not None and source.name == "COMMANDLINE"
+
+
+def _said(ctx: Any, name: str) -> bool:
+    """Whether the command line or the environment gave ``name`` a value."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
 DataOption = Annotated[
@@ -169,6 +177,7 @@ class Globals:
     init: bool = False
     node_name: str | None = None
     context: str | None = None  # --context, env EOMSG_CONTEXT (eomsg.cli.context)
+    data_given: bool = False  # --data or EOMSG_DATA said: the current context stands aside
     command: str | None = None  # the command running ("eomsg queue purge")
 
 

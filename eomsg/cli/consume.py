@@ -173,7 +173,7 @@ def consume(
     waits = follow or timeout is not None
     last: FlowEvent | None = None
     left = max  # messages still to take (None: no limit)
-    outage = _Outage()
+    outage = _Outage(timeout)
     with handler:
         while left is None or left > 0:
             try:
@@ -254,23 +254,29 @@ class _Outage:
     """A waiting consumer whose node went away (killed, restarted, stopped): it connects
     again — to a running node only, never opening the directory itself, which the node
     is about to take back — after 0.1 s, then twice as long each time up to 1 s, saying
-    on stderr when it lost the node and when it has it again."""
+    on stderr when it lost the node and when it has it again. With ``--timeout``, an
+    outage longer than that ends it as the node's error (exit 9)."""
 
     FIRST, LONGEST = 0.1, 1.0
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
         self.connected = False  # once: a node that never answered is an error at once
         self.lost = False
+        self.since = 0.0  # when it was lost
         self.delay = self.FIRST
 
     def began(self, error: Unavailable) -> bool:
-        """The node went away (``error``): False if it never answered (give up); else
-        wait before the next attempt and say why, the first time, and True."""
+        """The node went away (``error``): False if it never answered, or has been gone
+        longer than the timeout (give up); else wait before the next attempt, say why
+        the first time, and True."""
         if not self.connected:
             return False
         if not self.lost:
             say(f"warning: lost the node ({error.message}); connecting again", err=True)
-            self.lost = True
+            self.lost, self.since = True, time.monotonic()
+        elif self.timeout is not None and time.monotonic() - self.since >= self.timeout:
+            return False
         time.sleep(self.delay)
         self.delay = min(2 * self.delay, self.LONGEST)
         return True

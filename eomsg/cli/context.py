@@ -58,10 +58,23 @@ def _load() -> dict[str, Any]:
     check_owner_only(path, "the contexts file")
     try:
         found = json.loads(path.read_text())
-        contexts = {n: Context(**c) for n, c in found.get("contexts", {}).items()}
-    except (ValueError, TypeError, AttributeError) as e:
+        contexts = {n: _context(c) for n, c in found.get("contexts", {}).items()}
+        current = found.get("current")
+        if not (current is None or current in contexts):
+            raise ValueError(f"the current context {current!r} is none of them")
+    except (ValueError, TypeError, AttributeError, RecursionError) as e:
         raise InvalidConfig(f"the contexts file {path} is not one eomsg wrote: {e}") from e
-    return {"current": found.get("current"), "contexts": contexts}
+    return {"current": current, "contexts": contexts}
+
+
+def _context(fields: dict[str, Any]) -> Context:
+    """A context as the file holds it: text fields (the broker one always), or nulls."""
+    context = Context(**fields)
+    if type(context.broker) is not str or not all(
+        v is None or type(v) is str for v in (context.token_file, context.tls_ca, context.via)
+    ):
+        raise ValueError("a context's fields are text")
+    return context
 
 
 def _save(state: dict[str, Any]) -> None:
@@ -84,7 +97,7 @@ def apply_context() -> None:
     state = _load() if Globals.context or config_file().exists() else None
     if state is None:
         return
-    name = Globals.context or state["current"]
+    name = Globals.context or (None if Globals.data_given else state["current"])
     if name is None:
         return
     context = state["contexts"].get(name)

@@ -57,8 +57,8 @@ def ping(
     """
     if count < 1:
         raise UsageError(f"--count must be 1 or more, not {count}")
-    if not interval >= 0:
-        raise UsageError(f"--interval must be 0 or more seconds, not {interval:g}")
+    if not 0 <= interval <= 3600:
+        raise UsageError(f"--interval must be 0 to 3600 seconds, not {interval:g}")
     with open_served(data) as client:
         for i in range(count):
             if i:

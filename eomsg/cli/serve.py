@@ -166,7 +166,7 @@ def serve(
     def ready(addresses: list[Address], scraped: Address | None) -> None:
         where = [str(a) for a in addresses]
         name = node.node_name
-        at = None if scraped is None else f"http://{scraped.host}:{scraped.port}/metrics"
+        at = None if scraped is None else f"http://{str(scraped).removeprefix('tcp://')}/metrics"
         if json:
             print_json(
                 {"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where,

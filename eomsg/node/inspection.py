@@ -11,7 +11,6 @@ snapshot under ``_lock`` and reads the store outside it; a job record is written
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -28,6 +27,7 @@ from eomsg.node.state import to_us
 from eomsg.store.store import Store
 
 LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
+MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a log's time may name
 
 
 class Inspection(Maintenance):
@@ -131,10 +131,10 @@ class Inspection(Maintenance):
         ``limit`` of them, or with ``newest`` the last ``limit``."""
         if limit < 1:
             raise InvalidConfig("limit must be at least 1")
-        if until is not None and not math.isfinite(until):
-            raise InvalidConfig("until must be a time (seconds since the epoch)")
+        if until is not None and not 0 <= until <= MAX_TIME:
+            raise InvalidConfig("until must be a time: seconds since the epoch, before 9999")
         regex = None if pattern is None else pattern_regex(pattern)
-        until_us = None if until is None else to_us(max(until, 0.0))
+        until_us = None if until is None else to_us(until)
         return self.store.log(
             regex, from_seq, limit, newest=newest, to_seq=to_seq, until_us=until_us
         )

@@ -16,8 +16,10 @@ on loopback unless ``--allow-remote``.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
+import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -85,13 +87,14 @@ class Metrics:
 
     def start(self, address: Address) -> Address:
         """Serve the endpoint on ``address`` (port 0 picks one); returns where."""
-        app = _authorised(make_wsgi_app(self.registry), self._server)
+        app = _authorised(make_wsgi_app(self.registry), self._server, address.is_loopback)
+        host = address.host or "127.0.0.1"
         try:
             http = make_server(
-                address.host or "127.0.0.1",
+                host,
                 address.port or 0,
                 app,
-                ThreadingWSGIServer,
+                _Endpoint6 if ":" in host else _Endpoint,
                 handler_class=_QuietHandler,
             )
         except OSError as e:
@@ -112,13 +115,17 @@ class Metrics:
             self._http = None
 
 
-def _authorised(app: Callable[..., Iterable[bytes]], server: Server) -> Callable[..., Any]:
-    """``app``, answering only a request whose bearer token may inspect the node."""
+def _authorised(
+    app: Callable[..., Iterable[bytes]], server: Server, loopback: bool
+) -> Callable[..., Any]:
+    """``app``, answering only a request whose bearer token may inspect the node. Off
+    loopback the node's own token is refused: plain HTTP would carry it, and it is good
+    for everything on the node — a principal granted ``inspect`` scrapes there."""
 
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         header = environ.get("HTTP_AUTHORIZATION", "")
         scheme, _, token = header.partition(" ")
-        refusal = _refusal(server, token.strip() if scheme.lower() == "bearer" else "")
+        refusal = _refusal(server, token.strip() if scheme.lower() == "bearer" else "", loopback)
         if refusal is not None:
             status, why = refusal
             start_response(
@@ -131,7 +138,7 @@ def _authorised(app: Callable[..., Iterable[bytes]], server: Server) -> Callable
     return guarded
 
 
-def _refusal(server: Server, token: str) -> tuple[str, str] | None:
+def _refusal(server: Server, token: str, loopback: bool) -> tuple[str, str] | None:
     """None if ``token`` may read the metrics; else the HTTP status and why not."""
     if not token:
         return "401 Unauthorized", (
@@ -139,7 +146,12 @@ def _refusal(server: Server, token: str) -> tuple[str, str] | None:
             "principal's granted inspect on the node)"
         )
     if hmac.compare_digest(token.encode(), server.token.encode()):
-        return None
+        if loopback:
+            return None
+        return "403 Forbidden", (
+            "the node's own token is not taken over plain HTTP off loopback: scrape with a "
+            "principal's (eomsg user add prom; eomsg grant prom inspect --node)"
+        )
     node = server.node
     principal = node.principal_of(token)
     if principal is None:
@@ -149,6 +161,57 @@ def _refusal(server: Server, token: str) -> tuple[str, str] | None:
     except NotAllowed as e:
         return "403 Forbidden", e.message
     return None
+
+
+MAX_SCRAPES = 8  # connections served at once; more are answered 503 and closed
+REQUEST_DEADLINE = 30.0  # seconds a connection may take, however it trickles
+
+
+class _Endpoint(ThreadingWSGIServer):
+    """prometheus_client's threaded server, held to :data:`MAX_SCRAPES` connections at
+    once, each cut off after :data:`REQUEST_DEADLINE` seconds: a client that opens many
+    or sends slowly costs a few threads, never the node's file descriptors."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._slots = threading.BoundedSemaphore(MAX_SCRAPES)
+        super().__init__(*args, **kwargs)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.sendall(
+                    b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        deadline = threading.Timer(REQUEST_DEADLINE, _cut, (request,))
+        deadline.daemon = True
+        deadline.start()
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            deadline.cancel()
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics: a request from %s failed", client_address, exc_info=True)
+
+
+class _Endpoint6(_Endpoint):
+    address_family = socket.AF_INET6
+
+
+def _cut(request: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        request.shutdown(socket.SHUT_RDWR)
 
 
 class _QuietHandler(WSGIRequestHandler):
