@@ -76,3 +76,26 @@ def test_ack_deadlines_and_delays_follow_the_monotonic_clock(
         # 3 s — not an hour later (a wall-clock deadline an hour back).
         assert fetched_within(other, "short", 60) == [b"unacked"]
         assert b"delayed" in early or fetched_within(other, "long", 60) == [b"delayed"]
+
+
+def test_a_clock_set_back_across_a_restart_holds_nothing_given_back(
+    node: NodeProcess, clock: WallClock
+) -> None:
+    """Given back — at once (a consumer that went away) and with a 3 s delay — then the
+    clock is set back an hour and the node killed: the restarted node reads the due
+    times it recorded on the clock before the jump, and hands both out within their
+    delay, not an hour later (a chaos run's queue stood still for its whole drain)."""
+    with eomsg.connect(node.data_dir) as c:
+        c.create_queue(QueueConfig.create("q", ("q",), ack_timeout=600.0))
+        c.publish("q", b"now")
+        c.publish("q", b"delayed")
+        held = c.fetch("q", 2)
+        assert [d.message.payload for d in held] == [b"now", b"delayed"]
+        c.release("q", [held[0].key])
+        c.release("q", [held[1].key], delay=3.0)
+    clock.jump(-HOUR)
+    node.kill()
+    node.start()
+    with eomsg.connect(node.data_dir) as c:
+        assert fetched_within(c, "q", 60) == [b"now"]
+        assert fetched_within(c, "q", 60) == [b"delayed"]

@@ -58,4 +58,5 @@ def test_each_example_of_a_scripts_help_runs_as_shown(
         assert re.fullmatch(r"\d+ faults over [\d.]+ s", done.stdout.splitlines()[-1])
     else:
         found = json.loads(done.stdout)
-        assert found["seconds"] == float(SHORT) and found["crashes"] == 0
+        # it ran its time (finishing the session under way: a loaded machine overruns)
+        assert found["seconds"] >= float(SHORT) and found["crashes"] == 0

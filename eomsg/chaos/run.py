@@ -444,15 +444,20 @@ def _drain(
 
 def _standing(nodes: dict[str, _Node]) -> str:
     """Where a run that does not drain stands: each node's queues that hold messages
-    and its links that owe or are down (why, as the link last said), or why the node
-    cannot be asked."""
+    (how many in flight), its links that owe or are down (why, as the link last said)
+    and its prepared transactions, or why the node cannot be asked."""
     import eomsg
 
     said = []
     for name, node in nodes.items():
         try:
             with eomsg.connect(node.data) as client:
-                queues = [f"{s.name}={s.depth}" for s in client.stats() if s.depth]
+                queues = [
+                    f"{s.name}={s.depth}" + (f" ({s.in_flight} in flight)" if s.in_flight else "")
+                    for s in client.stats()
+                    if s.depth
+                ]
+                txns = client.txns()
                 links = [
                     f"{i.peer}:"
                     + ("up" if i.connected else f"down({i.error})")
@@ -463,7 +468,15 @@ def _standing(nodes: dict[str, _Node]) -> str:
         except EomsgError as e:
             said.append(f"{name}: cannot be asked ({e})")
             continue
-        said.append(f"{name}: queues {queues or 'empty'}, links {links or 'all up, owing nothing'}")
+        prepared = (
+            f", {len(txns)} transactions prepared ({sum(not t.connected for t in txns)} in doubt)"
+            if txns
+            else ""
+        )
+        said.append(
+            f"{name}: queues {queues or 'empty'}, links {links or 'all up, owing nothing'}"
+            + prepared
+        )
     return "; ".join(said)
 
 

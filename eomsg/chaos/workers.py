@@ -57,6 +57,7 @@ APPLIED = {
     "postgresql": ["""CREATE TABLE IF NOT EXISTS applied (
         n BIGSERIAL PRIMARY KEY, queue TEXT NOT NULL, id TEXT NOT NULL, txid TEXT)"""],
 }  # fmt: skip
+CREATING = 0x656F6D7367  # the PostgreSQL advisory lock held while making ``applied``
 RESOURCES = {  # eomsg's transaction resource for each kind
     "sqlite": "SQLiteResource", "duckdb": "DuckDBResource", "postgresql": "PostgresResource"
 }  # fmt: skip
@@ -71,8 +72,14 @@ def open_database(app: str) -> tuple[Any, str]:
     conn = open_app(kind, where)
     if kind == "sqlite":
         conn.execute("PRAGMA journal_mode=WAL")
-    for statement in APPLIED[kind]:
-        conn.execute(statement)
+    if kind == "postgresql":  # CREATE … IF NOT EXISTS races another worker's: take turns
+        conn.execute("SELECT pg_advisory_lock(%s)", [CREATING])
+    try:
+        for statement in APPLIED[kind]:
+            conn.execute(statement)
+    finally:
+        if kind == "postgresql":
+            conn.execute("SELECT pg_advisory_unlock(%s)", [CREATING])
     return conn, kind
 
 

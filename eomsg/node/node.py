@@ -40,7 +40,7 @@ from eomsg.node.links import Links
 from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
-from eomsg.node.state import Clock, PreparedTxn, QueueState, to_us
+from eomsg.node.state import RELEASED_AT, Clock, PreparedTxn, QueueState, to_us
 from eomsg.store.schema import SCHEMA_VERSION
 from eomsg.store.store import US, MiB, SettledCounts, Store
 from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
@@ -171,6 +171,14 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
         self._next_seq = store.last_seq() + 1
         self._durable_seq = self._next_seq - 1
         self._load_links(self.settings.node_name)
+        # Given back before the restart, due at a time of the clock it ran on: if the
+        # wall clock was set back since (NTP stepping it, a person setting it), move
+        # those times back as far, so none waits longer than its delay from now — or a
+        # message given back at once would wait out the jump. Never later, at worst
+        # sooner: a clock set ahead, or a release recorded behind the latest (a clock
+        # set back, twice restarted), makes a delayed one due early.
+        self._released_at = float(store.meta(RELEASED_AT) or 0.0)
+        behind = max(0.0, self._released_at - now)
         unread: dict[int, tuple[list[int], list[float | None]]] = {}
         for row in store.load_pending():
             q = self._by_id.get(row.queue_id)
@@ -187,7 +195,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
                 # again in seq order, or dead-lettered if that was its last attempt), not
                 # after an ack timeout that nobody can honour any more.
                 assert row.due_us is not None
-                due = row.due_us / US if row.released else min(now, row.due_us / US)
+                due = row.due_us / US - behind if row.released else min(now, row.due_us / US)
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
             self._by_id[queue_id].cursor.extend(seqs, expiries)

@@ -76,6 +76,7 @@ from eomsg.store.writer import RowBatch
 
 FREE_MARGIN = 256 << 20  # free bytes above the reserve past which a reading may stand
 FREE_FRESH = 0.02  # seconds a reading of the free space stands, that far above
+RELEASED_AT = "released_at"  # node_meta: the latest time a release was recorded at
 
 Clock = Callable[[], float]
 Notify = Callable[[FlowEvent], None]
@@ -184,6 +185,7 @@ class NodeState:
     _durable_seq: int  # the last seq whose commit is durable
     _settled_since_compaction: int
     _last_gc: float
+    _released_at: float  # the latest time a release was recorded at (see _record_releases)
     _dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
@@ -440,6 +442,12 @@ class NodeState:
         """Add releases (redeliveries, each with its due time) and settlements to
         ``batch``. Call with ``_lock`` held."""
         settlements = []
+        if any(isinstance(r, Release) for r in outcomes):
+            # With the releases, the latest time one was recorded at: a restart whose
+            # wall clock was set back since moves their due times back as far (Node.
+            # _recover), or a message given back at once would wait out the jump.
+            self._released_at = max(self._released_at, now)
+            batch.set_meta(RELEASED_AT, repr(self._released_at))
         for r in outcomes:
             if isinstance(r, Release) and r.unseen:
                 batch.add("returned", q.id, r.seq, r.attempt + 1, to_us(now))
