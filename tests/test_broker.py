@@ -241,6 +241,18 @@ def test_errors_travel_typed_and_leave_the_connection_usable(
         assert not client.publish("t/ok", b"ok").duplicate
 
 
+@pytest.mark.parametrize("delay", [float("nan"), float("inf"), 1e308, -1.0])
+def test_a_release_delay_out_of_range_is_refused_and_the_delivery_stays(
+    node: NodeProcess, data_dir: Path, delay: float
+) -> None:
+    with eomsg.connect(data_dir) as client:
+        client.publish("t/x", b"x")
+        (d,) = client.fetch("q", 1)
+        with pytest.raises(eomsg.errors.InvalidInput, match="release delay is 0 to"):
+            client.release("q", [d.key], delay=delay)
+        assert client.delete("q", [d.key]) == [True]  # still this client's, in flight
+
+
 def test_second_serve_names_the_running_one(
     node: NodeProcess, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:

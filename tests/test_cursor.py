@@ -4,6 +4,7 @@ unseen."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
-from eomsg.errors import NotInFlight, StaleDelivery
+from eomsg.errors import InvalidInput, NotInFlight, StaleDelivery
 
 ACK = 10.0
 
@@ -241,6 +242,17 @@ def test_delete_and_release_are_atomic() -> None:
     with pytest.raises(NotInFlight):
         c.release_many([(1, 1), (1, 1)], 0.0)
     assert c.in_flight == 1
+
+
+@pytest.mark.parametrize("delay", [math.nan, math.inf, -math.inf, -1.0, 1e308, 4e9])
+def test_a_release_delay_out_of_range_is_refused_changing_nothing(delay: float) -> None:
+    c = Cursor(ack_timeout=10)
+    c.append(1)
+    c.take(0.0, 1)
+    with pytest.raises(InvalidInput, match="release delay is 0 to"):
+        c.release_many([(1, 1)], 0.0, delay)
+    assert c.in_flight == 1
+    assert c.release_many([(1, 1)], 0.0, 0.0) == [Release(1, 1, 0.0)]
 
 
 def test_restore_then_append_rebuilds_the_same_queue() -> None:

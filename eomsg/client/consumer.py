@@ -115,7 +115,8 @@ class Received:
         return self._settle("delete", self.delivered, None)
 
     def release(self, delay: float = 0.0) -> Any:
-        """Give the message back, to be delivered again after ``delay`` seconds."""
+        """Give the message back, to be delivered again after ``delay`` seconds (0 to
+        100 years: InvalidInput otherwise)."""
         return self._settle("release", self.delivered, delay)
 
     def return_unseen(self) -> Any:

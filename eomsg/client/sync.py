@@ -269,7 +269,8 @@ class Client(Broker):
     def release(
         self, queue: str, keys: Sequence[Key], delay: float = 0.0, *, epoch: int = 0
     ) -> None:
-        """Give deliveries back for redelivery after ``delay`` seconds."""
+        """Give deliveries back for redelivery after ``delay`` seconds (0 to 100 years:
+        InvalidInput otherwise, and nothing is given back)."""
         self._run(self._ac.release(queue, list(keys), delay, epoch=epoch))
 
     def consumer(

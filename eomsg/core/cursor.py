@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 from itertools import islice
 
+from eomsg.core.durations import MAX_SECONDS
 from eomsg.core.message import Key
-from eomsg.errors import HeldByTransaction, NotInFlight, StaleDelivery, StaleEpoch
+from eomsg.errors import HeldByTransaction, InvalidInput, NotInFlight, StaleDelivery, StaleEpoch
 
 HELD = -1
 """The epoch of a message held by a prepared transaction (seed 000's delivery
@@ -376,8 +377,12 @@ class Cursor:
     ) -> list[Release | Settlement]:
         """Give back deliveries in flight to ``holder`` on the flow holding ``epoch``,
         atomically: each is ready again after ``delay``, or — past its redelivery limit
-        or expired — settled instead. Raises as :meth:`check_in_flight`, changing
-        nothing."""
+        or expired — settled instead. Raises as :meth:`check_in_flight`, and
+        InvalidInput for a delay that is not 0 to 100 years, changing nothing."""
+        if not 0.0 <= delay <= MAX_SECONDS:  # NaN too
+            raise InvalidInput(
+                f"a release delay is 0 to {MAX_SECONDS:.0f} seconds (100 years), not {delay!r}"
+            )
         self.check_in_flight(keys, epoch, holder)
         return [self._give_back(s, self._delivered[s], now, now + delay) for s, _ in keys]
 

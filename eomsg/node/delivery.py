@@ -174,7 +174,8 @@ class Delivery(NodeState):
     ) -> None:
         """Give deliveries back for redelivery after ``delay`` seconds (nack). Atomic. A
         message past its redelivery limit goes to the dead-letter queue. Each delivery
-        is checked as for :meth:`delete`, and must still be in flight."""
+        is checked as for :meth:`delete`, and must still be in flight; ``delay`` is 0
+        to 100 years (InvalidInput otherwise)."""
         keys = check_keys(keys)
         now = self.clock()
         with self._lock:
