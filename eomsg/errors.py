@@ -28,6 +28,7 @@ class ExitCode(IntEnum):
     UNBOUND = 11
     IN_DOUBT = 12
     DAMAGED = 13
+    FULL = 14
     INTERRUPTED = 130
 
 
@@ -304,6 +305,15 @@ class MemoryFull(StorageError):
     wait until consumers take them back under it (a producer retries)."""
 
     code = "memory_full"
+
+
+class QueueFull(EomsgError):
+    """A queue holds as many messages as its ``max-messages`` allows and its overflow
+    policy refuses more: nothing of the publish was stored (retry it, with its ids, once
+    consumers made room)."""
+
+    code = "queue_full"
+    exit_code = ExitCode.FULL
 
 
 class InvalidQuery(InvalidInput):

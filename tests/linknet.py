@@ -16,7 +16,7 @@ from typing import TypeVar
 import msgpack
 
 from eomsg.core.message import Batch, Carried
-from eomsg.errors import DiskFull, MemoryFull
+from eomsg.errors import DiskFull, MemoryFull, QueueFull
 from eomsg.node.node import Node, NodeSettings
 from eomsg.wire import events as ev
 
@@ -134,7 +134,7 @@ class Net:
             wire.frames.extend(_through_the_wire(prev, b) for prev, b in nx.link_frames(y))
             frames, wire.frames = self._faulty(wire.frames), []
             for prev, messages in frames:
-                with suppress(DiskFull, MemoryFull):  # as a node's link: sent again later
+                with suppress(DiskFull, MemoryFull, QueueFull):  # a link sends them again
                     wire.acks.append(ny.accept_transfer(x, prev, messages).result())
                 moved = True
             ack = ny.link_ack(x)  # held in memory, and settled (or written) since

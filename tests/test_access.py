@@ -143,6 +143,11 @@ MATRIX: dict[str, tuple[frozenset[str], str | None, Build]] = {
         "queue",
         lambda q, n: call("unsubscribe", name=q, pattern=f"t/{q}/y"),
     ),
+    "limit_queue": (
+        frozenset({"admin"}),
+        "queue",
+        lambda q, n: call("limit_queue", name=q, max_messages=100),
+    ),
     "purge": (frozenset({"admin"}), "queue", lambda q, n: call("purge", name=q)),
     "requeue": (frozenset({"admin"}), "queue", lambda q, n: call("requeue", name=q)),
     "browse": (frozenset({"inspect"}), "queue", lambda q, n: call("browse", name=q)),

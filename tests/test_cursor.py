@@ -173,6 +173,15 @@ class CursorMachine(RuleBasedStateMachine):
         entry = self.cursor._delivered.get(seq)
         return entry is not None and entry.ready
 
+    @rule(n=st.integers(1, 4))
+    def make_room(self, n: int) -> None:
+        """The oldest waiting — unread or parked, never in flight — are dead-lettered."""
+        waiting = sorted(s for s, m in self.model.msgs.items() if m.state != "flight")[:n]
+        got = [(s.seq, s.outcome) for s in self.cursor.make_room(n)]
+        assert got == [(s, Outcome.DEAD_LETTERED) for s in waiting]
+        for seq in waiting:
+            self.model._settle(seq, Outcome.DEAD_LETTERED)
+
     @rule()
     def delete_unread_is_refused(self) -> None:
         unread = [s for s, m in self.model.msgs.items() if m.attempt == 0]

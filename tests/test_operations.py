@@ -35,7 +35,7 @@ JOB = JobRecord("j1", JobStatus.DONE, {"sink": "parquet:x"}, 1, 101, 100, "ab12"
 MSG = Message(7, "t/x", b"\x00\xff", "id-7", 2.5, None, {"h": "v"})
 OUT = Outgoing("t/y", b"p", "id-8", 3.0, {"k": "v"})
 RESULTS = [PublishResult(9, "id-8", False, 2), PublishResult(3, None, True, None)]
-CONFIG = QueueConfig("q", ("t/>", "u/*"), 5, "q-dlq", 30.0, 1, False)
+CONFIG = QueueConfig("q", ("t/>", "u/*"), 5, "q-dlq", 30.0, 1, False, 1000, "dead-letter-oldest")
 
 # For every operation: the arguments of one call, by name, and one result.
 SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
@@ -43,6 +43,7 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "delete_queue": ({"name": "q", "force": True}, 12),
     "subscribe": ({"name": "q", "pattern": "a/>"}, False),
     "unsubscribe": ({"name": "q", "pattern": "a/>"}, True),
+    "limit_queue": ({"name": "q", "max_messages": 1000, "overflow": "dead-letter-oldest"}, CONFIG),
     "purge": ({"name": "q"}, 0),
     "requeue": ({"name": "q-dlq", "to": None, "max_messages": 10}, (3, "q")),
     "browse": ({"name": "q", "from_seq": 2, "limit": 5}, [MSG]),

@@ -36,9 +36,10 @@ app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help
 @app.command()
 @handles_errors
 def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
-    """Depth, in flight, deleted, expired, dead-lettered, oldest age, bytes held, and
-    messages in and out per second over the last minute (through a running node) per
-    queue.
+    """Depth (of its max-messages, if limited), in flight, deleted, expired,
+    dead-lettered, oldest age, bytes held, and messages in and out per second over the
+    last minute (through a running node) per queue; with a limited queue, how many
+    messages its overflow refused or dead-lettered since the node started.
 
     \b
     Examples:
@@ -50,24 +51,16 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([s.to_json() for s in stats])
         return
-    grid = table(
-        "queue",
-        "subscriptions",
-        "depth",
-        "in flight",
-        "deleted",
-        "expired",
-        "dead-lettered",
-        "oldest",
-        "bytes",
-        "in/s",
-        "out/s",
-    )
+    limited = any(s.max_messages is not None for s in stats)
+    columns = ["queue", "subscriptions", "depth", "in flight", "deleted", "expired"]
+    columns += ["dead-lettered", "oldest", "bytes", "in/s", "out/s"]
+    grid = table(*columns, *(["overflowed"] if limited else []))
     for s in stats:
+        depth = str(s.depth) if s.max_messages is None else f"{s.depth}/{s.max_messages}"
         grid.add_row(
             s.name,
             " ".join(s.subscriptions) or "-",
-            str(s.depth),
+            depth,
             str(s.in_flight),
             str(s.deleted),
             str(s.expired),
@@ -76,6 +69,7 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             format_bytes(s.bytes),
             _rate(s.in_rate),
             _rate(s.out_rate),
+            *([str(s.overflowed)] if limited else []),
         )
     show(grid)
 

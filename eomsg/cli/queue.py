@@ -1,4 +1,4 @@
-"""``eomsg queue``: create, list, subscribe, purge and delete queues."""
+"""``eomsg queue``: create, list, subscribe, limit, purge and delete queues."""
 
 from __future__ import annotations
 
@@ -21,10 +21,28 @@ from eomsg.cli.common import (
 from eomsg.cli.output import print_json, say, show, shown, table
 from eomsg.client.broker import require_served
 from eomsg.core.durations import parse_duration
-from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, QueueConfig
+from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, OVERFLOWS, REFUSE, QueueConfig
 from eomsg.errors import ExitCode, UsageError
 
-app = typer.Typer(help="Create, list, subscribe, purge and delete queues.", no_args_is_help=True)
+app = typer.Typer(
+    help="Create, list, subscribe, limit, purge and delete queues.", no_args_is_help=True
+)
+
+MaxMessagesOption = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Most messages the queue holds, in flight included (default: no limit).",
+    ),
+]
+OverflowOption = Annotated[
+    str,
+    typer.Option(
+        help=f"What a publish past --max-messages does: {' or '.join(OVERFLOWS)} (the "
+        "oldest waiting go to --dead-letter to make room).",
+        autocompletion=lambda: list(OVERFLOWS),
+    ),
+]
 
 
 @app.command()
@@ -61,6 +79,8 @@ def create(
             "(--no-immediate: it waits for a free slot).",
         ),
     ] = True,
+    max_messages: MaxMessagesOption = None,
+    overflow: OverflowOption = REFUSE,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
@@ -71,6 +91,8 @@ def create(
       eomsg queue create orders --subscribe 'orders/>'
       eomsg queue create billing -s 'billing/*' --max-active 1
       eomsg queue create jobs -s 'jobs/>' --max-redeliveries 5 --dead-letter jobs-dlq
+      eomsg queue create recent -s 'ticks/>' --max-messages 10000 \\
+        --overflow dead-letter-oldest --dead-letter old-ticks
     """
     config = QueueConfig.create(
         name,
@@ -80,6 +102,8 @@ def create(
         ack_timeout=parse_duration(ack_timeout),
         max_active=max_active,
         immediate=immediate,
+        max_messages=max_messages,
+        overflow=overflow,
     )
     with open_broker(data) as broker:
         created = broker.create_queue(config)
@@ -105,6 +129,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
         "dead letter",
         "ack timeout",
         "active consumers",
+        "max messages",
     )
     for c in configs:
         grid.add_row(
@@ -114,8 +139,43 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             c.dead_letter or "-",
             f"{c.ack_timeout:g}s",
             _active_limit(c),
+            _limit(c),
         )
     show(grid)
+
+
+@app.command()
+@handles_errors
+def limit(
+    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    max_messages: MaxMessagesOption = None,
+    overflow: OverflowOption = REFUSE,
+    data: DataOption = DEFAULT_DATA,
+    json: JsonOption = False,
+) -> None:
+    """Set or lift the queue's limit: the messages it holds, in flight included, and
+    what a publish past it does — refused (exit 14, nothing stored), or the oldest
+    waiting messages dead-lettered to make room. A queue already past a new limit keeps
+    what it holds; without --max-messages the limit is lifted.
+
+    \b
+    Examples:
+      eomsg queue limit orders --max-messages 100000
+      eomsg queue limit ticks --max-messages 10000 --overflow dead-letter-oldest
+      eomsg queue limit orders
+    """
+    with open_broker(data) as broker:
+        config = broker.limit_queue(name, max_messages, overflow)
+    if json:
+        print_json(config.to_json())
+    else:
+        say(f"queue {name}: {_limit(config, lifted='no limit')}")
+
+
+def _limit(c: QueueConfig, lifted: str = "-") -> str:
+    if c.max_messages is None:
+        return lifted
+    return f"{c.max_messages}, {c.overflow}"
 
 
 @app.command()

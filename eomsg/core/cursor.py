@@ -124,6 +124,9 @@ class _SeqQueue:
     def last(self) -> int:
         return self._seqs[-1]
 
+    def first(self) -> int:
+        return self._seqs[self._head]
+
     def since(self, seq: int) -> Iterator[int]:
         """The queued seqs from ``seq`` on (the queue is ascending: found by bisection)."""
         return islice(self._seqs, bisect.bisect_left(self._seqs, seq, lo=self._head), None)
@@ -549,6 +552,33 @@ class Cursor:
             if seq not in self._expires or (entry is not None and entry.in_flight):
                 continue  # settled already, or its consumer still holds it
             out.append(self._settle(seq, Outcome.EXPIRED))
+        return out
+
+    def make_room(self, n: int) -> list[Settlement]:
+        """Settle as DEAD_LETTERED the ``n`` oldest messages waiting — unread, or given
+        back and not handed out again; never one in flight or held — lowest seq first:
+        the room a queue over its limit makes (fewer if fewer wait). Costs the delivered
+        messages it holds, not its backlog: the unread ones are taken from the front."""
+        out: list[Settlement] = []
+        if n <= 0:
+            return out
+        parked = heapq.nsmallest(n, (s for s, e in self._delivered.items() if not e.in_flight))
+        unread, dropped = self._unread, self._dropped
+        i = 0
+        while len(out) < n:
+            while len(unread) and unread.first() in dropped:  # settled already (lazily)
+                dropped.discard(unread.popleft())
+            head = unread.first() if len(unread) else None
+            if i < len(parked) and (head is None or parked[i] < head):
+                out.append(self._settle(parked[i], Outcome.DEAD_LETTERED))
+                i += 1
+            elif head is not None:
+                unread.popleft()  # never delivered: settled here, not left to skip
+                self._expires.pop(head, None)
+                self._count -= 1
+                out.append(Settlement(head, Outcome.DEAD_LETTERED))
+            else:
+                break
         return out
 
     def purge(self) -> list[Settlement]:

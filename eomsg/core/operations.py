@@ -33,7 +33,7 @@ from eomsg.core.links import DEFAULT_HOLD, LinkInfo
 from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message, Outgoing, PublishResult
 from eomsg.core.nodeinfo import NodeInfo
-from eomsg.core.queues import QueueConfig, QueueStats
+from eomsg.core.queues import REFUSE, QueueConfig, QueueStats
 from eomsg.core.replay import JobEvent, JobRecord, Selection
 from eomsg.core.txn import TxnInfo
 
@@ -172,6 +172,15 @@ class Operations(Protocol):
     @operation(admin=True, caller=("by",))
     def unsubscribe(name: str, pattern: str) -> bool:
         """Stop routing ``pattern`` to the queue; False if it was not subscribed."""
+        raise Declaration
+
+    @operation(admin=True, caller=("by",))
+    def limit_queue(
+        name: str, max_messages: int | None = None, overflow: str = REFUSE
+    ) -> QueueConfig:
+        """Set the queue's max-messages (None: none) and what a publish past it does
+        (``refuse``: QueueFull; ``dead-letter-oldest``); its settings. InvalidConfig,
+        QueueNotFound."""
         raise Declaration
 
     @operation(admin=True, caller=("by",))

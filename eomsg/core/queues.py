@@ -13,6 +13,10 @@ _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 DEFAULT_ACK_TIMEOUT = 30.0
 DEFAULT_MAX_REDELIVERIES_WITH_DLQ = 5
 MAX_ACTIVE_LIMIT = 10_000
+REFUSE = "refuse"  # overflow: a publish that would take the queue past its limit is refused
+DEAD_LETTER_OLDEST = "dead-letter-oldest"  # overflow: the oldest waiting make room
+OVERFLOWS = (REFUSE, DEAD_LETTER_OLDEST)
+MAX_MESSAGES_LIMIT = 2**40
 
 
 def queue_kind(max_active: int) -> str:
@@ -43,6 +47,12 @@ class QueueConfig:
     an exclusive queue, N a limited one, 0 no limit); ``immediate`` lets a newly bound
     consumer of higher priority depose an active one at once instead of waiting for a
     free slot.
+
+    ``max_messages`` bounds the messages the queue holds, in flight included (None: no
+    bound); ``overflow`` says what a publish that would pass it does: ``refuse`` (the
+    publish is refused whole, QueueFull, and nothing of it stored) or
+    ``dead-letter-oldest`` (the oldest messages waiting — not in flight — move to
+    ``dead_letter`` to make room; never dropped silently, so it needs one).
     """
 
     name: str
@@ -52,6 +62,8 @@ class QueueConfig:
     ack_timeout: float = DEFAULT_ACK_TIMEOUT
     max_active: int = 0
     immediate: bool = True
+    max_messages: int | None = None
+    overflow: str = REFUSE
 
     @property
     def kind(self) -> str:
@@ -81,6 +93,30 @@ class QueueConfig:
                 f"queue {self.name!r}: --max-active must be between 0 (no limit) and "
                 f"{MAX_ACTIVE_LIMIT}"
             )
+        if self.max_messages is not None and (
+            type(self.max_messages) is not int or not 1 <= self.max_messages <= MAX_MESSAGES_LIMIT
+        ):
+            raise InvalidConfig(
+                f"queue {self.name!r}: --max-messages must be between 1 and {MAX_MESSAGES_LIMIT}"
+            )
+        if self.overflow not in OVERFLOWS:
+            raise InvalidConfig(
+                f"queue {self.name!r}: --overflow is {' or '.join(OVERFLOWS)}, "
+                f"not {self.overflow!r}"
+            )
+        if self.overflow == DEAD_LETTER_OLDEST and self.dead_letter is None:
+            raise InvalidConfig(
+                f"queue {self.name!r}: --overflow {DEAD_LETTER_OLDEST} needs a dead-letter "
+                "queue (queue create --dead-letter QUEUE), so that the messages making room "
+                "go somewhere instead of being lost"
+            )
+
+    def over(self, depth: int, adding: int) -> int:
+        """How many messages past ``max_messages`` the queue would hold with ``adding``
+        more than its ``depth`` (0: they fit, or there is no limit)."""
+        if self.max_messages is None:
+            return 0
+        return max(0, depth + adding - self.max_messages)
 
     @classmethod
     def create(
@@ -93,6 +129,8 @@ class QueueConfig:
         ack_timeout: float = DEFAULT_ACK_TIMEOUT,
         max_active: int = 0,
         immediate: bool = True,
+        max_messages: int | None = None,
+        overflow: str = REFUSE,
     ) -> QueueConfig:
         """Build a config, defaulting ``max_redeliveries`` when only a DLQ is given."""
         if dead_letter is not None and max_redeliveries is None:
@@ -105,6 +143,8 @@ class QueueConfig:
             ack_timeout,
             max_active,
             immediate,
+            max_messages,
+            overflow,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -116,6 +156,8 @@ class QueueConfig:
             "ack_timeout": self.ack_timeout,
             "max_active": self.max_active,
             "immediate": self.immediate,
+            "max_messages": self.max_messages,
+            "overflow": self.overflow,
         }
 
     @classmethod
@@ -128,6 +170,8 @@ class QueueConfig:
             float(data.get("ack_timeout", DEFAULT_ACK_TIMEOUT)),
             int(data.get("max_active", 0)),
             bool(data.get("immediate", True)),
+            data.get("max_messages"),
+            str(data.get("overflow", REFUSE)),
         )
 
 
@@ -152,6 +196,9 @@ class QueueStats:
     bytes: int = 0  # payload bytes of the messages it holds
     in_rate: float | None = None  # messages in per second lately (None: not known yet)
     out_rate: float | None = None  # messages deleted per second lately
+    max_messages: int | None = None  # its limit (None: none)
+    overflow: str = REFUSE  # what a publish past it does
+    overflowed: int = 0  # messages its overflow refused or dead-lettered since the node opened
 
     @property
     def kind(self) -> str:
@@ -176,6 +223,9 @@ class QueueStats:
             "bytes": self.bytes,
             "in_rate": self.in_rate,
             "out_rate": self.out_rate,
+            "max_messages": self.max_messages,
+            "overflow": self.overflow,
+            "overflowed": self.overflowed,
         }
 
     @classmethod

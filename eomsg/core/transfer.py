@@ -82,6 +82,11 @@ class Receiver:
         """The commit holding the messages up to ``read`` is durable: acknowledge it."""
         self.read = max(self.read, read)
 
+    def took(self, read: int) -> None:
+        """Of the frame just offered, only the messages up to ``read`` are taken (a
+        queue has no room for the next): the sender sends the rest again."""
+        self.accepted = read
+
     def refused(self) -> None:
         """The store refused, before queueing it, the commit of the frame just taken (a
         full disk): those messages are not taken (the sender will send them again)."""

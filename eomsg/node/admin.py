@@ -14,7 +14,7 @@ from dataclasses import replace
 
 from eomsg.core.access import OWNER
 from eomsg.core.election import FlowEvent
-from eomsg.core.queues import QueueConfig
+from eomsg.core.queues import REFUSE, QueueConfig
 from eomsg.errors import InvalidConfig, QueueExists, QueueNotEmpty
 from eomsg.node.settings import SETTINGS, apply_saved
 from eomsg.node.state import AuditRow, NodeState, QueueState, to_us
@@ -35,7 +35,7 @@ class Admin(NodeState):
                     return False
                 raise QueueExists(
                     f"queue {config.name!r} already exists with other settings; delete it "
-                    "first or use `eomsg queue subscribe`"
+                    "first, or change it with `eomsg queue subscribe` or `eomsg queue limit`"
                 )
             if config.dead_letter and config.dead_letter not in self._queues:
                 self._create(QueueConfig(config.dead_letter), by)
@@ -105,6 +105,28 @@ class Admin(NodeState):
             entry = self._audit(by, "unsubscribe", name, pattern)
             self._update(q, replace(q.config, subscriptions=subs), entry)
             return True
+
+    def limit_queue(
+        self,
+        name: str,
+        max_messages: int | None = None,
+        overflow: str = REFUSE,
+        *,
+        by: str = OWNER,
+    ) -> QueueConfig:
+        """Set the queue's max-messages (None: no limit) and overflow policy; returns
+        its settings. A queue already past a new limit keeps what it holds: the next
+        publish is refused, or makes room by dead-lettering the oldest waiting.
+        InvalidConfig for a limit below 1, an unknown policy, or dead-letter-oldest
+        without a dead-letter queue. Idempotent."""
+        with self._admin:
+            q = self._queue(name)
+            config = replace(q.config, max_messages=max_messages, overflow=overflow)
+            if config != q.config:
+                limit = "none" if max_messages is None else str(max_messages)
+                entry = self._audit(by, "limit-queue", name, f"max-messages {limit}, {overflow}")
+                self._update(q, config, entry)
+            return config
 
     def _update(self, q: QueueState, config: QueueConfig, entry: AuditRow) -> None:
         self._check_open()

@@ -16,7 +16,8 @@ from eomsg.core import access
 from eomsg.core.access import OWNER
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, Publishable, PublishResult
-from eomsg.errors import InvalidConfig
+from eomsg.core.queues import DEAD_LETTER_OLDEST, REFUSE
+from eomsg.errors import InvalidConfig, QueueFull
 from eomsg.failpoints import failpoint
 from eomsg.node.state import Destination, NodeState, QueueState, to_us
 from eomsg.store.writer import RowBatch
@@ -162,14 +163,18 @@ class Ingress(NodeState):
         now: float,
         route: Route | None = None,
         routes: Sequence[Route] | None = None,
+        refuse: bool = True,
     ) -> tuple[list[PublishResult], list[Fresh]]:
         """Dedup ``messages`` by id, give the new ones the next sequence numbers and
         route them (by topic, all to ``route``, or each to its own of ``routes``),
         adding their rows to ``batch`` (with the after-commit step that makes them
         deliverable): the log's, and the destinations — a row per message and queue,
         a run of consecutive seqs per link's route (what the link owes is settled as
-        one number, so a row per message would only be written and deleted). Call
-        with ``_lock`` held, then :meth:`_write_staged`."""
+        one number, so a row per message would only be written and deleted). A queue
+        they would take past its max-messages makes room (:meth:`_overflow`): QueueFull,
+        nothing staged, if one refuses (``refuse`` False: a prepared transaction's
+        commit, which must not fail, takes it past). Call with ``_lock`` held, then
+        :meth:`_write_staged`."""
         now_us = to_us(now)
         results: list[PublishResult] = []
         fresh: list[Fresh] = []
@@ -177,7 +182,7 @@ class Ingress(NodeState):
         runs: dict[int, list[int]] = {}  # by route: its latest run [route, first, last]
         run_rows: list[list[int]] = []
         uncommitted = self._uncommitted_ids
-        touched: set[QueueState] = set()
+        touched: dict[QueueState, int] = {}  # how many each queue gets
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
         seq = self._next_seq
         for i, m in enumerate(messages):
@@ -201,7 +206,7 @@ class Ingress(NodeState):
             for q in queues:
                 if q.id > 0:  # a queue: a row each
                     dest_rows.append((seq, q.id))
-                    touched.add(q)  # type: ignore[arg-type]
+                    touched[q] = touched.get(q, 0) + 1  # type: ignore[index,call-overload]
                 elif (run := runs.get(q.id)) is not None and run[2] == seq - 1:
                     run[2] = seq  # a link's route: runs of consecutive seqs
                 else:
@@ -210,11 +215,21 @@ class Ingress(NodeState):
             fresh.append((seq, msg_id, expires, queues))
             results.append(PublishResult(seq, msg_id, False, len(queues)))
             seq += 1
+        if touched:
+            try:
+                self._overflow(batch, touched, now, refuse)
+            except QueueFull:
+                for _, msg_id, _, _ in fresh:
+                    if msg_id is not None:
+                        uncommitted.pop(msg_id, None)
+                raise
         self._next_seq = seq
         if touched and log_rows:  # what a take may read at once follows their size
             size = sum(len(row[6]) for row in log_rows) / len(log_rows)
             for q in touched:
                 q.note_payload(size)
+        for q, n in touched.items():
+            q.incoming += n
         for name, rows in (
             ("messages", log_rows),
             ("publish_ids", id_rows),
@@ -235,10 +250,60 @@ class Ingress(NodeState):
             return self._write(batch)
         except BaseException:
             self._next_seq = first_seq
-            for _, msg_id, _, _ in fresh:
+            for _, msg_id, _, route in fresh:
                 if msg_id is not None:
                     self._uncommitted_ids.pop(msg_id, None)
+                for q in route:
+                    if isinstance(q, QueueState):
+                        q.incoming -= 1
             raise
+
+    def _overflow(
+        self, batch: RowBatch, adding: dict[QueueState, int], now: float, refuse: bool
+    ) -> None:
+        """Make room in the queues ``adding`` messages would take past their
+        max-messages: QueueFull, changing nothing, if one refuses (and ``refuse``); then
+        each that dead-letters its oldest does so, in ``batch``. A queue whose messages
+        are all in flight cannot make room: it holds more until they are settled.
+        Under ``_lock``."""
+        over = [(q, q.config.over(q.depth, n)) for q, n in adding.items()]
+        over = [(q, n) for q, n in over if n]
+        if not over:
+            return
+        if refuse:
+            for q, _ in over:
+                if q.config.overflow == REFUSE:
+                    q.overflowed += adding[q]
+                    raise _full(q)
+        for q, n in over:
+            if q.config.overflow == DEAD_LETTER_OLDEST:
+                room = q.cursor.make_room(n)
+                q.overflowed += len(room)
+                self._record_settlements(batch, q, room, now)
+
+    def _check_queue_room(self, messages: Sequence[Outgoing]) -> None:
+        """QueueFull if ``messages`` would take a queue that refuses past its
+        max-messages: a transaction's prepare votes no then (its commit, which must not
+        fail, takes them in regardless). Under ``_lock``."""
+        adding: dict[QueueState, int] = {}
+        for m in messages:
+            full = self._no_room(self._route(m.topic), adding)
+            if full is not None:
+                raise full
+
+    def _no_room(self, route: Route, adding: dict[QueueState, int]) -> QueueFull | None:
+        """Count one more message for ``route``'s queues in ``adding``, unless a queue
+        that refuses past its max-messages has no room for it: then why, and nothing
+        counted. Under ``_lock``."""
+        limited = [q for q in route if isinstance(q, QueueState) and q.config.max_messages]
+        for q in limited:
+            n = adding.get(q, 0) + 1
+            if q.config.overflow == REFUSE and q.config.over(q.depth, n):
+                q.overflowed += 1
+                return _full(q)
+        for q in limited:
+            adding[q] = adding.get(q, 0) + 1
+        return None
 
     def _route(self, topic: str) -> Route:
         """The queues subscribed to ``topic``, then the links it goes out on. Under
@@ -293,3 +358,11 @@ class Ingress(NodeState):
     def _append_run(route: Route | None, seqs: list[int], expiry: list[float | None]) -> None:
         for q in route or ():
             q.extend(seqs, expiry)
+
+
+def _full(q: QueueState) -> QueueFull:
+    return QueueFull(
+        f"queue {q.config.name!r} is full: it holds {q.depth} messages of its "
+        f"{q.config.max_messages} (max-messages) and refuses more; nothing of this "
+        "publish was stored (retry it once consumers made room)"
+    )

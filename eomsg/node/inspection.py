@@ -86,6 +86,7 @@ class Inspection(Maintenance):
                     len(q.election),
                     len(q.live_epochs),
                     q.id,
+                    q.overflowed,
                 )
                 for q in sorted(self._queues.values(), key=lambda q: q.config.name)
             ]
@@ -93,8 +94,9 @@ class Inspection(Maintenance):
         published = self.store.published_at([s[4] for s in snapshot if s[4] is not None])
         sizes = self.store.pending_bytes()
         out = []
-        for config, depth, in_flight, counts, low, flows, active, queue_id in snapshot:
+        for config, depth, in_flight, counts, low, flows, active, queue_id, overflowed in snapshot:
             oldest = published.get(low) if low is not None else None
+            in_rate, out_rate = rates.get(config.name, (None, None))
             out.append(
                 QueueStats(
                     config.name,
@@ -109,10 +111,14 @@ class Inspection(Maintenance):
                     config.dead_letter,
                     config.max_redeliveries,
                     config.max_active,
-                    flows,
-                    active,
-                    sizes.get(queue_id, 0),
-                    *rates.get(config.name, (None, None)),
+                    flows=flows,
+                    active=active,
+                    bytes=sizes.get(queue_id, 0),
+                    in_rate=in_rate,
+                    out_rate=out_rate,
+                    max_messages=config.max_messages,
+                    overflow=config.overflow,
+                    overflowed=overflowed,
                 )
             )
         return out

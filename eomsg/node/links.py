@@ -52,10 +52,17 @@ from eomsg.core.rates import Totals
 from eomsg.core.routing import Route, Routes, Update, Withdraw
 from eomsg.core.topics import Matcher
 from eomsg.core.transfer import Outbox, Receiver, Verdict
-from eomsg.errors import DataDirDamaged, EomsgError, InvalidConfig, InvalidInput, LinkNotFound
+from eomsg.errors import (
+    DataDirDamaged,
+    EomsgError,
+    InvalidConfig,
+    InvalidInput,
+    LinkNotFound,
+    QueueFull,
+)
 from eomsg.node.access import grant_record, granted, together
 from eomsg.node.egress import SEQ_AT, Egress, Held
-from eomsg.node.state import AuditRow, Destination, to_us
+from eomsg.node.state import AuditRow, Destination, QueueState, to_us
 from eomsg.store import secrets as link_secrets
 from eomsg.store.store import US, MessageRow, Store
 from eomsg.store.writer import RowBatch
@@ -770,28 +777,44 @@ class Links(Egress):
                 return done
             routes, kept, peer_seqs, refused = [], [], [], []
             routed: dict[tuple[str, tuple[str, ...]], Way] = {}
+            adding: dict[QueueState, int] = {}
+            read = before = prev if offer.start == 0 else seqs[offer.start - 1]
             for seq, m in zip(seqs[offer.start :], outgoing[offer.start :], strict=True):
                 if isinstance(m, str):
                     refused.append((seq, m))
+                    read = seq
                     continue
                 if not link.allows(m.topic):  # not this link's to carry: passed over
                     link.withheld += 1
                     log.warning("link to %s: message %d's topic is not the link's", peer, m.seq)
+                    read = seq
                     continue
                 way = routed.get((m.topic, m.targets))  # a frame's messages share a few
                 if way is None:
                     way = routed[m.topic, m.targets] = self._route_carried(link, m)
                 route, unreachable, withheld = way
+                full = self._no_room(route, adding)
+                if full is not None:  # it and the rest wait at the peer, sent again
+                    if read == before:
+                        receiver.refused()
+                        raise full
+                    receiver.took(read)
+                    break
+                read = seq
                 link.unroutable += unreachable
                 for out in withheld:  # not the next link's to carry
                     out.withheld += 1
                 routes.append(route)
                 kept.append(m)
                 peer_seqs.append(m.seq)
-            read = seqs[-1]
             link.received += len(kept)
             if self._holds(link, kept, routes):
-                wake = self._hold_frame(link, kept, routes, peer_seqs, now)
+                try:
+                    wake = self._hold_frame(link, kept, routes, peer_seqs, now)
+                except QueueFull:  # the peer keeps them and sends them again
+                    link.received -= len(kept)
+                    receiver.refused()
+                    raise
                 receiver.committed(read)  # taken by this process: never taken twice
                 done.set_result((self._acked(link), False))
             else:
@@ -855,16 +878,16 @@ class Links(Egress):
         held in memory, so that the read sequence kept on disk may pass them: a restart
         then takes nothing stored here twice. Under ``_lock``."""
         batch = RowBatch()
-        held = [h for h in link.held.values() if not h.writing and self._held.get(h.seq) is h]
-        if held:
-            self._write_with(batch, held)
         first_seq = self._next_seq
-        _, fresh = self._stage(batch, kept, now, routes=routes)
-        batch.set_meta(
-            f"link/{link.config.peer}/read",
-            json.dumps({"incarnation": link.peer_incarnation, "read": link.receiver.accepted}),
-        )
-        try:
+        try:  # QueueFull (a queue refuses more) or a refused write: sent again
+            _, fresh = self._stage(batch, kept, now, routes=routes)  # nothing staged if it raises
+            held = [h for h in link.held.values() if not h.writing and self._held.get(h.seq) is h]
+            if held:  # ahead of the frame's rows, whichever is put in first
+                self._write_with(batch, held)
+            batch.set_meta(
+                f"link/{link.config.peer}/read",
+                json.dumps({"incarnation": link.peer_incarnation, "read": link.receiver.accepted}),
+            )
             committed = self._write_staged(batch, first_seq, fresh)
         except BaseException:
             link.received -= len(kept)

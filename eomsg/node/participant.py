@@ -48,7 +48,9 @@ class Participant(Ingress):
         commit); ``deletes`` — ``(queue, seq, epoch, attempt)`` of deliveries in flight
         to ``holder`` — are held for the transaction: no timeout, no redelivery, no
         delete or release by anyone but its outcome. A delivery that is over
-        (StaleDelivery) makes the node vote no, so the transaction aborts cleanly.
+        (StaleDelivery) makes the node vote no, so the transaction aborts cleanly; so
+        does a queue its messages would fill past a max-messages it refuses beyond
+        (QueueFull: its commit takes them in even past it).
         ``coordinator`` says where the outcome will be recorded, for recovery; ``by`` is
         the principal preparing it, the one that may settle it. Atomic:
         on any error nothing is held or recorded.
@@ -73,6 +75,7 @@ class Participant(Ingress):
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
             by_queue = self._check_deletes(deletes, holder)
+            self._check_queue_room(messages)
             held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
@@ -106,7 +109,7 @@ class Participant(Ingress):
             self.access.check_settle(by, t.principal, txid)
             self._audit_settle(batch, by, t, "commit-txn")
             first_seq = self._next_seq
-            results, fresh = self._stage(batch, t.messages, now)
+            results, fresh = self._stage(batch, t.messages, now, refuse=False)
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:  # the queue may have been deleted since
                     self._record_deleted(batch, q, seqs, q.cursor.delete_held(seqs), now)

@@ -95,8 +95,8 @@ class QueueState:
     """Runtime state of one queue; identity-hashed, so it can be a matcher key."""
 
     __slots__ = (
-        "config", "counts", "cursor", "delivered", "election", "id", "live_epochs",
-        "payload_bytes",
+        "config", "counts", "cursor", "delivered", "election", "id", "incoming",
+        "live_epochs", "overflowed", "payload_bytes",
     )  # fmt: skip
 
     def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
@@ -112,6 +112,15 @@ class QueueState:
         # About the payload of its messages (a moving average of what was published to
         # it; None until it had one): what bounds the bytes a take reads into memory.
         self.payload_bytes: float | None = None
+        # Messages staged for it whose commit is not durable yet (its cursor gets them
+        # then): with the cursor's depth, what its max-messages is held against.
+        self.incoming = 0
+        self.overflowed = 0  # messages its overflow refused or dead-lettered, since open
+
+    @property
+    def depth(self) -> int:
+        """The messages it holds, and those on their way in (staged, not yet durable)."""
+        return self.cursor.depth + self.incoming
 
     def note_payload(self, size: float) -> None:
         """Messages of about ``size`` payload bytes came to this queue."""
@@ -120,6 +129,7 @@ class QueueState:
 
     def extend(self, seqs: list[int], expiry: list[float | None]) -> None:
         """Newly committed messages for this queue (a destination, as a link's route is)."""
+        self.incoming -= len(seqs)
         self.cursor.extend(seqs, expiry)
 
 

@@ -307,6 +307,12 @@ QUEUE_METRICS: list[tuple[type[Any], str, str, Callable[[QueueStats, int], float
     (CounterMetricFamily, "eomsg_queue_dead_lettered", "Messages moved to the dead-letter queue.",
      lambda s, _: s.dead_lettered),
     (CounterMetricFamily, "eomsg_queue_purged", "Messages purged.", lambda s, _: s.purged),
+    (GaugeMetricFamily, "eomsg_queue_max_messages",
+     "Most messages the queue holds (absent when it has no limit).",
+     lambda s, _: s.max_messages),
+    (CounterMetricFamily, "eomsg_queue_overflowed",
+     "Messages its max-messages refused or dead-lettered to make room, since the node started.",
+     lambda s, _: s.overflowed),
 ]  # fmt: skip
 
 
