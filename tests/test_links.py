@@ -420,12 +420,39 @@ def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
     n.rounds(3)
     assert [s.depth for s in n.nodes["c"].stats()] == [2]
     assert n.nodes["c"].stats()[0].overflowed > 0
-    (owed,) = [i.pending for i in n.nodes["a"].link_info()]
-    assert owed == (3 if egress == "store" else 5)  # held in memory: owed until settled
+    # (a queue with a limit is never held in memory: its frames are stored, taken)
+    assert [i.pending for i in n.nodes["a"].link_info()] == [3]
     got = n.drain("c", "audit")
     while len(got) < 5:
         n.rounds(2)
         got += n.drain("c", "audit")
     assert got == [("a", str(i)) for i in range(5)]
     n.run()
+    assert [i.pending for i in n.nodes["a"].link_info()] == [0]
+
+
+@pytest.mark.parametrize("egress", ["store", "memory"])
+def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(
+    net: MakeNet, egress: str
+) -> None:
+    """Limits meet links: a queue that dead-letters its oldest takes every message the
+    link brings — the newest stay, the oldest go to its dead-letter queue — each once."""
+    n = net("ac", egress=egress)
+    n.link("a", "c")
+    c = n.nodes["c"]
+    c.create_queue(
+        QueueConfig.create(
+            "audit", ("orders/>",), max_messages=2, overflow="dead-letter-oldest",
+            dead_letter="old",
+        )
+    )  # fmt: skip
+    n.run()
+    n.nodes["a"].publish_batch([Outgoing("orders/x", b"%d" % i) for i in range(3)])
+    n.run()
+    for i in range(3, 6):
+        n.nodes["a"].publish("orders/x", b"%d" % i)
+        n.run()
+    assert n.drain("c", "audit") == [("a", "4"), ("a", "5")]
+    assert n.drain("c", "old") == [("a", str(i)) for i in range(4)]
+    assert {s.name: s.overflowed for s in c.stats()} == {"audit": 4, "old": 0}
     assert [i.pending for i in n.nodes["a"].link_info()] == [0]

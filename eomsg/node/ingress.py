@@ -14,6 +14,7 @@ from concurrent.futures import Future
 
 from eomsg.core import access
 from eomsg.core.access import OWNER
+from eomsg.core.cursor import Outcome
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, Publishable, PublishResult
 from eomsg.core.queues import DEAD_LETTER_OLDEST, REFUSE
@@ -127,14 +128,21 @@ class Ingress(NodeState):
                 for m in moved
             ]
             first_seq = self._next_seq
-            _, fresh = self._stage(batch, again, now, route=(target,))
-            settled = q.cursor.take_out([m.seq for m in moved])
-            self._record_settlements(batch, q, settled, now)
-            if moved:
-                detail = f"{len(moved)} messages into {target.config.name}"
-                batch.add("audit", *self._audit(by, "requeue", name, detail))
-            future = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
+            refused: QueueFull | None = None
+            try:
+                _, fresh = self._stage(batch, again, now, route=(target,))
+            except QueueFull as e:  # nothing moves; what expired meanwhile is recorded
+                refused, future = e, self._queue_write(batch)
+            else:
+                settled = q.cursor.take_out([m.seq for m in moved])
+                self._record_settlements(batch, q, settled, now)
+                if moved:
+                    detail = f"{len(moved)} messages into {target.config.name}"
+                    batch.add("audit", *self._audit(by, "requeue", name, detail))
+                future = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
         self._await_commit(future)
+        if refused is not None:
+            raise refused
         return len(moved), target.config.name
 
     def _dead_lettering_into(self, q: QueueState) -> QueueState:
@@ -184,6 +192,8 @@ class Ingress(NodeState):
         uncommitted = self._uncommitted_ids
         touched: dict[QueueState, int] = {}  # how many each queue gets
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
+        displaced = self._displaced(messages, published, route, routes)
+        dead_lettered: dict[QueueState, int] = {}  # displaced into each dead-letter queue
         seq = self._next_seq
         for i, m in enumerate(messages):
             msg_id = m.id
@@ -199,6 +209,8 @@ class Ingress(NodeState):
                 queues = routes[i]
             else:
                 queues = self._route(m.topic) if route is None else route
+            if displaced:
+                queues = self._displace(batch, displaced, dead_lettered, queues, seq, now_us)
             headers = m.log_headers
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:
@@ -216,8 +228,9 @@ class Ingress(NodeState):
             results.append(PublishResult(seq, msg_id, False, len(queues)))
             seq += 1
         if touched:
-            try:
-                self._overflow(batch, touched, now, refuse)
+            try:  # what is dead-lettered into a queue enters it past its limit
+                adding = {q: n - dead_lettered.get(q, 0) for q, n in touched.items()}
+                self._overflow(batch, adding, now, refuse)
             except QueueFull:
                 for _, msg_id, _, _ in fresh:
                     if msg_id is not None:
@@ -258,14 +271,85 @@ class Ingress(NodeState):
                         q.incoming -= 1
             raise
 
+    def _displaced(
+        self,
+        messages: Sequence[Publishable],
+        published: dict[str, int],
+        route: Route | None,
+        routes: Sequence[Route] | None,
+    ) -> dict[QueueState, int]:
+        """For each queue that dead-letters its oldest, how many of these messages (the
+        first routed to it) are displaced before they enter it: more than it can make
+        room for from the messages waiting in it (a batch larger than its limit, or one
+        in flight). They go to its dead-letter queue in the same commit. Under
+        ``_lock``."""
+        adding: dict[QueueState, int] = {}
+        seen: set[str] = set()
+        limited_on: dict[int, tuple[QueueState, ...]] = {}  # by route (a batch shares few)
+        for i, m in enumerate(messages):
+            if routes is not None:
+                queues = routes[i]
+            else:
+                queues = self._route(m.topic) if route is None else route
+            limited = limited_on.get(id(queues))
+            if limited is None:
+                limited = limited_on[id(queues)] = tuple(
+                    q
+                    for q in queues
+                    if isinstance(q, QueueState)
+                    and q.config.max_messages is not None
+                    and q.config.overflow == DEAD_LETTER_OLDEST
+                )
+            if not limited:
+                continue
+            if m.id is not None:
+                if m.id in seen or m.id in self._uncommitted_ids or m.id in published:
+                    continue  # a duplicate: not stored again
+                seen.add(m.id)
+            for q in limited:
+                adding[q] = adding.get(q, 0) + 1
+        out = {}
+        for q, n in adding.items():
+            waiting = q.cursor.depth - q.cursor.in_flight
+            if (beyond := min(n, q.config.over(q.depth, n) - waiting)) > 0:
+                out[q] = beyond
+        return out
+
+    def _displace(
+        self,
+        batch: RowBatch,
+        displaced: dict[QueueState, int],
+        dead_lettered: dict[QueueState, int],
+        queues: Route,
+        seq: int,
+        now_us: int,
+    ) -> Route:
+        """``queues``, the route of message ``seq``, with each queue that it is displaced
+        from (:meth:`_displaced`) replaced by that queue's dead-letter queue — recorded
+        as routed there and dead-lettered at once (counted in ``dead_lettered``). Under
+        ``_lock``."""
+        for q in queues:
+            if displaced.get(q):  # type: ignore[call-overload]
+                assert isinstance(q, QueueState)
+                displaced[q] -= 1
+                dlq = self._queues[q.config.dead_letter or ""]
+                batch.add("destinations", seq, q.id)
+                batch.add("settled", q.id, seq, Outcome.DEAD_LETTERED, now_us)
+                q.counts[Outcome.DEAD_LETTERED] += 1
+                q.overflowed += 1
+                self._settled_since_compaction += 1
+                queues = (*(d for d in queues if d is not q and d is not dlq), dlq)
+                dead_lettered[dlq] = dead_lettered.get(dlq, 0) + 1
+        return queues
+
     def _overflow(
         self, batch: RowBatch, adding: dict[QueueState, int], now: float, refuse: bool
     ) -> None:
         """Make room in the queues ``adding`` messages would take past their
         max-messages: QueueFull, changing nothing, if one refuses (and ``refuse``); then
-        each that dead-letters its oldest does so, in ``batch``. A queue whose messages
-        are all in flight cannot make room: it holds more until they are settled.
-        Under ``_lock``."""
+        each that dead-letters its oldest does so, in ``batch``, from the messages
+        waiting in it (those of this batch beyond were displaced already). Under
+        ``_lock``."""
         over = [(q, q.config.over(q.depth, n)) for q, n in adding.items()]
         over = [(q, n) for q, n in over if n]
         if not over:

@@ -904,12 +904,15 @@ class Links(Egress):
         """Whether a frame is held in memory: the link says so, no frame of it stored
         before is waiting for its commit (the queues must get the peer's messages in its
         order), and every message of it is for this node's queues alone (none to carry
-        further, none for no queue), within the room left. Under ``_lock``."""
+        further, none for no queue, none for a queue with a limit), within the room
+        left. Under ``_lock``."""
         if link.config.egress != "memory" or not kept or link.storing:
             return False
         for route in routes:
             if not route or any(isinstance(d, HopRoute) for d in route):
                 return False
+            if any(isinstance(d, QueueState) and d.config.max_messages for d in route):
+                return False  # making room records settlements of other messages: stored
         return self._hold_room(sum(len(m.payload) for m in kept))
 
     def _hold_frame(
