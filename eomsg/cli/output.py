@@ -91,7 +91,10 @@ def _literal_table() -> type[Table]:
 
     class LiteralTable(Table):
         def __init__(self, *headers: str, **kwargs: Any) -> None:
-            super().__init__(*(shown(h) for h in headers), **kwargs)
+            super().__init__(**kwargs)
+            for h in headers:  # a column at least one cell wide: one whose text takes no
+                # cell (a lone combining mark, an emoji modifier) would be dropped whole
+                self.add_column(shown(h), min_width=1)
 
         def add_row(self, *cells: Any, **kwargs: Any) -> None:
             super().add_row(*(shown(c) if isinstance(c, str) else c for c in cells), **kwargs)
