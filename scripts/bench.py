@@ -130,6 +130,7 @@ FILL_BATCH = 10_000
 
 
 IDS = True
+LIMIT: int | None = None  # --max-messages: the bench queue dead-letters its oldest past it
 
 
 def _messages(n: int, payload: bytes, start: int) -> list[Outgoing]:
@@ -153,7 +154,14 @@ def run(
         # Long retention and rare GC: the prefilled log must stay for the measurement.
         settings = NodeSettings(tick=None, retention=10 * 86400, gc_interval=10 * 86400)
         with LocalClient.open(Path(tmp) / "data", settings) as client:
-            client.create_queue(QueueConfig.create("bench", ["bench/>"]))
+            client.create_queue(
+                QueueConfig.create("bench", ["bench/>"])
+                if LIMIT is None
+                else QueueConfig.create(
+                    "bench", ["bench/>"], max_messages=LIMIT, overflow="dead-letter-oldest",
+                    dead_letter="bench-old",
+                )
+            )  # fmt: skip
             start = 0
             if log_size:
                 _publish_all(client, log_size, payload, FILL_BATCH, 0)
@@ -171,7 +179,7 @@ def run(
                     _publish_all(client, n, payload, batch, start)
                 else:
                     consumed = bench_fill.drain(client, batch)
-                    assert consumed == n, f"consumed {consumed} of {n}"
+                    assert consumed == n or LIMIT, f"consumed {consumed} of {n}"
                 timings.append(time.perf_counter() - t0)
                 if scenario != "embedded-consume":
                     bench_fill.drain(client, FILL_BATCH)
@@ -189,6 +197,7 @@ def run(
         "payload_bytes": payload_size,
         "log_size": log_size,
         "ids": IDS,
+        "max_messages": LIMIT,
         "machine": machine(),
     }
 
@@ -230,6 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
+    )
+    parser.add_argument(
+        "--max-messages",
+        type=int,
+        default=None,
+        help="embedded scenarios: the queue holds at most this many, dead-lettering its "
+        "oldest past it (what a queue at its limit costs a publish)",
     )
     parser.add_argument(
         "--prefetch",
@@ -303,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
-    global IDS
+    global IDS, LIMIT
     IDS = not args.no_ids
+    LIMIT = args.max_messages
     if args.scenario in bench_soak.SCENARIOS:
         if args.scenario == "soak-backlog":  # its data directory goes under the temp dir
             bench_scale.check_room(Path(tempfile.gettempdir()), args.n, args.payload)

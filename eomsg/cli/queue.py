@@ -91,8 +91,7 @@ def create(
       eomsg queue create orders --subscribe 'orders/>'
       eomsg queue create billing -s 'billing/*' --max-active 1
       eomsg queue create jobs -s 'jobs/>' --max-redeliveries 5 --dead-letter jobs-dlq
-      eomsg queue create recent -s 'ticks/>' --max-messages 10000 \\
-        --overflow dead-letter-oldest --dead-letter old-ticks
+      eomsg queue create t -s 't/>' --max-messages 9 --dead-letter d --overflow dead-letter-oldest
     """
     config = QueueConfig.create(
         name,

@@ -151,6 +151,16 @@ class EomsgGroup(TyperGroup):
             # typer would print (or install) bash's script for a shell it does not know
             say(f"Error: no completion for {shell!r}: {', '.join(COMPLETION_SHELLS)}", err=True)
             return self._exit(ExitCode.USAGE, standalone)
+        if shell is not None and any(w.split("=")[0] == "--show-completion" for w in words):
+            # typer's option is a flag: it would guess the shell from the processes above
+            # this one (none is a shell under a service or a test) and ignore the one named
+            from typer._completion_shared import get_completion_script
+
+            script = get_completion_script(
+                prog_name="eomsg", complete_var="_EOMSG_COMPLETE", shell=shell
+            )
+            sys.stdout.write(script + "\n")
+            return self._exit(ExitCode.OK, standalone)
         try:
             code = super().main(*args, **{**kwargs, "standalone_mode": False})
         except typer.TyperException as e:  # click's ClickException: a usage error
