@@ -252,3 +252,28 @@ TestLimitsAgainstTheirRules = LimitsMachine.TestCase
 TestLimitsAgainstTheirRules.settings = settings(
     max_examples=25, stateful_step_count=30, deadline=None
 )
+
+
+def test_what_made_room_is_where_it_went_after_a_sigkill(
+    cli: Cli, serve: Callable[..., NodeProcess], data_dir: Path
+) -> None:
+    """Dead-lettering the oldest commits with the publish: a node killed after the
+    acknowledgements restarts with each message in exactly one of the two queues."""
+    cli(
+        "queue", "create", "ticks", "-s", "ticks/>", "--max-messages", "3",
+        "--overflow", "dead-letter-oldest", "--dead-letter", "old-ticks",
+    )  # fmt: skip
+    node = serve()
+    with eomsg.connect(data_dir) as client:
+        for i in range(10):
+            client.publish("ticks/x", b"%d" % i, id=f"t-{i}")
+        client.publish_batch([Outgoing("ticks/x", b"%d" % i, f"t-{i}") for i in range(10, 16)])
+    node.kill()
+    serve()
+    with eomsg.connect(data_dir) as client:
+        depth = {s.name: s.depth for s in client.stats()}
+        assert depth == {"ticks": 3, "old-ticks": 13}
+        again = client.publish_batch([Outgoing("ticks/x", b"x", f"t-{i}") for i in range(16)])
+        assert all(r.duplicate for r in again)  # every id still known, none stored again
+    assert payloads(cli, "ticks") == ["13", "14", "15"]
+    assert payloads(cli, "old-ticks") == [str(i) for i in range(13)]

@@ -28,6 +28,7 @@ app = typer.Typer(
     help="Create, list, subscribe, limit, purge and delete queues.", no_args_is_help=True
 )
 
+QueueName = Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)]
 MaxMessagesOption = Annotated[
     int | None,
     typer.Option(
@@ -146,7 +147,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 @app.command()
 @handles_errors
 def limit(
-    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    name: QueueName,
     max_messages: MaxMessagesOption = None,
     overflow: OverflowOption = REFUSE,
     data: DataOption = DEFAULT_DATA,
@@ -180,7 +181,7 @@ def _limit(c: QueueConfig, lifted: str = "-") -> str:
 @app.command()
 @handles_errors
 def subscribe(
-    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    name: QueueName,
     pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -192,7 +193,7 @@ def subscribe(
 @app.command()
 @handles_errors
 def unsubscribe(
-    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    name: QueueName,
     pattern: Annotated[str, typer.Argument(help="Topic pattern.")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -231,7 +232,7 @@ def _confirm(question: str, yes: bool) -> None:
 @app.command()
 @handles_errors
 def purge(
-    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    name: QueueName,
     yes: YesOption = False,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -251,7 +252,7 @@ def purge(
 @app.command()
 @handles_errors
 def delete(
-    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    name: QueueName,
     force: Annotated[
         bool, typer.Option("--force", help="Delete even if it holds messages.")
     ] = False,
@@ -329,7 +330,7 @@ def _active_limit(c: QueueConfig) -> str:
 @app.command()
 @handles_errors
 def unbind(
-    name: Annotated[str, typer.Argument(help="Queue name.", autocompletion=complete_queue)],
+    name: QueueName,
     flow: Annotated[int, typer.Argument(help="Flow id (see `eomsg inspect flows`).")],
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
