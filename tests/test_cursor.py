@@ -177,7 +177,7 @@ class CursorMachine(RuleBasedStateMachine):
     def make_room(self, n: int) -> None:
         """The oldest waiting — unread or parked, never in flight — are dead-lettered."""
         waiting = sorted(s for s, m in self.model.msgs.items() if m.state != "flight")[:n]
-        got = [(s.seq, s.outcome) for s in self.cursor.make_room(n)]
+        got = [(s.seq, s.outcome) for s in self.cursor.make_room(n)[0]]
         assert got == [(s, Outcome.DEAD_LETTERED) for s in waiting]
         for seq in waiting:
             self.model._settle(seq, Outcome.DEAD_LETTERED)

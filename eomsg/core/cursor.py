@@ -554,14 +554,17 @@ class Cursor:
             out.append(self._settle(seq, Outcome.EXPIRED))
         return out
 
-    def make_room(self, n: int) -> list[Settlement]:
+    def make_room(self, n: int) -> tuple[list[Settlement], dict[int, float]]:
         """Settle as DEAD_LETTERED the ``n`` oldest messages waiting — unread, or given
         back and not handed out again; never one in flight or held — lowest seq first:
-        the room a queue over its limit makes (fewer if fewer wait). Costs the delivered
+        the room a queue over its limit makes (fewer if fewer wait); with the expiry
+        times of those that have one, for their dead-letter queue. Costs the delivered
         messages it holds, not its backlog: the unread ones are taken from the front."""
         out: list[Settlement] = []
+        expiries: dict[int, float] = {}
         if n <= 0:
-            return out
+            return out, expiries
+        known = self._expires
         parked = heapq.nsmallest(n, (s for s, e in self._delivered.items() if not e.in_flight))
         unread, dropped = self._unread, self._dropped
         i = 0
@@ -570,16 +573,20 @@ class Cursor:
                 dropped.discard(unread.popleft())
             head = unread.first() if len(unread) else None
             if i < len(parked) and (head is None or parked[i] < head):
-                out.append(self._settle(parked[i], Outcome.DEAD_LETTERED))
+                seq = parked[i]
                 i += 1
+                if (expires := known.get(seq)) is not None:
+                    expiries[seq] = expires
+                out.append(self._settle(seq, Outcome.DEAD_LETTERED))
             elif head is not None:
                 unread.popleft()  # never delivered: settled here, not left to skip
-                self._expires.pop(head, None)
+                if (expires := known.pop(head, None)) is not None:
+                    expiries[head] = expires
                 self._count -= 1
                 out.append(Settlement(head, Outcome.DEAD_LETTERED))
             else:
                 break
-        return out
+        return out, expiries
 
     def purge(self) -> list[Settlement]:
         """Settle every pending message as PURGED, in flight included."""

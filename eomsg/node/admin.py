@@ -78,6 +78,7 @@ class Admin(NodeState):
                 del self._queues[name], self._by_id[q.id]
                 self._queue_dropped(q.id)
                 self._interest_changed()
+                self._queues_changed()
                 for v in q.election.flows():
                     f = self._flows.pop(v.flow)
                     if f.notify is not None:
@@ -139,6 +140,7 @@ class Admin(NodeState):
             self._routes.clear()
             q.config = config
             self._interest_changed()
+            self._queues_changed()
 
     def purge(self, name: str, *, by: str = OWNER) -> int:
         """Settle every message in the queue as purged; returns how many."""

@@ -14,13 +14,12 @@ from concurrent.futures import Future
 
 from eomsg.core import access
 from eomsg.core.access import OWNER
-from eomsg.core.cursor import Outcome
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, Publishable, PublishResult
-from eomsg.core.queues import DEAD_LETTER_OLDEST, REFUSE
 from eomsg.errors import InvalidConfig, QueueFull
 from eomsg.failpoints import failpoint
-from eomsg.node.state import Destination, NodeState, QueueState, to_us
+from eomsg.node.overflow import Displaced, Overflow
+from eomsg.node.state import Destination, QueueState, to_us
 from eomsg.store.writer import RowBatch
 
 REQUEUED_FROM = "eomsg-requeued-from"  # the header a requeued message carries: its old seq
@@ -28,7 +27,7 @@ Route = tuple[Destination, ...]
 Fresh = tuple[int, str | None, float | None, Route]  # seq, id, expiry, route
 
 
-class Ingress(NodeState):
+class Ingress(Overflow):
     """Publishing: messages in, numbered, routed and made durable."""
 
     def publish(
@@ -179,10 +178,10 @@ class Ingress(NodeState):
         deliverable): the log's, and the destinations — a row per message and queue,
         a run of consecutive seqs per link's route (what the link owes is settled as
         one number, so a row per message would only be written and deleted). A queue
-        they would take past its max-messages makes room (:meth:`_overflow`): QueueFull,
-        nothing staged, if one refuses (``refuse`` False: a prepared transaction's
-        commit, which must not fail, takes it past). Call with ``_lock`` held, then
-        :meth:`_write_staged`."""
+        they would take past its max-messages refuses them (QueueFull, nothing
+        changed; ``refuse`` False: a prepared transaction's commit, which must not fail,
+        takes it past) or makes room (:mod:`eomsg.node.overflow`). Call with ``_lock``
+        held, then :meth:`_write_staged`."""
         now_us = to_us(now)
         results: list[PublishResult] = []
         fresh: list[Fresh] = []
@@ -192,8 +191,14 @@ class Ingress(NodeState):
         uncommitted = self._uncommitted_ids
         touched: dict[QueueState, int] = {}  # how many each queue gets
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
-        displaced = self._displaced(messages, published, route, routes)
-        dead_lettered: dict[QueueState, int] = {}  # displaced into each dead-letter queue
+
+        def route_of(i: int) -> Route:
+            if routes is not None:
+                return routes[i]
+            return self._route(messages[i].topic) if route is None else route
+
+        displaced = self._displaced(messages, published, route_of)
+        moved: Displaced = []  # displaced into their queue's dead-letter queue
         seq = self._next_seq
         for i, m in enumerate(messages):
             msg_id = m.id
@@ -205,12 +210,9 @@ class Ingress(NodeState):
                 uncommitted[msg_id] = seq
             expires = None if m.ttl is None else now + m.ttl
             expires_us = None if expires is None else to_us(expires)
-            if routes is not None:
-                queues = routes[i]
-            else:
-                queues = self._route(m.topic) if route is None else route
+            queues = route_of(i)
             if displaced:
-                queues = self._displace(batch, displaced, dead_lettered, queues, seq, now_us)
+                queues = self._displace(displaced, moved, queues, seq)
             headers = m.log_headers
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:
@@ -228,14 +230,19 @@ class Ingress(NodeState):
             results.append(PublishResult(seq, msg_id, False, len(queues)))
             seq += 1
         if touched:
-            try:  # what is dead-lettered into a queue enters it past its limit
-                adding = {q: n - dead_lettered.get(q, 0) for q, n in touched.items()}
-                self._overflow(batch, adding, now, refuse)
-            except QueueFull:
-                for _, msg_id, _, _ in fresh:
-                    if msg_id is not None:
-                        uncommitted.pop(msg_id, None)
-                raise
+            adding = dict(touched)
+            for _, dlq, _ in moved:  # what is dead-lettered into a queue: past its limit
+                adding[dlq] -= 1
+            if refuse:
+                try:
+                    self._refuse_past(adding)
+                except QueueFull:  # nothing changed but the ids noted: forgotten
+                    for _, msg_id, _, _ in fresh:
+                        if msg_id is not None:
+                            uncommitted.pop(msg_id, None)
+                    raise
+            self._record_displaced(batch, moved, now_us)
+            self._make_room(batch, adding, now)
         self._next_seq = seq
         if touched and log_rows:  # what a take may read at once follows their size
             size = sum(len(row[6]) for row in log_rows) / len(log_rows)
@@ -271,123 +278,14 @@ class Ingress(NodeState):
                         q.incoming -= 1
             raise
 
-    def _displaced(
-        self,
-        messages: Sequence[Publishable],
-        published: dict[str, int],
-        route: Route | None,
-        routes: Sequence[Route] | None,
-    ) -> dict[QueueState, int]:
-        """For each queue that dead-letters its oldest, how many of these messages (the
-        first routed to it) are displaced before they enter it: more than it can make
-        room for from the messages waiting in it (a batch larger than its limit, or one
-        in flight). They go to its dead-letter queue in the same commit. Under
-        ``_lock``."""
-        adding: dict[QueueState, int] = {}
-        seen: set[str] = set()
-        limited_on: dict[int, tuple[QueueState, ...]] = {}  # by route (a batch shares few)
-        for i, m in enumerate(messages):
-            if routes is not None:
-                queues = routes[i]
-            else:
-                queues = self._route(m.topic) if route is None else route
-            limited = limited_on.get(id(queues))
-            if limited is None:
-                limited = limited_on[id(queues)] = tuple(
-                    q
-                    for q in queues
-                    if isinstance(q, QueueState)
-                    and q.config.max_messages is not None
-                    and q.config.overflow == DEAD_LETTER_OLDEST
-                )
-            if not limited:
-                continue
-            if m.id is not None:
-                if m.id in seen or m.id in self._uncommitted_ids or m.id in published:
-                    continue  # a duplicate: not stored again
-                seen.add(m.id)
-            for q in limited:
-                adding[q] = adding.get(q, 0) + 1
-        out = {}
-        for q, n in adding.items():
-            waiting = q.cursor.depth - q.cursor.in_flight
-            if (beyond := min(n, q.config.over(q.depth, n) - waiting)) > 0:
-                out[q] = beyond
-        return out
-
-    def _displace(
-        self,
-        batch: RowBatch,
-        displaced: dict[QueueState, int],
-        dead_lettered: dict[QueueState, int],
-        queues: Route,
-        seq: int,
-        now_us: int,
-    ) -> Route:
-        """``queues``, the route of message ``seq``, with each queue that it is displaced
-        from (:meth:`_displaced`) replaced by that queue's dead-letter queue — recorded
-        as routed there and dead-lettered at once (counted in ``dead_lettered``). Under
-        ``_lock``."""
-        for q in queues:
-            if displaced.get(q):  # type: ignore[call-overload]
-                assert isinstance(q, QueueState)
-                displaced[q] -= 1
-                dlq = self._queues[q.config.dead_letter or ""]
-                batch.add("destinations", seq, q.id)
-                batch.add("settled", q.id, seq, Outcome.DEAD_LETTERED, now_us)
-                q.counts[Outcome.DEAD_LETTERED] += 1
-                q.overflowed += 1
-                self._settled_since_compaction += 1
-                queues = (*(d for d in queues if d is not q and d is not dlq), dlq)
-                dead_lettered[dlq] = dead_lettered.get(dlq, 0) + 1
-        return queues
-
-    def _overflow(
-        self, batch: RowBatch, adding: dict[QueueState, int], now: float, refuse: bool
-    ) -> None:
-        """Make room in the queues ``adding`` messages would take past their
-        max-messages: QueueFull, changing nothing, if one refuses (and ``refuse``); then
-        each that dead-letters its oldest does so, in ``batch``, from the messages
-        waiting in it (those of this batch beyond were displaced already). Under
-        ``_lock``."""
-        over = [(q, q.config.over(q.depth, n)) for q, n in adding.items()]
-        over = [(q, n) for q, n in over if n]
-        if not over:
-            return
-        if refuse:
-            for q, _ in over:
-                if q.config.overflow == REFUSE:
-                    q.overflowed += adding[q]
-                    raise _full(q)
-        for q, n in over:
-            if q.config.overflow == DEAD_LETTER_OLDEST:
-                room = q.cursor.make_room(n)
-                q.overflowed += len(room)
-                self._record_settlements(batch, q, room, now)
-
-    def _check_queue_room(self, messages: Sequence[Outgoing]) -> None:
+    def _check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None:
         """QueueFull if ``messages`` would take a queue that refuses past its
         max-messages: a transaction's prepare votes no then (its commit, which must not
         fail, takes them in regardless). Under ``_lock``."""
-        adding: dict[QueueState, int] = {}
+        room = self._room([m.id for m in messages if m.id is not None], now)
         for m in messages:
-            full = self._no_room(self._route(m.topic), adding)
-            if full is not None:
-                raise full
-
-    def _no_room(self, route: Route, adding: dict[QueueState, int]) -> QueueFull | None:
-        """Count one more message for ``route``'s queues in ``adding``, unless a queue
-        that refuses past its max-messages has no room for it: then why, and nothing
-        counted. Under ``_lock``."""
-        limited = [q for q in route if isinstance(q, QueueState) and q.config.max_messages]
-        for q in limited:
-            n = adding.get(q, 0) + 1
-            if q.config.overflow == REFUSE and q.config.over(q.depth, n):
-                q.overflowed += 1
-                return _full(q)
-        for q in limited:
-            adding[q] = adding.get(q, 0) + 1
-        return None
+            if (why := room.full(self._route(m.topic), m.id)) is not None:
+                raise why
 
     def _route(self, topic: str) -> Route:
         """The queues subscribed to ``topic``, then the links it goes out on. Under
@@ -442,11 +340,3 @@ class Ingress(NodeState):
     def _append_run(route: Route | None, seqs: list[int], expiry: list[float | None]) -> None:
         for q in route or ():
             q.extend(seqs, expiry)
-
-
-def _full(q: QueueState) -> QueueFull:
-    return QueueFull(
-        f"queue {q.config.name!r} is full: it holds {q.depth} messages of its "
-        f"{q.config.max_messages} (max-messages) and refuses more; nothing of this "
-        "publish was stored (retry it once consumers made room)"
-    )

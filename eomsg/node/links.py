@@ -777,7 +777,8 @@ class Links(Egress):
                 return done
             routes, kept, peer_seqs, refused = [], [], [], []
             routed: dict[tuple[str, tuple[str, ...]], Way] = {}
-            adding: dict[QueueState, int] = {}
+            ids = [m.id for m in outgoing[offer.start :] if not isinstance(m, str) and m.id]
+            room = self._room(ids, now)
             read = before = prev if offer.start == 0 else seqs[offer.start - 1]
             for seq, m in zip(seqs[offer.start :], outgoing[offer.start :], strict=True):
                 if isinstance(m, str):
@@ -793,7 +794,7 @@ class Links(Egress):
                 if way is None:
                     way = routed[m.topic, m.targets] = self._route_carried(link, m)
                 route, unreachable, withheld = way
-                full = self._no_room(route, adding)
+                full = room.full(route, m.id)
                 if full is not None:  # it and the rest wait at the peer, sent again
                     if read == before:
                         receiver.refused()

@@ -75,7 +75,7 @@ class Participant(Ingress):
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
             by_queue = self._check_deletes(deletes, holder)
-            self._check_queue_room(messages)
+            self._check_queue_room(messages, now)
             held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)

@@ -214,6 +214,7 @@ class NodeState:
         self._by_id: dict[int, QueueState] = {}
         self._matcher: Matcher[QueueState] = Matcher()
         self._routes: dict[str, tuple[Destination, ...]] = {}
+        self._limited = False  # whether a queue has a max-messages (see _queues_changed)
         self._uncommitted_ids: dict[str, int] = {}
         self._txns: dict[str, PreparedTxn] = {}  # prepared, undecided
         self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
@@ -418,10 +419,16 @@ class NodeState:
             future.result()
 
     def _record_settlements(
-        self, batch: RowBatch, q: QueueState, settlements: list[Settlement], now: float
+        self,
+        batch: RowBatch,
+        q: QueueState,
+        settlements: list[Settlement],
+        now: float,
+        expiries: dict[int, float] | None = None,
     ) -> None:
         """Add settlement records (and dead-letter destinations) to ``batch``; the DLQ
-        sees its new messages once the batch commits. Call with ``_lock`` held."""
+        sees its new messages once the batch commits (``expiries``: theirs, when the
+        caller knows them; else read from the store). Call with ``_lock`` held."""
         if not settlements:
             return
         now_us = to_us(now)
@@ -435,7 +442,8 @@ class NodeState:
                 moved.append(s.seq)
         self._settled_since_compaction += len(settlements)
         if moved and dlq is not None:
-            expiries = self._expiries(moved)
+            if expiries is None:
+                expiries = self._expiries(moved)
             target = dlq
 
             def to_dlq() -> None:
@@ -456,8 +464,10 @@ class NodeState:
             # With the releases, the latest time one was recorded at: a restart whose
             # wall clock was set back since moves their due times back as far (Node.
             # _recover), or a message given back at once would wait out the jump.
+            # (Written with what is left of the batch once rows about messages held in
+            # memory are kept with them: a batch of only those costs no write.)
             self._released_at = max(self._released_at, now)
-            batch.set_meta(RELEASED_AT, repr(self._released_at))
+            self._write_later(RELEASED_AT, repr(self._released_at))
         for r in outcomes:
             if isinstance(r, Release) and r.unseen:
                 batch.add("returned", q.id, r.seq, r.attempt + 1, to_us(now))
@@ -479,7 +489,13 @@ class NodeState:
             self._matcher.add(pattern, q)
         self._routes.clear()
         self._interest_changed()
+        self._queues_changed()
         return q
+
+    def _queues_changed(self) -> None:
+        """A queue was made, changed or dropped: note whether any has a max-messages,
+        so that a publish looks at limits only then. Under ``_lock``."""
+        self._limited = any(q.config.max_messages is not None for q in self._queues.values())
 
     def _interest_changed(self) -> None:
         """The topics this node's queues want changed. Under ``_lock``; the links tell
