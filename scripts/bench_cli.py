@@ -1,13 +1,18 @@
 """Start-up of the command line: the wall time of whole ``eomsg`` processes.
 
   cli  the median wall time of ``eomsg --version``, ``eomsg --help``, ``eomsg publish``
-       and ``eomsg inspect queues``, the last two through a node (``eomsg serve``) on a
-       temporary data directory, each run ``n`` times; also which heavy modules each
-       loaded
+       and ``eomsg inspect queues`` through a node (``eomsg serve``) on a temporary data
+       directory, and of the last two on another directory no node serves (embedded:
+       the command opens the store itself), each run ``n`` times; also which heavy
+       modules each loaded
 
 A command through a running node should load neither the store (DuckDB, Arrow) nor
 Spark nor an application database's driver: ``loaded`` lists those a run imported (read
 from ``python -X importtime``, in a run of its own so the timed runs are not slowed).
+
+The programs run with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed) and one
+untimed run first, as an installed wheel's modules are compiled when it is installed:
+otherwise each run would compile every eomsg module it imports from source.
 
 ``--eomsg`` names the program to time (default: the ``eomsg`` beside this
 interpreter), so another checkout's install can be measured the same way.
@@ -25,17 +30,24 @@ from pathlib import Path
 
 SCENARIOS = ("cli",)
 HEAVY = ("duckdb", "pyarrow", "psycopg", "pyspark", "pandas")
+# name: the command's words, and whether it runs through the node (else embedded)
 COMMANDS = {
-    "version": ["--version"],
-    "help": ["--help"],
-    "publish": ["publish", "bench/cli", "hello"],
-    "inspect queues": ["inspect", "queues"],
+    "version": (["--version"], True),
+    "help": (["--help"], True),
+    "publish": (["publish", "bench/cli", "hello"], True),
+    "inspect queues": (["inspect", "queues"], True),
+    "publish embedded": (["publish", "bench/cli", "hello"], False),
+    "inspect queues embedded": (["inspect", "queues"], False),
 }
 
 
 def run(n: int, program: str, tmp: Path) -> dict[str, object]:
     data = tmp / "data"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("EOMSG_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("EOMSG_") and k != "PYTHONDONTWRITEBYTECODE"
+    }
     env["EOMSG_DATA"] = str(data)
     node = subprocess.Popen(
         [program, "serve", "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -45,19 +57,23 @@ def run(n: int, program: str, tmp: Path) -> dict[str, object]:
         assert node.stdout is not None
         if json.loads(node.stdout.readline())["event"] != "ready":
             raise RuntimeError("eomsg serve did not start")
-        subprocess.run(  # through the node, which made the data directory
-            [program, "queue", "create", "bench", "--subscribe", "bench/>"],
-            env=env, check=True, capture_output=True,
-        )  # fmt: skip
+        embedded = {**env, "EOMSG_DATA": str(tmp / "embedded")}
+        for where in (env, embedded):  # through the node, which made its directory
+            subprocess.run(
+                [program, "--init", "queue", "create", "bench", "--subscribe", "bench/>"],
+                env=where, check=True, capture_output=True,
+            )  # fmt: skip
         result: dict[str, object] = {"scenario": "cli", "n": n, "program": program}
-        for name, args in COMMANDS.items():
+        for name, (args, served) in COMMANDS.items():
+            where = env if served else embedded
+            subprocess.run([program, *args], env=where, check=True, capture_output=True)
             times = []
             for _ in range(n):
                 start = time.perf_counter()
-                subprocess.run([program, *args], env=env, check=True, capture_output=True)
+                subprocess.run([program, *args], env=where, check=True, capture_output=True)
                 times.append(time.perf_counter() - start)
             result[f"{name} ms"] = round(statistics.median(times) * 1000, 1)
-            result[f"{name} loaded"] = _heavy_modules(program, args, env)
+            result[f"{name} loaded"] = _heavy_modules(program, args, where)
         return result
     finally:
         node.terminate()

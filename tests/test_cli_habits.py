@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from eomsg.cli.app import COMMANDS, VALUED, build, command_named
 from eomsg.errors import ExitCode
 from tests.conftest import Cli, eventually
 
@@ -143,6 +144,37 @@ def test_a_command_through_a_node_loads_no_store_spark_or_driver(
     loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()}
     assert not loaded & set(HEAVY), sorted(loaded & set(HEAVY))
     assert "eomsg.cli.app" in loaded  # the import log is there to read
+
+
+def test_only_the_command_that_runs_is_built(cli: Cli, serve: Callable[..., Any]) -> None:
+    """``eomsg publish`` imports no other command's module."""
+    serve()
+    r = cli("publish", "t/x", "p", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()}
+    # (every command reads the context it reaches the node by from eomsg.cli.context)
+    others = {m for m, _ in COMMANDS.values()} - {"eomsg.cli.publish", "eomsg.cli.context"}
+    assert "eomsg.cli.publish" in loaded and not loaded & others, sorted(loaded & others)
+
+
+def test_the_root_options_that_take_a_value_are_the_ones_skipped() -> None:
+    """The command's name is the first word that is not a root option or its value (a
+    value never taken for a name: ``--data queue publish``)."""
+    import typer.main
+
+    group = typer.main.get_command(build())
+    valued = {o for p in group.params if not getattr(p, "is_flag", True) for o in p.opts}
+    assert valued == set(VALUED)
+    assert list(group.commands) == list(COMMANDS)  # each command, in the table's order
+    for words, named in [
+        (["publish", "t/x"], "publish"),
+        (["--data", "publish", "queue", "list"], "queue"),
+        (["--data=d", "--json", "--init", "inspect", "queues"], "inspect"),
+        (["--context", "prod", "nosuch"], None),
+        (["--help", "publish"], None),
+        (["--show-completion", "bash"], None),
+        ([], None),
+    ]:
+        assert command_named(words) == named, words
 
 
 def test_version_and_shell_completion(cli: Cli) -> None:

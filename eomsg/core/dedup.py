@@ -34,7 +34,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 
 def id_hash(msg_id: str) -> int:
@@ -258,7 +257,7 @@ class RetainedIds:
             self.hashes[mask],
             self.seqs[mask],
             self.expires[mask],
-            pc.filter(self.ids, pa.array(mask)),
+            self.ids.filter(pa.array(mask)),
         )
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from eomsg.errors import (
     DataDirDamaged,
@@ -46,11 +46,13 @@ from eomsg.errors import (
 )
 from eomsg.node.node import Node, room_to_open
 from eomsg.server.link import LinkManager
-from eomsg.server.metrics import Metrics, check_address
 from eomsg.server.session import Session
 from eomsg.wire.address import Address, socket_path, token_path, unix_address
 from eomsg.wire.events import PROTOCOL_VERSION
 from eomsg.wire.tls import ServerTls
+
+if TYPE_CHECKING:  # imported when served: prometheus_client costs every embedded command
+    from eomsg.server.metrics import Metrics
 
 T = TypeVar("T")
 log = logging.getLogger("eomsg.server")
@@ -79,6 +81,8 @@ class ServerSettings:
     def check(self) -> None:
         """InvalidConfig for settings that contradict the security baseline or each other."""
         if self.metrics is not None:
+            from eomsg.server.metrics import check_address
+
             check_address(self.metrics, self.allow_remote)
         for address in self.listen:
             if address.is_unix:
@@ -156,7 +160,11 @@ class Server:
         self.token = load_token(data_dir)
         self.links = LinkManager(self)
         self.addresses: list[Address] = []
-        self.metrics = Metrics(self) if settings.metrics is not None else None
+        self.metrics: Metrics | None = None
+        if settings.metrics is not None:
+            from eomsg.server.metrics import Metrics
+
+            self.metrics = Metrics(self)
         self.sessions: set[Session] = set()
         self.inflight_bytes = 0
         self._servers: list[asyncio.AbstractServer] = []
