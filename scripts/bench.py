@@ -274,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--eomsg", default=None, help="cli: the eomsg program to time")
     parser.add_argument(
+        "--baseline",
+        default=None,
+        metavar="PROGRAM",
+        help="cli: another eomsg program timed in turn with --eomsg, run by run",
+    )
+    parser.add_argument(
         "--sizes",
         default=",".join(str(s) for s in bench_scale.SIZES),
         help="scale: log sizes, comma-separated",
@@ -329,13 +335,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.scenario in bench_cli.SCENARIOS:
         n = args.n if "--n" in (argv if argv is not None else sys.argv) else 20
         with tempfile.TemporaryDirectory(prefix="eomsg-bench-") as tmp:
-            cli = bench_cli.run(n, args.eomsg or bench_cli.default_program(), Path(tmp))
+            program = args.eomsg or bench_cli.default_program()
+            cli = bench_cli.run(n, program, Path(tmp), args.baseline)
         cli["machine"] = machine()
         if args.json:
             print(json.dumps(cli))
         else:
             print(
-                ", ".join(f"{c} {cli[f'{c} ms']} ms" for c in bench_cli.COMMANDS)
+                ", ".join(
+                    f"{c} {cli[f'{c} ms']} ms"
+                    + (f" (baseline {cli[f'{c} baseline ms']} ms)" if args.baseline else "")
+                    for c in bench_cli.COMMANDS
+                )
                 + f" (median of {n}); heavy modules loaded: "
                 + "; ".join(
                     f"{c}: {', '.join(cli[f'{c} loaded']) or 'none'}"  # type: ignore[arg-type]

@@ -15,7 +15,10 @@ untimed run first, as an installed wheel's modules are compiled when it is insta
 otherwise each run would compile every eomsg module it imports from source.
 
 ``--eomsg`` names the program to time (default: the ``eomsg`` beside this
-interpreter), so another checkout's install can be measured the same way.
+interpreter), so another checkout's install can be measured the same way; ``--baseline``
+names a second one timed in turn with it, run by run (``… baseline ms``): on a machine
+whose speed drifts by tens of per cent over minutes (this VM's does), only runs
+interleaved like that compare two versions.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ COMMANDS = {
 }
 
 
-def run(n: int, program: str, tmp: Path) -> dict[str, object]:
+def run(n: int, program: str, tmp: Path, baseline: str | None = None) -> dict[str, object]:
     data = tmp / "data"
     env = {
         k: v
@@ -64,15 +67,18 @@ def run(n: int, program: str, tmp: Path) -> dict[str, object]:
                 env=where, check=True, capture_output=True,
             )  # fmt: skip
         result: dict[str, object] = {"scenario": "cli", "n": n, "program": program}
+        timed = {"": program, " baseline": baseline} if baseline else {"": program}
         for name, (args, served) in COMMANDS.items():
             where = env if served else embedded
-            subprocess.run([program, *args], env=where, check=True, capture_output=True)
-            times = []
-            for _ in range(n):
-                start = time.perf_counter()
-                subprocess.run([program, *args], env=where, check=True, capture_output=True)
-                times.append(time.perf_counter() - start)
-            result[f"{name} ms"] = round(statistics.median(times) * 1000, 1)
+            times: dict[str, list[float]] = {key: [] for key in timed}
+            for i in range(n + 1):  # the first run of each is not timed
+                for key, prog in timed.items():
+                    start = time.perf_counter()
+                    subprocess.run([prog, *args], env=where, check=True, capture_output=True)
+                    if i:
+                        times[key].append(time.perf_counter() - start)
+            for key, took in times.items():
+                result[f"{name}{key} ms"] = round(statistics.median(took) * 1000, 1)
             result[f"{name} loaded"] = _heavy_modules(program, args, where)
         return result
     finally:
