@@ -54,6 +54,15 @@ def test_bench_rejects_bad_arguments() -> None:
     assert r.returncode == 2 and "--n and --batch must be positive" in r.stderr
 
 
+def test_the_cli_scenario_times_each_command_served_and_embedded(eomsg_bin: str) -> None:
+    result = bench("--scenario", "cli", "--n", "1", "--baseline", eomsg_bin)
+    commands = ["version", "help", "publish", "inspect queues"]
+    for name in [*commands, "publish embedded", "inspect queues embedded"]:
+        assert result[f"{name} ms"] > 0 and result[f"{name} baseline ms"] > 0  # type: ignore[operator]
+    assert all(result[f"{name} loaded"] == [] for name in commands)  # through the node
+    assert "duckdb" in result["inspect queues embedded loaded"]  # type: ignore[operator]
+
+
 @pytest.mark.parametrize("scenario", ["publish", "publish-c32", "consume", "e2e", "latency"])
 def test_broker_scenarios_print_one_json_object(scenario: str) -> None:
     result = bench("--scenario", scenario, "--n", "64", "--clients", "4", "--rounds", "1")
