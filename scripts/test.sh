@@ -38,6 +38,5 @@ if ! compiles && ! { bash scripts/debian.sh --install gcc libc6-dev && compiles;
 fi
 python -m ruff check eomsg tests scripts
 python -m mypy eomsg
-# every core (-n auto; -n 0 after it runs one process), an idle worker taking tests
-# queued for another (worksteal: a few tests take minutes), the 40 slowest listed
-python -m pytest -n auto --dist worksteal --durations=40 "$@"
+# every core (-n auto; -n 0 after it runs one process), the 40 slowest tests listed
+python -m pytest -n auto --durations=40 "$@"
