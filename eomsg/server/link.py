@@ -121,7 +121,6 @@ class LinkConnection(asyncio.Protocol):
         # takes), by seq, with their payload's size: refused once the peer acknowledges
         # them — it may instead connect again, to take them under a new frame limit.
         self._passing: dict[int, int] = {}
-        self._not_taken: str | None = None  # why the node last could not take a frame
         self._work = asyncio.Event()
         self._writable = asyncio.Event()
         self._writable.set()
@@ -295,13 +294,9 @@ class LinkConnection(asyncio.Protocol):
         except EomsgError as e:
             if e.code in ("invalid_input", "invalid_topic", "invalid_config", "payload_too_large"):
                 raise
-            # The node cannot take them now (a full disk, a store being reopened, a full
-            # queue): the peer keeps them and sends them again, every few seconds while
-            # it lasts — said once, and again for another reason or after a frame taken.
-            why = one_line(e)
-            if why != self._not_taken:
-                log.warning("link to %s: messages not taken now: %s", self.peer, why)
-                self._not_taken = why
+            # The node cannot take them now (a full disk, a store being reopened): the
+            # peer keeps them and sends them again.
+            log.warning("link to %s: messages not taken now: %s", self.peer, one_line(e))
             return
 
         def done(f: Future[tuple[int, bool]]) -> None:
@@ -313,8 +308,6 @@ class LinkConnection(asyncio.Protocol):
         taken.add_done_callback(done)
 
     def _taken(self, read: int, gap: bool) -> None:
-        if not gap:  # taken in order: a refusal from now on is news again
-            self._not_taken = None
         if self.linked and not self.closed.is_set():
             self.send(ev.Taken(read, gap))
 
