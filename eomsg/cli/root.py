@@ -105,22 +105,21 @@ class _CoercedWhenGiven:
     (≈ 1.5 ms each, 25 for ``eomsg publish``), even for one left at None, which it
     then returns untouched (as here: ``()`` for one taking many values)."""
 
-    def __init__(self, param: Any) -> None:
-        self._param = param
+    def __init__(self) -> None:
         self._built: Any = None
 
     def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
         if value is None:
             return () if param.multiple or param.nargs == -1 else None
         if self._built is None:
-            self._built = build_runtime_param(self._param.type_descriptor)
+            self._built = build_runtime_param(param.type_descriptor)
         return self._built.coerce(value, param=param, ctx=ctx)
 
 
 def _coerce_when_given(params: list[Any]) -> None:
     for param in params:
         if isinstance(param, TyperArgument | TyperOption):
-            param._runtime_param = _CoercedWhenGiven(param)  # type: ignore[assignment]
+            param._runtime_param = _CoercedWhenGiven()  # type: ignore[assignment]
 
 
 COMPLETION_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
