@@ -131,6 +131,7 @@ FILL_BATCH = 10_000
 
 IDS = True
 LIMIT: int | None = None  # --max-messages: the bench queue dead-letters its oldest past it
+LIMIT_BYTES: int | None = None  # --max-bytes: the same, by payload bytes
 
 
 def _messages(n: int, payload: bytes, start: int) -> list[Outgoing]:
@@ -156,10 +157,10 @@ def run(
         with LocalClient.open(Path(tmp) / "data", settings) as client:
             client.create_queue(
                 QueueConfig.create("bench", ["bench/>"])
-                if LIMIT is None
+                if LIMIT is None and LIMIT_BYTES is None
                 else QueueConfig.create(
-                    "bench", ["bench/>"], max_messages=LIMIT, overflow="dead-letter-oldest",
-                    dead_letter="bench-old",
+                    "bench", ["bench/>"], max_messages=LIMIT, max_bytes=LIMIT_BYTES,
+                    overflow="dead-letter-oldest", dead_letter="bench-old",
                 )
             )  # fmt: skip
             start = 0
@@ -179,7 +180,7 @@ def run(
                     _publish_all(client, n, payload, batch, start)
                 else:
                     consumed = bench_fill.drain(client, batch)
-                    assert consumed == n or LIMIT, f"consumed {consumed} of {n}"
+                    assert consumed == n or LIMIT or LIMIT_BYTES, f"consumed {consumed} of {n}"
                 timings.append(time.perf_counter() - t0)
                 if scenario != "embedded-consume":
                     bench_fill.drain(client, FILL_BATCH)
@@ -198,6 +199,7 @@ def run(
         "log_size": log_size,
         "ids": IDS,
         "max_messages": LIMIT,
+        "max_bytes": LIMIT_BYTES,
         "machine": machine(),
     }
 
@@ -246,6 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="embedded scenarios: the queue holds at most this many, dead-lettering its "
         "oldest past it (what a queue at its limit costs a publish)",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=int,
+        default=None,
+        help="embedded scenarios: the same by payload bytes (both may be given)",
     )
     parser.add_argument(
         "--prefetch",
@@ -325,9 +333,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     if args.n < 1 or args.batch < 1 or args.payload < 0 or args.log_size < 0:
         parser.error("--n and --batch must be positive, --payload and --log-size not negative")
-    global IDS, LIMIT
+    global IDS, LIMIT, LIMIT_BYTES
     IDS = not args.no_ids
-    LIMIT = args.max_messages
+    LIMIT, LIMIT_BYTES = args.max_messages, args.max_bytes
     if args.scenario in bench_soak.SCENARIOS:
         if args.scenario == "soak-backlog":  # its data directory goes under the temp dir
             bench_scale.check_room(Path(tempfile.gettempdir()), args.n, args.payload)

@@ -404,16 +404,21 @@ def test_a_node_whose_queues_are_over_their_memory_holds_its_links_back(net: Mak
     n.run()  # quiet now: nothing owed
 
 
+# Two messages of one payload byte each, counted either way.
+LIMITS = {"max-messages": {"max_messages": 2}, "max-bytes": {"max_bytes": 2}}
+
+
+@pytest.mark.parametrize("limit", LIMITS)
 @pytest.mark.parametrize("egress", ["store", "memory"])
 def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
-    net: MakeNet, egress: str
+    net: MakeNet, egress: str, limit: str
 ) -> None:
-    """Limits meet links: messages for a queue that refuses past its max-messages stay
-    owed by the sending node (nothing lost, nothing taken twice), and flow once its
-    consumer made room — in order, each once."""
+    """Limits meet links: messages for a queue that refuses past its max-messages (or
+    max-bytes) stay owed by the sending node (nothing lost, nothing taken twice), and
+    flow once its consumer made room — in order, each once."""
     n = net("ac", egress=egress)
     n.link("a", "c")
-    n.nodes["c"].create_queue(QueueConfig.create("audit", ("orders/>",), max_messages=2))
+    n.nodes["c"].create_queue(QueueConfig.create("audit", ("orders/>",), **LIMITS[limit]))
     n.run()
     for i in range(5):
         n.nodes["a"].publish("orders/eu/new", str(i).encode())
@@ -431,9 +436,10 @@ def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
     assert [i.pending for i in n.nodes["a"].link_info()] == [0]
 
 
+@pytest.mark.parametrize("limit", LIMITS)
 @pytest.mark.parametrize("egress", ["store", "memory"])
 def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(
-    net: MakeNet, egress: str
+    net: MakeNet, egress: str, limit: str
 ) -> None:
     """Limits meet links: a queue that dead-letters its oldest takes every message the
     link brings — the newest stay, the oldest go to its dead-letter queue — each once."""
@@ -442,8 +448,8 @@ def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(
     c = n.nodes["c"]
     c.create_queue(
         QueueConfig.create(
-            "audit", ("orders/>",), max_messages=2, overflow="dead-letter-oldest",
-            dead_letter="old",
+            "audit", ("orders/>",), overflow="dead-letter-oldest", dead_letter="old",
+            **LIMITS[limit],
         )
     )  # fmt: skip
     n.run()

@@ -90,7 +90,7 @@ def test_inspect_memory_says_where_it_goes(
     finally:
         node.kill()
     refused = cli("serve", "--memory-limit", "10MiB", code=3)
-    assert refused.stderr == b"Error: size '10MiB' must be between 256 MiB and 1024 GiB\n"
+    assert refused.stderr == b"Error: size '10MiB' must be between 256 MiB and 1 TiB\n"
 
 
 def test_a_damaged_spill_file_is_made_anew_from_the_store(

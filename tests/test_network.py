@@ -173,24 +173,29 @@ def test_a_killed_after_collecting_what_b_took_owes_none_of_it(network: Network)
         assert b.fetch("q", 10, wait=1.0) == []  # nothing came twice
 
 
-def test_a_full_queue_holds_its_messages_at_the_sending_node(network: Network) -> None:
+@pytest.mark.parametrize(
+    "limit", [{"max_messages": 10}, {"max_bytes": 30}], ids=["max-messages", "max-bytes"]
+)
+def test_a_full_queue_holds_its_messages_at_the_sending_node(
+    network: Network, limit: dict[str, int]
+) -> None:
     """Queue limits meet links, in real processes: what a full queue that refuses cannot
-    take waits at the node that sends it (owed there, not lost, not taken twice) and
-    arrives, in order, once its consumer made room."""
+    take (10 messages of 3 bytes) waits at the node that sends it (owed there, not lost,
+    not taken twice) and arrives, in order, once its consumer made room."""
     for name in "ab":
         network.start(name)
     network.link("a", "b")
     assert eventually(lambda: network.up("a", "b") and network.up("b", "a"))
     with network.client("b") as b:
-        b.create_queue(QueueConfig.create("audit", ("orders/>",), max_messages=10))
+        b.create_queue(QueueConfig.create("audit", ("orders/>",), **limit))
     with network.client("a") as a:
         assert eventually(lambda: any("b" in i.reaches for i in a.link_info()))
         for i in range(30):
-            a.publish("orders/eu", f"m{i}".encode())
+            a.publish("orders/eu", f"m{i:02d}".encode())
         assert eventually(lambda: [i.pending for i in a.link_info()] == [20])
     with network.client("b") as b:
         assert eventually(lambda: {s.name: s.depth for s in b.stats()} == {"audit": 10})
-        assert drain(b, "audit", 30) == [f"m{i}".encode() for i in range(30)]
+        assert drain(b, "audit", 30) == [f"m{i:02d}".encode() for i in range(30)]
         assert {s.name: s.depth for s in b.stats()} == {"audit": 0}
     with network.client("a") as a:
         assert eventually(lambda: [i.pending for i in a.link_info()] == [0])

@@ -43,7 +43,10 @@ SAMPLES: dict[str, tuple[dict[str, Any], Any]] = {
     "delete_queue": ({"name": "q", "force": True}, 12),
     "subscribe": ({"name": "q", "pattern": "a/>"}, False),
     "unsubscribe": ({"name": "q", "pattern": "a/>"}, True),
-    "limit_queue": ({"name": "q", "max_messages": 1000, "overflow": "dead-letter-oldest"}, CONFIG),
+    "limit_queue": (
+        {"name": "q", "max_messages": 1000, "overflow": "dead-letter-oldest", "max_bytes": 2**30},
+        CONFIG,
+    ),
     "purge": ({"name": "q"}, 0),
     "requeue": ({"name": "q-dlq", "to": None, "max_messages": 10}, (3, "q")),
     "browse": ({"name": "q", "from_seq": 2, "limit": 5}, [MSG]),

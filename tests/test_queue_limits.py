@@ -140,7 +140,7 @@ def test_the_limit_is_kept_across_a_restart_and_can_be_lifted(
     assert cli("queue", "limit", "orders").stdout == b"queue orders: no limit\n"
     cli("publish", "orders/new", "d")
     lowered = cli("queue", "limit", "orders", "--max-messages", "2")
-    assert lowered.stdout == b"queue orders: 2, refuse\n"
+    assert lowered.stdout == b"queue orders: 2 messages, refuse\n"
     assert queue(cli, "orders")["depth"] == 4  # kept: the next publish is refused
     cli("publish", "orders/new", "e", code=14)
     bad = cli(
@@ -165,6 +165,25 @@ def test_a_requeue_into_a_full_queue_moves_nothing(cli: Cli) -> None:
     }
     cli("queue", "requeue", "parked", "--to", "orders", "--max", "2")
     assert payloads(cli, "orders") == ["a", "p", "q"]
+
+
+def settle_held(node: Node, queue: str, held: list[Delivered], give_back: bool) -> list[bytes]:
+    """Give back, or delete, the deliveries ``held`` from ``queue``: the payloads deleted."""
+    if held and give_back:
+        node.release(queue, [d.key for d in held])
+    if not held or give_back:
+        return []
+    assert node.delete(queue, [d.key for d in held]) == [True] * len(held)
+    return [d.message.payload for d in held]
+
+
+def drain_all(node: Node, queue: str) -> list[bytes]:
+    """Consume and delete everything waiting in ``queue``: the payloads."""
+    got: list[bytes] = []
+    while taken := node.fetch(queue, 100):
+        node.delete(queue, [d.key for d in taken])
+        got += [d.message.payload for d in taken]
+    return got
 
 
 class LimitsMachine(RuleBasedStateMachine):
@@ -217,13 +236,7 @@ class LimitsMachine(RuleBasedStateMachine):
     @rule(queue=st.sampled_from(["r", "d", "old"]), give_back=st.booleans())
     def settle(self, queue: str, give_back: bool) -> None:
         held, self.held[queue] = self.held[queue], []
-        if not held:
-            return
-        if give_back:
-            self.node.release(queue, [d.key for d in held])
-        else:
-            assert self.node.delete(queue, [d.key for d in held]) == [True] * len(held)
-            self.consumed[queue] += [d.message.payload for d in held]
+        self.consumed[queue] += settle_held(self.node, queue, held, give_back)
 
     @rule()
     def restart(self) -> None:
@@ -239,9 +252,7 @@ class LimitsMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         for queue in ("r", "d", "old"):
             self.settle(queue, give_back=True)
-            while got := self.node.fetch(queue, 100):
-                self.node.delete(queue, [d.key for d in got])
-                self.consumed[queue] += [d.message.payload for d in got]
+            self.consumed[queue] += drain_all(self.node, queue)
         self.node.close()
         shutil.rmtree(self.dir, ignore_errors=True)
         assert sorted(self.consumed["r"]) == sorted(self.acked)

@@ -37,9 +37,10 @@ app = typer.Typer(help="Look at queues, the log and the store.", no_args_is_help
 @handles_errors
 def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     """Depth (of its max-messages, if limited), in flight, deleted, expired,
-    dead-lettered, oldest age, bytes held, and messages in and out per second over the
-    last minute (through a running node) per queue; with a limited queue, how many
-    messages its overflow refused or dead-lettered since the node started.
+    dead-lettered, oldest age, payload bytes held (of its max-bytes), and messages in
+    and out per second over the last minute (through a running node) per queue; with a
+    limited queue, how many messages its overflow refused or dead-lettered since the
+    node started.
 
     \b
     Examples:
@@ -51,7 +52,7 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
     if json:
         print_json([s.to_json() for s in stats])
         return
-    limited = any(s.max_messages is not None for s in stats)
+    limited = any(s.max_messages is not None or s.max_bytes is not None for s in stats)
     columns = ["queue", "subscriptions", "depth", "in flight", "deleted", "expired"]
     columns += ["dead-lettered", "oldest", "bytes", "in/s", "out/s"]
     grid = table(*columns, *(["overflowed"] if limited else []))
@@ -66,7 +67,9 @@ def queues(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
             str(s.expired),
             str(s.dead_lettered),
             "-" if s.oldest_age is None else format_duration(s.oldest_age),
-            format_bytes(s.bytes),
+            format_bytes(s.bytes)
+            if s.max_bytes is None
+            else f"{format_bytes(s.bytes)}/{format_bytes(s.max_bytes)}",
             _rate(s.in_rate),
             _rate(s.out_rate),
             *([str(s.overflowed)] if limited else []),

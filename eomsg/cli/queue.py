@@ -21,7 +21,14 @@ from eomsg.cli.common import (
 from eomsg.cli.output import print_json, say, show, shown, table
 from eomsg.client.broker import require_served
 from eomsg.core.durations import parse_duration
-from eomsg.core.queues import DEFAULT_ACK_TIMEOUT, OVERFLOWS, REFUSE, QueueConfig
+from eomsg.core.limits import format_bytes, parse_size
+from eomsg.core.queues import (
+    DEFAULT_ACK_TIMEOUT,
+    MAX_BYTES_LIMIT,
+    OVERFLOWS,
+    REFUSE,
+    QueueConfig,
+)
 from eomsg.errors import ExitCode, UsageError
 
 app = typer.Typer(
@@ -36,11 +43,20 @@ MaxMessagesOption = Annotated[
         help="Most messages the queue holds, in flight included (default: no limit).",
     ),
 ]
+MaxBytesOption = Annotated[
+    str | None,
+    typer.Option(
+        metavar="SIZE",
+        help="Most payload bytes the queue holds, in flight included: 64MiB (powers of "
+        "1024) or 64MB (of 1000) (default: no limit).",
+        show_default=False,
+    ),
+]
 OverflowOption = Annotated[
     str,
     typer.Option(
-        help=f"What a publish past --max-messages does: {' or '.join(OVERFLOWS)} (the "
-        "oldest waiting go to --dead-letter to make room).",
+        help=f"What a publish past --max-messages or --max-bytes does: "
+        f"{' or '.join(OVERFLOWS)} (the oldest waiting go to --dead-letter to make room).",
         autocompletion=lambda: list(OVERFLOWS),
     ),
 ]
@@ -81,6 +97,7 @@ def create(
         ),
     ] = True,
     max_messages: MaxMessagesOption = None,
+    max_bytes: MaxBytesOption = None,
     overflow: OverflowOption = REFUSE,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
@@ -93,6 +110,7 @@ def create(
       eomsg queue create billing -s 'billing/*' --max-active 1
       eomsg queue create jobs -s 'jobs/>' --max-redeliveries 5 --dead-letter jobs-dlq
       eomsg queue create t -s 't/>' --max-messages 9 --dead-letter d --overflow dead-letter-oldest
+      eomsg queue create uploads -s 'uploads/>' --max-bytes 1GiB
     """
     config = QueueConfig.create(
         name,
@@ -104,6 +122,7 @@ def create(
         immediate=immediate,
         max_messages=max_messages,
         overflow=overflow,
+        max_bytes=_size(max_bytes),
     )
     with open_broker(data) as broker:
         created = broker.create_queue(config)
@@ -129,7 +148,7 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
         "dead letter",
         "ack timeout",
         "active consumers",
-        "max messages",
+        "limit",
     )
     for c in configs:
         grid.add_row(
@@ -149,23 +168,26 @@ def list_(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
 def limit(
     name: QueueName,
     max_messages: MaxMessagesOption = None,
+    max_bytes: MaxBytesOption = None,
     overflow: OverflowOption = REFUSE,
     data: DataOption = DEFAULT_DATA,
     json: JsonOption = False,
 ) -> None:
-    """Set or lift the queue's limit: the messages it holds, in flight included, and
-    what a publish past it does — refused (exit 14, nothing stored), or the oldest
-    waiting messages dead-lettered to make room. A queue already past a new limit keeps
-    what it holds; without --max-messages the limit is lifted.
+    """Set or lift the queue's limits: the messages and the payload bytes it holds, in
+    flight included, and what a publish past one does — refused (exit 14, nothing
+    stored), or the oldest waiting messages dead-lettered to make room. A queue already
+    past a new limit keeps what it holds; a limit left out is lifted.
 
     \b
     Examples:
       eomsg queue limit orders --max-messages 100000
       eomsg queue limit ticks --max-messages 10000 --overflow dead-letter-oldest
+      eomsg queue limit uploads --max-bytes 512MiB
       eomsg queue limit orders
     """
+    size = _size(max_bytes)
     with open_broker(data) as broker:
-        config = broker.limit_queue(name, max_messages, overflow)
+        config = broker.limit_queue(name, max_messages, overflow, size)
     if json:
         print_json(config.to_json())
     else:
@@ -173,9 +195,16 @@ def limit(
 
 
 def _limit(c: QueueConfig, lifted: str = "-") -> str:
-    if c.max_messages is None:
+    if not c.limited:
         return lifted
-    return f"{c.max_messages}, {c.overflow}"
+    said = [] if c.max_messages is None else [f"{c.max_messages} messages"]
+    said += [] if c.max_bytes is None else [format_bytes(c.max_bytes)]
+    return f"{', '.join(said)}, {c.overflow}"
+
+
+def _size(max_bytes: str | None) -> int | None:
+    """--max-bytes as bytes (None: no limit)."""
+    return None if max_bytes is None else parse_size(max_bytes, high=MAX_BYTES_LIMIT)
 
 
 @app.command()

@@ -187,6 +187,10 @@ class Cursor:
         self._expiry: list[tuple[float, int]] = []  # heap (expires_at, seq)
         self._count = 0
         self._in_flight = 0
+        # The payload size of each message it holds, while a max-bytes asks for them
+        # (:meth:`track_sizes`); ``bytes`` their sum.
+        self._sizes: dict[int, int] | None = None
+        self.bytes = 0
 
     # -- what is in the queue ---------------------------------------------------------
 
@@ -209,7 +213,32 @@ class Cursor:
             + 200 * len(self._delivered)
             + 120 * len(self._expires)
             + 80 * len(self._dropped)
+            + 100 * len(self._sizes or ())
         )
+
+    @property
+    def sized(self) -> bool:
+        """Whether it keeps the payload size of each message it holds."""
+        return self._sizes is not None
+
+    def track_sizes(self, sizes: dict[int, int] | None) -> None:
+        """Keep from now on the payload size of each message it holds, starting from
+        ``sizes`` (of every message it holds now: one missing counts 0), or (None) stop
+        keeping them. What a max-bytes is held against; about 100 bytes of memory a
+        message, so kept only while a queue has one."""
+        if sizes is None:
+            self._sizes, self.bytes = None, 0
+            return
+        self._sizes = {seq: sizes.get(seq, 0) for seq in self.pending()}
+        self.bytes = sum(self._sizes.values())
+
+    def in_flight_bytes(self) -> int:
+        """The payload bytes of the messages in flight (or held): what making room
+        cannot free. Costs the messages delivered and not settled; 0 unless sized."""
+        sizes = self._sizes
+        if sizes is None:
+            return 0
+        return sum(sizes.get(s, 0) for s, e in self._delivered.items() if e.in_flight)
 
     @property
     def ready_count(self) -> int:
@@ -267,23 +296,23 @@ class Cursor:
 
     # -- filling -----------------------------------------------------------------------
 
-    def append(self, seq: int, expires_at: float | None = None) -> None:
-        """A message destined for this queue was durably logged (each seq once).
+    def append(self, seq: int, expires_at: float | None = None, size: int = 0) -> None:
+        """A message destined for this queue was durably logged (each seq once), of
+        ``size`` payload bytes (kept if :attr:`sized`).
 
         Messages normally arrive in sequence order; one that arrives late (a message
         dead-lettered here from another queue) is made ready at once instead.
         """
-        if (self._unread and seq <= self._unread.last()) or seq <= self.read_seq:
-            self._park(seq, _Delivered(0, 0.0, in_flight=False), ready=True)
-        else:
-            self._unread.append(seq)
-        self._count += 1
-        if expires_at is not None:
-            self._expires[seq] = expires_at
-            heapq.heappush(self._expiry, (expires_at, seq))
+        self._enter(seq, expires_at)
+        if self._sizes is not None:
+            self._sizes[seq] = size
+            self.bytes += size
 
-    def extend(self, seqs: list[int], expires_at: list[float | None]) -> None:
-        """:meth:`append` for many ascending seqs at once (the ingress fast path)."""
+    def extend(
+        self, seqs: list[int], expires_at: list[float | None], sizes: list[int] | None = None
+    ) -> None:
+        """:meth:`append` for many ascending seqs at once (the ingress fast path), of
+        ``sizes`` payload bytes (None: 0 each)."""
         unread = self._unread
         if (
             seqs
@@ -293,12 +322,34 @@ class Cursor:
         ):
             unread.extend(seqs)
             self._count += len(seqs)
-            return
-        for seq, expires in zip(seqs, expires_at, strict=True):
-            self.append(seq, expires)
+        else:
+            for seq, expires in zip(seqs, expires_at, strict=True):
+                self._enter(seq, expires)
+        if self._sizes is not None:
+            if sizes is None:
+                self._sizes.update(dict.fromkeys(seqs, 0))
+            else:
+                self._sizes.update(zip(seqs, sizes, strict=True))
+                self.bytes += sum(sizes)
+
+    def _enter(self, seq: int, expires_at: float | None) -> None:
+        if (self._unread and seq <= self._unread.last()) or seq <= self.read_seq:
+            self._park(seq, _Delivered(0, 0.0, in_flight=False), ready=True)
+        else:
+            self._unread.append(seq)
+        self._count += 1
+        if expires_at is not None:
+            self._expires[seq] = expires_at
+            heapq.heappush(self._expiry, (expires_at, seq))
 
     def restore(
-        self, seq: int, attempt: int, due: float, in_flight: bool, expires_at: float | None
+        self,
+        seq: int,
+        attempt: int,
+        due: float,
+        in_flight: bool,
+        expires_at: float | None,
+        size: int = 0,
     ) -> None:
         """Rebuild a delivered-before message on recovery (``attempt`` 0 if every
         delivery of it was given back unseen); nobody
@@ -312,6 +363,9 @@ class Cursor:
         if expires_at is not None:
             self._expires[seq] = expires_at
             heapq.heappush(self._expiry, (expires_at, seq))
+        if self._sizes is not None:
+            self._sizes[seq] = size
+            self.bytes += size
 
     # -- the consumer's side ------------------------------------------------------------
 
@@ -554,21 +608,29 @@ class Cursor:
             out.append(self._settle(seq, Outcome.EXPIRED))
         return out
 
-    def make_room(self, n: int) -> tuple[list[Settlement], dict[int, float]]:
-        """Settle as DEAD_LETTERED the ``n`` oldest messages waiting — unread, or given
-        back and not handed out again; never one in flight or held — lowest seq first:
-        the room a queue over its limit makes (fewer if fewer wait); with the expiry
-        times of those that have one, for their dead-letter queue. Costs the delivered
-        messages it holds, not its backlog: the unread ones are taken from the front."""
+    def make_room(self, n: int, nbytes: int = 0) -> tuple[list[Settlement], dict[int, float]]:
+        """Settle as DEAD_LETTERED the oldest messages waiting — unread, or given back
+        and not handed out again; never one in flight or held — lowest seq first, until
+        ``n`` of them and ``nbytes`` payload bytes (if :attr:`sized`) are freed: the
+        room a queue over its limit makes (less if less waits); with the expiry times of
+        those that have one, for their dead-letter queue. Costs the delivered messages
+        it holds, not its backlog: the unread ones are taken from the front."""
         out: list[Settlement] = []
         expiries: dict[int, float] = {}
-        if n <= 0:
+        sizes = self._sizes
+        if sizes is None:
+            nbytes = 0
+        if n <= 0 and nbytes <= 0:
             return out, expiries
         known = self._expires
-        parked = heapq.nsmallest(n, (s for s, e in self._delivered.items() if not e.in_flight))
+        parked = [s for s, e in self._delivered.items() if not e.in_flight]
+        if nbytes > 0:
+            parked.sort()
+        else:
+            parked = heapq.nsmallest(n, parked)
         unread, dropped = self._unread, self._dropped
-        i = 0
-        while len(out) < n:
+        i, freed = 0, 0
+        while len(out) < n or freed < nbytes:
             while len(unread) and unread.first() in dropped:  # settled already (lazily)
                 dropped.discard(unread.popleft())
             head = unread.first() if len(unread) else None
@@ -577,11 +639,16 @@ class Cursor:
                 i += 1
                 if (expires := known.get(seq)) is not None:
                     expiries[seq] = expires
+                freed += sizes.get(seq, 0) if sizes is not None else 0
                 out.append(self._settle(seq, Outcome.DEAD_LETTERED))
             elif head is not None:
                 unread.popleft()  # never delivered: settled here, not left to skip
                 if (expires := known.pop(head, None)) is not None:
                     expiries[head] = expires
+                if sizes is not None:
+                    size = sizes.pop(head, 0)
+                    self.bytes -= size
+                    freed += size
                 self._count -= 1
                 out.append(Settlement(head, Outcome.DEAD_LETTERED))
             else:
@@ -654,6 +721,8 @@ class Cursor:
         elif entry.in_flight:
             self._in_flight -= 1
         self._expires.pop(seq, None)
+        if self._sizes is not None:
+            self.bytes -= self._sizes.pop(seq, 0)
         self._count -= 1
         return Settlement(seq, outcome)
 

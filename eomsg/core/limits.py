@@ -95,16 +95,19 @@ def check_frame(max_frame: int, max_payload: int) -> None:
         )
 
 
+_UNITS = ((1 << 50, "PiB"), (1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"))
+
+
 def format_bytes(size: int) -> str:
     """A size as people read it: ``812 B``, ``12.3 KiB``, ``4.0 MiB``."""
-    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+    for unit, name in _UNITS:
         if size >= unit:
             return f"{size / unit:.1f} {name}"
     return f"{size} B"
 
 
 def _show(size: int) -> str:
-    for unit, name in ((1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB")):
+    for unit, name in _UNITS:
         if size >= unit and size % unit == 0:
             return f"{size // unit} {name}"
     return "1 byte" if size == 1 else f"{size} bytes"

@@ -176,11 +176,14 @@ class Operations(Protocol):
 
     @operation(admin=True, caller=("by",))
     def limit_queue(
-        name: str, max_messages: int | None = None, overflow: str = REFUSE
+        name: str,
+        max_messages: int | None = None,
+        overflow: str = REFUSE,
+        max_bytes: int | None = None,
     ) -> QueueConfig:
-        """Set the queue's max-messages (None: none) and what a publish past it does
-        (``refuse``: QueueFull; ``dead-letter-oldest``); its settings. InvalidConfig,
-        QueueNotFound."""
+        """Set the queue's max-messages and max-bytes of payload (None: none) and what
+        a publish past one does (``refuse``: QueueFull; ``dead-letter-oldest``); its
+        settings. InvalidConfig, QueueNotFound."""
         raise Declaration
 
     @operation(admin=True, caller=("by",))

@@ -17,6 +17,7 @@ REFUSE = "refuse"  # overflow: a publish that would take the queue past its limi
 DEAD_LETTER_OLDEST = "dead-letter-oldest"  # overflow: the oldest waiting make room
 OVERFLOWS = (REFUSE, DEAD_LETTER_OLDEST)
 MAX_MESSAGES_LIMIT = 2**40
+MAX_BYTES_LIMIT = 2**50  # 1 PiB
 
 
 def queue_kind(max_active: int) -> str:
@@ -53,6 +54,8 @@ class QueueConfig:
     publish is refused whole, QueueFull, and nothing of it stored) or
     ``dead-letter-oldest`` (the oldest messages waiting — not in flight — move to
     ``dead_letter`` to make room; never dropped silently, so it needs one).
+    ``max_bytes`` bounds the payload bytes it holds the same way, with the same
+    ``overflow``; a queue may have both, and a publish must fit both.
     """
 
     name: str
@@ -64,6 +67,12 @@ class QueueConfig:
     immediate: bool = True
     max_messages: int | None = None
     overflow: str = REFUSE
+    max_bytes: int | None = None
+
+    @property
+    def limited(self) -> bool:
+        """Whether it has a max-messages or a max-bytes."""
+        return self.max_messages is not None or self.max_bytes is not None
 
     @property
     def kind(self) -> str:
@@ -99,6 +108,10 @@ class QueueConfig:
             raise InvalidConfig(
                 f"queue {self.name!r}: --max-messages must be between 1 and {MAX_MESSAGES_LIMIT}"
             )
+        if self.max_bytes is not None and (
+            type(self.max_bytes) is not int or not 1 <= self.max_bytes <= MAX_BYTES_LIMIT
+        ):
+            raise InvalidConfig(f"queue {self.name!r}: --max-bytes must be between 1 byte and 1PiB")
         if self.overflow not in OVERFLOWS:
             raise InvalidConfig(
                 f"queue {self.name!r}: --overflow is {' or '.join(OVERFLOWS)}, "
@@ -118,6 +131,13 @@ class QueueConfig:
             return 0
         return max(0, depth + adding - self.max_messages)
 
+    def over_bytes(self, held: int, adding: int) -> int:
+        """How many payload bytes past ``max_bytes`` the queue would hold with ``adding``
+        bytes more than the ``held`` it holds (0: they fit, or there is no limit)."""
+        if self.max_bytes is None:
+            return 0
+        return max(0, held + adding - self.max_bytes)
+
     @classmethod
     def create(
         cls,
@@ -131,6 +151,7 @@ class QueueConfig:
         immediate: bool = True,
         max_messages: int | None = None,
         overflow: str = REFUSE,
+        max_bytes: int | None = None,
     ) -> QueueConfig:
         """Build a config, defaulting ``max_redeliveries`` when only a DLQ is given."""
         if dead_letter is not None and max_redeliveries is None:
@@ -145,6 +166,7 @@ class QueueConfig:
             immediate,
             max_messages,
             overflow,
+            max_bytes,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -158,6 +180,7 @@ class QueueConfig:
             "immediate": self.immediate,
             "max_messages": self.max_messages,
             "overflow": self.overflow,
+            "max_bytes": self.max_bytes,
         }
 
     @classmethod
@@ -172,6 +195,7 @@ class QueueConfig:
             bool(data.get("immediate", True)),
             data.get("max_messages"),
             str(data.get("overflow", REFUSE)),
+            data.get("max_bytes"),
         )
 
 
@@ -199,6 +223,7 @@ class QueueStats:
     max_messages: int | None = None  # its limit (None: none)
     overflow: str = REFUSE  # what a publish past it does
     overflowed: int = 0  # messages its overflow refused or dead-lettered since the node opened
+    max_bytes: int | None = None  # its limit of payload bytes (None: none)
 
     @property
     def kind(self) -> str:
@@ -226,6 +251,7 @@ class QueueStats:
             "max_messages": self.max_messages,
             "overflow": self.overflow,
             "overflowed": self.overflowed,
+            "max_bytes": self.max_bytes,
         }
 
     @classmethod

@@ -112,21 +112,34 @@ class Admin(NodeState):
         name: str,
         max_messages: int | None = None,
         overflow: str = REFUSE,
+        max_bytes: int | None = None,
         *,
         by: str = OWNER,
     ) -> QueueConfig:
-        """Set the queue's max-messages (None: no limit) and overflow policy; returns
-        its settings. A queue already past a new limit keeps what it holds: the next
-        publish is refused, or makes room by dead-lettering the oldest waiting.
-        InvalidConfig for a limit below 1, an unknown policy, or dead-letter-oldest
-        without a dead-letter queue. Idempotent."""
+        """Set the queue's max-messages and max-bytes (None: no limit) and overflow
+        policy; returns its settings. A queue already past a new limit keeps what it
+        holds: the next publish is refused, or makes room by dead-lettering the oldest
+        waiting. InvalidConfig for a limit below 1, an unknown policy, or
+        dead-letter-oldest without a dead-letter queue. Idempotent.
+
+        A max-bytes set where there was none reads the size of every message the queue
+        holds (once, from the log): from then on each one's size is kept in memory
+        while the queue has the limit (about 100 bytes a message)."""
         with self._admin:
             q = self._queue(name)
-            config = replace(q.config, max_messages=max_messages, overflow=overflow)
+            config = replace(
+                q.config, max_messages=max_messages, overflow=overflow, max_bytes=max_bytes
+            )
             if config != q.config:
-                limit = "none" if max_messages is None else str(max_messages)
-                entry = self._audit(by, "limit-queue", name, f"max-messages {limit}, {overflow}")
-                self._update(q, config, entry)
+                said = ", ".join(
+                    f"{what} {'none' if limit is None else limit}"
+                    for what, limit in (("max-messages", max_messages), ("max-bytes", max_bytes))
+                )
+                entry = self._audit(by, "limit-queue", name, f"{said}, {overflow}")
+                if max_bytes is not None and q.staged_sizes is None:
+                    with self._lock:  # from now on what is staged for it is sized...
+                        q.staged_sizes, q.incoming_bytes = {}, 0
+                self._update(q, config, entry)  # ...and all staged before, durable
             return config
 
     def _update(self, q: QueueState, config: QueueConfig, entry: AuditRow) -> None:
@@ -139,6 +152,11 @@ class Admin(NodeState):
                 self._matcher.add(pattern, q)
             self._routes.clear()
             q.config = config
+            if config.max_bytes is None:
+                q.staged_sizes, q.incoming_bytes = None, 0
+                q.cursor.track_sizes(None)
+            elif not q.cursor.sized:  # what it holds, read once
+                q.cursor.track_sizes(self._payload_sizes(q.cursor.pending()))
             self._interest_changed()
             self._queues_changed()
 

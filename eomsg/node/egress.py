@@ -176,6 +176,13 @@ class Egress(Ingress):
             found.update(self.store.expiries(rest))
         return found
 
+    def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]:
+        found = {s: len(self._held[s].message.payload) for s in seqs if s in self._held}
+        rest = [s for s in seqs if s not in self._held]
+        if rest:
+            found.update(self.store.payload_sizes_of(rest))
+        return found
+
     def _queue_dropped(self, queue_id: int) -> None:
         done = []
         for h in list(self._held.values()):

@@ -190,6 +190,7 @@ class Ingress(Overflow):
         run_rows: list[list[int]] = []
         uncommitted = self._uncommitted_ids
         touched: dict[QueueState, int] = {}  # how many each queue gets
+        sized: list[tuple[QueueState, int, int]] = []  # (queue, seq, bytes): max-bytes
         published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
 
         def route_of(i: int) -> Route:
@@ -212,7 +213,7 @@ class Ingress(Overflow):
             expires_us = None if expires is None else to_us(expires)
             queues = route_of(i)
             if displaced:
-                queues = self._displace(displaced, moved, queues, seq)
+                queues = self._displace(displaced, moved, queues, seq, len(m.payload))
             headers = m.log_headers
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:
@@ -221,6 +222,8 @@ class Ingress(Overflow):
                 if q.id > 0:  # a queue: a row each
                     dest_rows.append((seq, q.id))
                     touched[q] = touched.get(q, 0) + 1  # type: ignore[index,call-overload]
+                    if q.staged_sizes is not None:  # type: ignore[attr-defined]
+                        sized.append((q, seq, len(m.payload)))  # type: ignore[arg-type]
                 elif (run := runs.get(q.id)) is not None and run[2] == seq - 1:
                     run[2] = seq  # a link's route: runs of consecutive seqs
                 else:
@@ -231,18 +234,23 @@ class Ingress(Overflow):
             seq += 1
         if touched:
             adding = dict(touched)
-            for _, dlq, _ in moved:  # what is dead-lettered into a queue: past its limit
+            adding_bytes: dict[QueueState, int] = {}
+            for q, _, nbytes in sized:
+                adding_bytes[q] = adding_bytes.get(q, 0) + nbytes
+            for _, dlq, _, nbytes in moved:  # dead-lettered into a queue: past its limit
                 adding[dlq] -= 1
+                if dlq in adding_bytes:
+                    adding_bytes[dlq] -= nbytes
             if refuse:
                 try:
-                    self._refuse_past(adding)
+                    self._refuse_past(adding, adding_bytes)
                 except QueueFull:  # nothing changed but the ids noted: forgotten
                     for _, msg_id, _, _ in fresh:
                         if msg_id is not None:
                             uncommitted.pop(msg_id, None)
                     raise
             self._record_displaced(batch, moved, now_us)
-            self._make_room(batch, adding, now)
+            self._make_room(batch, adding, adding_bytes, now)
         self._next_seq = seq
         if touched and log_rows:  # what a take may read at once follows their size
             size = sum(len(row[6]) for row in log_rows) / len(log_rows)
@@ -250,6 +258,8 @@ class Ingress(Overflow):
                 q.note_payload(size)
         for q, n in touched.items():
             q.incoming += n
+        for q, staged_seq, nbytes in sized:
+            q.stage_size(staged_seq, nbytes)
         for name, rows in (
             ("messages", log_rows),
             ("publish_ids", id_rows),
@@ -270,12 +280,12 @@ class Ingress(Overflow):
             return self._write(batch)
         except BaseException:
             self._next_seq = first_seq
-            for _, msg_id, _, route in fresh:
+            for seq, msg_id, _, route in fresh:
                 if msg_id is not None:
                     self._uncommitted_ids.pop(msg_id, None)
                 for q in route:
                     if isinstance(q, QueueState):
-                        q.incoming -= 1
+                        q.unstage(seq)
             raise
 
     def _check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None:
@@ -284,7 +294,7 @@ class Ingress(Overflow):
         fail, takes them in regardless). Under ``_lock``."""
         room = self._room([m.id for m in messages if m.id is not None], now)
         for m in messages:
-            if (why := room.full(self._route(m.topic), m.id)) is not None:
+            if (why := room.full(self._route(m.topic), m.id, len(m.payload))) is not None:
                 raise why
 
     def _route(self, topic: str) -> Route:

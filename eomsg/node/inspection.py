@@ -119,6 +119,7 @@ class Inspection(Maintenance):
                     max_messages=config.max_messages,
                     overflow=config.overflow,
                     overflowed=overflowed,
+                    max_bytes=config.max_bytes,
                 )
             )
         return out

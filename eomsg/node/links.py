@@ -794,7 +794,7 @@ class Links(Egress):
                 if way is None:
                     way = routed[m.topic, m.targets] = self._route_carried(link, m)
                 route, unreachable, withheld = way
-                full = room.full(route, m.id)
+                full = room.full(route, m.id, len(m.payload))
                 if full is not None:  # it and the rest wait at the peer, sent again
                     if read == before:
                         receiver.refused()
@@ -912,7 +912,7 @@ class Links(Egress):
         for route in routes:
             if not route or any(isinstance(d, HopRoute) for d in route):
                 return False
-            if any(isinstance(d, QueueState) and d.config.max_messages for d in route):
+            if any(isinstance(d, QueueState) and d.config.limited for d in route):
                 return False  # making room records settlements of other messages: stored
         return self._hold_room(sum(len(m.payload) for m in kept))
 

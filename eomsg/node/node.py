@@ -199,6 +199,9 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
             self._by_id[queue_id].cursor.extend(seqs, expiries)
+        for q in self._queues.values():  # a max-bytes is held against what it holds
+            if q.cursor.sized:
+                q.cursor.track_sizes(store.payload_sizes_of(q.cursor.pending()))
         for queue_id, size in store.payload_sizes().items():  # bounds what a take reads
             if (q := self._by_id.get(queue_id)) is not None:
                 q.note_payload(size)

@@ -1,14 +1,15 @@
 """Queue limits (issue 36): what a publish does to a queue its messages would take past
-its ``max-messages`` (:class:`~eomsg.core.queues.QueueConfig`) — refused whole
-(QueueFull), or room made by dead-lettering the oldest waiting — decided under ``_lock``
-while the publish is staged (:meth:`eomsg.node.ingress.Ingress._stage`), so what it
-changes commits with the publish.
+its ``max-messages`` or ``max-bytes`` (:class:`~eomsg.core.queues.QueueConfig`) —
+refused whole (QueueFull), or room made by dead-lettering the oldest waiting — decided
+under ``_lock`` while the publish is staged (:meth:`eomsg.node.ingress.Ingress._stage`),
+so what it changes commits with the publish.
 
 A queue's depth here counts what it holds, in flight included, and what is staged for it
-and not yet durable (:attr:`QueueState.incoming`), so publishers racing each other cannot
-pass the limit together. Every check comes before any change: a refused publish leaves
-no record, no count, no seq and no id behind. A duplicate (an id the node knows) counts
-nowhere, since it is not stored again.
+and not yet durable (:attr:`QueueState.incoming`; its bytes likewise,
+:attr:`QueueState.held_bytes`), so publishers racing each other cannot pass the limit
+together. A max-bytes counts payload bytes, as ``max-payload`` does. Every check comes
+before any change: a refused publish leaves no record, no count, no seq and no id
+behind. A duplicate (an id the node knows) counts nowhere, since it is not stored again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from eomsg.node.state import Destination, NodeState, QueueState
 from eomsg.store.writer import RowBatch
 
 Route = tuple[Destination, ...]
-Displaced = list[tuple[QueueState, QueueState, int]]  # (queue, its dead-letter queue, seq)
+# (queue, its dead-letter queue, seq, payload bytes): a message displaced into the latter
+Displaced = list[tuple[QueueState, QueueState, int, int]]
 
 
 class Overflow(NodeState):
@@ -38,12 +40,12 @@ class Overflow(NodeState):
         """For each queue that dead-letters its oldest, how many of ``messages`` (the
         first routed to it) never enter it: those beyond the room it can make from the
         messages waiting in it (a batch larger than its limit, or every message held in
-        flight) go to its dead-letter queue in the same commit. ``known``: the ids the
-        dedup window holds; ``route_of(i)``: the route of message ``i``. Under
-        ``_lock``."""
+        flight; by bytes, the newest that fit are kept) go to its dead-letter queue in
+        the same commit. ``known``: the ids the dedup window holds; ``route_of(i)``:
+        the route of message ``i``. Under ``_lock``."""
         if not self._limited:
             return {}
-        adding: dict[QueueState, int] = {}
+        adding: dict[QueueState, list[int]] = {}  # the payload sizes it would get
         seen: set[str] = set()
         makers = _OnRoute(DEAD_LETTER_OLDEST)
         for i, m in enumerate(messages):
@@ -55,16 +57,20 @@ class Overflow(NodeState):
                     continue
                 seen.add(m.id)
             for q in limited:
-                adding[q] = adding.get(q, 0) + 1
+                adding.setdefault(q, []).append(len(m.payload))
         out = {}
-        for q, n in adding.items():
+        for q, sizes in adding.items():
+            n = len(sizes)
             waiting = q.cursor.depth - q.cursor.in_flight
-            if (beyond := min(n, q.config.over(q.depth, n) - waiting)) > 0:
+            beyond = min(n, q.config.over(q.depth, n) - waiting)
+            if q.config.max_bytes is not None:
+                beyond = max(beyond, n - _newest_fitting(q, sizes))
+            if beyond > 0:
                 out[q] = beyond
         return out
 
     def _displace(
-        self, displaced: dict[QueueState, int], moved: Displaced, queues: Route, seq: int
+        self, displaced: dict[QueueState, int], moved: Displaced, queues: Route, seq: int, size: int
     ) -> Route:
         """``queues``, the route of message ``seq``, with each queue it is displaced from
         (:meth:`_displaced`) replaced by that queue's dead-letter queue; noted in
@@ -75,37 +81,51 @@ class Overflow(NodeState):
                 displaced[q] -= 1
                 dlq = self._queues[q.config.dead_letter or ""]
                 queues = (*(d for d in queues if d is not q and d is not dlq), dlq)
-                moved.append((q, dlq, seq))
+                moved.append((q, dlq, seq, size))
         return queues
 
-    def _refuse_past(self, adding: dict[QueueState, int]) -> None:
+    def _refuse_past(
+        self, adding: dict[QueueState, int], adding_bytes: dict[QueueState, int]
+    ) -> None:
         """QueueFull if a queue that refuses would pass its max-messages with ``adding``
-        more (only those it gets count: one over its limit already, by what was
-        dead-lettered into it, refuses nothing it is not given). Under ``_lock``."""
+        more, or its max-bytes with ``adding_bytes`` more (only those it gets count: one
+        over its limit already, by what was dead-lettered into it, refuses nothing it is
+        not given). Under ``_lock``."""
         for q, n in adding.items():
-            if n > 0 and q.config.overflow == REFUSE and q.config.over(q.depth, n):
+            if n <= 0 or q.config.overflow != REFUSE:
+                continue
+            if q.config.over(q.depth, n) or q.config.over_bytes(
+                q.held_bytes, adding_bytes.get(q, 0)
+            ):
                 q.overflowed += n
-                raise full(q)
+                raise full(q, n, adding_bytes.get(q, 0))
 
     def _record_displaced(self, batch: RowBatch, moved: Displaced, now_us: int) -> None:
         """Record the displaced messages as routed to their queue and dead-lettered from
         it at once (their route took them to the dead-letter queue). Under ``_lock``."""
-        for q, _, seq in moved:
+        for q, _, seq, _ in moved:
             batch.add("destinations", seq, q.id)
             batch.add("settled", q.id, seq, Outcome.DEAD_LETTERED, now_us)
             q.counts[Outcome.DEAD_LETTERED] += 1
             q.overflowed += 1
         self._settled_since_compaction += len(moved)
 
-    def _make_room(self, batch: RowBatch, adding: dict[QueueState, int], now: float) -> None:
+    def _make_room(
+        self,
+        batch: RowBatch,
+        adding: dict[QueueState, int],
+        adding_bytes: dict[QueueState, int],
+        now: float,
+    ) -> None:
         """Each queue that dead-letters its oldest and would pass its max-messages with
-        ``adding`` more moves its oldest waiting messages to its dead-letter queue, in
-        ``batch``. Under ``_lock``."""
+        ``adding`` more, or its max-bytes with ``adding_bytes`` more, moves its oldest
+        waiting messages to its dead-letter queue, in ``batch``. Under ``_lock``."""
         for q, n in adding.items():
             if n > 0 and q.config.overflow == DEAD_LETTER_OLDEST:
                 over = q.config.over(q.depth, n)
-                if over:
-                    room, expiries = q.cursor.make_room(over)
+                over_bytes = q.config.over_bytes(q.held_bytes, adding_bytes.get(q, 0))
+                if over or over_bytes:
+                    room, expiries = q.cursor.make_room(over, over_bytes)
                     q.overflowed += len(room)
                     self._record_settlements(batch, q, room, now, expiries)
 
@@ -118,19 +138,20 @@ class Overflow(NodeState):
 
 class Room:
     """Counts, message by message in order, what a batch adds to the queues that refuse
-    past their max-messages, and says which would pass it. A duplicate (an id known, or
-    earlier in the batch) counts nowhere."""
+    past their max-messages or max-bytes, and says which would pass one. A duplicate (an
+    id known, or earlier in the batch) counts nowhere."""
 
     def __init__(self, node: Overflow, ids: Sequence[str], now: float) -> None:
         self._node, self._ids, self._now = node, ids, now
         self._known: dict[str, int] | None = None
         self._seen: set[str] = set()
         self._adding: dict[QueueState, int] = {}
+        self._adding_bytes: dict[QueueState, int] = {}
         self._refusing = _OnRoute(REFUSE)
 
-    def full(self, route: Route, msg_id: str | None) -> QueueFull | None:
-        """Why a queue of ``route`` has no room for one more message (counted nowhere
-        then), or None (counted)."""
+    def full(self, route: Route, msg_id: str | None, size: int) -> QueueFull | None:
+        """Why a queue of ``route`` has no room for one more message of ``size``
+        payload bytes (counted nowhere then), or None (counted)."""
         limited = self._refusing.of(route) if self._node._limited else ()
         if not limited:
             return None
@@ -142,13 +163,17 @@ class Room:
             if msg_id in self._node._uncommitted_ids:
                 return None
         for q in limited:
-            if q.config.over(q.depth, self._adding.get(q, 0) + 1):
+            nbytes = self._adding_bytes.get(q, 0) + size
+            if q.config.over(q.depth, self._adding.get(q, 0) + 1) or q.config.over_bytes(
+                q.held_bytes, nbytes
+            ):
                 q.overflowed += 1
-                return full(q)
+                return full(q, self._adding.get(q, 0) + 1, nbytes)
         if msg_id is not None:
             self._seen.add(msg_id)
         for q in limited:
             self._adding[q] = self._adding.get(q, 0) + 1
+            self._adding_bytes[q] = self._adding_bytes.get(q, 0) + size
         return None
 
 
@@ -168,17 +193,43 @@ class _OnRoute:
                 q
                 for q in route
                 if isinstance(q, QueueState)
-                and q.config.max_messages is not None
+                and q.config.limited
                 and q.config.overflow == self._overflow
             )
             hit = self._found[id(route)] = (route, limited)
         return hit[1]
 
 
-def full(q: QueueState) -> QueueFull:
-    """The refusal of a publish ``q`` has no room for."""
+def _newest_fitting(q: QueueState, sizes: list[int]) -> int:
+    """How many of the newest of ``sizes`` (payload bytes, oldest first) fit in ``q``'s
+    max-bytes once every message waiting in it is dead-lettered: what is in flight or
+    on its way in stays."""
+    assert q.config.max_bytes is not None
+    room = q.config.max_bytes - q.cursor.in_flight_bytes() - q.incoming_bytes
+    kept = 0
+    for size in reversed(sizes):
+        if size > room:
+            break
+        room -= size
+        kept += 1
+    return kept
+
+
+def full(q: QueueState, n: int, nbytes: int) -> QueueFull:
+    """The refusal of a publish of ``n`` messages, ``nbytes`` payload bytes, that ``q``
+    has no room for."""
+    c = q.config
+    if c.max_bytes is not None and nbytes > c.max_bytes:
+        return QueueFull(
+            f"queue {c.name!r} holds at most {c.max_bytes} payload bytes (max-bytes): "
+            f"a publish of {nbytes} can never fit; nothing of it was stored (publish it "
+            "in smaller parts)"
+        )
+    if c.over(q.depth, n):
+        held = f"{q.depth} messages of its {c.max_messages} (max-messages)"
+    else:
+        held = f"{q.held_bytes} payload bytes of its {c.max_bytes} (max-bytes)"
     return QueueFull(
-        f"queue {q.config.name!r} is full: it holds {q.depth} messages of its "
-        f"{q.config.max_messages} (max-messages) and refuses more; nothing of this "
+        f"queue {c.name!r} is full: it holds {held} and refuses more; nothing of this "
         "publish was stored (retry it once consumers made room)"
     )

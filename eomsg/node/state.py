@@ -96,7 +96,7 @@ class QueueState:
 
     __slots__ = (
         "config", "counts", "cursor", "delivered", "election", "id", "incoming",
-        "live_epochs", "overflowed", "payload_bytes",
+        "incoming_bytes", "live_epochs", "overflowed", "payload_bytes", "staged_sizes",
     )  # fmt: skip
 
     def __init__(self, queue_id: int, config: QueueConfig, epochs: Epochs) -> None:
@@ -116,11 +116,38 @@ class QueueState:
         # then): with the cursor's depth, what its max-messages is held against.
         self.incoming = 0
         self.overflowed = 0  # messages its overflow refused or dead-lettered, since open
+        # While it has a max-bytes (or one is being set): the payload size of each
+        # message staged for it, by seq, and their sum; its cursor keeps them once
+        # durable (:meth:`extend`).
+        self.staged_sizes: dict[int, int] | None = None
+        self.incoming_bytes = 0
+        if config.max_bytes is not None:
+            self.staged_sizes = {}
+            self.cursor.track_sizes({})
 
     @property
     def depth(self) -> int:
         """The messages it holds, and those on their way in (staged, not yet durable)."""
         return self.cursor.depth + self.incoming
+
+    @property
+    def held_bytes(self) -> int:
+        """The payload bytes it holds and has on their way in, while it has a max-bytes
+        (what that is held against; 0 otherwise)."""
+        return self.cursor.bytes + self.incoming_bytes
+
+    def stage_size(self, seq: int, size: int) -> None:
+        """Message ``seq`` of ``size`` payload bytes is staged for it (noted only while
+        sizes are kept)."""
+        if self.staged_sizes is not None:
+            self.staged_sizes[seq] = size
+            self.incoming_bytes += size
+
+    def unstage(self, seq: int) -> None:
+        """Staged message ``seq`` will never come (its write was refused)."""
+        self.incoming -= 1
+        if self.staged_sizes is not None:
+            self.incoming_bytes -= self.staged_sizes.pop(seq, 0)
 
     def note_payload(self, size: float) -> None:
         """Messages of about ``size`` payload bytes came to this queue."""
@@ -130,7 +157,13 @@ class QueueState:
     def extend(self, seqs: list[int], expiry: list[float | None]) -> None:
         """Newly committed messages for this queue (a destination, as a link's route is)."""
         self.incoming -= len(seqs)
-        self.cursor.extend(seqs, expiry)
+        staged = self.staged_sizes
+        if staged is None:
+            self.cursor.extend(seqs, expiry)
+            return
+        sizes = [staged.pop(seq, 0) for seq in seqs]
+        self.incoming_bytes -= sum(sizes)
+        self.cursor.extend(seqs, expiry, sizes)
 
 
 class Destination(Protocol):
@@ -410,6 +443,10 @@ class NodeState:
         """Expiry times of the messages among ``seqs`` that have one."""
         return self.store.expiries(seqs)
 
+    def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]:
+        """Payload bytes of the messages among ``seqs``, held in memory or stored."""
+        return self.store.payload_sizes_of(seqs)
+
     @staticmethod
     def _await_commit(future: Future[None] | None) -> None:
         """Return once the commit :meth:`_queue_write` queued is durable (at once if it
@@ -444,12 +481,13 @@ class NodeState:
         if moved and dlq is not None:
             if expiries is None:
                 expiries = self._expiries(moved)
+            sizes = self._payload_sizes(moved) if dlq.cursor.sized else {}
             target = dlq
 
             def to_dlq() -> None:
                 with self._lock:
                     for seq in moved:
-                        target.cursor.append(seq, expiries.get(seq))
+                        target.cursor.append(seq, expiries.get(seq), sizes.get(seq, 0))
                 self._notify({target.config.name})
 
             batch.after_commit(to_dlq)
@@ -493,9 +531,9 @@ class NodeState:
         return q
 
     def _queues_changed(self) -> None:
-        """A queue was made, changed or dropped: note whether any has a max-messages,
-        so that a publish looks at limits only then. Under ``_lock``."""
-        self._limited = any(q.config.max_messages is not None for q in self._queues.values())
+        """A queue was made, changed or dropped: note whether any has a max-messages or
+        a max-bytes, so that a publish looks at limits only then. Under ``_lock``."""
+        self._limited = any(q.config.limited for q in self._queues.values())
 
     def _interest_changed(self) -> None:
         """The topics this node's queues want changed. Under ``_lock``; the links tell

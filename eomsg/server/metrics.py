@@ -310,8 +310,12 @@ QUEUE_METRICS: list[tuple[type[Any], str, str, Callable[[QueueStats, int], float
     (GaugeMetricFamily, "eomsg_queue_max_messages",
      "Most messages the queue holds (absent when it has no limit).",
      lambda s, _: s.max_messages),
+    (GaugeMetricFamily, "eomsg_queue_max_bytes",
+     "Most payload bytes the queue holds (absent when it has no such limit).",
+     lambda s, _: s.max_bytes),
     (CounterMetricFamily, "eomsg_queue_overflowed",
-     "Messages its max-messages refused or dead-lettered to make room, since the node started.",
+     "Messages its max-messages or max-bytes refused or dead-lettered to make room, since "
+     "the node started.",
      lambda s, _: s.overflowed),
 ]  # fmt: skip
 

@@ -846,6 +846,22 @@ class Store:
         found = self._columns(seqs, 4, "expires_at")
         return {seq: us / US for seq, us in found.items() if us is not None}
 
+    def payload_sizes_of(self, seqs: Sequence[int]) -> dict[int, int]:
+        """Payload bytes of the messages among ``seqs`` still in the log, by seq: from
+        the writer's overlay, else DuckDB (see :meth:`fetch`). What a queue given a
+        max-bytes starts counting from."""
+        fresh, rest = self._fresh(seqs)
+        found = {seq: len(row[6]) for seq, row in fresh.items()}
+        if rest:
+            found.update(
+                self._query(
+                    "SELECT seq, octet_length(payload) FROM messages "
+                    "WHERE seq IN (SELECT unnest(?::BIGINT[]))",
+                    [rest],
+                )
+            )
+        return found
+
     def _columns(self, seqs: Sequence[int], index: int, column: str) -> dict[int, Any]:
         """One timestamp column of ``messages`` (``index`` in its rows) for ``seqs``, in
         microseconds: from the writer's overlay, else DuckDB (see :meth:`fetch`)."""
