@@ -173,6 +173,27 @@ def test_a_killed_after_collecting_what_b_took_owes_none_of_it(network: Network)
         assert b.fetch("q", 10, wait=1.0) == []  # nothing came twice
 
 
+def test_a_full_queue_is_said_once_in_the_log_not_at_every_resend(network: Network) -> None:
+    """While a full queue refuses what a link brings, the peer sends it again every few
+    seconds, over one connection or the next: the node says so once, not at each (the
+    link's note of what it said is the node's, not the connection's)."""
+    network.start("a")
+    b = network.start("b")
+    network.link("a", "b")
+    assert eventually(lambda: network.up("a", "b") and network.up("b", "a"))
+    with network.client("b") as client:
+        client.create_queue(QueueConfig.create("audit", ("orders/>",), max_messages=10))
+    with network.client("a") as a:
+        assert eventually(lambda: any("b" in i.reaches for i in a.link_info()))
+        for i in range(30):
+            a.publish("orders/eu", f"m{i}".encode())
+        assert eventually(lambda: sum(i.resends for i in a.link_info()) >= 4)
+    code, _, err = b.stop()
+    said = [line for line in err.splitlines() if "messages not taken now" in line]
+    assert code == 0 and len(said) == 1, said
+    assert "queue 'audit' is full" in said[0]
+
+
 @pytest.mark.parametrize(
     "limit", [{"max_messages": 10}, {"max_bytes": 30}], ids=["max-messages", "max-bytes"]
 )

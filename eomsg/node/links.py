@@ -121,6 +121,9 @@ class LinkState:
     storing: deque[int] = field(default_factory=deque)
     carries: Matcher[bool] | None = None  # the topics it may carry (None: every topic)
     withheld: int = 0  # messages from the peer, or carried on, not the link's (since start)
+    # Why the node last could not take a frame from the peer, as its log said; None once
+    # the link moved on since (see Links.not_taken_is_news).
+    not_taken: str | None = None
 
     def allows(self, topic: str) -> bool:
         return self.carries is None or bool(self.carries.match(topic))
@@ -756,6 +759,18 @@ class Links(Egress):
         )
         return self._accept(peer, prev, [seq], [why])
 
+    def not_taken_is_news(self, peer: str, why: str) -> bool:
+        """Whether ``why`` this node could not take a frame from ``peer`` (a full queue,
+        disk or memory) is news for its log: not what it said last for that link since
+        the link last moved on. The peer sends the frame again every few seconds while
+        it lasts, over one connection or the next: said once, not at each. Notes it."""
+        with self._lock:
+            link = self._links.get(peer)
+            if link is None:
+                return True
+            news, link.not_taken = link.not_taken != why, why
+            return news
+
     def _accept(
         self, peer: str, prev: int, seqs: list[int], outgoing: list[Carried | str]
     ) -> Future[tuple[int, bool]]:
@@ -809,6 +824,8 @@ class Links(Egress):
                 kept.append(m)
                 peer_seqs.append(m.seq)
             link.received += len(kept)
+            if read != before:  # the link moves on: a refusal from now on is news again
+                link.not_taken = None
             if self._holds(link, kept, routes):
                 try:
                     wake = self._hold_frame(link, kept, routes, peer_seqs, now)

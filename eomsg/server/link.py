@@ -294,9 +294,12 @@ class LinkConnection(asyncio.Protocol):
         except EomsgError as e:
             if e.code in ("invalid_input", "invalid_topic", "invalid_config", "payload_too_large"):
                 raise
-            # The node cannot take them now (a full disk, a store being reopened): the
-            # peer keeps them and sends them again.
-            log.warning("link to %s: messages not taken now: %s", self.peer, one_line(e))
+            # The node cannot take them now (a full disk, a store being reopened, a full
+            # queue): the peer keeps them and sends them again, every few seconds while
+            # it lasts — said once, and again for another reason or once the link moved on.
+            why = one_line(e)
+            if self.node.not_taken_is_news(self.peer, why):
+                log.warning("link to %s: messages not taken now: %s", self.peer, why)
             return
 
         def done(f: Future[tuple[int, bool]]) -> None:
