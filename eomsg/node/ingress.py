@@ -200,6 +200,7 @@ class Ingress(Overflow):
 
         displaced = self._displaced(messages, published, route_of)
         moved: Displaced = []  # displaced into their queue's dead-letter queue
+        rerouted: dict[tuple[int, QueueState], Route] = {}
         seq = self._next_seq
         for i, m in enumerate(messages):
             msg_id = m.id
@@ -213,7 +214,7 @@ class Ingress(Overflow):
             expires_us = None if expires is None else to_us(expires)
             queues = route_of(i)
             if displaced:
-                queues = self._displace(displaced, moved, queues, seq, len(m.payload))
+                queues = self._displace(displaced, moved, queues, seq, len(m.payload), rerouted)
             headers = m.log_headers
             log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
             if msg_id is not None:

@@ -70,18 +70,32 @@ class Overflow(NodeState):
         return out
 
     def _displace(
-        self, displaced: dict[QueueState, int], moved: Displaced, queues: Route, seq: int, size: int
+        self,
+        displaced: dict[QueueState, int],
+        moved: Displaced,
+        queues: Route,
+        seq: int,
+        size: int,
+        rerouted: dict[tuple[int, QueueState], Route],
     ) -> Route:
         """``queues``, the route of message ``seq``, with each queue it is displaced from
         (:meth:`_displaced`) replaced by that queue's dead-letter queue; noted in
-        ``moved``, for :meth:`_record_displaced` once nothing refuses. Under ``_lock``."""
+        ``moved``, for :meth:`_record_displaced` once nothing refuses. ``rerouted``:
+        the routes made so far, by route and queue displaced from (a batch's messages
+        share a few; each route keyed is alive while the batch is staged: the node's,
+        the caller's, or one made here and kept in ``rerouted``). Under ``_lock``."""
         for q in queues:
             if displaced.get(q):  # type: ignore[call-overload]
                 assert isinstance(q, QueueState)
                 displaced[q] -= 1
                 dlq = self._queues[q.config.dead_letter or ""]
-                queues = (*(d for d in queues if d is not q and d is not dlq), dlq)
                 moved.append((q, dlq, seq, size))
+                key = (id(queues), q)
+                made = rerouted.get(key)
+                if made is None:
+                    made = (*(d for d in queues if d is not q and d is not dlq), dlq)
+                    rerouted[key] = made
+                queues = made
         return queues
 
     def _refuse_past(
@@ -103,9 +117,10 @@ class Overflow(NodeState):
     def _record_displaced(self, batch: RowBatch, moved: Displaced, now_us: int) -> None:
         """Record the displaced messages as routed to their queue and dead-lettered from
         it at once (their route took them to the dead-letter queue). Under ``_lock``."""
+        destinations, settled = batch.rows_of("destinations"), batch.rows_of("settled")
         for q, _, seq, _ in moved:
-            batch.add("destinations", seq, q.id)
-            batch.add("settled", q.id, seq, Outcome.DEAD_LETTERED, now_us)
+            destinations.append((seq, q.id))
+            settled.append((q.id, seq, Outcome.DEAD_LETTERED, now_us))
             q.counts[Outcome.DEAD_LETTERED] += 1
             q.overflowed += 1
         self._settled_since_compaction += len(moved)
