@@ -436,6 +436,27 @@ def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
     assert [i.pending for i in n.nodes["a"].link_info()] == [0]
 
 
+def test_a_message_that_can_never_fit_a_queue_does_not_hold_up_the_link(net: MakeNet) -> None:
+    """A message larger than a refusing queue's max-bytes would wait at the peer for
+    ever, and everything behind it on the link too (found in review): that queue is
+    left out of its route, said in the log; its other queues get it, and the link goes
+    on."""
+    n = net("ac")
+    n.link("a", "c")
+    c = n.nodes["c"]
+    c.create_queue(QueueConfig.create("audit", ("orders/>",), max_bytes=5))
+    c.create_queue(QueueConfig.create("other", ("orders/>",)))
+    n.run()
+    n.nodes["a"].publish("orders/x", b"0123456789")
+    for i in range(3):
+        n.nodes["a"].publish("orders/x", b"%d" % i)
+    n.run()
+    assert n.drain("c", "audit") == [("a", "0"), ("a", "1"), ("a", "2")]
+    assert n.drain("c", "other") == [("a", "0123456789"), ("a", "0"), ("a", "1"), ("a", "2")]
+    assert [i.pending for i in n.nodes["a"].link_info()] == [0]
+    assert {s.name: s.overflowed for s in c.stats()}["audit"] >= 1
+
+
 @pytest.mark.parametrize("limit", LIMITS)
 @pytest.mark.parametrize("egress", ["store", "memory"])
 def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(

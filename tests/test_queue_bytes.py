@@ -22,8 +22,9 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import eomsg
 from eomsg.core.cursor import Cursor, Outcome, Settlement
+from eomsg.core.limits import parse_size
 from eomsg.core.message import Delivered, Outgoing
-from eomsg.core.queues import DEAD_LETTER_OLDEST, QueueConfig
+from eomsg.core.queues import DEAD_LETTER_OLDEST, MAX_BYTES_LIMIT, QueueConfig
 from eomsg.errors import InvalidConfig, QueueFull
 from eomsg.node.node import Node, NodeSettings
 from tests.conftest import Cli, NodeProcess
@@ -59,12 +60,41 @@ def test_the_cursor_makes_room_by_bytes_from_the_oldest_waiting() -> None:
 
 
 def test_a_max_bytes_is_validated_like_the_rest_of_a_queue() -> None:
-    with pytest.raises(InvalidConfig, match="--max-bytes must be between 1 byte and 1PiB"):
+    with pytest.raises(InvalidConfig, match="--max-bytes must be between 1 byte and 1 PiB"):
         QueueConfig.create("q", max_bytes=0)
     with pytest.raises(InvalidConfig, match="--max-bytes must be between"):
         QueueConfig.create("q", max_bytes="10")  # type: ignore[arg-type]
     config = QueueConfig.create("q", ("t/>",), max_bytes=2**30)
     assert QueueConfig.from_json(json.loads(json.dumps(config.to_json()))) == config
+
+
+def test_sizes_are_read_as_written_up_to_a_petabyte() -> None:
+    assert parse_size("1PiB", high=MAX_BYTES_LIMIT) == 2**50
+    assert parse_size("2PB", high=2 * 10**15) == 2 * 10**15
+    with pytest.raises(InvalidConfig, match="is not understood"):
+        parse_size("9" * 5000)  # not a traceback from int()
+
+
+def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]) -> None:
+    """A message dead-lettered into a queue that holds it already (subscribed to its
+    topic too, or dead-lettered from another queue) is not counted there twice (found
+    in review: its depth and bytes stayed one message high once it was consumed)."""
+    node = open_node()
+    node.create_queue(QueueConfig.create("dlq", ("t/>",), max_bytes=1000))
+    for name in ("a", "b"):
+        node.create_queue(QueueConfig.create(name, ("t/>",), max_redeliveries=0, dead_letter="dlq"))
+    node.publish("t/x", b"x" * 100)
+    for name in ("a", "b"):
+        (d,) = node.fetch(name, 1)
+        node.release(name, [d.key])  # its last attempt: dead-lettered
+    stats = {s.name: (s.depth, s.dead_lettered) for s in node.stats()}
+    assert stats == {"a": (0, 1), "b": (0, 1), "dlq": (1, 0)}
+    held_as_stored(node)
+    assert drain_all(node, "dlq") == [b"x" * 100]
+    assert {s.name: s.depth for s in node.stats()}["dlq"] == 0
+    held_as_stored(node)
+    node.close()
+    assert {s.name: s.depth for s in open_node().stats()}["dlq"] == 0
 
 
 def test_a_publish_past_max_bytes_is_refused_whole(open_node: Callable[..., Node]) -> None:

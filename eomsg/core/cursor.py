@@ -127,6 +127,12 @@ class _SeqQueue:
     def first(self) -> int:
         return self._seqs[self._head]
 
+    def __contains__(self, seq: int) -> bool:
+        """Whether ``seq`` is queued (found by bisection: the queue is ascending)."""
+        seqs = self._seqs
+        i = bisect.bisect_left(seqs, seq, lo=self._head)
+        return i < len(seqs) and seqs[i] == seq
+
     def since(self, seq: int) -> Iterator[int]:
         """The queued seqs from ``seq`` on (the queue is ascending: found by bisection)."""
         return islice(self._seqs, bisect.bisect_left(self._seqs, seq, lo=self._head), None)
@@ -215,6 +221,10 @@ class Cursor:
             + 80 * len(self._dropped)
             + 100 * len(self._sizes or ())
         )
+
+    def holds(self, seq: int) -> bool:
+        """Whether message ``seq`` is pending here (waiting, in flight or held)."""
+        return seq in self._delivered or (seq in self._unread and seq not in self._dropped)
 
     @property
     def sized(self) -> bool:

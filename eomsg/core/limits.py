@@ -40,12 +40,12 @@ HANDSHAKE_FRAME = 64 << 10  # what a node accepts before the first frame (a hell
 # frame's own fields, with room to spare.
 FRAME_OVERHEAD = 1 << 20
 _HEADER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
-_SIZE = re.compile(r"(\d+)\s*([kmgt]i?b|[kmgt]|b)?", re.IGNORECASE)
+_SIZE = re.compile(r"(\d{1,30})\s*([kmgtp]i?b|[kmgtp]|b)?", re.IGNORECASE)
 # As written: SI units are powers of 1000 (``10MB`` is 10,000,000 bytes), IEC units powers
 # of 1024 (``10MiB``); a bare letter (``64m``) is IEC, as in most tools' size options.
 _SIZE_UNITS: dict[str, int] = {"b": 1} | {
     unit: base**power
-    for power, letter in enumerate("kmgt", start=1)
+    for power, letter in enumerate("kmgtp", start=1)
     for unit, base in ((f"{letter}b", 1000), (f"{letter}ib", 1024), (letter, 1024))
 }
 
@@ -58,8 +58,8 @@ def parse_size(text: str, *, low: int = 1, high: int = MAX_MAX_PAYLOAD) -> int:
     m = _SIZE.fullmatch(text.strip())
     if m is None:
         raise InvalidConfig(
-            f"size {text!r} is not understood: use bytes, KiB/MiB/GiB/TiB (powers of 1024) "
-            "or kB/MB/GB/TB (powers of 1000), e.g. 1MiB"
+            f"size {text!r} is not understood: use bytes, KiB/MiB/GiB/TiB/PiB (powers of "
+            "1024) or kB/MB/GB/TB/PB (powers of 1000), e.g. 1MiB"
         )
     size = int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "b").lower()]
     if not low <= size <= high:

@@ -111,7 +111,9 @@ class QueueConfig:
         if self.max_bytes is not None and (
             type(self.max_bytes) is not int or not 1 <= self.max_bytes <= MAX_BYTES_LIMIT
         ):
-            raise InvalidConfig(f"queue {self.name!r}: --max-bytes must be between 1 byte and 1PiB")
+            raise InvalidConfig(
+                f"queue {self.name!r}: --max-bytes must be between 1 byte and 1 PiB"
+            )
         if self.overflow not in OVERFLOWS:
             raise InvalidConfig(
                 f"queue {self.name!r}: --overflow is {' or '.join(OVERFLOWS)}, "

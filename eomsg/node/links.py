@@ -809,6 +809,13 @@ class Links(Egress):
                 if way is None:
                     way = routed[m.topic, m.targets] = self._route_carried(link, m)
                 route, unreachable, withheld = way
+                if never := room.never_fits(route, len(m.payload)):
+                    route = tuple(d for d in route if d not in never)
+                    log.warning(
+                        "link to %s: message %d not given to queue %s: its payload of %d "
+                        "bytes can never fit its max-bytes", peer, m.seq,
+                        ", ".join(q.config.name for q in never), len(m.payload),
+                    )  # fmt: skip
                 full = room.full(route, m.id, len(m.payload))
                 if full is not None:  # it and the rest wait at the peer, sent again
                     if read == before:

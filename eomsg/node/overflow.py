@@ -164,6 +164,22 @@ class Room:
         self._adding_bytes: dict[QueueState, int] = {}
         self._refusing = _OnRoute(REFUSE)
 
+    def never_fits(self, route: Route, size: int) -> tuple[QueueState, ...]:
+        """The queues of ``route`` that refuse and that a message of ``size`` payload
+        bytes can never fit, however many consumers make room (its max-bytes is less):
+        a link leaves them out of its route, or it would wait at the peer for ever and
+        hold up the link behind it. Each counts it as overflowed."""
+        if not self._node._limited:
+            return ()
+        never = tuple(
+            q
+            for q in self._refusing.of(route)
+            if q.config.max_bytes is not None and size > q.config.max_bytes
+        )
+        for q in never:
+            q.overflowed += 1
+        return never
+
     def full(self, route: Route, msg_id: str | None, size: int) -> QueueFull | None:
         """Why a queue of ``route`` has no room for one more message of ``size``
         payload bytes (counted nowhere then), or None (counted)."""
@@ -220,7 +236,7 @@ def _newest_fitting(q: QueueState, sizes: list[int]) -> int:
     max-bytes once every message waiting in it is dead-lettered: what is in flight or
     on its way in stays."""
     assert q.config.max_bytes is not None
-    room = q.config.max_bytes - q.cursor.in_flight_bytes() - q.incoming_bytes
+    room = max(0, q.config.max_bytes - q.cursor.in_flight_bytes() - q.incoming_bytes)
     kept = 0
     for size in reversed(sizes):
         if size > room:

@@ -475,13 +475,16 @@ class NodeState:
             batch.add("settled", q.id, s.seq, s.outcome, now_us)
             q.counts[s.outcome] += 1
             if s.outcome is Outcome.DEAD_LETTERED and dlq is not None:
+                if dlq.cursor.holds(s.seq):  # subscribed to it too, or dead-lettered it
+                    continue  # from another queue: it holds a message once
                 batch.add("destinations", s.seq, dlq.id)
                 moved.append(s.seq)
         self._settled_since_compaction += len(settlements)
         if moved and dlq is not None:
             if expiries is None:
                 expiries = self._expiries(moved)
-            sizes = self._payload_sizes(moved) if dlq.cursor.sized else {}
+            # (kept from the moment a max-bytes is being set, before the cursor has them)
+            sizes = self._payload_sizes(moved) if dlq.staged_sizes is not None else {}
             target = dlq
 
             def to_dlq() -> None:
