@@ -201,7 +201,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
             self._by_id[queue_id].cursor.extend(seqs, expiries)
         for q in self._queues.values():  # a max-bytes is held against what it holds
             if q.cursor.sized:
-                q.cursor.track_sizes(store.payload_sizes_of(q.cursor.pending()))
+                q.cursor.track_sizes(store.queue_payload_sizes(q.id))
         for queue_id, size in store.payload_sizes().items():  # bounds what a take reads
             if (q := self._by_id.get(queue_id)) is not None:
                 q.note_payload(size)
