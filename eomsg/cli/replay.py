@@ -101,7 +101,14 @@ def spark_replay(
       eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
     """
     from eomsg.spark.job import ReplaySpec, execute, on_store, plan
-    from eomsg.spark.session import check_master, java_version, parse_conf, start
+    from eomsg.spark.session import (
+        check_master,
+        java_version,
+        making_classes,
+        parse_conf,
+        start,
+        stop,
+    )
 
     spec = ReplaySpec(
         sink,
@@ -154,27 +161,39 @@ def spark_replay(
             )
         return
     log: list[Path] = []  # Spark's own log, once it started: kept only if the run failed
-    with _progress(quiet=json) as (report, spark_started):
+    sessions: list[Any] = []
+    done = False
+    try:
+        with _progress(quiet=json) as (report, spark_started):
 
-        def spark() -> Any:
-            report(f"starting Spark on {master}")
-            session = start(master, settings)
-            signal.signal(signal.SIGINT, _interrupt)  # PySpark's own replaced ours
-            log.append(Path(session.eomsg_log))
-            spark_started(session)
-            return session
+            def spark() -> Any:
+                report(f"starting Spark on {master}")
+                session = start(master, settings, keep_classes=True)
+                sessions.append(session)
+                signal.signal(signal.SIGINT, _interrupt)  # PySpark's own replaced ours
+                log.append(Path(session.eomsg_log))
+                spark_started(session)
+                return session
 
-        try:
-            result = execute(
-                p,
-                lambda: open_broker(data),
-                spark,
-                report,
-                allow_fewer=allow_fewer,
-                interrupted=_signalled.is_set,
-            )
-        except ReplayFailed as e:
-            raise ReplayFailed(f"{e.message} (Spark's log: {log[0]})" if log else e.message) from e
+            try:
+                result = execute(
+                    p,
+                    lambda: open_broker(data),
+                    spark,
+                    report,
+                    allow_fewer=allow_fewer,
+                    interrupted=_signalled.is_set,
+                )
+            except ReplayFailed as e:
+                message = f"{e.message} (Spark's log: {log[0]})" if log else e.message
+                raise ReplayFailed(message) from e
+            done = True
+    finally:  # once the watch on Spark's tasks has stopped
+        for session in sessions:
+            if making_classes(session):
+                if done:
+                    report("keeping Spark's classes in the user's cache for faster starts (once)")
+                stop(session, ok=done)
     for path in log:
         path.unlink(missing_ok=True)
     if json:

@@ -4,6 +4,7 @@ chatter turned down."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eomsg.errors import InvalidInput, SparkUnavailable
+from eomsg.spark import classes
 
 MIN_JAVA = 17
 MASTER_TIMEOUT = 5.0  # seconds to wait for a standalone master to accept a connection
@@ -23,31 +25,38 @@ DEFAULT_MASTER = "local[*]"
 _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
 
-def java_version() -> int:
-    """The major version of the Java Spark will use (``JAVA_HOME``, else ``PATH``);
-    SparkUnavailable when there is none or it is older than 17."""
+def java() -> str:
+    """The Java Spark will use (``JAVA_HOME``, else ``PATH``); SparkUnavailable when
+    there is none."""
     home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home else shutil.which("java")
-    if not java or not os.path.exists(java):
+    found = os.path.join(home, "bin", "java") if home else shutil.which("java")
+    if not found or not os.path.exists(found):
         raise SparkUnavailable(
             f"Java not found ({'JAVA_HOME=' + home if home else 'no java on PATH'}): Spark "
             f"needs Java {MIN_JAVA}+ (Debian: apt install openjdk-17-jre-headless)"
         )
+    return found
+
+
+def java_version() -> int:
+    """The major version of :func:`java`; SparkUnavailable when there is none or it is
+    older than 17."""
+    path = java()
     try:
         out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=30, check=False
+            [path, "-version"], capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as e:
-        raise SparkUnavailable(f"cannot run {java}: {e}") from e
+        raise SparkUnavailable(f"cannot run {path}: {e}") from e
     m = _VERSION.search(out.stderr + out.stdout)
     if m is None:
-        raise SparkUnavailable(f"cannot tell the version of {java}: Spark needs Java {MIN_JAVA}+")
+        raise SparkUnavailable(f"cannot tell the version of {path}: Spark needs Java {MIN_JAVA}+")
     major = int(m.group(1))
     if major == 1 and m.group(2):  # 1.8 is Java 8
         major = int(m.group(2))
     if major < MIN_JAVA:
         raise SparkUnavailable(
-            f"{java} is Java {major}; Spark needs Java {MIN_JAVA}+ (set JAVA_HOME to a newer one)"
+            f"{path} is Java {major}; Spark needs Java {MIN_JAVA}+ (set JAVA_HOME to a newer one)"
         )
     return major
 
@@ -79,8 +88,16 @@ def _why(e: OSError) -> str:
     return e.strerror or str(e)
 
 
-def start(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None) -> Any:
-    """A SparkSession on ``master`` with ``conf``, the ``eomsg`` source registered."""
+def start(
+    master: str = DEFAULT_MASTER,
+    conf: Mapping[str, str] | None = None,
+    *,
+    keep_classes: bool = False,
+) -> Any:
+    """A SparkSession on ``master`` with ``conf``, the ``eomsg`` source registered; its
+    driver started from the class-data archive in the user's cache when there is one
+    (``eomsg.spark.classes``). With ``keep_classes``, a start that finds none makes it:
+    end such a session with :func:`stop`, which publishes it."""
     java_version()
     try:
         from pyspark.sql import SparkSession
@@ -98,6 +115,10 @@ def start(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None) -
     if master.startswith("local"):  # one machine: no guessing at a network address
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or {})}
+    options = settings.get(_JAVA_OPTIONS, "")
+    archive = classes.prepare(java(), options, make=keep_classes)
+    if archive.options:
+        settings[_JAVA_OPTIONS] = f"{options} {archive.options}".strip()
     spark_conf = SparkConf().setMaster(master).setAppName("eomsg").setAll(list(settings.items()))
     # The JVM's own output (log4j's start-up lines, its warnings) goes to a log of its own,
     # named in errors; the terminal gets eomsg's lines only.
@@ -109,9 +130,33 @@ def start(master: str = DEFAULT_MASTER, conf: Mapping[str, str] | None = None) -
     context.setLogLevel("ERROR")
     spark = SparkSession(context)
     spark.eomsg_log = log.name  # type: ignore[attr-defined]
+    spark.eomsg_classes = archive  # type: ignore[attr-defined]
     _quiet_py4j()
     register(spark)
     return spark
+
+
+def stop(spark: Any, *, ok: bool = True) -> None:
+    """Stop a session :func:`start` gave. When its start was making the class-data
+    archive, its JVM is ended here: if the session did its work (``ok``), the JVM writes
+    the archive as it exits (some 10 s, once) and it is published; else the JVM is
+    killed and nothing is kept. Idempotent."""
+    archive = getattr(spark, "eomsg_classes", None)
+    jvm = getattr(spark.sparkContext._gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        spark.stop()
+    if archive is not None:
+        classes.finish(archive, jvm, keep=ok)
+
+
+def making_classes(spark: Any) -> bool:
+    """Whether this session's start is making the class-data archive (then end it with
+    :func:`stop`, or the archive is not kept)."""
+    archive = getattr(spark, "eomsg_classes", None)
+    return archive is not None and archive.making is not None
+
+
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 class _NotPy4J(logging.Filter):
