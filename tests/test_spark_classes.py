@@ -5,9 +5,11 @@ costing only speed — a truncated archive would crash every JVM that maps it.""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -179,3 +181,26 @@ def test_a_replay_keeps_sparks_classes_and_a_damaged_archive_costs_only_speed(
             f.write(bytes([byte[0] ^ 0xFF]))
     third = replay(3)
     assert "keeping" not in third.stderr and published(cache) == [archive.name]
+
+
+def test_ctrl_c_while_the_archive_is_written_stops_only_that(cache: Path) -> None:
+    """The replay before it is done: Ctrl-C (KeyboardInterrupt) while its JVM writes the
+    archive kills that JVM, keeps nothing, and is not raised."""
+    making = prepare(JAVA, make=True)
+    assert making.making is not None
+    writing = making.making.with_name("writing")
+    script = (
+        f"import sys, time; sys.stdin.buffer.read(); open({str(writing)!r}, 'w'); time.sleep(600)"
+    )
+    jvm = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE)
+
+    def ctrl_c() -> None:
+        while not writing.exists():
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c, daemon=True).start()
+    finish(making, jvm, keep=True)
+    assert jvm.returncode == -signal.SIGKILL
+    writing.unlink()
+    assert published(cache) == []

@@ -72,7 +72,7 @@ def prepare(java: str, user_options: str = "", *, make: bool = False) -> Archive
         making = directory / f"{key}.{os.getpid()}.tmp"
         making.unlink(missing_ok=True)
         return Archive(f"-XX:ArchiveClassesAtExit={making}", making, claim)
-    except OSError:
+    except (OSError, RuntimeError):  # RuntimeError: no home directory to be found
         return Archive("")
 
 
@@ -86,7 +86,10 @@ def finish(archive: Archive, jvm: subprocess.Popen[bytes] | None, *, keep: bool)
     try:
         if jvm is not None:
             if keep:
-                _end(jvm)
+                try:
+                    _end(jvm)
+                except KeyboardInterrupt:  # Ctrl-C while it writes stops only that
+                    keep = False
             if jvm.poll() is None:
                 jvm.kill()
                 jvm.wait()

@@ -4,7 +4,6 @@ chatter turned down."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import re
@@ -139,12 +138,16 @@ def start(
 def stop(spark: Any, *, ok: bool = True) -> None:
     """Stop a session :func:`start` gave. When its start was making the class-data
     archive, its JVM is ended here: if the session did its work (``ok``), the JVM writes
-    the archive as it exits (some 10 s, once) and it is published; else the JVM is
-    killed and nothing is kept. Idempotent."""
+    the archive as it exits (some 15 s, once) and it is published; else, or at Ctrl-C,
+    the JVM is killed and nothing is kept. Idempotent; raises nothing."""
     archive = getattr(spark, "eomsg_classes", None)
     jvm = getattr(spark.sparkContext._gateway, "proc", None)
-    with contextlib.suppress(Exception):
+    try:
         spark.stop()
+    except KeyboardInterrupt:  # Ctrl-C here stops the keeping, not the run before it
+        ok = False
+    except Exception:  # a session that cannot stop is ended with its JVM below
+        pass
     if archive is not None:
         classes.finish(archive, jvm, keep=ok)
 
