@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from eomsg.core.message import Outgoing
 from eomsg.node.node import Node, NodeSettings
 from eomsg.spark import classes
-from eomsg.spark.classes import Archive, finish, prepare
+from eomsg.spark.classes import Archive, drop_refused, finish, prepare
 from tests.conftest import spark_or_skip
 
 JAVA = "/usr/bin/env"  # any file: the key is made of its path and stat, never run
@@ -69,7 +69,8 @@ def test_one_start_makes_it_and_the_next_uses_it(cache: Path) -> None:
     assert name.endswith("-4096.jsa")
     assert stat.S_IMODE((cache / name).stat().st_mode) == 0o400
     assert prepare(JAVA, make=True) == Archive(
-        f"-XX:SharedArchiveFile={cache / name} -Xshare:auto -XX:+VerifySharedSpaces"
+        f"-XX:SharedArchiveFile={cache / name} -Xshare:auto -XX:+VerifySharedSpaces",
+        used=cache / name,
     )
     finish(making, None, keep=True)  # idempotent
     assert published(cache) == [name]
@@ -149,8 +150,8 @@ def test_a_replay_keeps_sparks_classes_and_a_damaged_archive_costs_only_speed(
     eomsg_bin: str, cli_env: dict[str, str], data_dir: Path, tmp_path: Path, cache: Path
 ) -> None:
     """Through real Spark: the first replay says it keeps the classes and publishes the
-    archive; the next uses it; bytes flipped in it are refused by the JVM's checksum and
-    the replay gives the same rows."""
+    archive; the next maps it — here with bytes flipped in it, which the JVM's checksum
+    refuses: the replay gives the same rows and removes the archive it refused."""
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
         node.publish_batch([Outgoing(f"orders/{i % 2}", b"m%d" % i) for i in range(50)])
     env = {**cli_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -170,7 +171,6 @@ def test_a_replay_keeps_sparks_classes_and_a_damaged_archive_costs_only_speed(
     (archive,) = cache.glob("*.jsa")
     assert published(cache) == [archive.name]  # no claim, nothing half-written
     assert archive.name.endswith(f"-{archive.stat().st_size}.jsa")
-    assert "keeping" not in replay(2).stderr
 
     archive.chmod(0o600)
     with open(archive, "r+b") as f:
@@ -179,8 +179,9 @@ def test_a_replay_keeps_sparks_classes_and_a_damaged_archive_costs_only_speed(
             byte = f.read(1)
             f.seek(offset)
             f.write(bytes([byte[0] ^ 0xFF]))
-    third = replay(3)
-    assert "keeping" not in third.stderr and published(cache) == [archive.name]
+    second = replay(2)
+    assert "keeping" not in second.stderr
+    assert published(cache) == []  # refused, so removed: the next run makes a good one
 
 
 def test_ctrl_c_while_the_archive_is_written_stops_only_that(cache: Path) -> None:
@@ -204,3 +205,20 @@ def test_ctrl_c_while_the_archive_is_written_stops_only_that(cache: Path) -> Non
     assert jvm.returncode == -signal.SIGKILL
     writing.unlink()
     assert published(cache) == []
+
+
+def test_an_archive_the_jvm_refused_is_removed_and_one_it_took_is_kept(
+    cache: Path, tmp_path: Path
+) -> None:
+    making = prepare(JAVA, make=True)
+    finish(making, writer_at_exit(making, 4096), keep=True)
+    used = prepare(JAVA)
+    assert used.used is not None
+    log = tmp_path / "spark.log"
+    log.write_text("Using Spark's default log4j profile\n")
+    drop_refused(used, log)
+    assert used.used.exists()
+    log.write_text(f"[0.05s][warning][cds,dynamic] {classes.REFUSED}. The top archive failed\n")
+    drop_refused(used, log)
+    assert published(cache) == []
+    drop_refused(used, tmp_path / "no such log")  # never raises

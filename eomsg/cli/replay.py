@@ -100,6 +100,7 @@ def spark_replay(
       eomsg spark-replay --topic 'orders/>' --sink parquet:out/orders
       eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
     """
+    from eomsg.spark import classes
     from eomsg.spark.job import ReplaySpec, execute, on_store, plan
     from eomsg.spark.session import (
         check_master,
@@ -190,6 +191,7 @@ def spark_replay(
             done = True
     finally:  # once the watch on Spark's tasks has stopped
         for session in sessions:
+            classes.drop_refused(session.eomsg_classes, Path(session.eomsg_log))
             if making_classes(session):
                 if done:
                     report("keeping Spark's classes in the user's cache for faster starts (once)")

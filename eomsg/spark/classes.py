@@ -2,17 +2,18 @@
 
 A Spark driver loads some twenty thousand classes before it runs a task; mapped from an
 archive the JVM made of them once (Java's application class-data sharing), its start
-takes about half the time (on the 2-core machine: the session 6.9 s → 4.2 s, a first job
-10.3 s → 5.9 s). The first run that asks for it makes it: its JVM writes the classes it
-loaded as it exits (``-XX:ArchiveClassesAtExit``: about 150 MB, some 10 s once), and the
-archive is published by rename only after that JVM exited cleanly.
+takes about two thirds of the time and a short replay a third less CPU (figures in
+docs/benchmarks.md). The first run that asks for it makes it: its JVM writes the classes
+it loaded as it exits (``-XX:ArchiveClassesAtExit``: about 165 MB, some 15 s once), and
+the archive is published by rename only after that JVM exited cleanly.
 
 Damage never costs more than the speed: a truncated archive would crash every JVM that
 maps it (SIGBUS), so the archive is named with its size and a file of another size is
 removed (and made again by the next run that asks); one of the right size with damaged
-bytes is refused by the JVM's own checksum (``-XX:+VerifySharedSpaces``) and Spark starts
-as without. One run at a time makes it (a claim file, taken over once its maker is
-gone); the directory is owner-only. ``EOMSG_SPARK_CLASSES=off`` turns all of it off.
+bytes is refused by the JVM's own checksum (``-XX:+VerifySharedSpaces``), Spark starts
+as without, and the archive is removed once the run saw the JVM refuse it. One run at a
+time makes it (a claim file, taken over once its maker is gone); the directory is
+owner-only. ``EOMSG_SPARK_CLASSES=off`` turns all of it off.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ STALE = 1800.0  # seconds after which a claim or a half-made archive is abandone
 EXIT_WAIT = 120.0  # seconds the maker waits for its JVM to write the archive and exit
 _ARCHIVE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<size>\d{1,15})\.jsa")
 _OURS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
+REFUSED = "Unable to use shared archive"  # what the JVM logs of an archive it will not map
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class Archive:
     options: str
     making: Path | None = None
     claim: Path | None = None
+    used: Path | None = None
 
 
 def cache_dir() -> Path:
@@ -63,7 +66,8 @@ def prepare(java: str, user_options: str = "", *, make: bool = False) -> Archive
         key = _key(java)
         found = _published(directory, key)
         if found is not None:
-            return Archive(f"-XX:SharedArchiveFile={found} -Xshare:auto -XX:+VerifySharedSpaces")
+            options = f"-XX:SharedArchiveFile={found} -Xshare:auto -XX:+VerifySharedSpaces"
+            return Archive(options, used=found)
         if not make:
             return Archive("")
         claim = directory / f"{key}.making"
@@ -106,6 +110,19 @@ def finish(archive: Archive, jvm: subprocess.Popen[bytes] | None, *, keep: bool)
         with contextlib.suppress(OSError):
             if archive.claim.read_text() == str(os.getpid()):
                 archive.claim.unlink()
+
+
+def drop_refused(archive: Archive, jvm_log: Path) -> None:
+    """When the JVM refused the archive it was given (its log says so: damaged bytes,
+    another classpath), remove it, so that the next run that asks makes a good one
+    rather than every run starting without. Never raises."""
+    if archive.used is None:
+        return
+    with contextlib.suppress(OSError):
+        with open(jvm_log, errors="replace") as f:
+            refused = any(REFUSED in line for line in f)
+        if refused:
+            archive.used.unlink(missing_ok=True)
 
 
 def _end(jvm: subprocess.Popen[bytes]) -> None:
