@@ -13,36 +13,47 @@ removed (and made again by the next run that asks); one of the right size with d
 bytes is refused by the JVM's own checksum (``-XX:+VerifySharedSpaces``), Spark starts
 as without, and the archive is removed once the run saw the JVM refuse it. One run at a
 time makes it (a claim file, taken over once its maker is gone); the directory is
-owner-only. ``EOMSG_SPARK_CLASSES=off`` turns all of it off.
+owner-only. Never where it cannot work or would change the user's settings: a cache path
+the launcher would split (whitespace, quotes), a non-empty directory on the driver's
+classpath (a conf dir: the JVM cannot archive with one), Java options of the user's own in
+``spark-defaults.conf`` (ours would replace them). ``EOMSG_SPARK_CLASSES=off`` turns all of
+it off.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
 import subprocess
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-STALE = 1800.0  # seconds after which a claim or a half-made archive is abandoned
 EXIT_WAIT = 120.0  # seconds the maker waits for its JVM to write the archive and exit
+KEPT = 2  # archives kept (for as many Java and Spark pairs), the newest
+REFUSED = "Unable to use shared archive"  # what the JVM logs of an archive it will not map
+JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _ARCHIVE = re.compile(r"(?P<key>[0-9a-f]{16})-(?P<size>\d{1,15})\.jsa")
 _OURS = ("-Xshare", "SharedArchiveFile", "ArchiveClassesAtExit")
-REFUSED = "Unable to use shared archive"  # what the JVM logs of an archive it will not map
+_SPLIT = re.compile(r"[\s'\"\\]")  # what Spark's launcher splits or unquotes in options
+# What puts entries on the driver's classpath besides Spark's jars: part of the key (an
+# archive is only good for one classpath), and a directory among them must be empty.
+_CLASSPATH_ENV = ("SPARK_HOME", "SPARK_CONF_DIR", "HADOOP_CONF_DIR", "YARN_CONF_DIR",
+                  "SPARK_CLASSPATH", "SPARK_DIST_CLASSPATH")  # fmt: skip
 
 
 @dataclass(frozen=True)
 class Archive:
-    """What a start adds to the driver's Java options, and, when this start makes the
-    archive, where its JVM writes it."""
+    """What a start adds to the driver's Java options; the archive it maps (``used``),
+    or, when this start makes it, where its JVM writes it and the lock it holds."""
 
     options: str
-    making: Path | None = None
-    claim: Path | None = None
     used: Path | None = None
+    making: Path | None = None
+    lock: int | None = None  # a descriptor holding the key's lock (flock) while making
 
 
 def cache_dir() -> Path:
@@ -51,42 +62,55 @@ def cache_dir() -> Path:
     return Path(base) / "eomsg" / "spark"
 
 
-def prepare(java: str, user_options: str = "", *, make: bool = False) -> Archive:
-    """The archive for this Java and this Spark: used when there is one; made by this
-    start when ``make`` and no other run is making it. Nothing (empty options) when
-    turned off, when the user's own Java options set class sharing, or when the cache
-    directory cannot be made — the archive only ever saves time."""
-    if os.environ.get("EOMSG_SPARK_CLASSES", "").lower() in ("off", "0", "no", "false"):
-        return Archive("")
-    if any(word in user_options for word in _OURS):
-        return Archive("")
+def prepare(java: str, settings: Mapping[str, str], *, make: bool = False) -> Archive:
+    """The archive for this Java, this Spark and this classpath (``settings``: the
+    session's Spark settings): used when there is one; made by this start when ``make``
+    and no other run is making it. Nothing (empty options) when turned off or where it
+    cannot work (module docstring) — the archive only ever saves time, so any error here
+    is no archive."""
     try:
+        if not _wanted(settings):
+            return Archive("")
         directory = cache_dir()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        key = _key(java)
+        directory.chmod(0o700)
+        if _SPLIT.search(str(directory)):
+            return Archive("")
+        key = _key(java, settings)
         found = _published(directory, key)
         if found is not None:
-            options = f"-XX:SharedArchiveFile={found} -Xshare:auto -XX:+VerifySharedSpaces"
-            return Archive(options, used=found)
-        if not make:
+            return _using(found)
+        if not make or (directory / f"{key}.failed").exists():
             return Archive("")
-        claim = directory / f"{key}.making"
-        if not _claim(claim):
+        lock = os.open(directory / f"{key}.making", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another run is making it
+            os.close(lock)
             return Archive("")
+        found = _published(directory, key)  # made while this run waited for the lock
+        if found is not None:
+            os.close(lock)
+            return _using(found)
+        for orphan in directory.glob(f"{key}.*.tmp"):  # a maker killed: its JVM's file
+            orphan.unlink(missing_ok=True)
         making = directory / f"{key}.{os.getpid()}.tmp"
-        making.unlink(missing_ok=True)
-        return Archive(f"-XX:ArchiveClassesAtExit={making}", making, claim)
-    except (OSError, RuntimeError):  # RuntimeError: no home directory to be found
+        return Archive(f"-XX:ArchiveClassesAtExit={making}", making=making, lock=lock)
+    except Exception:  # no home, a read-only cache, a damaged file: no archive
         return Archive("")
 
 
 def finish(archive: Archive, jvm: subprocess.Popen[bytes] | None, *, keep: bool) -> None:
     """After the session stopped: when this start made the archive, end its JVM and,
     if ``keep`` and it exited cleanly with the archive written, publish it (atomically,
-    named with its size); else kill it (nothing is written) and drop what it began.
-    Idempotent; never raises."""
-    if archive.making is None or archive.claim is None:
+    named with its size); else kill it (nothing is written) and drop what it began. A
+    JVM that exited with an error while writing leaves a ``KEY.failed`` marker: no run
+    tries again for that key (deleting the cache directory does). Ctrl-C while it
+    writes (KeyboardInterrupt) is taken as not keeping it: the run it followed is done
+    all the same. Idempotent; never raises."""
+    if archive.making is None or archive.lock is None:
         return
+    making = archive.making
     try:
         if jvm is not None:
             if keep:
@@ -97,25 +121,29 @@ def finish(archive: Archive, jvm: subprocess.Popen[bytes] | None, *, keep: bool)
             if jvm.poll() is None:
                 jvm.kill()
                 jvm.wait()
-        done = keep and jvm is not None and jvm.returncode == 0
-        if done and archive.making.exists():
-            size = archive.making.stat().st_size
-            key = archive.claim.name.removesuffix(".making")
-            os.chmod(archive.making, 0o400)
-            os.replace(archive.making, archive.making.with_name(f"{key}-{size}.jsa"))
-    except OSError:
+        if keep and jvm is not None:
+            key = making.name.split(".", 1)[0]
+            if jvm.returncode == 0 and making.exists():
+                making.chmod(0o400)
+                os.replace(making, making.with_name(f"{key}-{making.stat().st_size}.jsa"))
+                _prune(making.parent)
+            else:
+                making.with_name(f"{key}.failed").write_text(
+                    f"the JVM exited {jvm.returncode} writing the archive (its log says why)\n"
+                )
+    except Exception:  # the archive only ever saves time
         pass
     finally:
-        archive.making.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
-            if archive.claim.read_text() == str(os.getpid()):
-                archive.claim.unlink()
+            making.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.close(archive.lock)  # idempotent: a second close is EBADF, suppressed
 
 
 def drop_refused(archive: Archive, jvm_log: Path) -> None:
-    """When the JVM refused the archive it was given (its log says so: damaged bytes,
-    another classpath), remove it, so that the next run that asks makes a good one
-    rather than every run starting without. Never raises."""
+    """When the JVM refused the archive it was given (its log says so: damaged bytes),
+    remove it, so that the next run that asks makes a good one rather than every run
+    starting without. Never raises."""
     if archive.used is None:
         return
     with contextlib.suppress(OSError):
@@ -123,6 +151,38 @@ def drop_refused(archive: Archive, jvm_log: Path) -> None:
             refused = any(REFUSED in line for line in f)
         if refused:
             archive.used.unlink(missing_ok=True)
+
+
+def _using(path: Path) -> Archive:
+    return Archive(f"-XX:SharedArchiveFile={path} -Xshare:auto -XX:+VerifySharedSpaces", path)
+
+
+def _wanted(settings: Mapping[str, str]) -> bool:
+    """Not turned off, no class sharing of the user's own, no Java options of theirs in
+    ``spark-defaults.conf`` (a ``--conf`` of ours would replace them), and no non-empty
+    directory on the driver's classpath (the JVM cannot archive with one)."""
+    if os.environ.get("EOMSG_SPARK_CLASSES", "").lower() in ("off", "0", "no", "false"):
+        return False
+    if any(word in settings.get(JAVA_OPTIONS, "") for word in _OURS):
+        return False
+    conf = _conf_dir()
+    defaults = conf / "spark-defaults.conf"
+    if defaults.exists() and "JavaOptions" in defaults.read_text(errors="replace"):
+        return False
+    dirs = [conf] + [Path(os.environ[v]) for v in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")
+                     if os.environ.get(v)]  # fmt: skip
+    return not any(d.is_dir() and any(d.iterdir()) for d in dirs)
+
+
+def _conf_dir() -> Path:
+    """Where Spark's launcher reads ``spark-defaults.conf`` (and puts on the classpath)."""
+    if os.environ.get("SPARK_CONF_DIR"):
+        return Path(os.environ["SPARK_CONF_DIR"])
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"]) / "conf"
+    import pyspark
+
+    return Path(pyspark.__file__).parent / "conf"
 
 
 def _end(jvm: subprocess.Popen[bytes]) -> None:
@@ -135,16 +195,19 @@ def _end(jvm: subprocess.Popen[bytes]) -> None:
         jvm.wait(timeout=EXIT_WAIT)
 
 
-def _key(java: str) -> str:
-    """This Java binary and this Spark's jars: an archive is only good for the two it was
-    made with (the JVM checks that too, and refuses a mismatch without harm)."""
+def _key(java: str, settings: Mapping[str, str]) -> str:
+    """This Java binary, this Spark's jars and what else goes on the driver's classpath:
+    an archive is only good for what it was made with (the JVM checks that too, and
+    refuses a mismatch without harm)."""
     import pyspark
 
     real = os.path.realpath(java)
     st = os.stat(real)
     jars = Path(pyspark.__file__).parent / "jars"
-    text = f"{real}|{st.st_size}|{st.st_mtime_ns}|{pyspark.__version__}|{jars}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    parts = [real, str(st.st_size), str(st.st_mtime_ns), pyspark.__version__, str(jars)]
+    parts += [os.environ.get(v, "") for v in _CLASSPATH_ENV]
+    parts.append(settings.get("spark.driver.extraClassPath", ""))
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
 def _published(directory: Path, key: str) -> Path | None:
@@ -158,41 +221,8 @@ def _published(directory: Path, key: str) -> Path | None:
     return None
 
 
-def _claim(claim: Path) -> bool:
-    """Take the claim to make the archive (a file holding this process's id), taking
-    over one whose maker is gone or that is older than STALE; False if another run
-    holds it."""
-    for _ in range(2):
-        try:
-            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            if not _abandoned(claim):
-                return False
-            for tmp in claim.parent.glob(claim.name.removesuffix(".making") + ".*.tmp"):
-                tmp.unlink(missing_ok=True)
-            claim.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        return True
-    return False
-
-
-def _abandoned(claim: Path) -> bool:
-    try:
-        text = claim.read_text()
-        age = time.time() - claim.stat().st_mtime
-        pid = int(text or "0")
-    except (OSError, ValueError):
-        return True
-    if not text:  # its maker is between making the file and writing its id
-        return age > 5.0
-    if age > STALE or pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+def _prune(directory: Path) -> None:
+    """Keep the KEPT newest archives (another Java or Spark installed leaves its own)."""
+    archives = sorted(directory.glob("*.jsa"), key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in archives[KEPT:]:
+        old.unlink(missing_ok=True)

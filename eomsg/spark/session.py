@@ -114,18 +114,23 @@ def start(
     if master.startswith("local"):  # one machine: no guessing at a network address
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or {})}
-    options = settings.get(_JAVA_OPTIONS, "")
-    archive = classes.prepare(java(), options, make=keep_classes)
+    archive = classes.prepare(java(), settings, make=keep_classes)
     if archive.options:
-        settings[_JAVA_OPTIONS] = f"{options} {archive.options}".strip()
+        options = settings.get(classes.JAVA_OPTIONS, "")
+        settings[classes.JAVA_OPTIONS] = f"{options} {archive.options}".strip()
     spark_conf = SparkConf().setMaster(master).setAppName("eomsg").setAll(list(settings.items()))
-    # The JVM's own output (log4j's start-up lines, its warnings) goes to a log of its own,
-    # named in errors; the terminal gets eomsg's lines only.
-    with tempfile.NamedTemporaryFile(prefix="eomsg-spark-", suffix=".log", delete=False) as log:
-        gateway = launch_gateway(  # type: ignore[no-untyped-call]
-            spark_conf, popen_kwargs={"stdout": log, "stderr": log}
-        )
-    context = SparkContext(conf=spark_conf, gateway=gateway)
+    gateway = None
+    try:
+        # The JVM's own output (log4j's start-up lines, its warnings) goes to a log of its
+        # own, named in errors; the terminal gets eomsg's lines only.
+        with tempfile.NamedTemporaryFile(prefix="eomsg-spark-", suffix=".log", delete=False) as log:
+            gateway = launch_gateway(  # type: ignore[no-untyped-call]
+                spark_conf, popen_kwargs={"stdout": log, "stderr": log}
+            )
+        context = SparkContext(conf=spark_conf, gateway=gateway)
+    except BaseException:  # a start that failed makes nothing
+        classes.finish(archive, getattr(gateway, "proc", None), keep=False)
+        raise
     context.setLogLevel("ERROR")
     spark = SparkSession(context)
     spark.eomsg_log = log.name  # type: ignore[attr-defined]
@@ -143,7 +148,8 @@ def stop(spark: Any, *, ok: bool = True) -> None:
     archive = getattr(spark, "eomsg_classes", None)
     jvm = getattr(spark.sparkContext._gateway, "proc", None)
     try:
-        spark.stop()
+        if ok or archive is None or archive.making is None:
+            spark.stop()  # (a failed run's JVM, making the archive, is killed instead)
     except KeyboardInterrupt:  # Ctrl-C here stops the keeping, not the run before it
         ok = False
     except Exception:  # a session that cannot stop is ended with its JVM below
@@ -157,9 +163,6 @@ def making_classes(spark: Any) -> bool:
     :func:`stop`, or the archive is not kept)."""
     archive = getattr(spark, "eomsg_classes", None)
     return archive is not None and archive.making is not None
-
-
-_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 
 
 class _NotPy4J(logging.Filter):
