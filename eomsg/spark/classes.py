@@ -12,12 +12,12 @@ maps it (SIGBUS), so the archive is named with its size and a file of another si
 removed (and made again by the next run that asks); one of the right size with damaged
 bytes is refused by the JVM's own checksum (``-XX:+VerifySharedSpaces``), Spark starts
 as without, and the archive is removed once the run saw the JVM refuse it. One run at a
-time makes it (a claim file, taken over once its maker is gone); the directory is
-owner-only. Never where it cannot work or would change the user's settings: a cache path
-the launcher would split (whitespace, quotes), a non-empty directory on the driver's
-classpath (a conf dir: the JVM cannot archive with one), Java options of the user's own in
-``spark-defaults.conf`` (ours would replace them). ``EOMSG_SPARK_CLASSES=off`` turns all of
-it off.
+time makes it (an flock on ``KEY.making``, gone with its process: the next maker removes a
+killed one's half-written file); the directory is owner-only. Never where it cannot
+work or would change the user's settings: a cache path the launcher would split
+(whitespace, quotes), a non-empty directory on the driver's classpath (a conf dir: the
+JVM cannot archive with one), Java options of the user's own in ``spark-defaults.conf``
+(ours would replace them). ``EOMSG_SPARK_CLASSES=off`` turns all of it off.
 """
 
 from __future__ import annotations
