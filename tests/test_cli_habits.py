@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from eomsg.cli.app import COMMANDS, VALUED, build, command_named
 from eomsg.errors import ExitCode
 from tests.conftest import Cli, eventually
 
-HEAVY = ("duckdb", "pyarrow", "psycopg", "pyspark", "pandas")
+HEAVY = ("duckdb", "pyarrow", "psycopg", "pyspark", "pandas", "pydantic")
 
 
 def test_global_options_go_before_or_after_the_command(cli: Cli, tmp_path: Path) -> None:
@@ -154,6 +156,101 @@ def test_only_the_command_that_runs_is_built(cli: Cli, serve: Callable[..., Any]
     # (every command reads the context it reaches the node by from eomsg.cli.context)
     others = {m for m, _ in COMMANDS.values()} - {"eomsg.cli.publish", "eomsg.cli.context"}
     assert "eomsg.cli.publish" in loaded and not loaded & others, sorted(loaded & others)
+
+
+def _coerced_parameters() -> list[tuple[Any, Any]]:
+    """A (command, parameter) of each kind among every command's parameters."""
+    import typer.main
+    from typer.core import TyperArgument, TyperGroup, TyperOption
+
+    found: list[tuple[Any, Any]] = []
+
+    def walk(command: Any) -> None:
+        found.extend(
+            (command, p) for p in command.params if isinstance(p, TyperArgument | TyperOption)
+        )
+        if isinstance(command, TyperGroup):
+            for sub in command.commands.values():
+                walk(sub)
+
+    walk(typer.main.get_command(build()))
+    kinds: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+    for command, p in found:  # one of each kind, so every kind is drawn often
+        info = p.type_descriptor.parameter_info
+        kind = (repr(p.type_descriptor.annotation), info.min, info.max, info.exists, p.multiple)
+        kinds.setdefault(kind, (command, p))
+    return list(kinds.values())
+
+
+COERCED = _coerced_parameters()
+# what a command line or the environment gives a parameter, beside any text and digits
+WORDS = ["", "-", ".", "/", "~/x", " 1", "1 ", "+1", "1_0", "007", "\uff11", "²", "0x1f", "1e3"]
+WORDS += ["1", "0", "true", "TRUE", "Yes", " on ", "off", "no", "F", "2", "enable"]
+
+
+def _same_coercion(command: Any, param: Any, value: Any) -> None:
+    """Where eomsg's coercion skips typer's pydantic adapter, it gives what the adapter
+    gives (the same value of the same type, or the same error)."""
+    from typer._click import Context
+    from typer._click.exceptions import BadParameter
+    from typer._coercion import build_runtime_param
+
+    from eomsg.cli.root import _TYPERS, _without_pydantic
+
+    ctx = Context(command)
+    many = bool(param.multiple or param.nargs == -1)
+
+    def outcome(coerce: Callable[[], Any]) -> tuple[str, Any]:
+        try:
+            return ("value", coerce())
+        except BadParameter as e:
+            return ("error", e.format_message())
+
+    ours = outcome(lambda: _without_pydantic(value, param, ctx, many))
+    if ours == ("value", _TYPERS):
+        return
+    runtime = build_runtime_param(param.type_descriptor)
+    typers = outcome(lambda: runtime.coerce(value, param=param, ctx=ctx))
+    assert (ours, type(ours[1])) == (typers, type(typers[1])), (param.name, value)
+
+
+@pytest.mark.parametrize("chosen", COERCED, ids=lambda c: f"{c[0].name}-{c[1].name}")
+@settings(max_examples=40, deadline=None)
+@given(
+    value=st.one_of(st.text(max_size=12), st.integers(0, 10**40).map(str)),
+    many=st.lists(st.text(max_size=6), max_size=3),
+)
+def test_a_value_coerced_without_pydantic_is_typers_own(
+    chosen: tuple[Any, Any], value: str, many: list[str]
+) -> None:
+    """eomsg's coercion of text, paths, digits and flags (tests/test_cli_habits.py) is
+    typer's, for a parameter of each kind; each word that could fool it is tried too."""
+    command, param = chosen
+    if param.multiple or param.nargs == -1:
+        _same_coercion(command, param, tuple(many))
+    else:
+        _same_coercion(command, param, value)
+        for word in WORDS:
+            _same_coercion(command, param, word)
+
+
+def test_help_reaches_for_no_node(cli: Cli) -> None:
+    """``eomsg --help`` builds every command but imports no client connection (asyncio,
+    the wire's events): only a command that runs reaches a node."""
+    r = cli("--help", env={"PYTHONPROFILEIMPORTTIME": "1"})
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()}
+    assert "eomsg.cli.queue" in loaded  # every command was built
+    assert not loaded & {"eomsg.client.sync", "eomsg.client.aio", "eomsg.wire.events"}
+
+
+def test_the_clients_names_are_there_when_asked_for() -> None:
+    """``eomsg.client`` imports each of its names when first asked for, every one."""
+    import eomsg.client
+
+    for name in eomsg.client.__all__:
+        assert getattr(eomsg.client, name).__name__ == name
+    with pytest.raises(AttributeError):
+        eomsg.client.nosuch  # noqa: B018
 
 
 def test_the_root_options_that_take_a_value_are_the_ones_skipped() -> None:

@@ -13,13 +13,12 @@ import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Annotated, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ParamSpec, TypeVar
 
 import typer
 
 from eomsg.cli.output import print_json, say
 from eomsg.client.broker import Broker
-from eomsg.client.sync import Client, connect
 from eomsg.errors import (
     DataDirError,
     DataDirLocked,
@@ -35,11 +34,22 @@ from eomsg.store.files import holds_store
 from eomsg.wire.address import socket_path
 from eomsg.wire.tls import ClientTls
 
+if TYPE_CHECKING:
+    from eomsg.client.sync import Client
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_DATA = Path("eomsg-data")
 SEQ_MAX = (1 << 63) - 1  # the largest sequence number or count a command takes
+
+
+def connect(*args: Any, **kwargs: Any) -> Client:
+    """:func:`eomsg.client.sync.connect`, imported once a command reaches for a node:
+    ``eomsg --help`` never does."""
+    from eomsg.client.sync import connect as connect_client
+
+    return connect_client(*args, **kwargs)
 
 
 def before_the_name(ctx: typer.Context, param: typer.CallbackParam, value: Any) -> Any:

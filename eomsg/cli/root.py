@@ -7,10 +7,12 @@ from __future__ import annotations
 import copy
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import typer
 from typer._coercion import build_runtime_param
+from typer._param_types import coerce_cli_path
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from eomsg.cli.common import Globals
@@ -100,26 +102,85 @@ def _plain_help(param: Any) -> None:
 
 
 class _CoercedWhenGiven:
-    """typer's coercion of one parameter, built only when the parameter has a value:
-    typer builds a pydantic adapter for each parameter of the command that runs
-    (≈ 1.5 ms each, 25 for ``eomsg publish``), even for one left at None, which it
-    then returns untouched (as here: ``()`` for one taking many values)."""
+    """typer's coercion of one parameter, built only when the parameter has a value, and
+    none at all for a text or a path: typer builds a pydantic adapter for each parameter
+    of the command that runs (≈ 1.5 ms each, 25 for ``eomsg publish``, and pydantic's
+    import, ≈ 60 ms, for the first), even for one left at None, which it then returns
+    untouched (as here: ``()`` for one taking many values), and for a ``str``, which it
+    returns as given."""
 
     def __init__(self) -> None:
         self._built: Any = None
 
     def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        many = param.multiple or param.nargs == -1
         if value is None:
-            return () if param.multiple or param.nargs == -1 else None
+            return () if many else None
+        plain = _without_pydantic(value, param, ctx, many)
+        if plain is not _TYPERS:
+            return plain
         if self._built is None:
             self._built = build_runtime_param(param.type_descriptor)
         return self._built.coerce(value, param=param, ctx=ctx)
 
 
-def _coerce_when_given(params: list[Any]) -> None:
-    for param in params:
-        if isinstance(param, TyperArgument | TyperOption):
-            param._runtime_param = _CoercedWhenGiven()  # type: ignore[assignment]
+_TYPERS = object()  # a value only typer's own coercion can give
+_BOOLS = {
+    **dict.fromkeys(("", "0", "off", "f", "false", "n", "no"), False),
+    **dict.fromkeys(("1", "on", "t", "true", "y", "yes"), True),
+}
+
+
+def _without_pydantic(value: Any, param: Any, ctx: Any, many: bool) -> Any:
+    """``value`` as typer's adapter would give it, where that is the value as given (a
+    ``str``, each of a ``list[str]``, a default already of its type), ``Path(text)``
+    under typer's own checks of a path, a flag's word from the environment, or
+    ``int(digits)`` within the parameter's range;
+    else ``_TYPERS``. tests/test_cli_habits.py holds each to typer's own result."""
+    descriptor = param.type_descriptor
+    info, annotation = descriptor.parameter_info, descriptor.annotation
+    if info.parser is not None or descriptor.file_annotation is not None:
+        return _TYPERS
+    if many:
+        texts = isinstance(value, list | tuple) and all(type(v) is str for v in value)
+        return list(value) if texts and annotation == list[str] else _TYPERS
+    if annotation is str and type(value) is str:
+        return value
+    if annotation is Path and info.path_type is None and isinstance(value, str | Path):
+        path = Path(value)
+        return coerce_cli_path(path, info, path_type=Path, param=param, ctx=ctx)
+    if annotation is bool and type(value) is str:  # from the environment: EOMSG_INIT=1
+        return _BOOLS.get(value.strip().lower(), _TYPERS)
+    if (
+        annotation is int
+        and type(value) is str
+        and value.isascii()
+        and value.isdigit()
+        and len(value) < 30
+    ):
+        value = int(value)
+    if annotation in (int, float) and type(value) is annotation and not info.clamp:
+        low, high = info.min, info.max
+        in_range = (low is None or value >= low) and (high is None or value <= high)
+        return value if in_range else _TYPERS
+    return _TYPERS
+
+
+def _coerce_when_given(command: Any) -> None:
+    """Every parameter of ``command`` coerced by :class:`_CoercedWhenGiven`, including
+    those typer adds as it parses (``--help``, the completion options)."""
+    get_params = command.get_params
+
+    def coerced(ctx: Any) -> list[Any]:
+        params = get_params(ctx)
+        for param in params:
+            if isinstance(param, TyperArgument | TyperOption) and not isinstance(
+                param._runtime_param, _CoercedWhenGiven
+            ):
+                param._runtime_param = _CoercedWhenGiven()  # type: ignore[assignment]
+        return list(params)
+
+    command.get_params = coerced
 
 
 COMPLETION_SHELLS = ("bash", "zsh", "fish", "powershell", "pwsh")
@@ -145,6 +206,13 @@ def _leaves(group: TyperGroup) -> Iterator[tuple[str, Any]]:
             yield name, command
 
 
+def _commands(group: TyperGroup) -> Iterator[Any]:
+    for command in group.commands.values():
+        yield command
+        if isinstance(command, TyperGroup):
+            yield from _commands(command)
+
+
 class EomsgGroup(TyperGroup):
     """The root group: gives every command that opens a data directory the global
     options, names arguments in capitals in help, and turns usage errors into one line."""
@@ -165,8 +233,9 @@ class EomsgGroup(TyperGroup):
                 at = next((i for i, p in enumerate(command.params) if p.name == "json"), None)
                 at = len(command.params) if at is None else at
                 command.params[at:at] = extra
-            _coerce_when_given(command.params)
-        _coerce_when_given(self.params)
+        for command in _commands(self):
+            _coerce_when_given(command)
+        _coerce_when_given(self)
 
     def main(self, *args: Any, **kwargs: Any) -> Any:
         """Run the command line; a usage error is ``Error: …`` on one line, exit 2."""

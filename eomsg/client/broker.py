@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from eomsg.client.consumer import Received
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation, Operations
@@ -25,7 +24,8 @@ from eomsg.core.queues import QueueConfig
 from eomsg.core.txn import DEFAULT_TIMEOUT
 from eomsg.errors import QueueExists, UsageError
 
-if TYPE_CHECKING:  # they load the application databases' drivers: only when used
+if TYPE_CHECKING:  # drivers of application databases, asyncio: only where used
+    from eomsg.client.consumer import Received
     from eomsg.client.resources import Resource
     from eomsg.client.transaction import Transaction
 
