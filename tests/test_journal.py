@@ -265,6 +265,27 @@ def test_any_bytes_read_as_records_or_holes(
             assert not body[segment.end :].strip(b"\0")
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    zeros=st.integers(0, 200_000),
+    at=st.integers(0, 200_000),
+    start=st.integers(0, 210_000),
+    length=st.none() | st.integers(0, 210_000),
+    view=st.booleans(),
+)
+def test_a_run_of_zeros_is_told_as_stripping_it_would(
+    zeros: int, at: int, start: int, length: int | None, view: bool
+) -> None:
+    """The journal's block-wise test for zeros (a segment's room left) answers as
+    stripping a copy of the bytes would, wherever a non-zero byte is, or none."""
+    data = bytearray(zeros)
+    if at < zeros:
+        data[at] = 1
+    end = None if length is None else start + length
+    given_data = memoryview(bytes(data)) if view else bytes(data)
+    assert journal._zero(given_data, start, end) == (not bytes(data[start:end]).strip(b"\0"))
+
+
 def test_a_damaged_journal_is_refused_named_and_salvaged(data_dir: Path) -> None:
     with LocalClient.open(data_dir) as client:
         client.create_queue(QueueConfig.create("q", ["a/>"]))

@@ -20,9 +20,10 @@ import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from eomsg.node.node import Node
-from eomsg.server.server import Server, ServerSettings
+if TYPE_CHECKING:
+    from eomsg.node.node import Node
 
 LEND_AFTER = 0.5  # seconds a command holds the directory before it lends it
 log = logging.getLogger("eomsg.server")
@@ -74,6 +75,10 @@ class _Lender:
 
     def _run(self) -> None:
         async def main() -> None:
+            # Here, not at the top: a quick command, done before it lends, never loads
+            # the server (≈ 50 ms).
+            from eomsg.server.server import Server, ServerSettings
+
             server = Server(self.node, self.data_dir, ServerSettings(), looking_only=self.refusal)
             try:
                 await server.start()

@@ -143,9 +143,20 @@ class Segment:
         return self.records[-1].lsn if self.records else self.first_lsn - 1
 
 
+_ZEROS = bytes(1 << 16)
+
+
 def _zero(data: bytes | memoryview, start: int, end: int | None = None) -> bool:
-    """Whether ``data[start:end]`` holds only zeros."""
-    return not bytes(data[start:end]).strip(b"\0")
+    """Whether ``data[start:end]`` (``start`` ≥ 0) holds only zeros: compared a block of
+    :data:`_ZEROS` at a time, as a segment's room left is megabytes, looked at every
+    time a node or a command opens the journal (copying it whole to strip it took 5 ms
+    a look, 45 ms an open)."""
+    end = len(data) if end is None else min(end, len(data))
+    for at in range(start, end, len(_ZEROS)):
+        stop = min(at + len(_ZEROS), end)
+        if bytes(data[at:stop]) != _ZEROS[: stop - at]:
+            return False
+    return True
 
 
 def _zero_sector(data: bytes, start: int, end: int) -> bool:
