@@ -184,7 +184,24 @@ def _coerced_parameters() -> list[tuple[Any, Any]]:
 
 COERCED = _coerced_parameters()
 # what a command line or the environment gives a parameter, beside any text and digits
-WORDS = ["", "-", ".", "/", "~/x", " 1", "1 ", "+1", "1_0", "007", "\uff11", "²", "0x1f", "1e3"]
+WORDS = [
+    "",
+    "-",
+    ".",
+    "/",
+    "~/x",
+    "\0",
+    "a\0b",
+    " 1",
+    "1 ",
+    "+1",
+    "1_0",
+    "007",
+    "\uff11",
+    "²",
+    "0x1f",
+    "1e3",
+]
 WORDS += ["1", "0", "true", "TRUE", "Yes", " on ", "off", "no", "F", "2", "enable"]
 
 

@@ -278,3 +278,20 @@ def test_an_error_once_a_signal_came_is_the_interruption(filled: Path) -> None:
     with open_broker(filled) as node:
         assert [j.status.value for j in node.replay_jobs("i")] == ["failed"]
     assert not p.staging.exists() and not (filled.parent / "o").exists()
+
+
+def test_the_source_module_loads_neither_client_nor_store() -> None:
+    """Spark imports ``eomsg.spark.source`` in a Python process of its own to look the
+    source up and in another for its schema: neither loads the client or the store
+    (asyncio, DuckDB, Arrow: ≈ 0.4 s each), only a process that opens a log does."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-c", "import eomsg.spark.source"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines()}
+    assert "eomsg.spark.source" in loaded
+    heavy = {"duckdb", "pyarrow", "eomsg.client.sync", "eomsg.store.logread", "asyncio"}
+    assert not loaded & heavy, sorted(loaded & heavy)

@@ -147,8 +147,10 @@ def _without_pydantic(value: Any, param: Any, ctx: Any, many: bool) -> Any:
     if annotation is str and type(value) is str:
         return value
     if annotation is Path and info.path_type is None and isinstance(value, str | Path):
-        path = Path(value)
-        return coerce_cli_path(path, info, path_type=Path, param=param, ctx=ctx)
+        try:
+            return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
+        except ValueError:  # a NUL in it: typer's adapter says so as a usage error
+            return _TYPERS
     if annotation is bool and type(value) is str:  # from the environment: EOMSG_INIT=1
         return _BOOLS.get(value.strip().lower(), _TYPERS)
     if (

@@ -28,9 +28,8 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -44,12 +43,19 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from eomsg.client.sync import Client, connect
 from eomsg.core.replay import Selection, check_retained, parse_time, split
 from eomsg.errors import InvalidInput, Unavailable
-from eomsg.store.logread import LOG_SCHEMA, FileLog
 from eomsg.wire.address import socket_path
-from eomsg.wire.tls import ClientTls
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from eomsg.client.sync import Client
+    from eomsg.store.logread import FileLog
+
+# The client and the store (with pyarrow, DuckDB, asyncio: ≈ 0.4 s) are imported where a
+# log is opened, not here: Spark starts a Python process of its own to look the source
+# up and another for its schema, each importing this module and needing neither.
 
 NAME = "eomsg"
 SCHEMA = (
@@ -102,6 +108,8 @@ class _NodeAccess:
         return self.client.queue_config(queue).subscriptions
 
     def batches(self, sel: Selection, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
+        from eomsg.store.logread import LOG_SCHEMA
+
         while lo < hi:
             table, lo = self.client.read_log(sel, lo, hi)
             yield from table.cast(LOG_SCHEMA).to_batches()
@@ -131,6 +139,8 @@ class Route:
         if not data:
             raise InvalidInput("the eomsg source needs option data (a directory) or broker")
         if socket_path(Path(data)).exists():
+            from eomsg.client.sync import connect
+
             with contextlib.suppress(Unavailable), connect(data, name="eomsg-spark"):
                 return cls(broker=f"unix://{socket_path(Path(data)).resolve()}")
         return cls(data=str(Path(data).resolve()))
@@ -138,11 +148,16 @@ class Route:
     @contextlib.contextmanager
     def open(self) -> Iterator[LogAccess]:
         if self.broker is not None:
+            from eomsg.client.sync import connect
+            from eomsg.wire.tls import ClientTls
+
             tls = ClientTls.from_env(self.tls_ca) if self.broker.startswith("tls://") else None
             with connect(self.broker, token=self.token, name="eomsg-spark", tls=tls) as client:
                 yield _NodeAccess(client)
         else:
             assert self.data is not None
+            from eomsg.store.logread import FileLog
+
             # A command holding the directory for a moment (eomsg inspect) is waited for.
             with FileLog(self.data, wait=READ_WAIT) as log:
                 yield _FileAccess(log)
