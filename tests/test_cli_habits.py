@@ -177,7 +177,11 @@ def _coerced_parameters() -> list[tuple[Any, Any]]:
     kinds: dict[tuple[Any, ...], tuple[Any, Any]] = {}
     for command, p in found:  # one of each kind, so every kind is drawn often
         info = p.type_descriptor.parameter_info
-        kind = (repr(p.type_descriptor.annotation), info.min, info.max, info.exists, p.multiple)
+        kind = (
+            repr(p.type_descriptor.annotation), info.min, info.max, info.clamp, info.exists,
+            info.file_okay, info.dir_okay, info.readable, info.writable, info.resolve_path,
+            info.parser, p.multiple, p.nargs,
+        )  # fmt: skip
         kinds.setdefault(kind, (command, p))
     return list(kinds.values())
 
@@ -203,6 +207,9 @@ WORDS = [
     "1e3",
 ]
 WORDS += ["1", "0", "true", "TRUE", "Yes", " on ", "off", "no", "F", "2", "enable"]
+WORDS += ["x/", "./x", "a//x", "/nonexistent/x", "/dev/null", "/", "\udcff"]
+# what a default or the library gives a parameter instead of a text
+VALUES = [0, 1, -1, 5000, 10**30, 1.5, float("nan"), True, False, Path("x/"), b"x", ["a"]]
 
 
 def _same_coercion(command: Any, param: Any, value: Any) -> None:
@@ -247,8 +254,8 @@ def test_a_value_coerced_without_pydantic_is_typers_own(
         _same_coercion(command, param, tuple(many))
     else:
         _same_coercion(command, param, value)
-        for word in WORDS:
-            _same_coercion(command, param, word)
+        for given in [*WORDS, *VALUES]:
+            _same_coercion(command, param, given)
 
 
 def test_help_reaches_for_no_node(cli: Cli) -> None:
@@ -266,6 +273,8 @@ def test_the_clients_names_are_there_when_asked_for() -> None:
 
     for name in eomsg.client.__all__:
         assert getattr(eomsg.client, name).__name__ == name
+        assert name in dir(eomsg.client)
+    assert eomsg.client.sync.connect is eomsg.client.connect  # its modules, as before
     with pytest.raises(AttributeError):
         eomsg.client.nosuch  # noqa: B018
 

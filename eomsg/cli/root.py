@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from typer._click.exceptions import BadParameter
 from typer._coercion import build_runtime_param
 from typer._param_types import coerce_cli_path
 from typer.core import TyperArgument, TyperGroup, TyperOption
@@ -149,8 +150,8 @@ def _without_pydantic(value: Any, param: Any, ctx: Any, many: bool) -> Any:
     if annotation is Path and info.path_type is None and isinstance(value, str | Path):
         try:
             return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
-        except ValueError:  # a NUL in it: typer's adapter says so as a usage error
-            return _TYPERS
+        except (ValueError, BadParameter):  # a NUL in it, unreadable, missing: typer's
+            return _TYPERS  # adapter says so, naming the path as it was given
     if annotation is bool and type(value) is str:  # from the environment: EOMSG_INIT=1
         return _BOOLS.get(value.strip().lower(), _TYPERS)
     if (

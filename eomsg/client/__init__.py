@@ -7,6 +7,7 @@ Each name is imported when first asked for: a module that needs one part of the 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,6 +36,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    """One of the names above, or a module of the package (``eomsg.client.sync``), as
+    when they were all imported with the package."""
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

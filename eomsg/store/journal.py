@@ -147,7 +147,7 @@ _ZEROS = bytes(1 << 16)
 
 
 def _zero(data: bytes | memoryview, start: int, end: int | None = None) -> bool:
-    """Whether ``data[start:end]`` (``start`` ≥ 0) holds only zeros: compared a block of
+    """Whether ``data[start:end]`` (``start``, ``end`` ≥ 0) holds only zeros: compared a block of
     :data:`_ZEROS` at a time, as a segment's room left is megabytes, looked at every
     time a node or a command opens the journal (copying it whole to strip it took 5 ms
     a look, 45 ms an open)."""
