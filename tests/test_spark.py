@@ -5,6 +5,7 @@ stopped and restarted from its checkpoint delivers every message exactly once.""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -285,7 +286,6 @@ def test_the_source_module_loads_neither_client_nor_store() -> None:
     source up and in another for its schema: neither loads the client or the store
     (asyncio, DuckDB, Arrow: ≈ 0.4 s each), only a process that opens a log does."""
     import subprocess
-    import sys
 
     done = subprocess.run(
         [sys.executable, "-X", "importtime", "-c", "import eomsg.spark.source"],
@@ -295,3 +295,46 @@ def test_the_source_module_loads_neither_client_nor_store() -> None:
     assert "eomsg.spark.source" in loaded
     heavy = {"duckdb", "pyarrow", "eomsg.client.sync", "eomsg.store.logread", "asyncio"}
     assert not loaded & heavy, sorted(loaded & heavy)
+
+
+def test_tasks_run_the_installed_pyspark_not_the_zip_spark_puts_first(spark: Any) -> None:
+    """Spark puts ``$SPARK_HOME/python/lib/pyspark.zip`` first on its Python workers'
+    path, and a zip's bytecode is never cached: the daemon the session names
+    (``eomsg.spark.daemon``) moves it behind the installed PySpark (the same files,
+    compiled once), so a task imports PySpark from there."""
+    import pyspark
+
+    def where(_: Any) -> list[str]:
+        import sys
+
+        import pyspark as theirs
+
+        return [theirs.__file__ or "", *(p for p in sys.path if p.endswith(".zip"))]
+
+    (found,) = spark.sparkContext.parallelize([0], 1).mapPartitions(where).glom().collect()
+    assert found[0] == pyspark.__file__
+    assert found[1:] and all(p.endswith(".zip") for p in found[1:])  # still there, behind
+
+
+def test_the_daemon_moves_only_the_zips_of_the_spark_home_installed_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pyspark
+
+    from eomsg.spark.daemon import _zips
+
+    home = Path(pyspark.__file__).parent
+    lib = home / "python" / "lib"
+    path = [str(lib / "pyspark.zip"), str(lib / "py4j-src.zip"), "/elsewhere", *sys.path]
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    assert _zips(path) == path[:2]
+    # a Spark installed on its own: its zips are what this Spark needs
+    other = tmp_path / "spark"
+    (other / "python" / "lib").mkdir(parents=True)
+    monkeypatch.setenv("SPARK_HOME", str(other))
+    assert _zips([str(other / "python" / "lib" / "pyspark.zip"), *sys.path]) == []
+    monkeypatch.delenv("SPARK_HOME")
+    assert _zips(path) == []
+    # no PySpark installed outside the zip: the zip stays first
+    monkeypatch.setenv("SPARK_HOME", str(home))
+    assert _zips([str(lib / "pyspark.zip"), "/elsewhere"]) == []

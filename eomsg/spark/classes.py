@@ -165,7 +165,7 @@ def _wanted(settings: Mapping[str, str]) -> bool:
         return False
     if any(word in settings.get(JAVA_OPTIONS, "") for word in _OURS):
         return False
-    conf = _conf_dir()
+    conf = conf_dir()
     defaults = conf / "spark-defaults.conf"
     if defaults.exists() and "JavaOptions" in defaults.read_text(errors="replace"):
         return False
@@ -174,7 +174,7 @@ def _wanted(settings: Mapping[str, str]) -> bool:
     return not any(d.is_dir() and any(d.iterdir()) for d in dirs)
 
 
-def _conf_dir() -> Path:
+def conf_dir() -> Path:
     """Where Spark's launcher reads ``spark-defaults.conf`` (and puts on the classpath)."""
     if os.environ.get("SPARK_CONF_DIR"):
         return Path(os.environ["SPARK_CONF_DIR"])

@@ -21,6 +21,9 @@ from eomsg.spark import classes
 MIN_JAVA = 17
 MASTER_TIMEOUT = 5.0  # seconds to wait for a standalone master to accept a connection
 DEFAULT_MASTER = "local[*]"
+# The module Spark runs its Python daemon with (tasks' workers fork from it): ours moves
+# Spark's zip of PySpark behind the installed, compiled package (eomsg.spark.daemon).
+DAEMON = "spark.python.daemon.module"
 _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
 
 
@@ -95,8 +98,10 @@ def start(
 ) -> Any:
     """A SparkSession on ``master`` with ``conf``, the ``eomsg`` source registered; its
     driver started from the class-data archive in the user's cache when there is one
-    (``eomsg.spark.classes``). With ``keep_classes``, a start that finds none makes it:
-    end such a session with :func:`stop`, which publishes it."""
+    (``eomsg.spark.classes``), its Python daemon from the installed PySpark's compiled
+    files (``eomsg.spark.daemon``; unless ``conf`` or spark-defaults.conf names another).
+    With ``keep_classes``, a start that finds none makes it: end such a session with
+    :func:`stop`, which publishes it."""
     java_version()
     try:
         from pyspark.sql import SparkSession
@@ -114,6 +119,8 @@ def start(
     if master.startswith("local"):  # one machine: no guessing at a network address
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or {})}
+    if DAEMON not in settings and not _in_defaults(DAEMON):
+        settings[DAEMON] = "eomsg.spark.daemon"  # PySpark's, from its compiled files
     archive = classes.prepare(java(), settings, make=keep_classes)
     if archive.options:
         options = settings.get(classes.JAVA_OPTIONS, "")
@@ -150,12 +157,25 @@ def stop(spark: Any, *, ok: bool = True) -> None:
     try:
         if ok or archive is None or archive.making is None:
             spark.stop()  # (a failed run's JVM, making the archive, is killed instead)
+        else:
+            _stop_accumulators(spark.sparkContext)
     except KeyboardInterrupt:  # Ctrl-C here stops the keeping, not the run before it
         ok = False
     except Exception:  # a session that cannot stop is ended with its JVM below
         pass
     if archive is not None:
         classes.finish(archive, jvm, keep=ok)
+
+
+def _stop_accumulators(context: Any) -> None:
+    """Stop the driver's accumulator server before its JVM is killed: the JVM's end cuts
+    the server's connection, and its handler would print a traceback on the terminal.
+    Waits (up to about a second) for the handler to leave its loop, as ``spark.stop()``
+    does."""
+    server = getattr(context, "_accumulatorServer", None)
+    if server is not None:
+        server.shutdown()
+        context._accumulatorServer = None
 
 
 def making_classes(spark: Any) -> bool:
@@ -182,6 +202,16 @@ def _quiet_py4j() -> None:
         handler.setLevel(logging.WARNING)
         handler.addFilter(_NotPy4J())
         logging.root.addHandler(handler)
+
+
+def _in_defaults(key: str) -> bool:
+    """Whether the user's ``spark-defaults.conf`` names ``key`` (a ``--conf`` of ours
+    would replace their setting)."""
+    defaults = classes.conf_dir() / "spark-defaults.conf"
+    try:
+        return key in defaults.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def parse_conf(pairs: list[str]) -> dict[str, str]:
