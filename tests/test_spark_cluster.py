@@ -46,6 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         "SPARK_LOG_DIR": str(root / "logs"),
         "SPARK_LOCAL_DIRS": str(root / "local"),
         "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",
+        "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1",  # as the drivers (conftest)
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     spark_class = str(home / "bin" / "spark-class")
@@ -102,7 +103,7 @@ def replay(
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [eomsg_bin, "spark-replay", "--master", url, "--topic", "orders/>", "--partitions", "4",
-         *args],
+         "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1", *args],
         env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
 
