@@ -305,9 +305,11 @@ ROW_TABLES: dict[str, pa.Schema] = {
 
 
 def schema_version(conn: duckdb.DuckDBPyConnection) -> int:
-    """The version recorded in the database, 0 for a new one."""
+    """The version recorded in the connection's database, 0 for a new one. (Asked of
+    that database alone: of every database, ≈ 5 ms more a node's open.)"""
     [(exists,)] = conn.execute(
-        "SELECT count(*) FROM information_schema.tables WHERE table_name = 'schema_migrations'"
+        "SELECT count(*) FROM information_schema.tables "
+        "WHERE table_catalog = current_database() AND table_name = 'schema_migrations'"
     ).fetchall()
     if not exists:
         return 0

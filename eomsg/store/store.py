@@ -165,9 +165,11 @@ def _no_space(error: BaseException) -> bool:
 
 
 def _has_meta(db: duckdb.DuckDBPyConnection) -> bool:
-    """Whether the database has its tables yet (not a store made just now)."""
+    """Whether the store's database has its tables yet (not a store made just now).
+    (Asked of the store's database alone: of every database, ≈ 5 ms more an open.)"""
     [(n,)] = db.execute(
-        "SELECT count(*) FROM duckdb_tables() WHERE table_name = 'node_meta'"
+        "SELECT count(*) FROM duckdb_tables() "
+        "WHERE database_name = current_database() AND table_name = 'node_meta'"
     ).fetchall()
     return bool(n)
 
