@@ -302,7 +302,13 @@ def test_tasks_run_the_installed_pyspark_not_the_zip_spark_puts_first(spark: Any
     path, and a zip's bytecode is never cached: the daemon the session names
     (``eomsg.spark.daemon``) moves it behind the installed PySpark (the same files,
     compiled once), so a task imports PySpark from there."""
+    import os
+
     import pyspark
+
+    home = os.environ.get("SPARK_HOME")
+    if home and Path(home).resolve() != Path(pyspark.__file__).parent.resolve():
+        pytest.skip("a Spark installed on its own: its zip is what it needs, left first")
 
     def where(_: Any) -> list[str]:
         import sys
@@ -338,3 +344,24 @@ def test_the_daemon_moves_only_the_zips_of_the_spark_home_installed_here(
     # no PySpark installed outside the zip: the zip stays first
     monkeypatch.setenv("SPARK_HOME", str(home))
     assert _zips([str(lib / "pyspark.zip"), "/elsewhere"]) == []
+
+
+@pytest.mark.parametrize(
+    "text, named",
+    [
+        ("spark.python.daemon.module my.daemon\n", True),
+        ("  spark.python.daemon.module=my.daemon\n", True),
+        ("spark.python.daemon.module:my.daemon\n", True),
+        ("# spark.python.daemon.module my.daemon\n", False),
+        ("spark.python.daemon.modules x\nspark.ui.enabled false\n", False),
+        ("", False),
+    ],
+)
+def test_a_daemon_module_of_the_users_own_is_read_as_spark_reads_its_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, text: str, named: bool
+) -> None:
+    from eomsg.spark.session import DAEMON, _in_defaults
+
+    (tmp_path / "spark-defaults.conf").write_text(text)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert _in_defaults(DAEMON) is named

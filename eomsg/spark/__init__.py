@@ -19,13 +19,14 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module("eomsg.spark.source"), name)
         globals()[name] = value
         return value
-    try:  # a submodule, as after its import (eomsg.spark.classes)
-        return importlib.import_module(f"{__name__}.{name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"{__name__}.{name}":
-            raise
+    if name.isidentifier():  # a submodule, as after its import (eomsg.spark.classes)
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])
+    return sorted({*globals(), *__all__})

@@ -9,8 +9,10 @@ on each executor. Where the PySpark installed for this interpreter is that very
 zip holds the same files, so it is moved behind the installed package, whose bytecode
 is compiled once. Anything else (a Spark installed on its own, a Python with only the
 zip) keeps the path Spark gave. :func:`eomsg.spark.session.start` names this module as
-``spark.python.daemon.module`` unless the user chose one; a session of the user's own
-can too (``--conf spark.python.daemon.module=eomsg.spark.daemon``).
+``spark.python.daemon.module`` on a ``local`` master unless the user chose one (a
+cluster's executors may have eomsg only shipped with ``--py-files``, which reaches the
+path after the daemon starts); a session of the user's own, whose tasks' Python has
+eomsg installed, can too (``--conf spark.python.daemon.module=eomsg.spark.daemon``).
 
 Imports nothing of PySpark or eomsg before the path is settled (``eomsg.spark`` loads
 its names lazily for this).

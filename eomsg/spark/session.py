@@ -99,7 +99,8 @@ def start(
     """A SparkSession on ``master`` with ``conf``, the ``eomsg`` source registered; its
     driver started from the class-data archive in the user's cache when there is one
     (``eomsg.spark.classes``), its Python daemon from the installed PySpark's compiled
-    files (``eomsg.spark.daemon``; unless ``conf`` or spark-defaults.conf names another).
+    files on a ``local`` master (``eomsg.spark.daemon``; unless ``conf`` or
+    spark-defaults.conf names another).
     With ``keep_classes``, a start that finds none makes it: end such a session with
     :func:`stop`, which publishes it."""
     java_version()
@@ -119,7 +120,9 @@ def start(
     if master.startswith("local"):  # one machine: no guessing at a network address
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or {})}
-    if DAEMON not in settings and not _in_defaults(DAEMON):
+    # On one machine the tasks' Python is this one, which has eomsg installed; a
+    # cluster's executors may have it only shipped (--py-files), after the daemon starts.
+    if master.startswith("local") and DAEMON not in settings and not _in_defaults(DAEMON):
         settings[DAEMON] = "eomsg.spark.daemon"  # PySpark's, from its compiled files
     archive = classes.prepare(java(), settings, make=keep_classes)
     if archive.options:
@@ -170,8 +173,8 @@ def stop(spark: Any, *, ok: bool = True) -> None:
 def _stop_accumulators(context: Any) -> None:
     """Stop the driver's accumulator server before its JVM is killed: the JVM's end cuts
     the server's connection, and its handler would print a traceback on the terminal.
-    Waits (up to about a second) for the handler to leave its loop, as ``spark.stop()``
-    does."""
+    Waits (up to about 1.5 s: the handler polls every second) for the handler to leave
+    its loop, as ``spark.stop()`` does."""
     server = getattr(context, "_accumulatorServer", None)
     if server is not None:
         server.shutdown()
@@ -205,13 +208,15 @@ def _quiet_py4j() -> None:
 
 
 def _in_defaults(key: str) -> bool:
-    """Whether the user's ``spark-defaults.conf`` names ``key`` (a ``--conf`` of ours
-    would replace their setting)."""
+    """Whether the user's ``spark-defaults.conf`` sets ``key`` (a ``--conf`` of ours
+    would replace their setting): a line that starts with it, as Spark reads the file
+    (a Java properties file: ``key value`` or ``key=value``, ``#`` comments)."""
     defaults = classes.conf_dir() / "spark-defaults.conf"
     try:
-        return key in defaults.read_text(errors="replace")
+        lines = defaults.read_text(errors="replace").splitlines()
     except OSError:
         return False
+    return any(re.match(rf"\s*{re.escape(key)}(?:[\s=:]|$)", line) for line in lines)
 
 
 def parse_conf(pairs: list[str]) -> dict[str, str]:
