@@ -165,13 +165,24 @@ def _wanted(settings: Mapping[str, str]) -> bool:
         return False
     if any(word in settings.get(JAVA_OPTIONS, "") for word in _OURS):
         return False
-    conf = conf_dir()
-    defaults = conf / "spark-defaults.conf"
-    if defaults.exists() and "JavaOptions" in defaults.read_text(errors="replace"):
+    if any("JavaOptions" in key for key in defaults_keys()):
         return False
+    conf = conf_dir()
     dirs = [conf] + [Path(os.environ[v]) for v in ("HADOOP_CONF_DIR", "YARN_CONF_DIR")
                      if os.environ.get(v)]  # fmt: skip
     return not any(d.is_dir() and any(d.iterdir()) for d in dirs)
+
+
+def defaults_keys() -> set[str]:
+    """The settings the user's ``spark-defaults.conf`` makes, read as Spark reads it (a
+    Java properties file: ``key value``, ``key=value`` or ``key:value``; ``#`` and ``!``
+    start a comment). A ``--conf`` of ours would replace any of them."""
+    try:
+        lines = (conf_dir() / "spark-defaults.conf").read_text(errors="replace").splitlines()
+    except OSError:
+        return set()
+    found = (re.match(r"\s*([^\s=:#!][^\s=:]*)", line) for line in lines)
+    return {m[1] for m in found if m}
 
 
 def conf_dir() -> Path:

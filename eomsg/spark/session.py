@@ -122,7 +122,7 @@ def start(
     settings = {"spark.ui.showConsoleProgress": "false", **(conf or {})}
     # On one machine the tasks' Python is this one, which has eomsg installed; a
     # cluster's executors may have it only shipped (--py-files), after the daemon starts.
-    if master.startswith("local") and DAEMON not in settings and not _in_defaults(DAEMON):
+    if master.startswith("local") and DAEMON not in {*settings, *classes.defaults_keys()}:
         settings[DAEMON] = "eomsg.spark.daemon"  # PySpark's, from its compiled files
     archive = classes.prepare(java(), settings, make=keep_classes)
     if archive.options:
@@ -205,18 +205,6 @@ def _quiet_py4j() -> None:
         handler.setLevel(logging.WARNING)
         handler.addFilter(_NotPy4J())
         logging.root.addHandler(handler)
-
-
-def _in_defaults(key: str) -> bool:
-    """Whether the user's ``spark-defaults.conf`` sets ``key`` (a ``--conf`` of ours
-    would replace their setting): a line that starts with it, as Spark reads the file
-    (a Java properties file: ``key value`` or ``key=value``, ``#`` comments)."""
-    defaults = classes.conf_dir() / "spark-defaults.conf"
-    try:
-        lines = defaults.read_text(errors="replace").splitlines()
-    except OSError:
-        return False
-    return any(re.match(rf"\s*{re.escape(key)}(?:[\s=:]|$)", line) for line in lines)
 
 
 def parse_conf(pairs: list[str]) -> dict[str, str]:
