@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 # application databases' drivers.
 _HOMES = {
     "AsyncClient": "eomsg.client.aio",
-    "ClientTls": "eomsg.wire.tls",
+    "ClientTls": "eomsg.transport.tls",
     "Broker": "eomsg.client.broker",
     "Client": "eomsg.client.sync",
     "Delivered": "eomsg.core.message",
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
     from eomsg.embedded.local import LocalClient
     from eomsg.embedded.reach import open_dir
     from eomsg.node.node import Node, NodeSettings
-    from eomsg.wire.tls import ClientTls
+    from eomsg.transport.tls import ClientTls
 
 
 def __getattr__(name: str) -> Any:

@@ -29,6 +29,7 @@ from eomsg.client.broker import Broker
 from eomsg.embedded import LocalClient
 from eomsg.node.node import Node, NodeSettings
 from eomsg.wire import events as ev
+from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 from scripts.pgcluster import Cluster, server_bin
 
@@ -309,19 +310,19 @@ class RawClient:
         self.sock.connect(str(data_dir / "eomsg.sock"))
         self.conn = Connection(Role.CLIENT)
         self._conn_lock = threading.Lock()  # the Connection is shared with the answerer
-        self._received: queue.Queue[ev.Event | BaseException | None] = queue.Queue()
+        self._received: queue.Queue[Event | BaseException | None] = queue.Queue()
         self._answering = threading.Event()
         self._answerer: threading.Thread | None = None
 
-    def hello(self) -> ev.Event | None:
+    def hello(self) -> Event | None:
         self.send(ev.Hello(ev.PROTOCOL_VERSION, "raw"))
         return self.next()
 
-    def send(self, event: ev.Event) -> None:
+    def send(self, event: Event) -> None:
         with self._conn_lock:
             self.sock.sendall(self.conn.send(event))
 
-    def next(self) -> ev.Event | None:
+    def next(self) -> Event | None:
         """The next event, or None when the node closed the connection."""
         if self._answerer is not None or not self._received.empty():
             item = self._received.get(timeout=10)
@@ -330,13 +331,13 @@ class RawClient:
             return item
         return self._read()
 
-    def _read(self) -> ev.Event | None:
+    def _read(self) -> Event | None:
         while True:
             event = self.conn.next_event()
             if event is PEER_CLOSED:
                 return None
             if event is not NEED_DATA:
-                assert isinstance(event, ev.Event)
+                assert isinstance(event, Event)
                 return event
             self.conn.receive_data(self.sock.recv(65536))
 
@@ -375,7 +376,7 @@ class RawClient:
                 if isinstance(event, ev.Ping):
                     self.send(ev.Pong(event.nonce, time.time()))
                     continue
-                assert isinstance(event, ev.Event)
+                assert isinstance(event, Event)
                 self._received.put(event)
         except BaseException as e:  # reported by next(), in the test's thread
             self._received.put(e)

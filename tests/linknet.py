@@ -19,15 +19,16 @@ from eomsg.core.message import Batch, Carried
 from eomsg.errors import DiskFull, MemoryFull, QueueFull
 from eomsg.node.node import Node, NodeSettings
 from eomsg.wire import events as ev
+from eomsg.wire import link_events as lev
 
 T = TypeVar("T")
 
 
 def _through_the_wire(prev: int, batch: Batch) -> tuple[int, tuple[Carried, ...]]:
     """A frame as the peer gets it: packed, unpacked, checked, one by one."""
-    body = msgpack.unpackb(msgpack.packb(ev.Transfer(prev, batch).to_wire()), raw=False)
+    body = msgpack.unpackb(msgpack.packb(lev.Transfer(prev, batch).to_wire()), raw=False)
     event = ev.decode_event(body)
-    assert isinstance(event, ev.Transfer)
+    assert isinstance(event, lev.Transfer)
     return event.prev, event.batch.carried()
 
 

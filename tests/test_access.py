@@ -36,6 +36,7 @@ from eomsg.errors import (
 )
 from eomsg.wire import events as ev
 from eomsg.wire.calls import encode_args
+from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role
 from tests.conftest import Cli, NodeFactory, NodeProcess
 
@@ -55,29 +56,29 @@ class Wire:
         self.sock.sendall(self.conn.send(ev.Hello(ev.PROTOCOL_VERSION, "matrix", token)))
         assert isinstance(self._next(), ev.Welcome)
 
-    def _next(self) -> ev.Event:
+    def _next(self) -> Event:
         while True:
             event = self.conn.next_event()
             if event is PEER_CLOSED:
                 raise ConnectionError("the node hung up")
             if event is not NEED_DATA:
-                assert isinstance(event, ev.Event)
+                assert isinstance(event, Event)
                 if isinstance(event, ev.Ping):
                     self.sock.sendall(self.conn.send(ev.Pong(event.nonce, 0.0)))
                     continue
                 return event
             self.conn.receive_data(self.sock.recv(65536))
 
-    def ask(self, make: Callable[[int], ev.Event]) -> ev.Event:
+    def ask(self, make: Callable[[int], Event]) -> Event:
         """Send the request ``make(rid)`` and return the node's first answer to it."""
         return self.answer(self.send(make))
 
-    def send(self, make: Callable[[int], ev.Event]) -> int:
+    def send(self, make: Callable[[int], Event]) -> int:
         rid = next(self.rids)
         self.sock.sendall(self.conn.send(make(rid)))
         return rid
 
-    def answer(self, rid: int, seen: list[ev.Event] | None = None) -> ev.Event:
+    def answer(self, rid: int, seen: list[Event] | None = None) -> Event:
         """The next event for ``rid`` (those for others go to ``seen``)."""
         while True:
             event = self._next()
@@ -90,7 +91,7 @@ class Wire:
         self.sock.close()
 
 
-def call(op: str, **args: Any) -> Callable[[int], ev.Event]:
+def call(op: str, **args: Any) -> Callable[[int], Event]:
     return lambda rid: ev.Call(rid, op, encode_args(OPERATIONS[op], args))
 
 
@@ -102,7 +103,7 @@ def out(topic: str) -> Outgoing:
 # specification restated, not read from eomsg.core.access: "queue" is the case's queue
 # Q, "topic" a topic of Q's subscription, "node" the node alone, None nothing (it needs
 # no right). Each builds the request for queue Q and a fresh number N.
-Build = Callable[[str, int], Callable[[int], ev.Event]]
+Build = Callable[[str, int], Callable[[int], Event]]
 MATRIX: dict[str, tuple[frozenset[str], str | None, Build]] = {
     # frames
     "frame Publish": (
@@ -493,7 +494,7 @@ def test_a_revoked_right_ends_a_subscription_and_a_waiting_fetch(node: NodeProce
         subscribed = wire.send(lambda rid: ev.Subscribe(rid, "q", 10))
         assert isinstance(wire.answer(subscribed), ev.Result)
         admin.publish("t/1", b"before")
-        seen: list[ev.Event] = []
+        seen: list[Event] = []
         while not any(isinstance(e, ev.Deliver) and e.deliveries for e in seen):
             seen.append(wire._next())
         waiting = wire.send(lambda rid: ev.Fetch(rid, "q", 1, wait=60.0))

@@ -7,10 +7,14 @@ same seed, printed by --dry-run without running anything."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +31,7 @@ from eomsg.chaos.powerloss import build
 from eomsg.chaos.run import Result, run
 from eomsg.chaos.workers import PARENT
 from eomsg.errors import EomsgError
-from tests.conftest import eventually, missing_service
+from tests.conftest import missing_service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -241,7 +245,9 @@ def test_a_run_into_a_directory_already_used_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_worker_ends_when_the_run_that_started_it_is_gone(tmp_path: Path) -> None:
-    """A run killed without cleaning up leaves no consumer reconnecting for ever."""
+    """A run killed without cleaning up leaves no consumer reconnecting for ever: the
+    worker kills itself (SIGKILL, from its watch of the run) — it neither crashed nor ran
+    on. This process adopts the orphan (a subreaper), so its end is seen, not inferred."""
     starter = (
         "import os, subprocess, sys;"
         "p = subprocess.Popen([sys.executable, '-m', 'eomsg.chaos.workers', 'consume',"
@@ -249,17 +255,28 @@ def test_a_worker_ends_when_the_run_that_started_it_is_gone(tmp_path: Path) -> N
         f" stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,"
         f" env={{**os.environ, '{PARENT}': str(os.getpid())}}); print(p.pid)"
     )  # it exits at once, before the worker has even started
-    out = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True)
-    pid = int(out.stdout)
-    assert eventually(lambda: not _alive(pid), 20)
+    with adopting_orphans():
+        out = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True)
+        pid = int(out.stdout)
+        deadline = time.monotonic() + 60  # a bound for a failing run, not a wait
+        while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+            assert time.monotonic() < deadline, "the orphaned worker runs on"
+            time.sleep(0.05)
+    status = ended[1]
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
 
 
-def _alive(pid: int) -> bool:
+@contextlib.contextmanager
+def adopting_orphans() -> Iterator[None]:
+    """This process as the subreaper of its descendants (Linux ``prctl``): a process
+    whose parent ends becomes its child, to be waited for."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is gone too: it only waits to be reaped by init
-    with contextlib.suppress(FileNotFoundError):
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    return False
+        yield
+    finally:
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+PR_SET_CHILD_SUBREAPER = 36

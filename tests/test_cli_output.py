@@ -152,5 +152,9 @@ def test_the_renderers_never_raise_and_show_any_text_literally(header: str, text
 
 
 def test_the_command_line_consoles_interpret_nothing() -> None:
+    """No markup taken out, no emoji put in, nothing highlighted: what a console renders
+    is the text as given, unstyled (rich's default console does all three to it)."""
+    text = "[bold]x[/bold] :smile: 42 True http://a.b [red]"
     for console in (output.console(), output.console(err=True)):
-        assert (console._markup, console._emoji, console._highlight) == (False, False, False)
+        rendered = console.render_str(text)
+        assert (rendered.plain, rendered.spans) == (text, [])

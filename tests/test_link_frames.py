@@ -20,7 +20,7 @@ import eomsg
 from eomsg.core.message import Batch, Carried
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import FrameTooLarge, RemoteProtocolError
-from eomsg.wire import events as ev
+from eomsg.wire import link_events as lev
 from eomsg.wire.protocol import Connection, Role, State
 from tests.conftest import NodeProcess, eventually
 from tests.linkcli import Nodes
@@ -44,20 +44,20 @@ def test_each_side_of_a_link_holds_the_other_to_the_limit_it_said() -> None:
     and the dialled side held the dialler to its hello's limit only because the link's
     code copied it over by hand."""
     dialler, dialled = Connection(Role.CLIENT, 1 * MiB), Connection(Role.SERVER, 8 * MiB)
-    hello = ev.LinkHello(ev.LINK_VERSION, "a", "i" * 16, "", 0, 1 * MiB, "n1")
+    hello = lev.LinkHello(lev.LINK_VERSION, "a", "i" * 16, "", 0, 1 * MiB, "n1")
     dialled.receive_data(dialler.send(hello))
     assert dialled.next_event() == hello
-    welcome = ev.LinkWelcome(ev.LINK_VERSION, "b", "j" * 16, 0, 8 * MiB, 5.0, ("p",), "n2")
+    welcome = lev.LinkWelcome(lev.LINK_VERSION, "b", "j" * 16, 0, 8 * MiB, 5.0, ("p",), "n2")
     dialler.receive_data(dialled.send(welcome))
     assert dialler.next_event() == welcome
     assert (dialler.max_frame, dialler.peer_max_frame) == (1 * MiB, 8 * MiB)
     assert (dialled.max_frame, dialled.peer_max_frame) == (8 * MiB, 1 * MiB)
 
     dialled.state = dialler.state = State.LINKED  # (the proof, left out here)
-    big = ev.Transfer(0, _batch(1, b"x" * (2 * MiB)))
+    big = lev.Transfer(0, _batch(1, b"x" * (2 * MiB)))
     with pytest.raises(FrameTooLarge, match="exceeds the peer's frame limit of 1048576 bytes"):
         dialled.send(big)
-    passed = ev.Oversize(0, 1, 2 * MiB)  # what goes in its place
+    passed = lev.Oversize(0, 1, 2 * MiB)  # what goes in its place
     dialler.receive_data(dialled.send(passed))
     assert dialler.next_event() == passed
     header = len(msgpack.packb(big.to_wire())).to_bytes(4, "big")
@@ -68,7 +68,7 @@ def test_each_side_of_a_link_holds_the_other_to_the_limit_it_said() -> None:
 
 def test_a_link_handshake_saying_a_frame_limit_below_the_least_is_refused() -> None:
     dialled = Connection(Role.SERVER, 8 * MiB)
-    tiny = [ev.LinkHello.TYPE, ev.LINK_VERSION, "a", "i" * 16, "", 0, 1000, "n1"]
+    tiny = [lev.LinkHello.TYPE, lev.LINK_VERSION, "a", "i" * 16, "", 0, 1000, "n1"]
     body = msgpack.packb(tiny)
     dialled.receive_data(len(body).to_bytes(4, "big") + body)
     with pytest.raises(RemoteProtocolError, match="a frame limit of 1000 bytes is below"):
@@ -88,8 +88,8 @@ def test_a_transfer_bound_is_never_below_its_frame() -> None:
     mixed = [*light[:3], heavy[0], Carried(9, "t", b"x", "id", None, {}, ("c",), "a", "9")]
     for messages in (heavy, light, mixed, light[:1]):
         batch = Batch.of(messages)
-        packed = msgpack.packb(ev.Transfer(2**62, batch).to_wire(), use_bin_type=True)
-        assert ev.transfer_bound(batch) >= len(packed)
+        packed = msgpack.packb(lev.Transfer(2**62, batch).to_wire(), use_bin_type=True)
+        assert lev.transfer_bound(batch) >= len(packed)
 
 
 def test_a_message_passed_over_takes_its_place_in_the_links_sequence(

@@ -26,9 +26,11 @@ from eomsg.core.message import Batch, Carried
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import AuthenticationFailed, InvalidConfig, Unavailable
 from eomsg.server.link import LinkConnection, LinkManager
+from eomsg.transport.tls import ClientTls, ServerTls
 from eomsg.wire import events as ev
+from eomsg.wire import link_events as lev
+from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, Connection, Role, State
-from eomsg.wire.tls import ClientTls, ServerTls
 from tests.conftest import NodeProcess, eventually
 from tests.test_network import drain
 
@@ -334,8 +336,8 @@ class FakeNode:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.hellos: list[ev.LinkHello] = []
-        self.after_welcome: list[ev.Event] = []
+        self.hellos: list[lev.LinkHello] = []
+        self.after_welcome: list[Event] = []
         self.heard = b""
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
@@ -369,15 +371,15 @@ class FakeNode:
             if not data:
                 return
             while (event := proto.next_event()) is not NEED_DATA:
-                if isinstance(event, ev.LinkHello) and not welcomed:
+                if isinstance(event, lev.LinkHello) and not welcomed:
                     self.hellos.append(event)
                     proof = link_proof("00" * 32, event.nonce, event.node, self.name, "dialled")
-                    welcome = ev.LinkWelcome(
-                        ev.LINK_VERSION, self.name, "fake", 0, 1 << 22, 1.0, (proof,), "n"
+                    welcome = lev.LinkWelcome(
+                        lev.LINK_VERSION, self.name, "fake", 0, 1 << 22, 1.0, (proof,), "n"
                     )
                     conn.sendall(proto.send(welcome))
                     welcomed = True
-                elif isinstance(event, ev.Event) and not isinstance(event, ev.Goodbye):
+                elif isinstance(event, Event) and not isinstance(event, ev.Goodbye):
                     self.after_welcome.append(event)
 
     def close(self) -> None:
@@ -461,23 +463,23 @@ def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
         dialler = LinkConnection(server, "b", Connection(Role.CLIENT, 1 << 20))  # type: ignore[arg-type]
         dialler.key, dialler.nonce = token_hash("the-real-token"), "n1"
         dialler.connection_made(FakeTransport())  # type: ignore[arg-type]
-        dialler.send(ev.LinkHello(ev.LINK_VERSION, "a", a.incarnation, "", 0, 1 << 20, "n1"))
+        dialler.send(lev.LinkHello(lev.LINK_VERSION, "a", a.incarnation, "", 0, 1 << 20, "n1"))
         impostor = Connection(Role.SERVER, 1 << 20)
         impostor.receive_data(b"".join(dialler.transport.out))  # type: ignore[union-attr]
         impostor.next_event()
         bogus = link_proof(token_hash("guessed"), "n1", "a", "b", "dialled")
         data = impostor.send(
-            ev.LinkWelcome(ev.LINK_VERSION, "b", "i" * 16, 0, 1 << 20, 5.0, (bogus,), "n2")
+            lev.LinkWelcome(lev.LINK_VERSION, "b", "i" * 16, 0, 1 << 20, 5.0, (bogus,), "n2")
         )
         impostor.state = State.LINKED  # it sends on as if linked (the rules forbid it)
-        dialler.data_received(data + impostor.send(ev.Transfer(0, forged(1))))
+        dialler.data_received(data + impostor.send(lev.Transfer(0, forged(1))))
         assert dialler.ending and not dialler.linked
         assert a.link_info()[0].received == 0  # the frame behind it: not taken
         # Dialled side: a node says it is c (a link a knows), proves nothing, and sends a
         # frame behind its proof.
         a.add_link("c", None, None)
         c = Connection(Role.CLIENT, 1 << 20)
-        hello = ev.LinkHello(ev.LINK_VERSION, "c", "c" * 16, "", 0, 1 << 20, "n3")
+        hello = lev.LinkHello(lev.LINK_VERSION, "c", "c" * 16, "", 0, 1 << 20, "n3")
         session_conn = Connection(Role.SERVER, 1 << 20)
         session_conn.receive_data(c.send(hello))
         assert session_conn.next_event() == hello
@@ -487,9 +489,9 @@ def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
         accepted = transport.protocol
         assert isinstance(accepted, LinkConnection)
         c.receive_data(b"".join(transport.out))
-        assert isinstance(c.next_event(), ev.LinkWelcome)
+        assert isinstance(c.next_event(), lev.LinkWelcome)
         # A proof that is not even hex (text the decoder takes) is refused the same way.
-        accepted.data_received(c.send(ev.LinkProof("é" * 64)) + c.send(ev.Transfer(0, forged(1))))
+        accepted.data_received(c.send(lev.LinkProof("é" * 64)) + c.send(lev.Transfer(0, forged(1))))
         loop.run_until_complete(asyncio.sleep(0.05))
         assert accepted.ending and not accepted.linked
         assert [(i.peer, i.received) for i in a.link_info()] == [("b", 0), ("c", 0)]

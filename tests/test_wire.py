@@ -24,12 +24,14 @@ from eomsg.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from eomsg.server.link import LinkConnection
 from eomsg.server.session import Session
 from eomsg.wire import events as ev
+from eomsg.wire import link_events as lev
+from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, TRANSITIONS, Connection, Role, State
 
 MSG = Message(7, "orders/eu", b"\x00payload", "id-7", 1.5, None, {"k": "v"})
 V = ev.PROTOCOL_VERSION
 
-CLIENT_EVENTS: list[ev.Event] = [
+CLIENT_EVENTS: list[Event] = [
     ev.Publish(1, (Outgoing("a/b", b"x", "id", 3.0, {"h": "1"}), Outgoing("a", b""))),
     ev.Fetch(2, "q", 10, 0.5),
     ev.Subscribe(3, "q", 256, priority=-5),
@@ -43,7 +45,7 @@ CLIENT_EVENTS: list[ev.Event] = [
     ev.Ping(1),
     ev.Pong(2, 1.5),
 ]
-SERVER_EVENTS: list[ev.Event] = [
+SERVER_EVENTS: list[Event] = [
     ev.Published(1, (PublishResult(1, "id", False, 2), PublishResult(1, None, True, None))),
     ev.Deliver(2, "q", (Delivered("q", MSG, 2, 99.0, 9),), more=True, epoch=9, now=69.0),
     ev.FlowChanged(3, 12, True, 9),
@@ -136,7 +138,7 @@ def test_eof_inside_a_frame_is_an_error() -> None:
     ],
 )
 def test_illegal_moves_name_event_role_and_state(
-    role: Role, state_events: list[ev.Event], event: ev.Event, message: str
+    role: Role, state_events: list[Event], event: Event, message: str
 ) -> None:
     conn = Connection(role)
     for e in state_events:
@@ -440,7 +442,7 @@ def test_well_framed_random_bodies_parse_or_raise_protocol_error(
 def test_a_transfer_carries_where_each_message_came_from_as_fields() -> None:
     """Provenance travels as fields, not as headers — a column only when some message
     came from further away; every value is checked."""
-    sent = ev.Transfer(
+    sent = lev.Transfer(
         4,
         Batch.of(
             [
@@ -484,9 +486,9 @@ def test_a_transfer_s_columns_give_back_its_messages(messages: list[Carried]) ->
     origins alike or not — the peer gets each one back as it was, and a frame cut in two
     (for a peer's frame limit) gives the same messages in the same order."""
     batch = Batch.of(messages)
-    body = msgpack.unpackb(msgpack.packb(ev.Transfer(0, batch).to_wire()), raw=False)
+    body = msgpack.unpackb(msgpack.packb(lev.Transfer(0, batch).to_wire()), raw=False)
     event = ev.decode_event(body)
-    assert isinstance(event, ev.Transfer)
+    assert isinstance(event, lev.Transfer)
     assert event.batch.carried() == tuple(messages)
     first, rest = batch.split()
     assert first.carried() + rest.carried() == tuple(messages)
@@ -513,7 +515,7 @@ def test_a_transfer_s_columns_give_back_its_messages(messages: list[Carried]) ->
 def test_a_malformed_transfer_column_is_a_protocol_error(
     column: int, value: object, says: str
 ) -> None:
-    sent = ev.Transfer(
+    sent = lev.Transfer(
         4,
         Batch.of(
             [
@@ -531,6 +533,6 @@ def test_a_malformed_transfer_column_is_a_protocol_error(
 def test_a_link_handshake_of_another_version_says_so() -> None:
     """The handshake's shape changes with the link protocol's version: a node of another
     version is told that, not that its frame is malformed."""
-    old = [ev.LinkHello.TYPE, 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
+    old = [lev.LinkHello.TYPE, 1, "a", "inc", "token", "", 0, 1 << 20, "n"]
     with pytest.raises(RemoteProtocolError, match=r"link protocol version 1 is not supported"):
         ev.decode_event(old)

@@ -45,9 +45,10 @@ from eomsg.core.operations import OPERATIONS, Operation
 from eomsg.errors import EomsgError, ProtocolError
 from eomsg.wire import events as ev
 from eomsg.wire.calls import encode_args
+from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
-REQUESTS: tuple[type[ev.Event], ...] = (
+REQUESTS: tuple[type[Event], ...] = (
     ev.Publish, ev.Fetch, ev.Subscribe, ev.Cancel, ev.Delete, ev.Release, ev.Call,
     ev.FlowAck, ev.Ping, ev.Pong, ev.Hello, ev.Goodbye,
 )  # fmt: skip
@@ -273,13 +274,13 @@ class Session:
             raise EomsgError(f"the node did not welcome a client: {welcome!r}")
         self.raw = b""  # what came that the client's connection could not follow
 
-    def read_one(self) -> ev.Event | None:
+    def read_one(self) -> Event | None:
         while True:
             event = self.conn.next_event()
             if event is PEER_CLOSED:
                 return None
             if event is not NEED_DATA:
-                assert isinstance(event, ev.Event)
+                assert isinstance(event, Event)
                 return event
             data = self.sock.recv(1 << 16)
             self.conn.receive_data(data)
@@ -295,10 +296,10 @@ class Session:
         except OSError:
             return False
 
-    def drain(self, wait: float) -> list[ev.Event]:
+    def drain(self, wait: float) -> list[Event]:
         """What the node sent within ``wait`` seconds of silence (it may hang up)."""
         self.sock.settimeout(wait)
-        out: list[ev.Event] = []
+        out: list[Event] = []
         try:
             while True:
                 data = self.sock.recv(1 << 16)
@@ -314,10 +315,10 @@ class Session:
         self.sock.close()
 
 
-def _events(session: Session) -> list[ev.Event]:
+def _events(session: Session) -> list[Event]:
     """The server's events in ``session.raw`` (frames whose bodies fail to decode as a
     server's are skipped: this client sent frames its state machine never saw)."""
-    out: list[ev.Event] = []
+    out: list[Event] = []
     raw = session.raw
     while len(raw) >= 4:
         (size,) = struct.unpack(">I", raw[:4])
@@ -333,7 +334,7 @@ def _events(session: Session) -> list[ev.Event]:
     return out
 
 
-def remember(values: Values, events: Sequence[ev.Event]) -> None:
+def remember(values: Values, events: Sequence[Event]) -> None:
     """Keep what the node said that is worth sending back to it."""
     for e in events:
         if isinstance(e, ev.Deliver):
@@ -372,7 +373,7 @@ def run_sessions(
             say(f"no session: {e}")
             restart()
             continue
-        answers: list[ev.Event] = []
+        answers: list[Event] = []
         try:
             for _ in range(values.rng.randint(1, 40)):
                 kind, data = frames.next()
@@ -399,7 +400,7 @@ def run_sessions(
     return found
 
 
-def _internal(answers: Sequence[ev.Event], sent: Sequence[tuple[str, bytes]]) -> list[str]:
+def _internal(answers: Sequence[Event], sent: Sequence[tuple[str, bytes]]) -> list[str]:
     """The answers saying ``internal error``, each with the frames of the rid it names
     (a session may send several with one rid: each is named; "?" when none had it)."""
     by_rid: dict[int, list[tuple[str, bytes]]] = {}

@@ -31,8 +31,8 @@ from eomsg.errors import (
     UsageError,
 )
 from eomsg.store.files import holds_store
-from eomsg.wire.address import socket_path
-from eomsg.wire.tls import ClientTls
+from eomsg.transport.address import socket_path
+from eomsg.transport.tls import ClientTls
 
 if TYPE_CHECKING:
     from eomsg.client.sync import Client

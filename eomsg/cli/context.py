@@ -24,7 +24,7 @@ from eomsg.cli import output
 from eomsg.cli.common import Globals, JsonOption, check_owner_only, handles_errors, read_secret
 from eomsg.cli.output import print_json, say, table
 from eomsg.errors import ContextNotFound, InvalidConfig, UsageError
-from eomsg.wire.address import parse_address
+from eomsg.transport.address import parse_address
 
 app = typer.Typer(
     help="Named ways to reach a node (broker, token file, CA), chosen with --context.",

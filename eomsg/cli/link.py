@@ -22,8 +22,8 @@ from eomsg.client.broker import Broker
 from eomsg.core.durations import format_duration, parse_duration
 from eomsg.core.links import LinkConfig, LinkInfo, check_node_name
 from eomsg.errors import AuthenticationFailed, NotAllowed, UsageError
-from eomsg.wire.address import parse_address
-from eomsg.wire.tls import ClientTls
+from eomsg.transport.address import parse_address
+from eomsg.transport.tls import ClientTls
 
 if TYPE_CHECKING:
     from rich.text import Text

@@ -21,8 +21,8 @@ from eomsg.cli.common import (
 from eomsg.cli.output import print_json, say
 from eomsg.core.limits import MAX_FRAME, MIN_FRAME, parse_size
 from eomsg.errors import UsageError
-from eomsg.wire.address import Address, parse_address, token_path
-from eomsg.wire.tls import ServerTls
+from eomsg.transport.address import Address, parse_address, token_path
+from eomsg.transport.tls import ServerTls
 
 
 @handles_errors

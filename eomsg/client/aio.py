@@ -47,11 +47,12 @@ from eomsg.errors import (
     Unbound,
     from_code,
 )
+from eomsg.transport.address import Address, parse_address, socket_path, unix_address
+from eomsg.transport.tls import ClientTls, tls_refused
 from eomsg.wire import events as ev
-from eomsg.wire.address import Address, parse_address, socket_path, unix_address
 from eomsg.wire.calls import decode_result, encode_args
+from eomsg.wire.codec import FRAME_SLACK, MAX_BATCH, Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
-from eomsg.wire.tls import ClientTls, tls_refused
 
 T = TypeVar("T")
 T_contra = TypeVar("T_contra", contravariant=True)
@@ -292,12 +293,12 @@ class AsyncClient(Operations):
     def _frames(self, messages: Sequence[Outgoing]) -> list[tuple[Outgoing, ...]]:
         """``messages`` in runs that each fit a Publish frame the node accepts (one
         message that fits none alone: the node's frame limit cannot carry it)."""
-        budget = self.conn.peer_max_frame - ev.FRAME_SLACK
+        budget = self.conn.peer_max_frame - FRAME_SLACK
         frames: list[tuple[Outgoing, ...]] = []
         start, size = 0, 0
         for i, m in enumerate(messages):
             n = ev.message_bound(m)
-            if i > start and (size + n > budget or i - start >= ev.MAX_BATCH):
+            if i > start and (size + n > budget or i - start >= MAX_BATCH):
                 frames.append(tuple(messages[start:i]))
                 start, size = i, 0
             size += n
@@ -323,8 +324,8 @@ class AsyncClient(Operations):
         if self._deletes:
             deletes, self._deletes = self._deletes, {}
             for (queue, epoch), items in deletes.items():
-                for i in range(0, len(items), ev.MAX_BATCH):
-                    part = items[i : i + ev.MAX_BATCH]
+                for i in range(0, len(items), MAX_BATCH):
+                    part = items[i : i + MAX_BATCH]
                     self._send_delete(queue, epoch, part)
 
     def enqueue(
@@ -367,7 +368,7 @@ class AsyncClient(Operations):
 
     def _fan_out(
         self,
-        make: Callable[[int], ev.Event],
+        make: Callable[[int], Event],
         futures: Sequence[Any],
         on_stale: Callable[[], None] | None = None,
     ) -> None:
@@ -547,7 +548,7 @@ class AsyncClient(Operations):
             raise self._failed
 
     def _request(
-        self, make: Callable[[int], ev.Event], *, collect: bool = False
+        self, make: Callable[[int], Event], *, collect: bool = False
     ) -> asyncio.Future[Any]:
         rid = next(self._rids)
         future: asyncio.Future[Any] = self.loop.create_future()
@@ -561,7 +562,7 @@ class AsyncClient(Operations):
         self._requests[rid] = (future, [] if collect else None)
         return future
 
-    def _send(self, event: ev.Event) -> None:
+    def _send(self, event: Event) -> None:
         if self._transport is None or self._transport.is_closing():
             raise self._failed or Unavailable(f"not connected to the node at {self.address}")
         self._transport.writelines(self.conn.send_parts(event))
@@ -582,14 +583,14 @@ class AsyncClient(Operations):
                 else:
                     self._lost(self._closed_early())
                 return
-            assert isinstance(event, ev.Event)
+            assert isinstance(event, Event)
             try:
                 self._on_event(event)
             except LocalProtocolError as e:
                 self._lost(e)
                 return
 
-    def _on_event(self, event: ev.Event) -> None:
+    def _on_event(self, event: Event) -> None:
         match event:
             case ev.Published(rid, results):
                 self._resolve(rid, list(results))

@@ -30,7 +30,7 @@ from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
 from eomsg.errors import EomsgError, Unavailable
-from eomsg.wire.tls import ClientTls
+from eomsg.transport.tls import ClientTls
 
 T = TypeVar("T")
 WAKE_EVERY = 0.5  # seconds a consumer's wait lasts at most before it looks again

@@ -10,7 +10,7 @@ from eomsg.client.sync import connect
 from eomsg.embedded.local import LocalClient
 from eomsg.errors import Unavailable
 from eomsg.node.node import NodeSettings
-from eomsg.wire.address import socket_path
+from eomsg.transport.address import socket_path
 
 
 def open_dir(

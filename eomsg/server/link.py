@@ -64,10 +64,12 @@ from eomsg.errors import (
 )
 from eomsg.server.session import Session
 from eomsg.server.tunnel import CHUNK, ChannelEnd, ChannelTransport, Relay
+from eomsg.transport.address import Address, parse_address
+from eomsg.transport.tls import ClientTls, tls_refused
 from eomsg.wire import events as ev
-from eomsg.wire.address import Address, parse_address
+from eomsg.wire import link_events as lev
+from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
-from eomsg.wire.tls import ClientTls, tls_refused
 
 if TYPE_CHECKING:
     from eomsg.node.node import Node
@@ -83,8 +85,8 @@ REFUSALS = (AuthenticationFailed.code, LinkNotFound.code)
 WAITING_PROOFS = 3  # at most, to a node of a name this node has no link to (see accept)
 CHANNEL_BROKEN = "the link lost part of this tunnelled connection"
 # What only a made link carries: nothing of it is taken before both sides proved who they are.
-LINK_TRAFFIC = (ev.Transfer, ev.Oversize, ev.Taken, ev.Interest, ev.Channel, ev.ChannelClose,
-                ev.ChannelPause)  # fmt: skip
+LINK_TRAFFIC = (lev.Transfer, lev.Oversize, lev.Taken, lev.Interest, lev.Channel, lev.ChannelClose,
+                lev.ChannelPause)  # fmt: skip
 TICK = 0.25  # how often the resend timer (and this node's frame limit) is looked at
 LARGE_FRAME = 1 << 20  # a frame body from this size on is written apart from its header
 TABLE_EVERY = 5  # heartbeats between two sendings of the whole route table
@@ -108,7 +110,7 @@ class LinkConnection(asyncio.Protocol):
         # On the dialled side, between the welcome and the dialler's proof: its hello,
         # the keys offered and the nonce to answer; then, while the link is taken on,
         # what the dialler sent waits (``proving``).
-        self.awaiting: tuple[ev.LinkHello, list[tuple[str, str]], str] | None = None
+        self.awaiting: tuple[lev.LinkHello, list[tuple[str, str]], str] | None = None
         self.proving = False
         # On the dialling side, after its proof: the peer's incarnation and how far it
         # holds this node's messages, until the peer's first frame of the link starts it.
@@ -181,7 +183,7 @@ class LinkConnection(asyncio.Protocol):
             self.server.metrics.link_connects.labels(self.peer).inc()
         self.started.set()
         log.info("link to %s: connected", self.peer)
-        self.send(ev.Interest(update.full, update.moves))
+        self.send(lev.Interest(update.full, update.moves))
         self._work.set()  # what the link owes from before goes now
         self._tasks = [
             self.server.spawn(self._pump()),
@@ -205,7 +207,7 @@ class LinkConnection(asyncio.Protocol):
             if event is PEER_CLOSED:
                 self.close()
                 return
-            assert isinstance(event, ev.Event)
+            assert isinstance(event, Event)
             try:
                 self._dispatch(event)
             except EomsgError as e:  # the peer's mistake (a bad route, message, name)
@@ -216,7 +218,7 @@ class LinkConnection(asyncio.Protocol):
                 self.fail(EomsgError(f"internal error handling {type(event).__name__}: {e}"))
                 return
 
-    def _dispatch(self, event: ev.Event) -> None:
+    def _dispatch(self, event: Event) -> None:
         if not self.linked and isinstance(event, LINK_TRAFFIC):
             if self.accepted is None:
                 raise RemoteProtocolError(
@@ -227,24 +229,24 @@ class LinkConnection(asyncio.Protocol):
             self.node.link_hello(self.peer, incarnation)
             self.start(read)
         match event:
-            case ev.Transfer():
+            case lev.Transfer():
                 self._transfer(event)
-            case ev.Oversize():
+            case lev.Oversize():
                 self._oversize(event)
-            case ev.Taken():
+            case lev.Taken():
                 self.node.link_taken(self.peer, event.read, event.gap)
                 if self._passing:
                     self._passed(event.read)
                 self._work.set()
-            case ev.Interest():
+            case lev.Interest():
                 self.node.link_heard(self.peer, event.full, event.moves)
-            case ev.Channel():
+            case lev.Channel():
                 self._channel_data(event)
-            case ev.ChannelClose():
+            case lev.ChannelClose():
                 end = self.channels.pop(event.channel, None)
                 if end is not None:
                     end.ended(event.reason)
-            case ev.ChannelPause():
+            case lev.ChannelPause():
                 end = self.channels.get(event.channel)
                 if end is not None:
                     end.peer_paused(event.paused)
@@ -252,9 +254,9 @@ class LinkConnection(asyncio.Protocol):
                 self.send(ev.Pong(event.nonce, self.node.clock()))
             case ev.Pong():
                 pass
-            case ev.LinkWelcome():
+            case lev.LinkWelcome():
                 self.server.links.welcomed(self, event)
-            case ev.LinkProof():
+            case lev.LinkProof():
                 self.server.links.proven(self, event)
             case ev.Error():  # the dialled node refused the link
                 log.warning("link to %s refused by it: %s", self.peer, event.message)
@@ -272,10 +274,10 @@ class LinkConnection(asyncio.Protocol):
                     f"no handler for {type(event).__name__} in state {self.conn.state.value}"
                 )
 
-    def _transfer(self, event: ev.Transfer) -> None:
+    def _transfer(self, event: lev.Transfer) -> None:
         self._take(self.node.accept_transfer, event.prev, event.batch.carried())
 
-    def _oversize(self, event: ev.Oversize) -> None:
+    def _oversize(self, event: lev.Oversize) -> None:
         """The peer passed over a message that fits no frame this side said it takes —
         taken as refused; unless this node's frame limit changed since it said so (its
         max-payload changed): then the link connects again, to say the new one, and the
@@ -312,7 +314,7 @@ class LinkConnection(asyncio.Protocol):
 
     def _taken(self, read: int, gap: bool) -> None:
         if self.linked and not self.closed.is_set():
-            self.send(ev.Taken(read, gap))
+            self.send(lev.Taken(read, gap))
 
     async def _pump(self) -> None:
         """Send route changes and what the link owes whenever there is work. Anything
@@ -337,10 +339,10 @@ class LinkConnection(asyncio.Protocol):
             if not self.linked:
                 return
             for update in self.node.link_updates(self.peer):
-                self.send(ev.Interest(update.full, update.moves))
+                self.send(lev.Interest(update.full, update.moves))
             ack = self.node.link_ack(self.peer)  # messages held in memory, settled here
             if ack is not None:
-                self.send(ev.Taken(ack, False))
+                self.send(lev.Taken(ack, False))
             frames = self.node.link_frames(self.peer, memory_only=True)
             if frames is None:  # some must be read from the store: not on the loop
                 frames = await self.server.blocking(self.node.link_frames, self.peer)
@@ -354,19 +356,19 @@ class LinkConnection(asyncio.Protocol):
         fits no frame the peer takes, alone, is passed over: the peer is told
         (:class:`~eomsg.wire.events.Oversize`), and it counts as refused on both sides
         once the peer acknowledges it (:meth:`_passed`)."""
-        if len(batch) > 1 and ev.transfer_bound(batch) > self.conn.peer_max_frame:
+        if len(batch) > 1 and lev.transfer_bound(batch) > self.conn.peer_max_frame:
             first, rest = batch.split()
             self._send_transfer(prev, first)
             self._send_transfer(first.seqs[-1], rest)
             return
         try:
-            self.send(ev.Transfer(prev, batch))
+            self.send(lev.Transfer(prev, batch))
         except FrameTooLarge:
             if len(batch) > 1:
                 raise  # within its bound, it cannot be: a bug, which costs this connection
             seq, size = batch.seqs[0], len(batch.payloads[0])
             self._passing[seq] = size
-            self.send(ev.Oversize(prev, seq, size))
+            self.send(lev.Oversize(prev, seq, size))
 
     def _passed(self, read: int) -> None:
         """The peer acknowledged up to ``read``: the messages passed over up to it were
@@ -408,7 +410,7 @@ class LinkConnection(asyncio.Protocol):
                 next_ping = now + heartbeat
             if now >= next_table:
                 table = self.node.link_table(self.peer)
-                self.send(ev.Interest(table.full, table.moves))
+                self.send(lev.Interest(table.full, table.moves))
                 next_table = now + TABLE_EVERY * heartbeat
             if self.node.link_tick(self.peer):
                 self._work.set()
@@ -417,7 +419,7 @@ class LinkConnection(asyncio.Protocol):
 
     # -- tunnelled connections (server/tunnel.py) -------------------------------------------
 
-    def _channel_data(self, event: ev.Channel) -> None:
+    def _channel_data(self, event: lev.Channel) -> None:
         """The next bytes of a channel, in order; a frame seen before is dropped, and a
         channel missing one (lost, or behind) ends — its bytes read past a hole would be
         another connection's frames, or garbage. A channel whose first frame is not the
@@ -429,7 +431,7 @@ class LinkConnection(asyncio.Protocol):
                 return  # one that is over (its close crossed this data), or ours: dropped
             self._their_channels = event.channel
             if event.n != 0:
-                self.send(ev.ChannelClose(event.channel, CHANNEL_BROKEN))
+                self.send(lev.ChannelClose(event.channel, CHANNEL_BROKEN))
                 return
             end = self._serve_channel(event.channel)
         if event.n < end.taken:
@@ -472,17 +474,17 @@ class LinkConnection(asyncio.Protocol):
             return
         step = max(1, min(CHUNK, self.conn.peer_max_frame - 64))
         for at in range(0, len(data), step):
-            self.send(ev.Channel(channel, end.sent, data[at : at + step]))
+            self.send(lev.Channel(channel, end.sent, data[at : at + step]))
             end.sent += 1
 
     def close_channel(self, channel: int, reason: str) -> None:
         """This side ends ``channel``: the peer is told (the caller ends its own end)."""
         if self.channels.pop(channel, None) is not None:
-            self.send(ev.ChannelClose(channel, reason[:200]))
+            self.send(lev.ChannelClose(channel, reason[:200]))
 
     # -- sending and ending -----------------------------------------------------------------
 
-    def send(self, event: ev.Event) -> None:
+    def send(self, event: Event) -> None:
         if self.transport is None or self.closed.is_set() or self.conn.state is State.CLOSED:
             return
         header, body = self.conn.send_parts(event)
@@ -618,8 +620,8 @@ class LinkManager:
                 raise tls_refused(f"the node at {address}", e) from e
         peer_incarnation, read = node.link_read(config.peer)
         connection.send(
-            ev.LinkHello(
-                ev.LINK_VERSION,
+            lev.LinkHello(
+                lev.LINK_VERSION,
                 node.node_name,
                 node.incarnation,
                 peer_incarnation,
@@ -631,7 +633,7 @@ class LinkManager:
         self._track(connection)
         return connection
 
-    def welcomed(self, connection: LinkConnection, welcome: ev.LinkWelcome) -> None:
+    def welcomed(self, connection: LinkConnection, welcome: lev.LinkWelcome) -> None:
         """The dialled node answered: check it is the peer meant — its name, and a proof
         that it knows the link's token — then prove this side knows it too. The link
         starts when the dialled node starts it (its first frame of the link), so one it
@@ -648,7 +650,7 @@ class LinkManager:
             expected = link_proof(connection.key, connection.nonce, me, welcome.node, "dialled")
             if any(hmac.compare_digest(p.encode(), expected.encode()) for p in welcome.proofs):
                 connection.send(
-                    ev.LinkProof(link_proof(connection.key, welcome.nonce, me, peer, "dialler"))
+                    lev.LinkProof(link_proof(connection.key, welcome.nonce, me, peer, "dialler"))
                 )
                 connection.accepted = (welcome.incarnation, welcome.read)
                 return
@@ -665,7 +667,7 @@ class LinkManager:
         return next((c.address or "?" for c in self.server.node.link_configs() if c.peer == peer),
                     "?")  # fmt: skip
 
-    async def accept(self, session: Any, hello: ev.LinkHello) -> None:
+    async def accept(self, session: Any, hello: lev.LinkHello) -> None:
         """A node dialled this one (on ``session``'s connection): check what it says,
         answer with this node's proofs and a nonce, and wait for its own proof
         (:meth:`proven`) before anything of the link is taken or changed. A node whose
@@ -685,10 +687,10 @@ class LinkManager:
         connection.transport = transport
         transport.set_protocol(connection)
         try:
-            if hello.version != ev.LINK_VERSION:
+            if hello.version != lev.LINK_VERSION:
                 raise RemoteProtocolError(
                     f"link protocol version {hello.version} is not supported; this node "
-                    f"speaks version {ev.LINK_VERSION}"
+                    f"speaks version {lev.LINK_VERSION}"
                 )
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
@@ -710,8 +712,8 @@ class LinkManager:
             proofs = tuple(link_proof(k, hello.nonce, hello.node, me, "dialled") for k, _ in keys)
             connection.awaiting = (hello, keys, nonce)
             connection.send(
-                ev.LinkWelcome(
-                    ev.LINK_VERSION, me, node.incarnation, read, node.settings.frame_limit,
+                lev.LinkWelcome(
+                    lev.LINK_VERSION, me, node.incarnation, read, node.settings.frame_limit,
                     s.heartbeat, proofs, nonce,
                 )
             )  # fmt: skip
@@ -731,7 +733,7 @@ class LinkManager:
         server.loop.call_later(server.settings.handshake_timeout, too_slow)
         connection.process()  # what came after the hello, buffered meanwhile
 
-    def proven(self, connection: LinkConnection, proof: ev.LinkProof) -> None:
+    def proven(self, connection: LinkConnection, proof: lev.LinkProof) -> None:
         """The dialling node's proof: checked against the keys the welcome offered; if
         good, the link is taken on (made, if it was dialled with this node's own token
         and this side did not know it) and started. AuthenticationFailed if not. What
@@ -770,7 +772,7 @@ class LinkManager:
         self.server.spawn(self._take_on(connection, hello, "node" in good))
 
     async def _take_on(
-        self, connection: LinkConnection, hello: ev.LinkHello, may_make: bool
+        self, connection: LinkConnection, hello: lev.LinkHello, may_make: bool
     ) -> None:
         """Take the link on for ``connection`` — made first if it proved this node's
         own token and the link is not known — and start it, unless the connection ended

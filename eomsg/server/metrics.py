@@ -33,7 +33,7 @@ from prometheus_client.registry import Collector
 from eomsg.core import access
 from eomsg.core.queues import QueueStats
 from eomsg.errors import EomsgError, InvalidConfig, NotAllowed
-from eomsg.wire.address import Address
+from eomsg.transport.address import Address
 
 if TYPE_CHECKING:
     from eomsg.server.server import Server

@@ -5,7 +5,7 @@ Security baseline: the Unix socket is the owner's alone (mode 0600); TCP needs t
 kept in ``DIR/eomsg.token`` (created on first start, mode 0600, compared in constant
 time) and listens on loopback unless ``allow_remote`` says otherwise. Given a
 certificate (``tls``), every TCP address speaks TLS and nothing else
-(:mod:`eomsg.wire.tls`). Connections, frame size, in-flight bytes and the handshake's
+(:mod:`eomsg.transport.tls`). Connections, frame size, in-flight bytes and the handshake's
 duration (the TLS handshake's included) are all bounded.
 
 Shutdown (SIGTERM, SIGINT, or :meth:`Server.stop`): stop accepting, let every session
@@ -47,9 +47,9 @@ from eomsg.errors import (
 from eomsg.node.node import Node, room_to_open
 from eomsg.server.link import LinkManager
 from eomsg.server.session import Session
-from eomsg.wire.address import Address, socket_path, token_path, unix_address
+from eomsg.transport.address import Address, socket_path, token_path, unix_address
+from eomsg.transport.tls import ServerTls
 from eomsg.wire.events import PROTOCOL_VERSION
-from eomsg.wire.tls import ServerTls
 
 if TYPE_CHECKING:  # imported when served: prometheus_client costs every embedded command
     from eomsg.server.metrics import Metrics

@@ -65,7 +65,9 @@ from eomsg.errors import (
 )
 from eomsg.server import calls
 from eomsg.wire import events as ev
+from eomsg.wire import link_events as lev
 from eomsg.wire.calls import listed_result
+from eomsg.wire.codec import FRAME_SLACK, Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role, State
 
 if TYPE_CHECKING:
@@ -213,7 +215,7 @@ class Session(asyncio.Protocol):
             if event is PEER_CLOSED:
                 self._close()
                 return
-            assert isinstance(event, ev.Event)
+            assert isinstance(event, Event)
             try:
                 self._dispatch(event)
             except Exception as e:  # a bug here must cost one connection, not the node
@@ -221,7 +223,7 @@ class Session(asyncio.Protocol):
                 self._fail(EomsgError(f"internal error handling {type(event).__name__}: {e}"))
                 return
 
-    def _dispatch(self, event: ev.Event) -> None:
+    def _dispatch(self, event: Event) -> None:
         if self.server.looking_only is not None and not _looks(event):
             error = DataDirLocked(self.server.looking_only)
             self._send(ev.Error(getattr(event, "rid", 0), error.code, error.message))
@@ -255,7 +257,7 @@ class Session(asyncio.Protocol):
                 pass
             case ev.Hello():
                 self._hello(event)
-            case ev.LinkHello():
+            case lev.LinkHello():
                 self._hand_over(event)
             case ev.Goodbye():
                 self._close()
@@ -383,7 +385,7 @@ class Session(asyncio.Protocol):
             timer.cancel()
         self.server.forget(self)
 
-    def _hand_over(self, hello: ev.LinkHello) -> None:
+    def _hand_over(self, hello: lev.LinkHello) -> None:
         """Another node dialled: the connection is a link's, not a client's. This
         session ends here (without a word: the link answers)."""
         if self.server.down is not None:
@@ -700,7 +702,7 @@ class Session(asyncio.Protocol):
         accepts could carry — as many as it takes, each sent once the client has read
         the one before (so the node holds the answer, not the frames too). FrameTooLarge
         if an answer (or an item of it) alone does not fit."""
-        budget = self.conn.peer_max_frame - ev.FRAME_SLACK
+        budget = self.conn.peer_max_frame - FRAME_SLACK
         split = listed_result(op) and ev.value_bound(value) > budget
         parts = _split(value, budget) if split else [value]
         what = f"an item of the answer to {op.name}" if split else f"{op.name}'s answer"
@@ -828,7 +830,7 @@ class Session(asyncio.Protocol):
         """Deliver frames, each within the client's frame limit; a Fetch's last one has
         ``more`` False. FrameTooLarge, naming the message, if one alone does not fit (the
         frames before it are sent)."""
-        budget = self.conn.peer_max_frame - ev.FRAME_SLACK
+        budget = self.conn.peer_max_frame - FRAME_SLACK
         now = self.node.clock()
         chunk: list[Delivered] = []
         size = 0
@@ -852,7 +854,7 @@ class Session(asyncio.Protocol):
                 f"{e.message} (the limit its hello said)"
             ) from None
 
-    def _send(self, event: ev.Event) -> None:
+    def _send(self, event: Event) -> None:
         if self.transport is None or self.transport.is_closing():
             return
         if self.conn.state is State.CLOSED:
@@ -988,7 +990,7 @@ def _split(items: list[Any], budget: int) -> list[list[Any]]:
     return parts
 
 
-def _looks(event: ev.Event) -> bool:
+def _looks(event: Event) -> bool:
     """Whether ``event`` changes nothing: the handshake, keep-alives, and the calls of
     operations declared reads_only (what a data directory lent for looking serves)."""
     if isinstance(event, ev.Call):

@@ -33,7 +33,7 @@ import asyncio
 import contextlib
 from typing import TYPE_CHECKING, Any, Protocol
 
-from eomsg.wire import events as ev
+from eomsg.wire import link_events as lev
 
 if TYPE_CHECKING:
     from eomsg.server.link import LinkConnection
@@ -108,13 +108,13 @@ class ChannelTransport(asyncio.Transport):
     def pause_reading(self) -> None:
         if self._reading and not self._closed:
             self._reading = False
-            self.link.send(ev.ChannelPause(self.channel, True))
+            self.link.send(lev.ChannelPause(self.channel, True))
 
     def resume_reading(self) -> None:
         if self._reading or self._closed:
             return
         self._reading = True
-        self.link.send(ev.ChannelPause(self.channel, False))
+        self.link.send(lev.ChannelPause(self.channel, False))
         if self._pending:
             data, self._pending = bytes(self._pending), bytearray()
             self.feed(data)
@@ -201,11 +201,11 @@ class Relay(asyncio.Protocol):
 
     def pause_writing(self) -> None:  # the client is not reading
         if not self._closed:
-            self.link.send(ev.ChannelPause(self.channel, True))
+            self.link.send(lev.ChannelPause(self.channel, True))
 
     def resume_writing(self) -> None:
         if not self._closed:
-            self.link.send(ev.ChannelPause(self.channel, False))
+            self.link.send(lev.ChannelPause(self.channel, False))
 
     def _end(self, reason: str) -> None:
         if not self._closed:

@@ -45,7 +45,7 @@ from pyspark.sql.streaming.datasource import (
 
 from eomsg.core.replay import Selection, check_retained, parse_time, split
 from eomsg.errors import InvalidInput, Unavailable
-from eomsg.wire.address import socket_path
+from eomsg.transport.address import socket_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -149,7 +149,7 @@ class Route:
     def open(self) -> Iterator[LogAccess]:
         if self.broker is not None:
             from eomsg.client.sync import connect
-            from eomsg.wire.tls import ClientTls
+            from eomsg.transport.tls import ClientTls
 
             tls = ClientTls.from_env(self.tls_ca) if self.broker.startswith("tls://") else None
             with connect(self.broker, token=self.token, name="eomsg-spark", tls=tls) as client:

@@ -42,27 +42,19 @@ from eomsg.errors import (
     ProtocolError,
     RemoteProtocolError,
 )
+from eomsg.wire.codec import Event
 from eomsg.wire.events import (
     Call,
     Cancel,
-    Channel,
-    ChannelClose,
-    ChannelPause,
     Delete,
     Deleted,
     Deliver,
     Error,
-    Event,
     Fetch,
     FlowAck,
     FlowChanged,
     Goodbye,
     Hello,
-    Interest,
-    LinkHello,
-    LinkProof,
-    LinkWelcome,
-    Oversize,
     Ping,
     Pong,
     Publish,
@@ -70,11 +62,21 @@ from eomsg.wire.events import (
     Release,
     Result,
     Subscribe,
-    Taken,
-    Transfer,
     Unbound,
     Welcome,
     decode_event,
+)
+from eomsg.wire.link_events import (
+    Channel,
+    ChannelClose,
+    ChannelPause,
+    Interest,
+    LinkHello,
+    LinkProof,
+    LinkWelcome,
+    Oversize,
+    Taken,
+    Transfer,
 )
 
 _HEADER = struct.Struct(">I")
