@@ -575,10 +575,10 @@ def test_the_audit_log_says_who_changed_what_and_survives_a_restart(
 def test_the_audit_log_pages_back_only_from_a_time(open_node: NodeFactory) -> None:
     node = open_node()
     node.create_queue(QueueConfig("q"))
-    assert [e.action for e in node.audit(before=node.clock() + 1)] == ["create-queue"]
+    assert [e.action for e in node.access.audit(before=node.clock() + 1)] == ["create-queue"]
     for bad in (math.inf, -math.inf, math.nan, -1.0):
         with pytest.raises(InvalidConfig, match="before must be a time"):
-            node.audit(before=bad)
+            node.access.audit(before=bad)
 
 
 def test_paging_back_through_the_audit_log_skips_and_repeats_no_record(
@@ -594,7 +594,7 @@ def test_paging_back_through_the_audit_log_skips_and_repeats_no_record(
     node.purge("a")
     node.delete_queue("b")
     seen, before = [], None
-    while page := node.audit(limit=2, before=before):
+    while page := node.access.audit(limit=2, before=before):
         seen += [(e.action, e.target) for e in page]
         before = page[-1].at
     assert seen == [("delete-queue", "b"), ("purge", "a"), ("create-queue", "c"),

@@ -122,21 +122,21 @@ def test_a_directory_from_before_keeps_what_its_links_clients_could_do(tmp_path:
     @PEER's grants (audited), and the second stays as it was."""
     old_directory(tmp_path / "open")
     with Node.open(tmp_path / "open", NodeSettings(tick=None)) as node:
-        assert [str(g) for g in node.grants()] == [
+        assert [str(g) for g in node.access.grants()] == [
             "@p admin on node", "@p consume on node", "@p inspect on node",
             "@p publish on node",
         ]  # fmt: skip
-        assert {(e.principal, e.action, e.target, e.detail) for e in node.audit()[:4]} == {
+        assert {(e.principal, e.action, e.target, e.detail) for e in node.access.audit()[:4]} == {
             ("owner", "grant", "@p", f"{right} on node (as before: a linked node's clients "
              "while the node had no grant)")
             for right in ("admin", "consume", "inspect", "publish")
         }  # fmt: skip
     with Node.open(tmp_path / "open", NodeSettings(tick=None)) as node:  # once only
-        assert len(node.grants()) == 4
-        node.revoke("@p", "inspect", "node")
+        assert len(node.access.grants()) == 4
+        node.access.revoke("@p", "inspect", "node")
     with Node.open(tmp_path / "open", NodeSettings(tick=None)) as node:  # taken back: stays so
-        assert len(node.grants()) == 3
+        assert len(node.access.grants()) == 3
 
     old_directory(tmp_path / "granted", ("ops", "inspect", "node", ""))
     with Node.open(tmp_path / "granted", NodeSettings(tick=None)) as node:
-        assert [str(g) for g in node.grants()] == ["ops inspect on node"]
+        assert [str(g) for g in node.access.grants()] == ["ops inspect on node"]

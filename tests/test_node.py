@@ -339,10 +339,10 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
     for i in range(3):
         node.publish("ex/a", str(i).encode())
     heard: list[tuple[int, str, int]] = []
-    low = node.bind("ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
+    low = node.elections.bind("ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
     held = node.fetch("ex", 10, flow=low.flow)
     assert [d.epoch for d in held] == [low.epoch] * 3
-    high = node.bind("ex", priority=2, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
+    high = node.elections.bind("ex", priority=2, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
     assert heard == [
         (low.flow, "bound", low.epoch),
         (low.flow, "inactive", low.epoch),
@@ -358,10 +358,10 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
     assert node.delete("ex", [d.key for d in got], epoch=high.epoch) == [True] * 3
     with pytest.raises(NotActive):
         node.fetch("ex", 10)
-    assert [(f.flow, f.active) for f in node.flows("ex")] == [(high.flow, True), (low.flow, False)]
-    assert node.unbind("ex", low.flow) == 0
+    assert [(f.flow, f.active) for f in node.elections.flows("ex")] == [(high.flow, True), (low.flow, False)]
+    assert node.elections.unbind("ex", low.flow) == 0
     with pytest.raises(FlowNotFound):
-        node.unbind("ex", low.flow)
+        node.elections.unbind("ex", low.flow)
 
 
 def test_a_delivery_given_back_unseen_stays_uncounted_across_restarts(
@@ -403,16 +403,16 @@ def test_epochs_never_repeat_across_restarts(open_node: NodeFactory) -> None:
         with open_node() as node:
             if "q" not in node.queue_names():
                 node.create_queue(QueueConfig("q", max_active=1))
-            flow = node.bind("q")
+            flow = node.elections.bind("q")
             seen.append(flow.epoch)
-            node.unbind("q", flow.flow)
+            node.elections.unbind("q", flow.flow)
     assert seen == sorted(set(seen))
 
 
 def test_deleting_a_queue_unbinds_its_flows(node: Node) -> None:
     node.create_queue(QueueConfig("q", max_active=2))
     heard: list[str] = []
-    node.bind("q", notify=lambda e: heard.append(e.kind))
+    node.elections.bind("q", notify=lambda e: heard.append(e.kind))
     node.delete_queue("q")
     assert heard == ["bound", "unbound"]
 
@@ -548,10 +548,10 @@ def test_attempts_after_a_restart_are_those_in_memory(
                     clock.advance(rnd.choice([3, 11]))
                     node.maintain()
                 elif op == "bind" and h not in bound:
-                    bound[h] = node.bind("q").flow
+                    bound[h] = node.elections.bind("q").flow
                 elif op == "unbind" and h in bound:
                     seen = [k for k, _ in rnd.sample(mine, rnd.randint(0, len(mine)))]
-                    node.unbind("q", bound.pop(h), seen=seen)
+                    node.elections.unbind("q", bound.pop(h), seen=seen)
                     held[h] = []
                 elif op == "reopen":
                     before, pending = attempts(node)

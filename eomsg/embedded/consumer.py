@@ -62,7 +62,7 @@ class LocalConsumer(BlockingConsumer):
         self._start_caller()
         try:
             self.client._attach(self)
-            flow = self.client.node.bind(
+            flow = self.client.node.elections.bind(
                 self.queue, priority=self.priority, owner=self.client.name, notify=self._sink
             )
         except BaseException:
@@ -90,7 +90,7 @@ class LocalConsumer(BlockingConsumer):
                 flow, self._subscription = self._subscription, None
             if flow is not None:
                 with contextlib.suppress(EomsgError):  # unbound already, or node closed
-                    self.client.node.unbind(self.queue, flow, seen=self._buffer.seen())
+                    self.client.node.elections.unbind(self.queue, flow, seen=self._buffer.seen())
             self.client._detach(self)
             self._leave()
             self.poke()

@@ -117,7 +117,7 @@ class LocalClient(Broker):
         arguments the server would add for a connection."""
         self._check_open()
         caller = {"holder": self.holder, "owner": self.name, "by": OWNER}  # its own node
-        method = getattr(self.node, op.name)
+        method = self.node.operation(op.name)
         value = method(**args, **op.node_args, **{c: caller[c] for c in op.caller})
         for queue, seq, _, attempt in args.get("deletes", ()) if "holder" in op.caller else ():
             self._settled(queue, [(seq, attempt)])  # held by a transaction, or deleted

@@ -1,13 +1,15 @@
 """Principals, their grants, and the audit log: what :mod:`eomsg.core.access` rules on,
-kept. The server asks :attr:`~eomsg.node.state.NodeState.access` (the grants in force)
-and :meth:`Access.principal_of` (a token's principal) for every request; the node itself
-checks only whose transaction one settles (:mod:`eomsg.node.participant`).
+kept — a component of the node (``node.access``) that owns this state alone. The server
+asks :attr:`Access.policy` (the grants in force) and :meth:`Access.principal_of` (a
+token's principal) for every request; the node itself checks requeues and whose
+transaction one settles against the policy.
 
-Every change is an administrative one (under ``_admin``) and commits with its audit
-record; the tokens' digests are kept apart from the store (:mod:`eomsg.store.principals`),
-written before a principal is added and after it is removed. A link made grants its
-peer's principal what a linked node's clients may do (:mod:`eomsg.node.links`, with
-:func:`granted`).
+Every change is an administrative one (under the node's ``admin`` lock) and commits with
+its audit record; the tokens' digests are kept apart from the store
+(:mod:`eomsg.store.principals`), written before a principal is added and after it is
+removed. A link made grants its peer's principal what a linked node's clients may do
+(:mod:`eomsg.node.links` commits them with the link, with :func:`granted`, then calls
+:meth:`Access.in_force`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import hmac
 import logging
 import secrets
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -29,7 +32,7 @@ from eomsg.core.access import (
     validate_principal,
 )
 from eomsg.errors import InvalidConfig, PrincipalExists, PrincipalNotFound
-from eomsg.node.state import AuditRow, NodeState, to_us
+from eomsg.node.state import AuditRow, Clock, audit_row, to_us
 from eomsg.store import principals as digests_file
 from eomsg.store.store import US, Store
 
@@ -39,18 +42,45 @@ LINK_GRANTS = "link_grants"  # node_meta: linked nodes' clients have grants of t
 log = logging.getLogger("eomsg.node")
 
 
-class Access(NodeState):
-    """Principals, grants and the audit log."""
+class Access:
+    """Principals, grants and the audit log of one node. ``lock`` and ``admin`` are the
+    node's (its lock discipline: :mod:`eomsg.node.state`); ``check_open`` raises
+    NodeClosed once the node is closed."""
 
-    def _load_access(self) -> None:
+    def __init__(
+        self,
+        store: Store,
+        clock: Clock,
+        lock: threading.Lock,
+        admin: threading.Lock,
+        check_open: Callable[[], None],
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self._lock, self._admin, self._check_open = lock, admin, check_open
+        # The policy is replaced whole, under ``admin`` and ``lock``: a session reads it
+        # without a lock.
+        self.policy = Policy()
+        self._principals: dict[str, float] = {}  # name -> when added
+        self._digests: dict[str, str] = {}  # name -> its token's digest
+
+    def load(self) -> None:
         """At open: the principals the store knows, their digests, the grants."""
         principals, grants = self.store.load_access()
         digests = digests_file.load(self.store.data_dir)
         self._principals = {name: us / US for name, us in principals.items()}
         self._digests = {n: d for n, d in digests.items() if n in self._principals}
-        self.access = Policy(frozenset(make_grant(*g) for g in grants))
+        self.policy = Policy(frozenset(make_grant(*g) for g in grants))
         if self.store.meta(LINK_GRANTS) is None:
             self._grant_links_as_before()
+
+    def in_force(self, grants: frozenset[Grant]) -> None:
+        """``grants``, committed with another change (a link made), now in force with
+        it. Under the node's ``admin`` and ``lock``."""
+        self.policy = Policy(self.policy.grants | grants)
+
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
+        return audit_row(self.clock(), by, action, target, detail)
 
     def _grant_links_as_before(self) -> None:
         """Once, for a data directory from before a linked node's clients had grants of
@@ -58,7 +88,7 @@ class Access(NodeState):
         operations while the node had no grant at all, and only what ``@PEER`` held once it had
         one. The first is kept as the grants a link makes now; the second needs none."""
         made: frozenset[Grant] = frozenset()
-        if not self.access.grants:
+        if not self.policy.grants:
             peers = {key.split("/")[1] for key in self.store.meta_prefixed("link/")}
             made = made.union(*(link_grants(peer) for peer in sorted(peers)))
         why = "(as before: a linked node's clients while the node had no grant)"
@@ -66,7 +96,7 @@ class Access(NodeState):
             Store.save_meta_job(LINK_GRANTS, "1"), made, grant_record(self._audit, OWNER, why)
         )
         self.store.writer.run(job).result()
-        self.access = Policy(self.access.grants | made)
+        self.policy = Policy(self.policy.grants | made)
 
     def has_principal(self, name: str) -> bool:
         """Whether principal ``name`` exists now (a session's is checked at each request:
@@ -117,12 +147,12 @@ class Access(NodeState):
             self.store.writer.run(
                 Store.audited(job, self._audit(by, "remove-principal", name))
             ).result()
-            left = frozenset(g for g in self.access.grants if g.principal != name)
-            removed = len(self.access.grants) - len(left)
+            left = frozenset(g for g in self.policy.grants if g.principal != name)
+            removed = len(self.policy.grants) - len(left)
             with self._lock:
                 del self._principals[name]
                 self._digests = {n: d for n, d in self._digests.items() if n != name}
-                self.access = Policy(left)
+                self.policy = Policy(left)
             try:  # removed already: a digest left behind is ignored at the next open
                 digests_file.save(self.store.data_dir, self._digests)
             except OSError as e:
@@ -132,7 +162,7 @@ class Access(NodeState):
     def principals(self) -> list[PrincipalInfo]:
         """Every principal, by name, with how many grants it holds."""
         held: dict[str, int] = {}
-        for g in self.access.grants:
+        for g in self.policy.grants:
             held[g.principal] = held.get(g.principal, 0) + 1
         with self._lock:
             known = sorted(self._principals.items())
@@ -160,7 +190,7 @@ class Access(NodeState):
                     f"no principal {grant.principal!r}; add it with "
                     f"`eomsg user add {grant.principal}`"
                 )
-            if (grant in self.access.grants) == given:
+            if (grant in self.policy.grants) == given:
                 return False
             row = (grant.principal, grant.right.value, grant.target.kind.value, grant.target.name)
             action = "grant" if given else "revoke"
@@ -169,14 +199,14 @@ class Access(NodeState):
                 Store.grant_job(row, given), self._audit(by, action, grant.principal, detail)
             )
             self.store.writer.run(job).result()
-            grants = self.access.grants | {grant} if given else self.access.grants - {grant}
+            grants = self.policy.grants | {grant} if given else self.policy.grants - {grant}
             with self._lock:
-                self.access = Policy(grants)
+                self.policy = Policy(grants)
             return True
 
     def grants(self, principal: str | None = None) -> list[Grant]:
         """The grants in force (of ``principal``, if given), sorted."""
-        mine = (g for g in self.access.grants if principal in (None, g.principal))
+        mine = (g for g in self.policy.grants if principal in (None, g.principal))
         return sorted(mine, key=Grant.sort_key)
 
     def audit(self, limit: int = 50, before: float | None = None) -> list[AuditEntry]:

@@ -13,7 +13,6 @@ import json
 from dataclasses import replace
 
 from eomsg.core.access import OWNER
-from eomsg.core.election import FlowEvent
 from eomsg.core.queues import REFUSE, QueueConfig
 from eomsg.errors import InvalidConfig, QueueExists, QueueNotEmpty
 from eomsg.node.settings import SETTINGS, apply_saved
@@ -79,10 +78,7 @@ class Admin(NodeState):
                 self._queue_dropped(q.id)
                 self._interest_changed()
                 self._queues_changed()
-                for v in q.election.flows():
-                    f = self._flows.pop(v.flow)
-                    if f.notify is not None:
-                        f.notify(FlowEvent(name, v.flow, "unbound", False, 0))
+                self.elections.queue_dropped(q)
             return depth
 
     def subscribe(self, name: str, pattern: str, *, by: str = OWNER) -> bool:

@@ -80,7 +80,7 @@ class Delivery(NodeState):
                         "`eomsg consume`) to receive"
                     )
             else:
-                self._flow(q, flow)
+                self.elections.flow(q, flow)
                 epoch = q.election.epoch_of(flow)
                 if not epoch:
                     return [], q.cursor.ready_count > 0

@@ -4,29 +4,81 @@
 are carried out: an active flow's epoch is accepted, a deactivated one's deliveries are
 made ready again for the next active flow.
 
-Under the lock discipline of :mod:`eomsg.node.state`: a bind or an unbind takes ``_elect``
-(it may wait for epochs to be reserved), then ``_lock`` to run the election and apply its
-changes; a flow's ``notify`` hears of them under ``_lock``.
+:class:`Elections` is a component of the node (``node.elections``): it owns the flows, the
+epochs handed out and how far they are reserved, and the ``elect`` lock; what it needs of
+the rest of the node is the :class:`Kernel` protocol. Under the lock discipline of
+:mod:`eomsg.node.state`: a bind or an unbind takes ``elect`` (it may wait for epochs to be
+reserved), then the node's ``_lock`` to run the election and apply its changes; a flow's
+``notify`` hears of them under ``_lock``.
 """
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
+from typing import Protocol
 
 from eomsg.core.access import OWNER
-from eomsg.core.election import Change, FlowEvent, FlowInfo
+from eomsg.core.cursor import Release, Settlement
+from eomsg.core.election import Change, Epochs, FlowEvent, FlowInfo
 from eomsg.core.message import Key, check_keys
-from eomsg.errors import InvalidConfig
-from eomsg.node.state import AuditRow, FlowState, NodeState, Notify, QueueState
+from eomsg.errors import FlowNotFound, InvalidConfig
+from eomsg.node.state import AuditRow, Clock, FlowState, Notify, QueueState
+from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
 
 
-class Flows(NodeState):
-    """Consumers bound to a queue: bind, unbind, and the election they run."""
+class Kernel(Protocol):
+    """What the elections need of the rest of the node (:class:`~eomsg.node.state.NodeState`)."""
+
+    store: Store
+    clock: Clock
+    _lock: threading.Lock
+    _queues: dict[str, QueueState]
+
+    def _check_open(self) -> None: ...
+    def _queue(self, name: str) -> QueueState: ...
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
+    def _record_releases(
+        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
+    ) -> None: ...
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
+    def _notify(self, queues: set[str]) -> None: ...
+
+
+class Elections:
+    """Consumers bound to the node's queues: bind, unbind, and the election they run."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        self.elect = threading.Lock()  # serialises election stimuli (they may wait)
+        self.epochs = Epochs(int(kernel.store.meta("epochs_reserved") or 0))
+        self._epochs_reserved = self.epochs.last
+        self._flows: dict[int, FlowState] = {}
+        self._flow_ids = itertools.count(1)
+
+    def flow(self, q: QueueState, flow: int) -> FlowState:
+        """Flow ``flow`` of queue ``q``; FlowNotFound if no such flow is bound to it."""
+        f = self._flows.get(flow)
+        if f is None or f.queue is not q:
+            raise FlowNotFound(
+                f"no flow {flow} is bound to queue {q.config.name!r}; see "
+                f"`eomsg inspect flows {q.config.name}`"
+            )
+        return f
+
+    def queue_dropped(self, q: QueueState) -> None:
+        """Queue ``q`` is deleted: its flows are gone, each told ``unbound``. Under the
+        node's ``_lock``."""
+        for v in q.election.flows():
+            f = self._flows.pop(v.flow)
+            if f.notify is not None:
+                f.notify(FlowEvent(q.config.name, v.flow, "unbound", False, 0))
 
     def bind(
         self,
@@ -78,11 +130,15 @@ class Flows(NodeState):
         is in the audit log, ``by`` whom."""
         seen_keys = None if seen is None else set(check_keys(seen))
         with self._election(queue) as (q, now):
-            f = self._flow(q, flow)
+            f = self.flow(q, flow)
             epoch = q.election.epoch_of(flow)
             held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
             changes = q.election.unbind(flow)
-            audit = self._audit(by, "unbind", queue, f"flow {flow} ({f.owner})") if admin else None
+            audit = (
+                self._kernel._audit(by, "unbind", queue, f"flow {flow} ({f.owner})")
+                if admin
+                else None
+            )
             seen_by = None if seen_keys is None else {epoch: seen_keys}
             future = self._apply(q, changes, now, seen_by, audit)
             del self._flows[flow]
@@ -93,8 +149,12 @@ class Flows(NodeState):
 
     def flows(self, queue: str | None = None) -> list[FlowInfo]:
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
-        with self._lock:
-            queues = [self._queue(queue)] if queue is not None else list(self._queues.values())
+        with self._kernel._lock:
+            queues = (
+                [self._kernel._queue(queue)]
+                if queue is not None
+                else list(self._kernel._queues.values())
+            )
             out = []
             for q in sorted(queues, key=lambda q: q.config.name):
                 held = q.cursor.in_flight_by_epoch()
@@ -116,27 +176,27 @@ class Flows(NodeState):
 
     @contextmanager
     def _election(self, queue: str) -> Iterator[tuple[QueueState, float]]:
-        """Hold what an election stimulus (a bind, an unbind) needs: ``_elect``, with the
+        """Hold what an election stimulus (a bind, an unbind) needs: ``elect``, with the
         epochs the election may hand out reserved, then ``_lock``; yields ``queue`` and
         the time."""
-        with self._elect:
-            self._check_open()
+        with self.elect:
+            self._kernel._check_open()
             self._reserve_epochs(queue)
-            now = self.clock()
-            with self._lock:
-                yield self._queue(queue), now
+            now = self._kernel.clock()
+            with self._kernel._lock:
+                yield self._kernel._queue(queue), now
 
     def _reserve_epochs(self, queue: str) -> None:
         """Make sure the epochs the next election may hand out are durably reserved, so
-        that none is ever reused after a crash. Call with ``_elect`` held."""
-        with self._lock:
-            bound = len(self._queue(queue).election)
-        need = self._epochs.last + bound + 1
+        that none is ever reused after a crash. Call with ``elect`` held."""
+        with self._kernel._lock:
+            bound = len(self._kernel._queue(queue).election)
+        need = self.epochs.last + bound + 1
         if need > self._epochs_reserved:
             reserved = need + EPOCH_BLOCK
             batch = RowBatch()
             batch.set_meta("epochs_reserved", str(reserved))
-            self.store.writer.write(batch).result()  # journaled: no wait for DuckDB
+            self._kernel.store.writer.write(batch).result()  # journaled: no wait for DuckDB
             self._epochs_reserved = reserved
 
     def _apply(
@@ -162,14 +222,14 @@ class Flows(NodeState):
             else:
                 q.live_epochs.discard(c.epoch)
                 given_back = q.cursor.release_epoch(c.epoch, now, (seen or {}).get(c.epoch))
-                self._record_releases(batch, q, given_back, now)
+                self._kernel._record_releases(batch, q, given_back, now)
             f = self._flows.get(c.flow)
             if f is not None and f.notify is not None:
                 kind = "active" if c.active else "inactive"
                 f.notify(FlowEvent(q.config.name, c.flow, kind, c.active, c.epoch))
-        return self._queue_write(batch)
+        return self._kernel._queue_write(batch)
 
     def _settle_apply(self, q: QueueState, future: Future[None] | None) -> None:
         if future is not None:  # something was settled: the next flow may take it
             future.result()
-            self._notify({q.config.name})
+            self._kernel._notify({q.config.name})

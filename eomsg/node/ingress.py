@@ -110,7 +110,7 @@ class Ingress(Overflow):
             if target is q:
                 raise InvalidConfig(f"queue {name!r} cannot be requeued into itself")
             into = target.config.name  # picked here when not named: its right checked here
-            self.access.check(by, access.admin_of(into), f"requeue into queue {into}")
+            self.access.policy.check(by, access.admin_of(into), f"requeue into queue {into}")
             batch = RowBatch()
             # What expired by now expires, rather than being moved with a moment to live.
             self._record_settlements(batch, q, q.cursor.poll(now), now)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any, overload
 
-from eomsg.core.access import OWNER, Grant, Policy, link_grants, link_principal
+from eomsg.core.access import OWNER, Grant, link_grants, link_principal
 from eomsg.core.limits import check_outgoing
 from eomsg.core.links import DEFAULT_HOLD, LinkConfig, LinkInfo, check_node_name
 from eomsg.core.message import ORIGIN, ORIGIN_SEQ, Batch, Carried, Message
@@ -279,7 +279,7 @@ class Links(Egress):
             entry = self._audit(by, "add-link", peer, address or "(dialled by the peer)")
             job = Store.audited(together(jobs), entry)
             grants: frozenset[Grant] = frozenset()
-            if not self.access.holds_any(link_principal(peer)):
+            if not self.access.policy.holds_any(link_principal(peer)):
                 grants = link_grants(peer)
                 job = granted(job, grants, grant_record(self._audit, by, "(with the link)"))
             self.store.writer.run(job).result()
@@ -288,7 +288,7 @@ class Links(Egress):
                 self._routing.restore(peer, ())
                 self._removed = removed
                 self._removed_dials.pop(peer, None)
-                self.access = Policy(self.access.grants | grants)
+                self.access.in_force(grants)
         self._links_changed()
         return True
 

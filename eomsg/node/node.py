@@ -1,13 +1,14 @@
 """One eomsg node: the core's rules wired to the store. Thread-safe; the CLI uses it
 in-process (embedded mode) and the broker daemon will serve it over the wire.
 
-:class:`Node` is assembled from one module per concern, each a mixin over the shared state
-of :mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow:
-``ingress`` (publishing and routing, seed 004), ``delivery`` (the cursors, seed 003),
-``participant`` (transactions, seed 000), ``flows`` (bound consumers and their election,
-seed 002), ``admin`` (queues and saved settings), ``access`` (principals, grants, the
-audit log), ``links`` (other nodes: interest,
-routes and exactly-once transfer), ``maintenance`` (timeouts, expiry,
+:class:`Node` is assembled from one module per concern, over the shared state of
+:mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow. Two are
+components — objects of their own, attributes of the node, owning their state:
+``access`` (principals, grants, the audit log) and ``elections`` (module ``flows``: bound
+consumers and their election, seed 002). The rest are still mixins: ``ingress``
+(publishing and routing, seed 004), ``delivery`` (the cursors, seed 003), ``participant``
+(transactions, seed 000), ``admin`` (queues and saved settings), ``links`` (other nodes:
+interest, routes and exactly-once transfer), ``maintenance`` (timeouts, expiry,
 compaction, garbage collection) and ``inspection`` (stats, the log, replay reads). This
 module holds the node's life: opening and recovering its state from the store, the
 maintenance ticker, listeners, and closing.
@@ -23,6 +24,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, ClassVar
 
 from eomsg.core import memory
 from eomsg.core.cursor import Outcome
@@ -33,7 +35,7 @@ from eomsg.node.access import Access
 from eomsg.node.admin import Admin
 from eomsg.node.dedup import Deduplication
 from eomsg.node.delivery import Delivery
-from eomsg.node.flows import Flows
+from eomsg.node.flows import Elections
 from eomsg.node.ingress import Ingress
 from eomsg.node.inspection import Inspection
 from eomsg.node.links import Links
@@ -62,11 +64,20 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspection, Maintenance):
-    """A node over one data directory. Use :meth:`open`, and close it (or use ``with``)."""
+class Node(Participant, Links, Ingress, Delivery, Admin, Inspection, Maintenance):
+    """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
+
+    Its components — objects of their own, each owning its state — are attributes named
+    in :data:`COMPONENTS`; a declared operation (:mod:`eomsg.core.operations`) runs as
+    the method of its name on the component that has one, else on the node
+    (:meth:`operation`)."""
+
+    COMPONENTS: ClassVar[dict[str, type]] = {"access": Access, "elections": Elections}
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         super().__init__(store, settings, clock)
+        self.elections = Elections(self)
+        self.access = Access(store, clock, self._lock, self._admin, self._check_open)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on
         self._recover()
@@ -149,6 +160,21 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
             self._closed = True
             self.store.close()
 
+    @classmethod
+    def implementation(cls, name: str) -> tuple[str | None, Callable[..., Any]]:
+        """Where the operation ``name`` runs: the component (its attribute name; None:
+        the node itself) and the function. AttributeError if nothing implements it."""
+        for attribute, component in cls.COMPONENTS.items():
+            if callable(function := getattr(component, name, None)):
+                return attribute, function
+        return None, getattr(cls, name)
+
+    def operation(self, name: str) -> Callable[..., Any]:
+        """The bound method that runs the declared operation ``name`` (see
+        :meth:`implementation`): what the server and the embedded client call."""
+        attribute, _ = self.implementation(name)
+        return getattr(self if attribute is None else getattr(self, attribute), name)  # type: ignore[no-any-return]
+
     def check_open(self) -> None:
         """NodeClosed once the node is closed (for a caller that waits on its own, as a
         standby consumer does, rather than in a node call that would say so)."""
@@ -230,7 +256,7 @@ class Node(Participant, Links, Ingress, Delivery, Flows, Admin, Access, Inspecti
                 None,
                 prep.principal,
             )
-        self._load_access()
+        self.access.load()
         # Never later than now: the time is kept to the microsecond, which a rounding
         # may put a hair past a clock that stood still since (or a clock set back far
         # past it) — and collection would wait for it.

@@ -106,7 +106,7 @@ class Participant(Ingress):
             if t is None:
                 move("participant", self._decided(txid), TxnMove.COMMIT, txid)
                 return []
-            self.access.check_settle(by, t.principal, txid)
+            self.access.policy.check_settle(by, t.principal, txid)
             self._audit_settle(batch, by, t, "commit-txn")
             first_seq = self._next_seq
             results, fresh = self._stage(batch, t.messages, now, refuse=False)
@@ -141,7 +141,7 @@ class Participant(Ingress):
                 if txid in self._finished:
                     move("participant", self._finished[txid], how, txid)
                 return False
-            self.access.check_settle(by, t.principal, txid)
+            self.access.policy.check_settle(by, t.principal, txid)
             state = move("participant", TxnState.PREPARED, how, txid)
             for q, seqs in t.deletes.items():
                 if self._by_id.get(q.id) is q:
@@ -197,7 +197,7 @@ class Participant(Ingress):
         coordinator is gone and `eomsg recover` may resolve them. Those ``by`` prepared,
         unless it may inspect the node: a coordinator recovering its own in-doubt
         transactions needs no more than the rights it used for them."""
-        every = self.access.allows(by, access.INSPECTS_NODE)
+        every = self.access.policy.allows(by, access.INSPECTS_NODE)
         with self._lock:
             return [
                 TxnInfo(

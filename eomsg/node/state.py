@@ -1,10 +1,12 @@
 """The node's shared state and the one lock discipline every part of it follows.
 
-:class:`~eomsg.node.node.Node` is assembled from one mixin per concern (``ingress``,
-``delivery``, ``participant``, ``flows``, ``admin``, ``links``, ``maintenance``,
-``inspection``), all
-over :class:`NodeState`: the runtime state they share, and the helpers more than one of
-them uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
+:class:`~eomsg.node.node.Node` is assembled from components — objects that own their
+state and name what they need of the rest (``access``: principals and grants;
+``elections``: flows and their elections) — and, still, one mixin per remaining concern
+(``ingress``, ``delivery``, ``participant``, ``admin``, ``links``, ``maintenance``,
+``inspection``), all over :class:`NodeState`: the runtime state they share, and the
+helpers more than one of them uses. The runtime structs of a queue, a flow and a prepared
+transaction are here too.
 
 Lock discipline
 ---------------
@@ -27,11 +29,11 @@ touch the in-memory state (under ``_lock``). The set of queues and each queue's 
 change only with both held, so either one is enough to read them; ``settings`` is replaced
 only under ``_admin``.
 
-``_elect`` serialises the election's stimuli (bind, unbind), which may wait for the
-writer to reserve epochs durably (``_reserve_epochs``) before they take ``_lock``; it
-guards ``_epochs_reserved``.
+``elections.elect`` serialises the election's stimuli (bind, unbind), which may wait for
+the writer to reserve epochs durably (``Elections._reserve_epochs``) before they take
+``_lock``; it guards the epochs reserved.
 
-Order: ``_admin`` or ``_elect`` first, then ``_lock``; the two are never held together, and
+Order: ``_admin`` or ``elect`` first, then ``_lock``; the two are never held together, and
 nothing takes either of them under ``_lock``. ``_ready`` (a condition with its own lock,
 guarding ``_ready_generation``) wakes ``fetch(wait=)``; it is a leaf, never held with any of
 the others: :meth:`~NodeState._notify` bumps it and then calls the readiness listeners,
@@ -44,15 +46,13 @@ and never call the node.
 
 from __future__ import annotations
 
-import itertools
 import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from eomsg.core.access import Policy
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.election import Election, Epochs, FlowEvent
 from eomsg.core.limits import format_bytes
@@ -63,7 +63,6 @@ from eomsg.core.topics import Matcher
 from eomsg.core.txn import TxnState
 from eomsg.errors import (
     DiskFull,
-    FlowNotFound,
     MemoryFull,
     NodeClosed,
     QueueNotFound,
@@ -73,6 +72,10 @@ from eomsg.node.dedup import Deduplication
 from eomsg.node.settings import NodeSettings, apply_saved
 from eomsg.store.store import US, Store
 from eomsg.store.writer import RowBatch
+
+if TYPE_CHECKING:
+    from eomsg.node.access import Access
+    from eomsg.node.flows import Elections
 
 FREE_MARGIN = 256 << 20  # free bytes above the reserve past which a reading may stand
 FREE_FRESH = 0.02  # seconds a reading of the free space stands, that far above
@@ -84,6 +87,12 @@ Notify = Callable[[FlowEvent], None]
 
 AuditRow = tuple[int, str, str, str, str]
 """An audit record as the store takes it: (at µs, principal, action, target, detail)."""
+
+
+def audit_row(now: float, by: str, action: str, target: str, detail: str = "") -> AuditRow:
+    """The audit record of a change ``by`` a principal at ``now``, to commit with it
+    (:meth:`Store.audited`, or a batch's ``audit`` rows)."""
+    return (to_us(now), by, action, target, detail)
 
 
 def to_us(seconds: float) -> int:
@@ -230,6 +239,8 @@ class NodeState:
     _last_gc: float
     _released_at: float  # the latest time a release was recorded at (see _record_releases)
     _dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
+    access: Access  # principals, grants, the audit log: a component (Node makes it)
+    elections: Elections  # the flows bound to queues and their elections: a component
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
@@ -237,11 +248,6 @@ class NodeState:
         self.clock = clock
         self._lock = threading.Lock()
         self._admin = threading.Lock()
-        self._elect = threading.Lock()  # serialises election stimuli (they may wait)
-        self._epochs = Epochs(int(store.meta("epochs_reserved") or 0))
-        self._epochs_reserved = self._epochs.last
-        self._flows: dict[int, FlowState] = {}
-        self._flow_ids = itertools.count(1)
         self._closed = False
         self._queues: dict[str, QueueState] = {}
         self._by_id: dict[int, QueueState] = {}
@@ -256,11 +262,6 @@ class NodeState:
         self._ready_generation = 0
         self._rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
         self._later: dict[str, str] = {}  # node_meta to set with the next write (see below)
-        # Principals and grants (eomsg.node.access): the policy is replaced whole, under
-        # ``_admin`` and ``_lock``; a session reads it without a lock.
-        self.access = Policy()
-        self._principals: dict[str, float] = {}  # name -> when added
-        self._digests: dict[str, str] = {}  # name -> its token's digest
 
     # -- checks -------------------------------------------------------------------------
 
@@ -334,15 +335,6 @@ class NodeState:
         """The linked node that holds ``queue``, if another does (:mod:`eomsg.node.links`)."""
         return None
 
-    def _flow(self, q: QueueState, flow: int) -> FlowState:
-        f = self._flows.get(flow)
-        if f is None or f.queue is not q:
-            raise FlowNotFound(
-                f"no flow {flow} is bound to queue {q.config.name!r}; see "
-                f"`eomsg inspect flows {q.config.name}`"
-            )
-        return f
-
     @staticmethod
     def _check_epoch(q: QueueState, epoch: int) -> None:
         if epoch and epoch not in q.live_epochs:
@@ -359,9 +351,8 @@ class NodeState:
         }
 
     def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
-        """The audit record of a change ``by`` a principal, to commit with it
-        (:meth:`Store.audited`, or a batch's ``audit`` rows)."""
-        return (to_us(self.clock()), by, action, target, detail)
+        """:func:`audit_row`, now."""
+        return audit_row(self.clock(), by, action, target, detail)
 
     # -- writing ------------------------------------------------------------------------
 
@@ -523,7 +514,7 @@ class NodeState:
     def _install(self, queue_id: int, config: QueueConfig) -> QueueState:
         """Make queue ``config`` live in memory (its commit is durable). Under ``_lock``
         (or while nothing else runs: at recovery)."""
-        q = QueueState(queue_id, config, self._epochs)
+        q = QueueState(queue_id, config, self.elections.epochs)
         self._queues[config.name] = q
         self._by_id[queue_id] = q
         for pattern in config.subscriptions:

@@ -56,4 +56,4 @@ def decode(op: Operation[Any, Any], args: Mapping[str, Any], caller: Caller) -> 
 def run(node: Node, op: Operation[Any, Any], args: Mapping[str, Any]) -> Any:
     """Run ``op`` on ``node`` with decoded ``args``; the result as a Result frame
     carries it. Blocking: the session runs it on the server's thread pool."""
-    return encode_result(op, getattr(node, op.name)(**args))
+    return encode_result(op, node.operation(op.name)(**args))

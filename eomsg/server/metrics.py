@@ -153,11 +153,11 @@ def _refusal(server: Server, token: str, loopback: bool) -> tuple[str, str] | No
             "principal's (eomsg user add prom; eomsg grant prom inspect --node)"
         )
     node = server.node
-    principal = node.principal_of(token)
+    principal = node.access.principal_of(token)
     if principal is None:
         return "401 Unauthorized", "wrong token"
     try:
-        node.access.check(principal, access.operation_needs("stats", {}), "read the metrics")
+        node.access.policy.check(principal, access.operation_needs("stats", {}), "read the metrics")
     except NotAllowed as e:
         return "403 Forbidden", e.message
     return None

@@ -310,7 +310,7 @@ class Session(asyncio.Protocol):
             return None if self.needs_token else OWNER
         if hmac.compare_digest(token.encode(), self.server.token.encode()):
             return OWNER
-        return self.node.principal_of(token)
+        return self.node.access.principal_of(token)
 
     def _permits(self, rid: int, doing: str, needs: Callable[[], list[Need]]) -> bool:
         """Whether the client's principal holds what ``needs()`` lists (not computed for
@@ -327,8 +327,8 @@ class Session(asyncio.Protocol):
         principal removed since the hello is cut off."""
         if self.principal == OWNER:
             return
-        policy = self.node.access
-        if not (self.principal.startswith("@") or self.node.has_principal(self.principal)):
+        policy = self.node.access.policy
+        if not (self.principal.startswith("@") or self.node.access.has_principal(self.principal)):
             gone = f"principal {self.principal} was removed"
             self.loop.call_soon(self._fail, AuthenticationFailed(gone))  # after its answer
             raise NotAllowed(gone)
@@ -505,7 +505,11 @@ class Session(asyncio.Protocol):
         owner = f"{self.client_name or '?'}@{self.peer}"
         try:
             await self.server.blocking(
-                self.node.bind, sub.queue, priority=sub.priority, owner=owner, notify=notify
+                self.node.elections.bind,
+                sub.queue,
+                priority=sub.priority,
+                owner=owner,
+                notify=notify,
             )
         except BaseException:
             self.subscriptions.pop(sub.rid, None)
@@ -567,7 +571,7 @@ class Session(asyncio.Protocol):
             return 0
         try:
             released: int = await self.server.blocking(
-                self.node.unbind, sub.queue, sub.flow, seen=seen
+                self.node.elections.unbind, sub.queue, sub.flow, seen=seen
             )
         except EomsgError as e:
             log.info("could not unbind flow %d of %s: %s", sub.flow, sub.queue, e)
