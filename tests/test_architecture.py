@@ -319,9 +319,9 @@ def test_every_module_eomsg_imports_is_declared() -> None:
 # its size today: a list that may only shrink — a new entry, or one grown, fails.
 MAX_METHODS, MAX_MODULE_LINES, MAX_BODY_LINES = 60, 800, 60
 STILL_OVER = {
-    "class eomsg.node.node.Node: eomsg bases": 7,
+    "class eomsg.node.node.Node: eomsg bases": 6,
     "class eomsg.client.sync.Consumer: eomsg bases": 2,
-    "class eomsg.node.node.Node: methods": 172,
+    "class eomsg.node.node.Node: methods": 160,
     "class eomsg.node.links.Links: methods": 110,
     "class eomsg.node.participant.Participant: methods": 64,
     "class eomsg.node.egress.Egress: methods": 62,

@@ -39,7 +39,7 @@ def pair(net: MakeNet, *queues: QueueConfig) -> Net:
 
 def rows(node: Node, table: str) -> int:
     node.store.writer.sync()
-    return int(node.query(f"SELECT count(*) FROM {table}")[1][0][0])
+    return int(node.inspection.query(f"SELECT count(*) FROM {table}")[1][0][0])
 
 
 def owed(n: Net, node: str = "a") -> int:
@@ -80,7 +80,7 @@ def test_settled_in_time_it_is_never_written_and_then_acknowledged(net: MakeNet)
     assert owed(n) == 0 and b.link_info()[0].held == 0
     for table in ("messages", "destinations", "deliveries", "settled"):
         assert rows(b, table) == 0, table  # not one byte of them on b's disk
-    assert {s.name: s.depth for s in b.stats()} == {"q": 0}
+    assert {s.name: s.depth for s in b.inspection.stats()} == {"q": 0}
 
 
 def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
@@ -157,11 +157,11 @@ def test_the_log_is_read_no_further_than_the_lowest_held_message(net: MakeNet) -
     b.publish("here", b"stored after it")
     from eomsg.core.replay import Selection
 
-    assert b.log_bounds(Selection()) is None  # the only stored one is above the held one
+    assert b.inspection.log_bounds(Selection()) is None  # the only stored one is above the held one
     n.now += HOLD + 0.1
     b.link_tick("a")
     assert eventually(lambda: settled_all(n))
-    assert b.log_bounds(Selection()) == (held.message.seq, held.message.seq + 1)
+    assert b.inspection.log_bounds(Selection()) == (held.message.seq, held.message.seq + 1)
 
 
 def test_what_is_carried_further_or_arrives_mixed_keeps_its_order(net: MakeNet) -> None:

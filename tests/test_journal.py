@@ -317,7 +317,7 @@ def test_a_damaged_journal_is_refused_named_and_salvaged(data_dir: Path) -> None
     done = salvage.execute(p)
     assert done.journal_kept == 2 and done.log_gaps == [(3, 3)] and done.lost_waiting == {}
     with LocalClient.open(data_dir) as client:  # every readable record is kept
-        assert [m.payload for m in client.node.log()] == [b"kept", b"j0", b"j2"]
+        assert [m.payload for m in client.node.inspection.log()] == [b"kept", b"j0", b"j2"]
         assert [d.message.payload for d in client.fetch("q", 10)] == [b"kept", b"j0", b"j2"]
     assert journal.segments(next(data_dir.glob("damaged-*")) / journal.DIR_NAME)
 
@@ -399,7 +399,7 @@ def test_a_kill_at_each_step_loses_and_repeats_nothing(data_dir: Path, step: str
         start += 1000
     settings = NodeSettings(tick=None, journal_segment=2048)
     with LocalClient.open(data_dir, settings) as client:
-        log = client.node.log(limit=1_000_000)
+        log = client.node.inspection.log(limit=1_000_000)
         ids = [m.id for m in log]
         assert len(ids) == len(set(ids)), "a message stored twice"
         assert {f"m{i}" for i in acked} <= set(ids), "an acknowledged message lost"
@@ -425,9 +425,9 @@ def test_a_journal_left_by_a_kill_is_applied_at_the_next_open(data_dir: Path) ->
     assert scan(data_dir / journal.DIR_NAME).records  # DuckDB never held a row of these
     acked = {f"m{i}" for i in map(int, filter(str.isdigit, proc.stdout.split()))}
     with LocalClient.open(data_dir, NodeSettings(tick=None)) as client:
-        stored = {m.id for m in client.node.log(limit=1000)}
+        stored = {m.id for m in client.node.inspection.log(limit=1000)}
         assert acked <= stored
-        _, ((count, distinct),) = client.node.query(
+        _, ((count, distinct),) = client.node.inspection.query(
             "SELECT count(*), count(DISTINCT id) FROM messages"
         )
         assert count == distinct == len(stored)
@@ -448,7 +448,7 @@ def test_a_value_the_journal_cannot_hold_fails_the_write_and_never_hangs(
         node.publish("t", b"y")
     node.close()
     with LocalClient.open(data_dir) as client:  # nothing of it was stored
-        assert client.node.log() == []
+        assert client.node.inspection.log() == []
 
 
 def test_a_ttl_past_what_the_store_can_hold_is_refused(data_dir: Path) -> None:

@@ -157,7 +157,7 @@ def _opens_intact(data: Path, acked: set[str], deleted: set[str]) -> str:
         assert "its journal is damaged" in e.message or "is damaged" in e.message
         return "refused"
     with client:
-        stored = {m.id for m in client.node.log(limit=100_000)}
+        stored = {m.id for m in client.node.inspection.log(limit=100_000)}
         assert acked <= stored, f"acknowledged and lost: {sorted(acked - stored)[:5]}"
         again = set()
         while taken := client.fetch("q", 500):

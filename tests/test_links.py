@@ -123,7 +123,7 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     last = n.nodes["a"].publish("t/x", b"30").seq
     n.run()
     a.maintain()  # written before the log is collected: the peer holds what goes
-    assert a.log_horizon()[0] > last
+    assert a.inspection.log_horizon()[0] > last
     assert a.store.meta("link/b/taken") == str(last)
 
 
@@ -389,7 +389,7 @@ def test_a_node_whose_queues_are_over_their_memory_holds_its_links_back(net: Mak
             n.nodes["a"].publish("t/x", str(i).encode())
         n.rounds(1)
         b.store.writer.sync()
-    (stats,) = b.stats()
+    (stats,) = b.inspection.stats()
     assert 0 < stats.depth < 300 and n.nodes["a"].link_info()[0].pending > 0
     got: list[str] = []
     for _ in range(50):
@@ -423,8 +423,8 @@ def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
     for i in range(5):
         n.nodes["a"].publish("orders/eu/new", str(i).encode())
     n.rounds(3)
-    assert [s.depth for s in n.nodes["c"].stats()] == [2]
-    assert n.nodes["c"].stats()[0].overflowed > 0
+    assert [s.depth for s in n.nodes["c"].inspection.stats()] == [2]
+    assert n.nodes["c"].inspection.stats()[0].overflowed > 0
     # (a queue with a limit is never held in memory: its frames are stored, taken)
     assert [i.pending for i in n.nodes["a"].link_info()] == [3]
     got = n.drain("c", "audit")
@@ -454,7 +454,7 @@ def test_a_message_that_can_never_fit_a_queue_does_not_hold_up_the_link(net: Mak
     assert n.drain("c", "audit") == [("a", "0"), ("a", "1"), ("a", "2")]
     assert n.drain("c", "other") == [("a", "0123456789"), ("a", "0"), ("a", "1"), ("a", "2")]
     assert [i.pending for i in n.nodes["a"].link_info()] == [0]
-    assert {s.name: s.overflowed for s in c.stats()}["audit"] >= 1
+    assert {s.name: s.overflowed for s in c.inspection.stats()}["audit"] >= 1
 
 
 @pytest.mark.parametrize("limit", LIMITS)
@@ -481,5 +481,5 @@ def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(
         n.run()
     assert n.drain("c", "audit") == [("a", "4"), ("a", "5")]
     assert n.drain("c", "old") == [("a", str(i)) for i in range(4)]
-    assert {s.name: s.overflowed for s in c.stats()} == {"audit": 4, "old": 0}
+    assert {s.name: s.overflowed for s in c.inspection.stats()} == {"audit": 4, "old": 0}
     assert [i.pending for i in n.nodes["a"].link_info()] == [0]

@@ -36,7 +36,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
             [Outgoing("t", b"x", id=f"order-{i}") for i in range(lo, lo + 20_000)]
         )
         node.maintain()
-    use = node.memory()
+    use = node.inspection.memory()
     # Its budget, and at most the newest run and the dictionaries besides (FOLD ids each).
     assert use.spilled_ids > 100_000 and use.dedup <= (256 << 10) + 65_536 * (64 + 150)
     assert len(node._dedup) + use.spilled_ids >= n
@@ -47,13 +47,13 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
         assert [r.seq for r in results] == [first[i].seq for i in range(0, n, 997)]
         node.close()
         node = open_node(dedup_memory=256 << 10)
-        assert node.memory().spilled_ids >= use.spilled_ids
+        assert node.inspection.memory().spilled_ids >= use.spilled_ids
     # The log collected: the ids go from memory and disk alike, and may publish anew.
     node.configure("retention", "0")
     node.configure("gc-interval", "0")
     node.maintain()
     assert not any(r.duplicate for r in node.publish_batch(again[:50]))
-    assert node.memory().spilled_ids == 0
+    assert node.inspection.memory().spilled_ids == 0
 
 
 def test_the_queues_past_their_share_hold_producers_back(open_node: NodeFactory) -> None:
@@ -101,7 +101,7 @@ def test_a_damaged_spill_file_is_made_anew_from_the_store(
     node = open_node(dedup_memory=64 << 10)
     first = node.publish_batch([Outgoing("t", b"x", id=f"m{i}") for i in range(300_000)])
     node.maintain()
-    assert node.memory().spilled_ids > 0
+    assert node.inspection.memory().spilled_ids > 0
     node.close()
     spill = data_dir / "dedup.sqlite"
     spill.write_bytes(b"not a database" * 1000)
@@ -195,4 +195,4 @@ def test_an_open_that_fails_past_the_store_lets_go_of_it(
         Node.open(data_dir, NodeSettings(tick=None))
     monkeypatch.undo()
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        assert node.memory().spilled_ids == 0
+        assert node.inspection.memory().spilled_ids == 0

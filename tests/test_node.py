@@ -96,7 +96,7 @@ def test_expired_messages_are_never_delivered(node: Node, clock: FakeClock) -> N
     node.publish("orders/a", b"long")
     clock.advance(6)
     assert [d.message.payload for d in node.fetch("orders", 10)] == [b"long"]
-    assert node.stats()[0].expired == 1
+    assert node.inspection.stats()[0].expired == 1
 
 
 def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock) -> None:
@@ -110,7 +110,7 @@ def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock
     assert node.fetch("orders") == []
     (dead,) = node.fetch("orders-dlq")
     assert dead.message.payload == b"poison" and dead.seq == 1
-    stats = {s.name: s for s in node.stats()}
+    stats = {s.name: s for s in node.inspection.stats()}
     assert stats["orders"].dead_lettered == 1 and stats["orders-dlq"].in_flight == 1
 
 
@@ -149,7 +149,7 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
 
     node = open_node()
     assert node.publish("orders/a", b"0", id="m0").duplicate  # dedup ids survive
-    stats = node.stats()[1]
+    stats = node.inspection.stats()[1]
     assert (stats.depth, stats.deleted) == (4, 1)
     # What was in flight went with the node's consumers: it timed out at the restart.
     assert [(d.seq, d.attempt) for d in node.fetch("orders", 10)] == [
@@ -205,14 +205,14 @@ def test_compaction_and_gc_keep_the_store_bounded(
         node.maintain()
         node.store._db.execute("CHECKPOINT")
         sizes.append((data_dir / DB_NAME).stat().st_size)
-    assert node.log() == []  # everything consumed and past retention
+    assert node.inspection.log() == []  # everything consumed and past retention
     assert node.store.settled_rows() == 0
     assert max(sizes[6:]) <= max(sizes[:6]) * 1.1, sizes  # no growth once warm
     assert len(node._dedup) == 0
     node.close()
     node = open_node()
     assert node.publish("orders/a", b"x").seq == 60_001  # seqs never restart after GC
-    assert node.stats()[0].deleted == 60_000
+    assert node.inspection.stats()[0].deleted == 60_000
 
 
 def test_second_process_is_refused(node: Node, data_dir: Path) -> None:
@@ -279,7 +279,7 @@ def test_storage_failure_acknowledges_nothing(open_node: NodeFactory) -> None:
     assert node._uncommitted_ids == {}  # a refused batch leaves nothing behind
     node.close()
     node = open_node()
-    assert [m.payload for m in node.log()] == [b"kept"]
+    assert [m.payload for m in node.inspection.log()] == [b"kept"]
 
 
 def test_a_restarted_node_collects_when_due_though_its_clock_stood_still(
@@ -298,7 +298,7 @@ def test_a_restarted_node_collects_when_due_though_its_clock_stood_still(
     (d,) = node.fetch("orders")
     node.delete("orders", [d.key])
     node.maintain()
-    assert node.log_horizon()[0] > seq
+    assert node.inspection.log_horizon()[0] > seq
 
 
 def test_saved_retention_drives_garbage_collection(
@@ -315,10 +315,10 @@ def test_saved_retention_drives_garbage_collection(
     node.delete("orders", [d.key])
     clock.advance(1800)
     node.maintain()
-    assert len(node.log()) == 1  # consumed, but within retention
+    assert len(node.inspection.log()) == 1  # consumed, but within retention
     clock.advance(1801)
     node.maintain()
-    assert node.log() == []
+    assert node.inspection.log() == []
     assert not node.publish("orders/a", b"x", id="a").duplicate  # gone from the log: new
 
 
@@ -327,7 +327,7 @@ def test_row_tables_list_columns_in_table_order(node: Node) -> None:
     from eomsg.store.schema import ROW_TABLES
 
     for name, schema in ROW_TABLES.items():
-        columns, _ = node.query(f"SELECT * FROM {name} LIMIT 0")
+        columns, _ = node.inspection.query(f"SELECT * FROM {name} LIMIT 0")
         assert columns == schema.names, name
 
 
@@ -339,10 +339,14 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
     for i in range(3):
         node.publish("ex/a", str(i).encode())
     heard: list[tuple[int, str, int]] = []
-    low = node.elections.bind("ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
+    low = node.elections.bind(
+        "ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch))
+    )
     held = node.fetch("ex", 10, flow=low.flow)
     assert [d.epoch for d in held] == [low.epoch] * 3
-    high = node.elections.bind("ex", priority=2, notify=lambda e: heard.append((e.flow, e.kind, e.epoch)))
+    high = node.elections.bind(
+        "ex", priority=2, notify=lambda e: heard.append((e.flow, e.kind, e.epoch))
+    )
     assert heard == [
         (low.flow, "bound", low.epoch),
         (low.flow, "inactive", low.epoch),
@@ -358,7 +362,10 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
     assert node.delete("ex", [d.key for d in got], epoch=high.epoch) == [True] * 3
     with pytest.raises(NotActive):
         node.fetch("ex", 10)
-    assert [(f.flow, f.active) for f in node.elections.flows("ex")] == [(high.flow, True), (low.flow, False)]
+    assert [(f.flow, f.active) for f in node.elections.flows("ex")] == [
+        (high.flow, True),
+        (low.flow, False),
+    ]
     assert node.elections.unbind("ex", low.flow) == 0
     with pytest.raises(FlowNotFound):
         node.elections.unbind("ex", low.flow)
@@ -469,7 +476,7 @@ def test_requeued_messages_survive_a_restart(open_node: NodeFactory) -> None:
     node.close()
     node = open_node()
     assert [(d.seq, d.message.payload) for d in node.fetch("orders", 10)] == [(2, b"m1")]
-    assert node.stats()[1].depth == 0
+    assert node.inspection.stats()[1].depth == 0
     node.close()
 
 

@@ -38,7 +38,7 @@ PUBLISH_WITH_IDS = ("publish", "orders/x", "--stdin", "--id-prefix", "m", "--jso
 
 def log_ids(data_dir: Path) -> list[str]:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        return [m.id or "" for m in node.log(limit=1_000_000)]
+        return [m.id or "" for m in node.inspection.log(limit=1_000_000)]
 
 
 def test_cli_subprocess_walkthrough(eomsg_bin: str, cli_env: dict[str, str]) -> None:
@@ -91,7 +91,7 @@ def test_consume_stops_quietly_when_the_reader_goes(
     consumer.stdout.close()  # like `| head`: the rest of the batch is never read
     consumer.wait(timeout=60)
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        stats = node.stats()[0]
+        stats = node.inspection.stats()[0]
     assert stats.depth > 0 and stats.in_flight == 0  # the unread batch was given back
 
 

@@ -35,7 +35,9 @@ from tests.test_queue_limits import drain_all, everything, payloads, queue, sett
 def held_as_stored(node: Node) -> None:
     """The node's count of the payload bytes each queue with a max-bytes holds is what
     its store says it holds (and nothing is counted for a queue without one)."""
-    stored = {s.name: s.bytes for s in node.stats()}  # syncs the writer: nothing incoming
+    stored = {
+        s.name: s.bytes for s in node.inspection.stats()
+    }  # syncs the writer: nothing incoming
     for name, q in node._queues.items():
         if q.config.max_bytes is None:
             assert not q.cursor.sized and q.held_bytes == 0
@@ -87,14 +89,14 @@ def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]
     for name in ("a", "b"):
         (d,) = node.fetch(name, 1)
         node.release(name, [d.key])  # its last attempt: dead-lettered
-    stats = {s.name: (s.depth, s.dead_lettered) for s in node.stats()}
+    stats = {s.name: (s.depth, s.dead_lettered) for s in node.inspection.stats()}
     assert stats == {"a": (0, 1), "b": (0, 1), "dlq": (1, 0)}
     held_as_stored(node)
     assert drain_all(node, "dlq") == [b"x" * 100]
-    assert {s.name: s.depth for s in node.stats()}["dlq"] == 0
+    assert {s.name: s.depth for s in node.inspection.stats()}["dlq"] == 0
     held_as_stored(node)
     node.close()
-    assert {s.name: s.depth for s in open_node().stats()}["dlq"] == 0
+    assert {s.name: s.depth for s in open_node().inspection.stats()}["dlq"] == 0
 
 
 def test_a_publish_past_max_bytes_is_refused_whole(open_node: Callable[..., Node]) -> None:
@@ -131,7 +133,7 @@ def test_dead_letter_oldest_by_bytes_keeps_the_newest_that_fit(
         "d": [b"aaaa", b"ff", b"gggg"],
         "old": [b"bbbb", b"cc", b"ddddd", b"eee"],
     }
-    assert {s.name: s.overflowed for s in node.stats()} == {"d": 4, "old": 0}
+    assert {s.name: s.overflowed for s in node.inspection.stats()} == {"d": 4, "old": 0}
     node.publish("t/x", b"x" * 11)  # never fits: dead-lettered itself, nothing else moves
     assert everything(node)["d"] == [b"aaaa", b"ff", b"gggg"]
     assert node.delete("d", [held.key]) == [True]
@@ -231,11 +233,11 @@ class BytesMachine(RuleBasedStateMachine):
             self.n += 1
             body = (b"%d." % self.n).ljust(size, b"x")
             batch.append(Outgoing("t/x", body, f"id-{self.n}" if with_ids else None))
-        before = {s.name: (s.depth, s.bytes) for s in self.node.stats()}
+        before = {s.name: (s.depth, s.bytes) for s in self.node.inspection.stats()}
         try:
             results = self.node.publish_batch(batch)
         except QueueFull:
-            assert {s.name: (s.depth, s.bytes) for s in self.node.stats()} == before
+            assert {s.name: (s.depth, s.bytes) for s in self.node.inspection.stats()} == before
             return
         assert not any(r.duplicate for r in results)
         self.acked += [m.payload for m in batch]
@@ -263,7 +265,7 @@ class BytesMachine(RuleBasedStateMachine):
 
     @invariant()
     def within_limits(self) -> None:
-        stats = {s.name: s for s in self.node.stats()}
+        stats = {s.name: s for s in self.node.inspection.stats()}
         assert all(stats[q].bytes <= self.LIMIT for q in "rdm")
         assert stats["m"].depth <= 3
         held_as_stored(self.node)

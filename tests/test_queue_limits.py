@@ -217,12 +217,14 @@ class LimitsMachine(RuleBasedStateMachine):
         for _ in range(size):
             self.n += 1
             batch.append(Outgoing("t/x", b"%d" % self.n, f"id-{self.n}" if with_ids else None))
-        depth = {s.name: s.depth for s in self.node.stats()}
+        depth = {s.name: s.depth for s in self.node.inspection.stats()}
         try:
             results = self.node.publish_batch(batch)
         except QueueFull:
             assert depth["r"] + size > 3
-            assert {s.name: s.depth for s in self.node.stats()} == depth  # nothing stored
+            assert {
+                s.name: s.depth for s in self.node.inspection.stats()
+            } == depth  # nothing stored
             return
         assert not any(r.duplicate for r in results)
         self.acked += [m.payload for m in batch]
@@ -246,7 +248,7 @@ class LimitsMachine(RuleBasedStateMachine):
 
     @invariant()
     def within_limits(self) -> None:
-        depth = {s.name: s.depth for s in self.node.stats()}
+        depth = {s.name: s.depth for s in self.node.inspection.stats()}
         assert depth["r"] <= 3 and depth["d"] <= 3
 
     def teardown(self) -> None:
@@ -301,7 +303,10 @@ def make_a_and_d(node: Node) -> None:
 
 
 def everything(node: Node) -> dict[str, list[bytes]]:
-    return {name: [m.payload for m in node.browse(name, limit=100)] for name in node.queue_names()}
+    return {
+        name: [m.payload for m in node.inspection.browse(name, limit=100)]
+        for name in node.queue_names()
+    }
 
 
 def test_a_dead_letter_queue_past_its_own_limit_refuses_nothing_dead_lettered_into_it(
@@ -349,7 +354,7 @@ def test_a_refused_batch_counts_nothing_in_the_queues_it_did_not_enter(
     node.publish("t/x", b"0")
     with pytest.raises(QueueFull, match="queue 'r' is full"):
         node.publish_batch([Outgoing("t/x", b"1"), Outgoing("t/x", b"2")])
-    stats = {s.name: s for s in node.stats()}
+    stats = {s.name: s for s in node.inspection.stats()}
     assert (stats["a"].dead_lettered, stats["a"].overflowed, stats["a"].depth) == (0, 0, 1)
     assert everything(node) == {"a": [b"0"], "d": [], "r": [b"0"]}
 

@@ -204,7 +204,7 @@ def test_file_log_reads_a_slice_in_order_and_refuses_a_held_directory(
     start = clock.now - 300
     with pytest.raises(DataDirLocked, match=r"is in use by pid .*: read through its node"):
         FileLog(node.store.data_dir)  # at once: no wait asked for
-    expected = [m for m in node.log("orders/>", 1, 1000) if 10 <= m.seq <= 200]
+    expected = [m for m in node.inspection.log("orders/>", 1, 1000) if 10 <= m.seq <= 200]
     node.close()
     sel = Selection(("orders/>",), 10, 200)
     with FileLog(node.store.data_dir) as log, FileLog(node.store.data_dir) as other:
@@ -279,21 +279,21 @@ def test_a_job_record_from_a_client_holds_only_what_the_store_keeps(
 def test_job_records_follow_the_job_table(open_node: NodeFactory, clock: FakeClock) -> None:
     node = open_node()
     rec = JobRecord("j1", JobStatus.RUNNING, {"sink": "parquet:x"}, 1, 101)
-    node.record_replay(rec, JobEvent.START)
+    node.inspection.record_replay(rec, JobEvent.START)
     clock.advance(1)
     with pytest.raises(IllegalMove, match="replay job j2: cannot finish in status new"):
-        node.record_replay(JobRecord("j2", JobStatus.DONE, {}, 1, 2), JobEvent.FINISH)
+        node.inspection.record_replay(JobRecord("j2", JobStatus.DONE, {}, 1, 2), JobEvent.FINISH)
     done = JobRecord("j1", JobStatus.DONE, {"sink": "parquet:x"}, 1, 101, 100, "d")
-    node.record_replay(done, JobEvent.FINISH)
+    node.inspection.record_replay(done, JobEvent.FINISH)
     node.close()
     node = open_node()
-    [found] = node.replay_jobs("j1")
+    [found] = node.inspection.replay_jobs("j1")
     assert (found.status, found.rows, found.digest, found.lo, found.hi) == (
         JobStatus.DONE, 100, "d", 1, 101,
     )  # fmt: skip
-    assert node.replay_jobs("j2") == []
+    assert node.inspection.replay_jobs("j2") == []
     node.publish("a/b", b"x")
-    assert node.replay_jobs()[0].job_id == "j1"
+    assert node.inspection.replay_jobs()[0].job_id == "j1"
     assert JobRecord.from_json(found.to_json()) == found
 
 
@@ -303,11 +303,17 @@ def test_a_jobs_record_is_its_latest_row_whole(open_node: NodeFactory) -> None:
     even when the clock has not moved (the fake clock stands still here)."""
     node = open_node()
     spec = {"sink": "parquet:x"}
-    node.record_replay(JobRecord("j", JobStatus.RUNNING, spec, 1, 101), JobEvent.START)
-    node.record_replay(JobRecord("j", JobStatus.DONE, spec, 1, 101, 100, "d"), JobEvent.FINISH)
-    node.record_replay(JobRecord("j", JobStatus.RUNNING, {"other": 1}, 5, 9), JobEvent.START)
-    node.record_replay(JobRecord("j", JobStatus.RUNNING, {"other": 1}, 5, 9), JobEvent.FAIL)
-    [found] = node.replay_jobs("j")
+    node.inspection.record_replay(JobRecord("j", JobStatus.RUNNING, spec, 1, 101), JobEvent.START)
+    node.inspection.record_replay(
+        JobRecord("j", JobStatus.DONE, spec, 1, 101, 100, "d"), JobEvent.FINISH
+    )
+    node.inspection.record_replay(
+        JobRecord("j", JobStatus.RUNNING, {"other": 1}, 5, 9), JobEvent.START
+    )
+    node.inspection.record_replay(
+        JobRecord("j", JobStatus.RUNNING, {"other": 1}, 5, 9), JobEvent.FAIL
+    )
+    [found] = node.inspection.replay_jobs("j")
     assert (found.status, found.spec, found.lo, found.hi, found.rows, found.digest) == (
         JobStatus.FAILED, {"other": 1}, 5, 9, None, None,
     )  # fmt: skip

@@ -106,9 +106,9 @@ def test_anything_but_a_plain_select_is_refused_and_changes_nothing(
     node.publish("t", b"x")
     before = settings(node)
     with pytest.raises(InvalidQuery):
-        node.query(sql)
+        node.inspection.query(sql)
     assert settings(node) == before
-    assert node.query("SELECT count(*) FROM messages")[1] == [(1,)]
+    assert node.inspection.query("SELECT count(*) FROM messages")[1] == [(1,)]
     node.publish("t", b"y")  # the writer still writes
     assert not Path("/tmp/eomsg-leak.csv").exists()
 
@@ -129,7 +129,7 @@ def test_no_link_secret_is_in_the_store_for_a_query_to_find(node: Node) -> None:
         "SELECT * FROM histogram_values(node_meta, value)",
         "SELECT * FROM pragma_storage_info('node_meta')",
     ):
-        shown = repr(node.query(sql)[1])
+        shown = repr(node.inspection.query(sql)[1])
         assert not [bit for bit in secret_bits if bit in shown], sql
     kept = node.store.data_dir / "link-secrets.json"
     assert oct(kept.stat().st_mode & 0o777) == "0o600"
@@ -139,7 +139,7 @@ def test_no_link_secret_is_in_the_store_for_a_query_to_find(node: Node) -> None:
 @pytest.mark.parametrize(("sql", "rows"), READS)
 def test_plain_selects_run(sql: str, rows: list[tuple[Any, ...]], node: Node) -> None:
     node.publish("t", b"x")
-    assert node.query(sql)[1] == rows
+    assert node.inspection.query(sql)[1] == rows
 
 
 def test_the_configuration_is_locked_for_every_connection(node: Node) -> None:

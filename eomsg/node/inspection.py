@@ -3,79 +3,109 @@ the log ranges and job records that replay (``eomsg.spark``) reads through the n
 seed of its own: it reads what the others wrote, and changes nothing but a replay job's
 record.
 
-Under the lock discipline of :mod:`eomsg.node.state`: :meth:`Inspection.stats` takes its
-snapshot under ``_lock`` and reads the store outside it; a job record is written under
-``_admin``. :meth:`Inspection.stats` first applies the passage of time (``_poll``), so
-:class:`Inspection` extends :class:`~eomsg.node.maintenance.Maintenance`.
+:class:`Inspection` is a component of the node (``node.inspection``); it owns no state,
+and reads the rest of the node through what :class:`Kernel` names. Under the lock
+discipline of :mod:`eomsg.node.state`: :meth:`Inspection.stats` takes its snapshot under
+``_lock`` and reads the store outside it, after applying the passage of time
+(``_poll``); a job record is written under ``_admin``.
 """
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 from eomsg.core.access import OWNER
 from eomsg.core.cursor import Outcome
 from eomsg.core.memory import MemoryUse
 from eomsg.core.message import Message
 from eomsg.core.queues import QueueStats
+from eomsg.core.rates import Rates, Totals
 from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, validate_job_id
 from eomsg.core.topics import pattern_regex
 from eomsg.errors import InvalidConfig
-from eomsg.node.maintenance import Maintenance
-from eomsg.node.state import to_us
+from eomsg.node.dedup import Deduplication
+from eomsg.node.settings import NodeSettings
+from eomsg.node.state import AuditRow, Clock, QueueState, to_us
 from eomsg.store.store import Store
 
 LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
 MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a log's time may name
 
 
-class Inspection(Maintenance):
+class Kernel(Protocol):
+    """What inspection needs of the rest of the node (:class:`~eomsg.node.state.NodeState`
+    and the maintenance that applies time)."""
+
+    store: Store
+    clock: Clock
+    settings: NodeSettings
+    _lock: threading.Lock
+    _admin: threading.Lock
+    _queues: dict[str, QueueState]
+    _dedup: Deduplication
+    _rates: Rates
+
+    def _check_open(self) -> None: ...
+    def _queue(self, name: str) -> QueueState: ...
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
+    def _poll(self, now: float) -> None: ...
+    def _totals(self) -> Totals: ...
+    def _log_ceiling(self) -> int | None: ...
+    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
+
+
+class Inspection:
     """Reads for people and for replay."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
 
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run one read-only SQL query on the store: column names and rows. An integer
         wider than 64 bits (a HUGEINT) comes as its text, as the wire could not carry it."""
-        self._check_open()
-        columns, rows = self.store.query(sql)
+        self._kernel._check_open()
+        columns, rows = self._kernel.store.query(sql)
         return columns, [tuple(_narrow(v) for v in row) for row in rows]
 
     def deliveries(self) -> dict[str, int]:
         """Each queue's deliveries since the node opened, redeliveries included (for the
         metrics: a counter that starts again at a restart)."""
-        with self._lock:
-            return {name: q.delivered for name, q in self._queues.items()}
+        with self._kernel._lock:
+            return {name: q.delivered for name, q in self._kernel._queues.items()}
 
     def journal_bytes(self) -> int:
         """The bytes the journal's segment files take on disk."""
-        return self.store.journal_bytes()
+        return self._kernel.store.journal_bytes()
 
     def memory(self) -> MemoryUse:
         """Where the node's memory goes (:mod:`eomsg.core.memory`)."""
-        with self._lock:
-            queues = sum(q.cursor.nbytes for q in self._queues.values())
-            backlog = sum(q.cursor.depth for q in self._queues.values())
-            dedup, dedup_ids = self._dedup.nbytes, len(self._dedup)
-        spill = self._dedup.spill
+        with self._kernel._lock:
+            queues = sum(q.cursor.nbytes for q in self._kernel._queues.values())
+            backlog = sum(q.cursor.depth for q in self._kernel._queues.values())
+            dedup, dedup_ids = self._kernel._dedup.nbytes, len(self._kernel._dedup)
+        spill = self._kernel._dedup.spill
         return MemoryUse(
-            self.settings.memory_limit,
+            self._kernel.settings.memory_limit,
             _rss(),
-            self.store.duckdb_memory(),
-            self.store.memory_limit or 0,
+            self._kernel.store.duckdb_memory(),
+            self._kernel.store.memory_limit or 0,
             dedup,
             dedup_ids,
             len(spill),
             spill.disk_bytes,
             queues,
-            self.store.writer.behind,
+            self._kernel.store.writer.behind,
             backlog,
         )
 
     def stats(self) -> list[QueueStats]:
         """A snapshot of every queue, by name."""
-        now = self.clock()
-        self._poll(now)
-        with self._lock:
+        now = self._kernel.clock()
+        self._kernel._poll(now)
+        with self._kernel._lock:
             snapshot = [
                 (
                     q.config,
@@ -88,11 +118,11 @@ class Inspection(Maintenance):
                     q.id,
                     q.overflowed,
                 )
-                for q in sorted(self._queues.values(), key=lambda q: q.config.name)
+                for q in sorted(self._kernel._queues.values(), key=lambda q: q.config.name)
             ]
-            rates = self._rates.rates(now, self._totals())
-        published = self.store.published_at([s[4] for s in snapshot if s[4] is not None])
-        sizes = self.store.pending_bytes()
+            rates = self._kernel._rates.rates(now, self._kernel._totals())
+        published = self._kernel.store.published_at([s[4] for s in snapshot if s[4] is not None])
+        sizes = self._kernel.store.pending_bytes()
         out = []
         for config, depth, in_flight, counts, low, flows, active, queue_id, overflowed in snapshot:
             oldest = published.get(low) if low is not None else None
@@ -142,7 +172,7 @@ class Inspection(Maintenance):
             raise InvalidConfig("until must be a time: seconds since the epoch, before 9999")
         regex = None if pattern is None else pattern_regex(pattern)
         until_us = None if until is None else to_us(until)
-        return self.store.log(
+        return self._kernel.store.log(
             regex, from_seq, limit, newest=newest, to_seq=to_seq, until_us=until_us
         )
 
@@ -151,10 +181,10 @@ class Inspection(Maintenance):
         first, without taking them: a look, which changes nothing."""
         if limit < 1:
             raise InvalidConfig("limit must be at least 1")
-        with self._lock:
-            self._check_open()
-            seqs = self._queue(name).cursor.pending_from(from_seq, limit)
-        found = self._fetch_messages(seqs)
+        with self._kernel._lock:
+            self._kernel._check_open()
+            seqs = self._kernel._queue(name).cursor.pending_from(from_seq, limit)
+        found = self._kernel._fetch_messages(seqs)
         return [found[s] for s in seqs if s in found]  # settled meanwhile: gone from view
 
     # -- replay (read by eomsg.spark) -------------------------------------------------------
@@ -163,10 +193,10 @@ class Inspection(Maintenance):
         """The first and last committed seq that ``sel`` selects, or None — never past
         a message held in memory, which may yet be written below the last (so a range
         read is read the same again)."""
-        self._check_open()
-        with self._lock:
-            ceiling = self._log_ceiling()
-        found = self.store.log_bounds(sel)
+        self._kernel._check_open()
+        with self._kernel._lock:
+            ceiling = self._kernel._log_ceiling()
+        found = self._kernel.store.log_bounds(sel)
         if found is None or ceiling is None or found[1] <= ceiling:
             return found
         return (found[0], ceiling) if found[0] <= ceiling else None
@@ -175,8 +205,8 @@ class Inspection(Maintenance):
         """The first seq the log still holds (log GC drops what is below it; 1 if it
         never dropped any) and the latest publish time among the messages it dropped, in
         microseconds (None if none)."""
-        self._check_open()
-        return self.store.log_horizon()
+        self._kernel._check_open()
+        return self._kernel.store.log_horizon()
 
     def read_log(
         self, sel: Selection, lo: int, hi: int, max_bytes: int | None = None
@@ -186,31 +216,37 @@ class Inspection(Maintenance):
         read on from (``hi`` when the range is exhausted). Reading the same range again
         gives the same rows: below the last committed seq the log never changes (until
         log GC)."""
-        self._check_open()
+        self._kernel._check_open()
         if max_bytes is None:
             max_bytes = LOG_CHUNK
         if max_bytes < 1:
             raise InvalidConfig("max_bytes must be at least 1")
-        return self.store.log_chunk(sel, lo, hi, max_bytes)
+        return self._kernel.store.log_chunk(sel, lo, hi, max_bytes)
 
     def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
         """The replay jobs recorded against this log (or the one named), newest first."""
-        self._check_open()
-        return self.store.replay_jobs(job_id)
+        self._kernel._check_open()
+        return self._kernel.store.replay_jobs(job_id)
 
     def record_replay(self, record: JobRecord, event: JobEvent, *, by: str = OWNER) -> JobRecord:
         """Durably move job ``record.job_id`` by ``event`` (the table in core.replay) and
         return its new record, in the audit log ``by`` whom; an illegal move (finishing
         a job that is not running) raises IllegalMove and changes nothing."""
-        with self._admin:
-            self._check_open()
-            known = self.store.replay_jobs(validate_job_id(record.job_id))
+        with self._kernel._admin:
+            self._kernel._check_open()
+            known = self._kernel.store.replay_jobs(validate_job_id(record.job_id))
             status = job_transition(known[0].status if known else None, event, record.job_id)
             # Past the last record (stored in µs), so it is the latest whatever the clock did.
-            at = max(self.clock(), known[0].recorded_at + 2e-6) if known else self.clock()
+            at = (
+                max(self._kernel.clock(), known[0].recorded_at + 2e-6)
+                if known
+                else self._kernel.clock()
+            )
             new = replace(record, status=status, recorded_at=at)
-            entry = self._audit(by, f"replay-{event.value}", record.job_id, status.value)
-            self.store.writer.run(Store.audited(Store.record_replay_job(new), entry)).result()
+            entry = self._kernel._audit(by, f"replay-{event.value}", record.job_id, status.value)
+            self._kernel.store.writer.run(
+                Store.audited(Store.record_replay_job(new), entry)
+            ).result()
             return new
 
 

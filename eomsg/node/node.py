@@ -4,12 +4,12 @@ in-process (embedded mode) and the broker daemon will serve it over the wire.
 :class:`Node` is assembled from one module per concern, over the shared state of
 :mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow. Two are
 components — objects of their own, attributes of the node, owning their state:
-``access`` (principals, grants, the audit log) and ``elections`` (module ``flows``: bound
-consumers and their election, seed 002). The rest are still mixins: ``ingress``
-(publishing and routing, seed 004), ``delivery`` (the cursors, seed 003), ``participant``
-(transactions, seed 000), ``admin`` (queues and saved settings), ``links`` (other nodes:
-interest, routes and exactly-once transfer), ``maintenance`` (timeouts, expiry,
-compaction, garbage collection) and ``inspection`` (stats, the log, replay reads). This
+``access`` (principals, grants, the audit log), ``elections`` (module ``flows``: bound
+consumers and their election, seed 002) and ``inspection`` (stats, the log, replay
+reads). The rest are still mixins: ``ingress`` (publishing and routing, seed 004),
+``delivery`` (the cursors, seed 003), ``participant`` (transactions, seed 000), ``admin``
+(queues and saved settings), ``links`` (other nodes: interest, routes and exactly-once
+transfer) and ``maintenance`` (timeouts, expiry, compaction, garbage collection). This
 module holds the node's life: opening and recovering its state from the store, the
 maintenance ticker, listeners, and closing.
 """
@@ -64,7 +64,7 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Participant, Links, Ingress, Delivery, Admin, Inspection, Maintenance):
+class Node(Participant, Links, Ingress, Delivery, Admin, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
 
     Its components — objects of their own, each owning its state — are attributes named
@@ -72,11 +72,16 @@ class Node(Participant, Links, Ingress, Delivery, Admin, Inspection, Maintenance
     the method of its name on the component that has one, else on the node
     (:meth:`operation`)."""
 
-    COMPONENTS: ClassVar[dict[str, type]] = {"access": Access, "elections": Elections}
+    COMPONENTS: ClassVar[dict[str, type]] = {
+        "access": Access,
+        "elections": Elections,
+        "inspection": Inspection,
+    }
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         super().__init__(store, settings, clock)
         self.elections = Elections(self)
+        self.inspection = Inspection(self)
         self.access = Access(store, clock, self._lock, self._admin, self._check_open)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on

@@ -2,9 +2,9 @@
 
 :class:`~eomsg.node.node.Node` is assembled from components — objects that own their
 state and name what they need of the rest (``access``: principals and grants;
-``elections``: flows and their elections) — and, still, one mixin per remaining concern
-(``ingress``, ``delivery``, ``participant``, ``admin``, ``links``, ``maintenance``,
-``inspection``), all over :class:`NodeState`: the runtime state they share, and the
+``elections``: flows and their elections; ``inspection``: reads) — and, still, one mixin
+per remaining concern (``ingress``, ``delivery``, ``participant``, ``admin``, ``links``,
+``maintenance``), all over :class:`NodeState`: the runtime state they share, and the
 helpers more than one of them uses. The runtime structs of a queue, a flow and a prepared
 transaction are here too.
 

@@ -269,7 +269,7 @@ def _node(node: Any) -> Iterator[Metric]:
         "Prepared transactions whose coordinator is gone (eomsg recover).",
         info.in_doubt,
     )
-    use = node.memory()
+    use = node.inspection.memory()
     yield _gauge("eomsg_resident_memory_bytes", "The node process's resident memory.", use.rss)
     yield _gauge("eomsg_memory_limit_bytes", "The node's memory limit.", use.limit)
     yield _gauge("eomsg_duckdb_memory_bytes", "DuckDB's buffers.", use.duckdb)
@@ -277,8 +277,10 @@ def _node(node: Any) -> Iterator[Metric]:
     yield _gauge("eomsg_dedup_ids", "Publish ids the dedup window holds in memory.", use.dedup_ids)
     yield _gauge("eomsg_dedup_spilled_ids", "Publish ids kept on disk.", use.spilled_ids)
     yield _gauge("eomsg_apply_lag_bytes", "Journaled, not yet applied to DuckDB.", use.journaled)
-    yield _gauge("eomsg_journal_bytes", "The journal's segment files.", node.journal_bytes())
-    yield from _queues(node.stats(), node.deliveries())
+    yield _gauge(
+        "eomsg_journal_bytes", "The journal's segment files.", node.inspection.journal_bytes()
+    )
+    yield from _queues(node.inspection.stats(), node.inspection.deliveries())
     yield from _links(node.link_info())
 
 
