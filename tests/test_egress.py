@@ -137,11 +137,11 @@ def test_a_dead_letter_or_a_transaction_writes_the_held_message_first(net: MakeN
     dead = b.fetch("dead", 10)
     assert [m.message.payload for m in dead] == [b"to the dead"]
     assert dead[0].message.expires_at == pytest.approx(first.message.expires_at)
-    b.prepare_txn(
+    b.participant.prepare_txn(
         "t1", coordinator="test", deletes=[("q", second.message.seq, second.epoch, second.attempt)]
     )
     assert rows(b, "messages") == 2  # a prepared delete needs the message stored
-    b.commit_txn("t1")
+    b.participant.commit_txn("t1")
     b.delete("dead", [dead[0].key])
     settle(n)
     assert owed(n) == 0 and b.link_info()[0].held == 0

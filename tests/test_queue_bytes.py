@@ -178,7 +178,7 @@ def test_max_bytes_meets_transactions_requeues_and_dead_letter_queues(
     )
     node.publish("t/x", b"12345")
     with pytest.raises(QueueFull):
-        node.prepare_txn("tx", coordinator="test", messages=[Outgoing("t/x", b"67")])
+        node.participant.prepare_txn("tx", coordinator="test", messages=[Outgoing("t/x", b"67")])
     (d,) = node.fetch("r", 1)
     node.release("r", [d.key])  # past its redeliveries: into old (5 bytes, past its 4)
     node.publish("t/x", b"6789")

@@ -366,8 +366,12 @@ def test_a_duplicate_counts_nowhere_in_a_full_queue(open_node: Callable[..., Nod
     node.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
     node.publish("t/x", b"0", id="once")
     assert node.publish("t/x", b"0", id="once").duplicate
-    node.prepare_txn("tx1", coordinator="test", messages=[Outgoing("t/x", b"0", "once")])
-    assert node.commit_txn("tx1") == [PublishResult(1, "once", True, None)]
+    node.participant.prepare_txn(
+        "tx1", coordinator="test", messages=[Outgoing("t/x", b"0", "once")]
+    )
+    assert node.participant.commit_txn("tx1") == [PublishResult(1, "once", True, None)]
     with pytest.raises(QueueFull):
-        node.prepare_txn("tx2", coordinator="test", messages=[Outgoing("t/x", b"1", "new")])
+        node.participant.prepare_txn(
+            "tx2", coordinator="test", messages=[Outgoing("t/x", b"1", "new")]
+        )
     assert everything(node) == {"r": [b"0"]}

@@ -108,26 +108,28 @@ def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
     _queues(node)
     node.publish("a", b"1")
     (d,) = node.fetch("a", 1)
-    node.prepare_txn("t1", coordinator="x", deletes=[("a", d.message.seq, 0, d.attempt)])
+    node.participant.prepare_txn(
+        "t1", coordinator="x", deletes=[("a", d.message.seq, 0, d.attempt)]
+    )
     clock.advance(3600)  # far past the ack timeout: a held message does not time out
     assert node.fetch("a", 10) == []
     node.close()
     node = open_node()
-    (info,) = node.txns()
+    (info,) = node.participant.txns()
     assert not info.connected  # its coordinator is gone with the restart: in doubt
     clock.advance(3600)
     assert node.fetch("a", 10) == []
-    assert node.abort_txn("t1") is True
-    assert node.abort_txn("t1") is False  # idempotent
+    assert node.participant.abort_txn("t1") is True
+    assert node.participant.abort_txn("t1") is False  # idempotent
     (again,) = node.fetch("a", 10)
     assert (again.message.seq, again.attempt) == (d.message.seq, 2)
     with pytest.raises(TxnConflict, match="it is aborted"):
-        node.commit_txn("t1")
+        node.participant.commit_txn("t1")
     node.close()
     node = open_node()
-    assert node.txns() == []
+    assert node.participant.txns() == []
     with pytest.raises(TxnConflict):
-        node.commit_txn("t1")  # the outcome is remembered across restarts
+        node.participant.commit_txn("t1")  # the outcome is remembered across restarts
 
 
 def test_prepare_is_atomic_and_checks_everything_first(broker: Broker) -> None:
@@ -311,20 +313,24 @@ def test_recovery_commits_what_the_marker_says(open_node: Callable[..., Node], a
     _queues(node)
     resource = _resource(app)
     app_db = resource.db
-    node.prepare_txn("decided", coordinator=resource.descriptor, messages=[Outgoing("b", b"1")])
-    node.prepare_txn("undecided", coordinator=resource.descriptor, messages=[Outgoing("b", b"2")])
+    node.participant.prepare_txn(
+        "decided", coordinator=resource.descriptor, messages=[Outgoing("b", b"1")]
+    )
+    node.participant.prepare_txn(
+        "undecided", coordinator=resource.descriptor, messages=[Outgoing("b", b"2")]
+    )
     if not app_db.prepares:  # else the decision is a transaction of its own
         app_db.begin()
     resource.markers.decide("decided", [])
     node.close()
     node = open_node()
-    steps = plan(node, now=0, coordinator=resource.descriptor)
+    steps = plan(node.participant, now=0, coordinator=resource.descriptor)
     assert {s.txn.txid: s.verdict for s in steps} == {
         "decided": Verdict.COMMIT,
         "undecided": Verdict.ABORT,
     }
-    done = recover_resource(node, resource)
-    assert all(s.done for s in done) and node.txns() == []
+    done = recover_resource(node.participant, resource)
+    assert all(s.done for s in done) and node.participant.txns() == []
     assert [d.message.payload for d in node.fetch("b")] == [b"1"]
     assert resource.markers.peek("undecided") == "abort"  # fenced
     assert resource.markers.peek("decided") is None  # forgotten
@@ -408,20 +414,22 @@ def test_postgres_prepared_work_follows_the_marker_after_a_crash(
     _queues(node)
     resource = eomsg.PostgresResource(pg)
     for txid, item in (("decided", "apple"), ("undecided", "pear")):
-        node.prepare_txn(txid, coordinator=resource.descriptor, messages=[Outgoing("b", b"x")])
+        node.participant.prepare_txn(
+            txid, coordinator=resource.descriptor, messages=[Outgoing("b", b"x")]
+        )
         _prepare_in_pg(resource, txid, item)
     resource.markers.decide("decided", [])
     assert sorted(_prepared(pg)) == ["decided", "undecided"]
     assert _stocks(pg) == {"apple": 10, "pear": 10}  # prepared: not visible yet
     node.close()
     node = open_node()  # the coordinator's process is gone: both are in doubt
-    done = recover_resource(node, eomsg.PostgresResource(pg))
+    done = recover_resource(node.participant, eomsg.PostgresResource(pg))
     assert {s.txn.txid: (s.verdict, s.done) for s in done} == {
         "decided": (Verdict.COMMIT, True),
         "undecided": (Verdict.ABORT, True),
     }
     assert _stocks(pg) == {"apple": 9, "pear": 10}
-    assert _prepared(pg) == [] and node.txns() == []
+    assert _prepared(pg) == [] and node.participant.txns() == []
     assert [d.message.payload for d in node.fetch("b")] == [b"x"]
 
 
@@ -437,16 +445,16 @@ def test_postgres_work_prepared_there_alone_is_settled(
     resource.markers.decide("committed", [])
     _prepare_in_pg(resource, "lost", "pear")
     (at,) = [at for t, at in app_db(pg).prepared() if t == "lost"]
-    young = plan(node, now=at + 1, apps=[resource.descriptor])
+    young = plan(node.participant, now=at + 1, apps=[resource.descriptor])
     assert [(s.txn.txid, s.verdict, s.node) for s in young] == [
         ("committed", Verdict.COMMIT, False)
     ]
-    old = plan(node, now=at + APP_ONLY_GRACE, apps=[resource.descriptor])
+    old = plan(node.participant, now=at + APP_ONLY_GRACE, apps=[resource.descriptor])
     assert {s.txn.txid: s.verdict for s in old} == {
         "committed": Verdict.COMMIT,
         "lost": Verdict.ABORT,
     }
-    done = execute(node, old)
+    done = execute(node.participant, old)
     assert all(s.done for s in done)
     assert _stocks(pg) == {"apple": 9, "pear": 10} and _prepared(pg) == []
     assert resource.markers.peek("lost") == "abort"  # fenced: it can never commit now
@@ -470,7 +478,7 @@ def test_postgres_connection_lost_while_deciding_is_settled_on_a_new_one(
         pg.execute("SELECT 1")  # the client learns the connection is gone
 
     resource.markers.decide = connection_lost  # type: ignore[method-assign]
-    tx = eomsg.Transaction(node, [resource])
+    tx = eomsg.Transaction(eomsg.LocalClient(node), [resource])
     with tx:
         msg = tx.receive("a")
         tx.resource(pg).execute("UPDATE stock SET n = 0 WHERE item = 'apple'")
@@ -479,7 +487,7 @@ def test_postgres_connection_lost_while_deciding_is_settled_on_a_new_one(
         if when == "before":
             with pytest.raises(TxnAborted, match="application database failed"):
                 tx.commit()
-    assert node.txns() == []
+    assert node.participant.txns() == []
     with psycopg.connect(pg_dsn, autocommit=True) as again:
         assert _prepared(again) == []
         if when == "before":
@@ -516,19 +524,19 @@ def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered
     monkeypatch.setattr(PostgresApp, "reopen", unreachable)
     with (
         pytest.raises(InDoubt, match=r"is in doubt: .*could not be read again"),
-        eomsg.Transaction(node, [resource]) as tx,
+        eomsg.Transaction(eomsg.LocalClient(node), [resource]) as tx,
     ):
         msg = tx.receive("a")
         tx.resource(pg).execute("UPDATE stock SET n = 0")
         tx.publish("b", b"shipped")
         tx.delete(msg)
-    (held,) = node.txns()
+    (held,) = node.participant.txns()
     assert held.txid == tx.txid and held.connected  # this process may still decide
     node.close()
     node = open_node()
     with psycopg.connect(pg_dsn, autocommit=True) as again:
         assert _prepared(again) == [tx.txid]
-        done = recover_resource(node, eomsg.PostgresResource(again))
+        done = recover_resource(node.participant, eomsg.PostgresResource(again))
         assert [(s.verdict, s.done) for s in done] == [(Verdict.ABORT, True)]
         assert _stocks(again) == {"apple": 10, "pear": 10} and _prepared(again) == []
     assert node.fetch("b") == [] and [d.message.payload for d in node.fetch("a")] == [b"order"]
@@ -552,14 +560,14 @@ def test_postgres_fenced_coordinator_cannot_commit(open_node: Callable[..., Node
     resource.markers.decide = recovery_runs_now  # type: ignore[method-assign]
     with (
         pytest.raises(TxnAborted, match="application database failed"),
-        eomsg.Transaction(node, [resource]) as tx,
+        eomsg.Transaction(eomsg.LocalClient(node), [resource]) as tx,
     ):
         tx.resource(pg).execute("UPDATE stock SET n = 0")
         tx.publish("b", b"x")
     assert _stocks(pg) == {"apple": 10, "pear": 10} and _prepared(pg) == []
-    assert node.txns() == [] and node.fetch("b") == []
+    assert node.participant.txns() == [] and node.fetch("b") == []
     resource.markers.decide = real_decide  # type: ignore[method-assign]
-    with eomsg.Transaction(node, [resource]) as tx:
+    with eomsg.Transaction(eomsg.LocalClient(node), [resource]) as tx:
         tx.resource(pg).execute("UPDATE stock SET n = 1 WHERE item = 'pear'")
         tx.publish("b", b"y")
     assert _stocks(pg)["pear"] == 1 and [d.message.payload for d in node.fetch("b")] == [b"y"]

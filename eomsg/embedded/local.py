@@ -99,7 +99,7 @@ class LocalClient(Broker):
                 with contextlib.suppress(EomsgError):
                     self.node.release_held(queue, list(held.items()), self.holder)
             with contextlib.suppress(EomsgError):
-                self.node.disown_txns(self.name)
+                self.node.participant.disown_txns(self.name)
         finally:
             self._closed = True
             self.node.remove_listener(self._on_ready)

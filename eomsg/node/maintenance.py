@@ -55,7 +55,7 @@ class Maintenance(NodeState):
             if forgotten:
                 remembered = self.store.finished_txns()
                 with self._lock:
-                    self._finished = {t: s for t, s in self._finished.items() if t in remembered}
+                    self.participant.forget(remembered)
             self._last_gc = now
             cutoff = to_us(now - self.settings.retention)
             horizon = self.store.writer.run(

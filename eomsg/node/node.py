@@ -5,9 +5,9 @@ in-process (embedded mode) and the broker daemon will serve it over the wire.
 :mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow. Two are
 components — objects of their own, attributes of the node, owning their state:
 ``access`` (principals, grants, the audit log), ``elections`` (module ``flows``: bound
-consumers and their election, seed 002) and ``inspection`` (stats, the log, replay
-reads). The rest are still mixins: ``ingress`` (publishing and routing, seed 004),
-``delivery`` (the cursors, seed 003), ``participant`` (transactions, seed 000), ``admin``
+consumers and their election, seed 002), ``inspection`` (stats, the log, replay reads)
+and ``participant`` (transactions, seed 000). The rest are still mixins: ``ingress``
+(publishing and routing, seed 004), ``delivery`` (the cursors, seed 003), ``admin``
 (queues and saved settings), ``links`` (other nodes: interest, routes and exactly-once
 transfer) and ``maintenance`` (timeouts, expiry, compaction, garbage collection). This
 module holds the node's life: opening and recovering its state from the store, the
@@ -29,7 +29,6 @@ from typing import Any, ClassVar
 from eomsg.core import memory
 from eomsg.core.cursor import Outcome
 from eomsg.core.nodeinfo import NodeInfo
-from eomsg.core.txn import TxnState
 from eomsg.errors import DiskFull, EomsgError, NodeClosed
 from eomsg.node.access import Access
 from eomsg.node.admin import Admin
@@ -42,7 +41,7 @@ from eomsg.node.links import Links
 from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
-from eomsg.node.state import RELEASED_AT, Clock, PreparedTxn, QueueState, to_us
+from eomsg.node.state import RELEASED_AT, Clock, QueueState, to_us
 from eomsg.store.schema import SCHEMA_VERSION
 from eomsg.store.store import US, MiB, SettledCounts, Store
 from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
@@ -64,7 +63,7 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Participant, Links, Ingress, Delivery, Admin, Maintenance):
+class Node(Links, Ingress, Delivery, Admin, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
 
     Its components — objects of their own, each owning its state — are attributes named
@@ -76,12 +75,14 @@ class Node(Participant, Links, Ingress, Delivery, Admin, Maintenance):
         "access": Access,
         "elections": Elections,
         "inspection": Inspection,
+        "participant": Participant,
     }
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         super().__init__(store, settings, clock)
         self.elections = Elections(self)
         self.inspection = Inspection(self)
+        self.participant = Participant(self)
         self.access = Access(store, clock, self._lock, self._admin, self._check_open)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on
@@ -243,24 +244,7 @@ class Node(Participant, Links, Ingress, Delivery, Admin, Maintenance):
                 self._add_counts(q, counts)
         self._settled_since_compaction = store.settled_rows()
         self._restore_link_pending(store.load_route_runs())  # counts what they settled
-        self._finished = {txid: TxnState(s) for txid, s in store.finished_txns().items()}
-        for prep in store.load_prepared(set(self._finished)):
-            held: dict[QueueState, list[int]] = {}
-            for queue_id, seq in prep.deletes:
-                q = self._by_id.get(queue_id)
-                if q is not None and q.cursor.has_delivered(seq):
-                    held.setdefault(q, []).append(seq)
-            for q, seqs in held.items():
-                q.cursor.hold_many(seqs)
-            self._txns[prep.txid] = PreparedTxn(
-                prep.txid,
-                prep.coordinator,
-                prep.prepared_us / US,
-                prep.messages,
-                held,
-                None,
-                prep.principal,
-            )
+        self.participant.recover()
         self.access.load()
         # Never later than now: the time is kept to the microsecond, which a rounding
         # may put a hair past a clock that stood still since (or a clock set back far
@@ -303,7 +287,7 @@ class Node(Participant, Links, Ingress, Delivery, Admin, Maintenance):
         links = self.link_info()
         with self._lock:
             queues = len(self._queues)
-            in_doubt = sum(t.owner is None for t in self._txns.values())
+            in_doubt = self.participant.in_doubt()
         return NodeInfo(
             name=self.node_name,
             version=_version(),

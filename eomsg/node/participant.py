@@ -5,32 +5,124 @@ deletes what was held, the abort drops the messages and gives the deliveries bac
 :meth:`Participant.transact` is the one-phase commit of a transaction whose only
 participant is this node.
 
-A committed transaction's messages enter the log as a publish does, so :class:`Participant`
-extends :class:`~eomsg.node.ingress.Ingress` (``_stage``, ``_write_staged``). Under the lock
-discipline of :mod:`eomsg.node.state`: every step changes the state and queues its records
-under ``_lock``, and waits for the commit after releasing it.
+:class:`Participant` is a component of the node (``node.participant``): it owns the
+prepared transactions and those decided (remembered for retries). A committed
+transaction's messages enter the log as a publish does — what it needs of the node's
+ingress and state is the :class:`Kernel` protocol (``_stage``, ``_write_staged``, …).
+Under the lock discipline of :mod:`eomsg.node.state`: every step changes the state and
+queues its records under the node's ``_lock``, and waits for the commit after releasing
+it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Container, Iterator, Sequence
+from concurrent.futures import Future
+from typing import Protocol
 
 from eomsg.core import access
 from eomsg.core.access import OWNER
-from eomsg.core.cursor import Outcome, Settlement
-from eomsg.core.message import Key, Outgoing, PublishResult
+from eomsg.core.cursor import Outcome, Release, Settlement
+from eomsg.core.message import Key, Outgoing, Publishable, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.text import is_text
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import InvalidConfig, InvalidInput, TxnConflict, TxnNotFound
 from eomsg.failpoints import failpoint
-from eomsg.node.ingress import Ingress
-from eomsg.node.state import PreparedTxn, QueueState, to_us
+from eomsg.node.access import Access
+from eomsg.node.ingress import Fresh, Route
+from eomsg.node.state import AuditRow, Clock, PreparedTxn, QueueState, to_us
+from eomsg.store.store import US, Store
 from eomsg.store.writer import RowBatch
 
 
-class Participant(Ingress):
+class Kernel(Protocol):
+    """What the participant needs of the rest of the node: its state
+    (:class:`~eomsg.node.state.NodeState`) and ingress (:mod:`eomsg.node.ingress`)."""
+
+    store: Store
+    clock: Clock
+    access: Access
+    _lock: threading.Lock
+    _next_seq: int
+    _by_id: dict[int, QueueState]
+
+    def _check_open(self) -> None: ...
+    def _queue(self, name: str) -> QueueState: ...
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
+    @staticmethod
+    def _check_epoch(q: QueueState, epoch: int) -> None: ...
+    def _check_messages(self, messages: Sequence[Outgoing]) -> None: ...
+    def _check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None: ...
+    def _stage(
+        self,
+        batch: RowBatch,
+        messages: Sequence[Publishable],
+        now: float,
+        route: Route | None = None,
+        routes: Sequence[Route] | None = None,
+        refuse: bool = True,
+    ) -> tuple[list[PublishResult], list[Fresh]]: ...
+    def _write_staged(
+        self, batch: RowBatch, first_seq: int, fresh: list[Fresh]
+    ) -> Future[None]: ...
+    def _write(self, batch: RowBatch) -> Future[None]: ...
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None: ...
+    def _record_settlements(
+        self,
+        batch: RowBatch,
+        q: QueueState,
+        settlements: list[Settlement],
+        now: float,
+        expiries: dict[int, float] | None = None,
+    ) -> None: ...
+    def _record_releases(
+        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
+    ) -> None: ...
+    def _notify(self, queues: set[str]) -> None: ...
+
+
+class Participant:
     """Two-phase commit: prepare, commit, abort; and the one-phase :meth:`transact`."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        self._txns: dict[str, PreparedTxn] = {}  # prepared, undecided
+        self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
+
+    def recover(self) -> None:
+        """At open (nothing else runs): the transactions the store remembers decided, and
+        those prepared and undecided, each holding again the deliveries it deletes."""
+        store = self._kernel.store
+        self._finished = {txid: TxnState(s) for txid, s in store.finished_txns().items()}
+        for prep in store.load_prepared(set(self._finished)):
+            held: dict[QueueState, list[int]] = {}
+            for queue_id, seq in prep.deletes:
+                q = self._kernel._by_id.get(queue_id)
+                if q is not None and q.cursor.has_delivered(seq):
+                    held.setdefault(q, []).append(seq)
+            for q, seqs in held.items():
+                q.cursor.hold_many(seqs)
+            self._txns[prep.txid] = PreparedTxn(
+                prep.txid,
+                prep.coordinator,
+                prep.prepared_us / US,
+                prep.messages,
+                held,
+                None,
+                prep.principal,
+            )
+
+    def forget(self, remembered: Container[str]) -> None:
+        """Decided transactions no longer remembered by the store (collected) are
+        forgotten here too. Under the node's ``_lock``."""
+        self._finished = {t: s for t, s in self._finished.items() if t in remembered}
+
+    def in_doubt(self) -> int:
+        """Prepared transactions no connection owns: their coordinator must decide."""
+        return sum(t.owner is None for t in list(self._txns.values()))
 
     def prepare_txn(
         self,
@@ -60,11 +152,11 @@ class Participant(Ingress):
             raise InvalidConfig("the coordinator descriptor is not UTF-8 text")
         if len(coordinator) > 1024:
             raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
-        self._check_messages(messages)
-        now = self.clock()
+        self._kernel._check_messages(messages)
+        now = self._kernel.clock()
         batch = RowBatch()
-        with self._lock:
-            self._check_open()
+        with self._kernel._lock:
+            self._kernel._check_open()
             if txid in self._txns:
                 if (self._txns[txid].principal or OWNER) != by:
                     raise TxnConflict(
@@ -75,7 +167,7 @@ class Participant(Ingress):
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
             by_queue = self._check_deletes(deletes, holder)
-            self._check_queue_room(messages, now)
+            self._kernel._check_queue_room(messages, now)
             held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
@@ -87,7 +179,7 @@ class Participant(Ingress):
                     batch.add("txn_deletes", txid, q.id, seq)
             self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner, by)
             failpoint("txn.prepare.before_commit")
-            committed = self._write(batch)
+            committed = self._kernel._write(batch)
         committed.result()
         failpoint("txn.prepare.after_commit")
 
@@ -98,20 +190,20 @@ class Participant(Ingress):
         transaction returns ``[]``; TxnConflict if it was aborted, TxnNotFound if it was
         never prepared here (or finished long ago). NotAllowed unless ``by`` prepared
         it or administers the node."""
-        now = self.clock()
+        now = self._kernel.clock()
         batch = RowBatch()
-        with self._lock:
-            self._check_open()
+        with self._kernel._lock:
+            self._kernel._check_open()
             t = self._txns.get(txid)
             if t is None:
                 move("participant", self._decided(txid), TxnMove.COMMIT, txid)
                 return []
-            self.access.policy.check_settle(by, t.principal, txid)
+            self._kernel.access.policy.check_settle(by, t.principal, txid)
             self._audit_settle(batch, by, t, "commit-txn")
-            first_seq = self._next_seq
-            results, fresh = self._stage(batch, t.messages, now, refuse=False)
+            first_seq = self._kernel._next_seq
+            results, fresh = self._kernel._stage(batch, t.messages, now, refuse=False)
             for q, seqs in t.deletes.items():
-                if self._by_id.get(q.id) is q:  # the queue may have been deleted since
+                if self._kernel._by_id.get(q.id) is q:  # the queue may have been deleted since
                     self._record_deleted(batch, q, seqs, q.cursor.delete_held(seqs), now)
             batch.add(
                 "txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator, t.principal
@@ -119,7 +211,7 @@ class Participant(Ingress):
             del self._txns[txid]
             self._finished[txid] = TxnState.COMMITTED
             failpoint("txn.commit.before_commit")
-            committed = self._write_staged(batch, first_seq, fresh)
+            committed = self._kernel._write_staged(batch, first_seq, fresh)
         committed.result()
         failpoint("txn.commit.after_commit")
         return results
@@ -131,39 +223,41 @@ class Participant(Ingress):
         person's heuristic decision, reported to a coordinator that later says commit.
         TxnConflict if it committed. True if this call aborted it. NotAllowed unless
         ``by`` prepared it or administers the node."""
-        now = self.clock()
+        now = self._kernel.clock()
         how = TxnMove.FORCE_ABORT if force else TxnMove.ABORT
         batch = RowBatch()
-        with self._lock:
-            self._check_open()
+        with self._kernel._lock:
+            self._kernel._check_open()
             t = self._txns.get(txid)
             if t is None:
                 if txid in self._finished:
                     move("participant", self._finished[txid], how, txid)
                 return False
-            self.access.policy.check_settle(by, t.principal, txid)
+            self._kernel.access.policy.check_settle(by, t.principal, txid)
             state = move("participant", TxnState.PREPARED, how, txid)
             for q, seqs in t.deletes.items():
-                if self._by_id.get(q.id) is q:
-                    self._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
+                if self._kernel._by_id.get(q.id) is q:
+                    self._kernel._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
             batch.add("txn_log", txid, state.value, to_us(now), t.coordinator, t.principal)
             if force:  # a person's decision against the coordinator's: on the record
-                batch.add("audit", *self._audit(by, "force-abort", txid, t.coordinator))
+                batch.add("audit", *self._kernel._audit(by, "force-abort", txid, t.coordinator))
             else:
                 self._audit_settle(batch, by, t, "abort-txn")
             del self._txns[txid]
             self._finished[txid] = state
             failpoint("txn.abort.before_commit")
-            committed = self._write(batch)
+            committed = self._kernel._write(batch)
         committed.result()
-        self._notify({q.config.name for q in t.deletes})
+        self._kernel._notify({q.config.name for q in t.deletes})
         return True
 
     def _audit_settle(self, batch: RowBatch, by: str, t: PreparedTxn, action: str) -> None:
         """An administrator settling another principal's transaction: on the record."""
         prepared_by = t.principal or OWNER
         if by != prepared_by:
-            batch.add("audit", *self._audit(by, action, t.txid, f"prepared by {prepared_by}"))
+            batch.add(
+                "audit", *self._kernel._audit(by, action, t.txid, f"prepared by {prepared_by}")
+            )
 
     def transact(
         self,
@@ -176,20 +270,22 @@ class Participant(Ingress):
         of deliveries in flight to ``holder``) in one atomic step: the one-phase commit
         of a transaction whose only participant is this node. Returns once durable; on
         any error nothing changed."""
-        self._check_messages(messages)
-        now = self.clock()
+        self._kernel._check_messages(messages)
+        now = self._kernel.clock()
         batch = RowBatch()
-        with self._lock:
-            self._check_open()
+        with self._kernel._lock:
+            self._kernel._check_open()
             by_queue = self._check_deletes(deletes, holder)
-            first_seq = self._next_seq
-            results, fresh = self._stage(batch, messages, now)
+            first_seq = self._kernel._next_seq
+            results, fresh = self._kernel._stage(batch, messages, now)
             for q, items in by_queue.items():
                 for epoch, keys in _by_epoch(items):
                     done = q.cursor.delete_many(keys, epoch, holder)
                     self._record_deleted(batch, q, [s for s, _ in keys], done, now)
-            committed = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
-        self._await_commit(committed)
+            committed = (
+                self._kernel._write_staged(batch, first_seq, fresh) if not batch.empty else None
+            )
+        self._kernel._await_commit(committed)
         return results
 
     def txns(self, *, by: str = OWNER) -> list[TxnInfo]:
@@ -197,8 +293,8 @@ class Participant(Ingress):
         coordinator is gone and `eomsg recover` may resolve them. Those ``by`` prepared,
         unless it may inspect the node: a coordinator recovering its own in-doubt
         transactions needs no more than the rights it used for them."""
-        every = self.access.policy.allows(by, access.INSPECTS_NODE)
-        with self._lock:
+        every = self._kernel.access.policy.allows(by, access.INSPECTS_NODE)
+        with self._kernel._lock:
             return [
                 TxnInfo(
                     t.txid,
@@ -216,7 +312,7 @@ class Participant(Ingress):
     def disown_txns(self, owner: str) -> int:
         """The coordinator session ``owner`` went away: its prepared transactions are in
         doubt from now on (they wait for recovery). Returns how many."""
-        with self._lock:
+        with self._kernel._lock:
             mine = [t for t in self._txns.values() if t.owner == owner]
             for t in mine:
                 t.owner = None
@@ -240,10 +336,10 @@ class Participant(Ingress):
                     f"a transaction's delete is (queue, seq, epoch, attempt), not {item!r}"
                 )
             queue, seq, epoch, attempt = item
-            by_queue.setdefault(self._queue(queue), []).append((seq, attempt, epoch))
+            by_queue.setdefault(self._kernel._queue(queue), []).append((seq, attempt, epoch))
         for q, items in by_queue.items():
             for epoch, keys in _by_epoch(items):
-                self._check_epoch(q, epoch)
+                self._kernel._check_epoch(q, epoch)
                 q.cursor.check_in_flight(keys, epoch, holder)
         return by_queue
 
@@ -253,7 +349,7 @@ class Participant(Ingress):
         """Record as deleted those of ``seqs`` whose delete ``done`` says happened now (a
         held delivery at commit, or one of :meth:`transact`'s). Under ``_lock``."""
         settled = [Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d]
-        self._record_settlements(batch, q, settled, now)
+        self._kernel._record_settlements(batch, q, settled, now)
 
     def _decided(self, txid: str) -> TxnState:
         state = self._finished.get(txid)

@@ -2,9 +2,9 @@
 
 :class:`~eomsg.node.node.Node` is assembled from components — objects that own their
 state and name what they need of the rest (``access``: principals and grants;
-``elections``: flows and their elections; ``inspection``: reads) — and, still, one mixin
-per remaining concern (``ingress``, ``delivery``, ``participant``, ``admin``, ``links``,
-``maintenance``), all over :class:`NodeState`: the runtime state they share, and the
+``elections``: flows and their elections; ``inspection``: reads; ``participant``:
+transactions) — and, still, one mixin per remaining concern (``ingress``, ``delivery``,
+``admin``, ``links``, ``maintenance``), all over :class:`NodeState`: the runtime state they share, and the
 helpers more than one of them uses. The runtime structs of a queue, a flow and a prepared
 transaction are here too.
 
@@ -60,7 +60,6 @@ from eomsg.core.message import Message, Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.rates import Rates, Totals
 from eomsg.core.topics import Matcher
-from eomsg.core.txn import TxnState
 from eomsg.errors import (
     DiskFull,
     MemoryFull,
@@ -76,6 +75,7 @@ from eomsg.store.writer import RowBatch
 if TYPE_CHECKING:
     from eomsg.node.access import Access
     from eomsg.node.flows import Elections
+    from eomsg.node.participant import Participant
 
 FREE_MARGIN = 256 << 20  # free bytes above the reserve past which a reading may stand
 FREE_FRESH = 0.02  # seconds a reading of the free space stands, that far above
@@ -241,6 +241,7 @@ class NodeState:
     _dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
     access: Access  # principals, grants, the audit log: a component (Node makes it)
     elections: Elections  # the flows bound to queues and their elections: a component
+    participant: Participant  # transactions prepared and decided: a component
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
@@ -255,8 +256,6 @@ class NodeState:
         self._routes: dict[str, tuple[Destination, ...]] = {}
         self._limited = False  # whether a queue has a max-messages (see _queues_changed)
         self._uncommitted_ids: dict[str, int] = {}
-        self._txns: dict[str, PreparedTxn] = {}  # prepared, undecided
-        self._finished: dict[str, TxnState] = {}  # decided, remembered for retries
         self._listeners: list[Callable[[str], None]] = []
         self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
         self._ready_generation = 0

@@ -187,7 +187,7 @@ class Session(asyncio.Protocol):
             if items:
                 self._spawn(self._release_held(queue, items))
         if self.owns_txns:  # its prepared transactions now wait for recovery
-            self._spawn(self.server.blocking(self.node.disown_txns, self.owner))
+            self._spawn(self.server.blocking(self.node.participant.disown_txns, self.owner))
 
     def pause_writing(self) -> None:
         self.writable = False
@@ -693,7 +693,7 @@ class Session(asyncio.Protocol):
         value = await self.server.blocking(calls.run, self.node, op, args)
         if "holder" in op.caller:
             if self.closing and "owner" in op.caller:  # lost while preparing: in doubt
-                await self.server.blocking(self.node.disown_txns, self.owner)
+                await self.server.blocking(self.node.participant.disown_txns, self.owner)
             by_queue: dict[str, list[tuple[int, int]]] = {}
             for queue, seq, _, attempt in args.get("deletes", ()):
                 by_queue.setdefault(queue, []).append((seq, attempt))
