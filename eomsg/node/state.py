@@ -4,9 +4,9 @@
 state and name what they need of the rest (``access``: principals and grants;
 ``elections``: flows and their elections; ``inspection``: reads; ``participant``:
 transactions) — and, still, one mixin per remaining concern (``ingress``, ``delivery``,
-``admin``, ``links``, ``maintenance``), all over :class:`NodeState`: the runtime state they share, and the
-helpers more than one of them uses. The runtime structs of a queue, a flow and a prepared
-transaction are here too.
+``admin``, ``links``, ``maintenance``), all over :class:`NodeState`: the runtime state
+they share, and the helpers more than one of them uses. The runtime structs of a queue, a
+flow and a prepared transaction are here too.
 
 Lock discipline
 ---------------
