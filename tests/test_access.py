@@ -574,7 +574,7 @@ def test_the_audit_log_says_who_changed_what_and_survives_a_restart(
 
 def test_the_audit_log_pages_back_only_from_a_time(open_node: NodeFactory) -> None:
     node = open_node()
-    node.create_queue(QueueConfig("q"))
+    node.admin.create_queue(QueueConfig("q"))
     assert [e.action for e in node.access.audit(before=node.clock() + 1)] == ["create-queue"]
     for bad in (math.inf, -math.inf, math.nan, -1.0):
         with pytest.raises(InvalidConfig, match="before must be a time"):
@@ -588,11 +588,11 @@ def test_paging_back_through_the_audit_log_skips_and_repeats_no_record(
     between pages: paging back by a page's last time skips and repeats none."""
     node = open_node()
     for name in ("a", "b", "c"):
-        node.create_queue(QueueConfig(name))
+        node.admin.create_queue(QueueConfig(name))
     node.close()
     node = open_node()
-    node.purge("a")
-    node.delete_queue("b")
+    node.admin.purge("a")
+    node.admin.delete_queue("b")
     seen, before = [], None
     while page := node.access.audit(limit=2, before=before):
         seen += [(e.action, e.target) for e in page]

@@ -32,7 +32,7 @@ def pair(net: MakeNet, *queues: QueueConfig) -> Net:
     n.link("a", "b")
     n.nodes["b"].set_link_egress("a", "memory", HOLD)
     for config in queues:
-        n.nodes["b"].create_queue(config)
+        n.nodes["b"].admin.create_queue(config)
     n.run()
     return n
 
@@ -150,7 +150,7 @@ def test_a_dead_letter_or_a_transaction_writes_the_held_message_first(net: MakeN
 def test_the_log_is_read_no_further_than_the_lowest_held_message(net: MakeNet) -> None:
     n = pair(net, Q)
     a, b = n.nodes["a"], n.nodes["b"]
-    b.create_queue(QueueConfig("local", subscriptions=("here",)))
+    b.admin.create_queue(QueueConfig("local", subscriptions=("here",)))
     a.publish("t/x", b"held")
     settle(n)
     (held,) = b.fetch("q", 1)
@@ -171,8 +171,8 @@ def test_what_is_carried_further_or_arrives_mixed_keeps_its_order(net: MakeNet) 
     n.link("a", "b")
     n.link("b", "c")
     n.nodes["b"].set_link_egress("a", "memory", HOLD)
-    n.nodes["b"].create_queue(Q)
-    n.nodes["c"].create_queue(QueueConfig("x", subscriptions=("t/x",)))
+    n.nodes["b"].admin.create_queue(Q)
+    n.nodes["c"].admin.create_queue(QueueConfig("x", subscriptions=("t/x",)))
     n.run()
     for i in range(40):
         n.nodes["a"].publish("t/x" if i % 7 == 0 else "t/y", str(i).encode())
@@ -257,7 +257,7 @@ def test_a_queue_deleted_no_longer_keeps_a_held_message(net: MakeNet) -> None:
     a, b = n.nodes["a"], n.nodes["b"]
     a.publish("t/x", b"for q and r")
     settle(n)
-    assert b.delete_queue("r", force=True) == 1
+    assert b.admin.delete_queue("r", force=True) == 1
     (m,) = b.fetch("q", 10)
     b.delete("q", [m.key])  # q was the last queue to settle it
     settle(n)

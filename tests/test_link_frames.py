@@ -101,7 +101,7 @@ def test_a_message_passed_over_takes_its_place_in_the_links_sequence(
     n = net("ab")
     n.link("a", "b")
     a, b = n.nodes["a"], n.nodes["b"]
-    b.create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    b.admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     for payload in (b"one", b"two", b"three"):
         a.publish("t/x", payload)

@@ -27,7 +27,7 @@ def test_a_chain_carries_a_message_to_the_interested_node_once(net: MakeNet) -> 
     n = net("abc")
     n.link("a", "b")
     n.link("b", "c")
-    n.nodes["c"].create_queue(QueueConfig("audit", subscriptions=("orders/>",)))
+    n.nodes["c"].admin.create_queue(QueueConfig("audit", subscriptions=("orders/>",)))
     n.run()
     assert n.nodes["a"].link_info()[0].reaches == ("b", "c")
     result = n.nodes["a"].publish("orders/eu/new", b"1")
@@ -35,7 +35,7 @@ def test_a_chain_carries_a_message_to_the_interested_node_once(net: MakeNet) -> 
     n.run()
     assert n.drain("c", "audit") == [("a", "1")]
     assert [i.pending for i in n.nodes["a"].link_info()] == [0]
-    assert n.nodes["b"].queue_names() == []  # b only forwarded
+    assert n.nodes["b"].admin.queue_names() == []  # b only forwarded
 
 
 @pytest.mark.parametrize("egress", ["store", "memory"])
@@ -50,7 +50,7 @@ def test_every_message_lands_once_in_order_through_faults_cuts_and_restarts(
     for a, b in (("a", "b"), ("b", "c"), ("c", "d"), ("d", "a")):  # a ring
         n.link(a, b)
     for node in "bcd":
-        n.nodes[node].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+        n.nodes[node].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     sent: dict[str, list[str]] = {name: [] for name in n.nodes}
     for i in range(300):
@@ -87,7 +87,7 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     compaction)."""
     n = net("ab", compact_every=30)
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     seqs = [n.nodes["a"].publish("t/x", str(i).encode()).seq for i in range(25)]
     n.run()
@@ -118,8 +118,8 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     a.maintain()  # 30 taken since (25 of them before the restart): compacted
     assert route_rows() == []
     assert [p for _, p in n.drain("b", "q")] == [str(i) for i in range(30)]  # once each
-    a.configure("retention", "0")
-    a.configure("gc-interval", "0")
+    a.admin.configure("retention", "0")
+    a.admin.configure("gc-interval", "0")
     last = n.nodes["a"].publish("t/x", b"30").seq
     n.run()
     a.maintain()  # written before the log is collected: the peer holds what goes
@@ -135,8 +135,8 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
     the runs hold past what the peer took, and compaction drops the runs it covers."""
     n = net("ab", compact_every=1)
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("far", subscriptions=("t/>",)))
-    n.nodes["a"].create_queue(QueueConfig("near", subscriptions=("l/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("far", subscriptions=("t/>",)))
+    n.nodes["a"].admin.create_queue(QueueConfig("near", subscriptions=("l/>",)))
     n.run()
     n.cut("a", "b")
     a = n.nodes["a"]
@@ -179,8 +179,8 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
     settled the way an older node settled it (a ``settled`` row), not owed again."""
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("far", subscriptions=("t/>",)))
-    n.nodes["a"].create_queue(QueueConfig("near", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("far", subscriptions=("t/>",)))
+    n.nodes["a"].admin.create_queue(QueueConfig("near", subscriptions=("t/>",)))
     n.run()
     n.cut("a", "b")
     a = n.nodes["a"]
@@ -226,7 +226,7 @@ def test_frames_for_the_event_loop_are_made_only_of_messages_in_memory(net: Make
     (then it asks again on a thread)."""
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     a = n.nodes["a"]
     for i in range(3):
@@ -240,12 +240,12 @@ def test_frames_for_the_event_loop_are_made_only_of_messages_in_memory(net: Make
 def test_a_queue_deleted_withdraws_its_interest(net: MakeNet) -> None:
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     assert n.nodes["a"].publish("t/1", b"x").queues == 1
     n.run()
-    n.nodes["b"].purge("q")
-    n.nodes["b"].delete_queue("q")
+    n.nodes["b"].admin.purge("q")
+    n.nodes["b"].admin.delete_queue("q")
     n.run()
     assert n.nodes["a"].publish("t/2", b"y").queues == 0
 
@@ -254,7 +254,7 @@ def test_publish_ids_dedup_across_the_network(net: MakeNet) -> None:
     n = net("abc")
     n.link("a", "b")
     n.link("b", "c")
-    n.nodes["c"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["c"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     n.nodes["a"].publish("t/x", b"once", id="order-1")
     n.nodes["b"].publish("t/x", b"once", id="order-1")  # a retry sent to another node
@@ -290,7 +290,7 @@ def test_links_are_checked(net: MakeNet) -> None:
 def test_a_receiver_that_lost_its_state_gets_what_follows(net: MakeNet) -> None:
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     n.nodes["a"].publish("t/1", b"1")
     n.run()
@@ -307,8 +307,8 @@ def test_a_receiver_that_lost_its_state_gets_what_follows(net: MakeNet) -> None:
 def test_a_message_the_receiver_cannot_take_is_refused_not_a_wedge(net: MakeNet) -> None:
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
-    n.nodes["b"].configure("max-payload", "1KiB")
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.configure("max-payload", "1KiB")
     n.run()
     n.nodes["a"].publish("t/big", b"x" * 4096)
     n.nodes["a"].publish("t/small", b"after")
@@ -321,7 +321,7 @@ def test_a_message_the_receiver_cannot_take_is_refused_not_a_wedge(net: MakeNet)
 def test_an_acknowledgement_of_what_was_never_sent_settles_nothing(net: MakeNet) -> None:
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     for i in range(5):
         n.nodes["a"].publish("t/x", str(i).encode())  # owed, not sent yet
@@ -334,7 +334,7 @@ def test_an_acknowledgement_of_what_was_never_sent_settles_nothing(net: MakeNet)
 def test_a_message_for_a_node_out_of_reach_is_counted_not_a_wedge(net: MakeNet) -> None:
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     nowhere = Carried(1, "t/x", b"p", None, None, {}, ("b", "zz"), "a", "1")
     assert n.nodes["b"].accept_transfer("a", 0, [nowhere]).result() == (1, False)
@@ -351,7 +351,7 @@ def test_a_link_carries_only_the_topics_it_is_set_to(net: MakeNet) -> None:
     n.link("a", "b")
     n.link("b", "c")
     for name in "bc":
-        n.nodes[name].create_queue(QueueConfig("q", subscriptions=("t/>",)))
+        n.nodes[name].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     a, b = n.nodes["a"], n.nodes["b"]
     assert a.set_link_topics("b", ["t/ok/>", "t/more/*"])
@@ -381,7 +381,7 @@ def test_a_node_whose_queues_are_over_their_memory_holds_its_links_back(net: Mak
     n = net("ab")
     n.link("a", "b")
     b = n.nodes["b"]
-    b.create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    b.admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     b.settings = dataclasses.replace(b.settings, queue_memory=600)  # 8 B a message waiting
     for wave in range(6):  # (what is journaled and not yet in DuckDB counts too: synced)
@@ -418,7 +418,7 @@ def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
     flow once its consumer made room — in order, each once."""
     n = net("ac", egress=egress)
     n.link("a", "c")
-    n.nodes["c"].create_queue(QueueConfig.create("audit", ("orders/>",), **LIMITS[limit]))
+    n.nodes["c"].admin.create_queue(QueueConfig.create("audit", ("orders/>",), **LIMITS[limit]))
     n.run()
     for i in range(5):
         n.nodes["a"].publish("orders/eu/new", str(i).encode())
@@ -444,8 +444,8 @@ def test_a_message_that_can_never_fit_a_queue_does_not_hold_up_the_link(net: Mak
     n = net("ac")
     n.link("a", "c")
     c = n.nodes["c"]
-    c.create_queue(QueueConfig.create("audit", ("orders/>",), max_bytes=5))
-    c.create_queue(QueueConfig.create("other", ("orders/>",)))
+    c.admin.create_queue(QueueConfig.create("audit", ("orders/>",), max_bytes=5))
+    c.admin.create_queue(QueueConfig.create("other", ("orders/>",)))
     n.run()
     n.nodes["a"].publish("orders/x", b"0123456789")
     for i in range(3):
@@ -467,7 +467,7 @@ def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(
     n = net("ac", egress=egress)
     n.link("a", "c")
     c = n.nodes["c"]
-    c.create_queue(
+    c.admin.create_queue(
         QueueConfig.create(
             "audit", ("orders/>",), overflow="dead-letter-oldest", dead_letter="old",
             **LIMITS[limit],

@@ -49,8 +49,8 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
         node = open_node(dedup_memory=256 << 10)
         assert node.inspection.memory().spilled_ids >= use.spilled_ids
     # The log collected: the ids go from memory and disk alike, and may publish anew.
-    node.configure("retention", "0")
-    node.configure("gc-interval", "0")
+    node.admin.configure("retention", "0")
+    node.admin.configure("gc-interval", "0")
     node.maintain()
     assert not any(r.duplicate for r in node.publish_batch(again[:50]))
     assert node.inspection.memory().spilled_ids == 0
@@ -58,7 +58,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
 
 def test_the_queues_past_their_share_hold_producers_back(open_node: NodeFactory) -> None:
     node = open_node(queue_memory=64 << 10)  # 8 bytes a message waiting: ~8,000
-    node.create_queue(QueueConfig("q", ("t",)))
+    node.admin.create_queue(QueueConfig("q", ("t",)))
     published = 0
     with pytest.raises(MemoryFull) as refused:
         for _ in range(100):
@@ -118,7 +118,7 @@ def test_a_take_reads_a_bounded_number_of_payload_bytes(open_node: NodeFactory) 
     about 16 MiB of payloads, whatever the window asks for (before and after a
     restart, when the queue's message size is known from the store)."""
     node = open_node(limits=Limits(max_payload=8 << 20))
-    node.create_queue(QueueConfig("q", ("t",)))
+    node.admin.create_queue(QueueConfig("q", ("t",)))
     node.publish_batch([Outgoing("t", bytes(4 << 20)) for _ in range(12)])
     assert len(node.fetch("q", 12)) == 4
     node.close()
@@ -148,7 +148,7 @@ def test_a_read_duckdb_has_no_memory_for_runs_again_with_the_writer_held(
     """Under the node's lock too (requeue reads payloads under it): the read waits for
     no work of the journal's thread, which needs that lock."""
     node = open_node()
-    node.create_queue(QueueConfig("q", ("t",)))
+    node.admin.create_queue(QueueConfig("q", ("t",)))
     node.store.writer.sync()
     full = _NoMemory(node.store._reader(), node.store.writer)
     monkeypatch.setattr(node.store, "_reader", lambda: full)
@@ -161,7 +161,7 @@ def test_an_apply_duckdb_has_no_memory_for_waits_and_loses_nothing(
     open_node: NodeFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     node = open_node()
-    node.create_queue(QueueConfig("q", ("t",)))
+    node.admin.create_queue(QueueConfig("q", ("t",)))
     failures = iter([True, True, True])
     insert = writer_module.insert_rows
 

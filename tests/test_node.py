@@ -306,7 +306,7 @@ def test_saved_retention_drives_garbage_collection(
 ) -> None:
     node = open_node(gc_interval=0.0)
     orders(node)
-    assert node.configure("retention", "1h") == "3600"
+    assert node.admin.configure("retention", "1h") == "3600"
     node.close()
     node = open_node(gc_interval=0.0)  # the saved setting outlives the process
     assert node.settings.retention == 3600
@@ -335,7 +335,7 @@ def test_row_tables_list_columns_in_table_order(node: Node) -> None:
 
 
 def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node: Node) -> None:
-    node.create_queue(QueueConfig("ex", ("ex/>",), max_active=1))
+    node.admin.create_queue(QueueConfig("ex", ("ex/>",), max_active=1))
     for i in range(3):
         node.publish("ex/a", str(i).encode())
     heard: list[tuple[int, str, int]] = []
@@ -408,8 +408,8 @@ def test_epochs_never_repeat_across_restarts(open_node: NodeFactory) -> None:
     seen = []
     for _ in range(3):
         with open_node() as node:
-            if "q" not in node.queue_names():
-                node.create_queue(QueueConfig("q", max_active=1))
+            if "q" not in node.admin.queue_names():
+                node.admin.create_queue(QueueConfig("q", max_active=1))
             flow = node.elections.bind("q")
             seen.append(flow.epoch)
             node.elections.unbind("q", flow.flow)
@@ -417,10 +417,10 @@ def test_epochs_never_repeat_across_restarts(open_node: NodeFactory) -> None:
 
 
 def test_deleting_a_queue_unbinds_its_flows(node: Node) -> None:
-    node.create_queue(QueueConfig("q", max_active=2))
+    node.admin.create_queue(QueueConfig("q", max_active=2))
     heard: list[str] = []
     node.elections.bind("q", notify=lambda e: heard.append(e.kind))
-    node.delete_queue("q")
+    node.admin.delete_queue("q")
     assert heard == ["bound", "unbound"]
 
 
@@ -522,7 +522,7 @@ def test_attempts_after_a_restart_are_those_in_memory(
 
         node = opened()
         try:
-            node.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=10))
+            node.admin.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=10))
             for i in range(6):
                 node.publish("t/a", str(i).encode())
             held: dict[int, list[tuple[tuple[int, int], int]]] = {}

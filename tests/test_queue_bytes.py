@@ -82,9 +82,11 @@ def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]
     topic too, or dead-lettered from another queue) is not counted there twice (found
     in review: its depth and bytes stayed one message high once it was consumed)."""
     node = open_node()
-    node.create_queue(QueueConfig.create("dlq", ("t/>",), max_bytes=1000))
+    node.admin.create_queue(QueueConfig.create("dlq", ("t/>",), max_bytes=1000))
     for name in ("a", "b"):
-        node.create_queue(QueueConfig.create(name, ("t/>",), max_redeliveries=0, dead_letter="dlq"))
+        node.admin.create_queue(
+            QueueConfig.create(name, ("t/>",), max_redeliveries=0, dead_letter="dlq")
+        )
     node.publish("t/x", b"x" * 100)
     for name in ("a", "b"):
         (d,) = node.fetch(name, 1)
@@ -101,7 +103,7 @@ def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]
 
 def test_a_publish_past_max_bytes_is_refused_whole(open_node: Callable[..., Node]) -> None:
     node = open_node()
-    node.create_queue(QueueConfig.create("r", ("t/>",), max_bytes=10))
+    node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_bytes=10))
     node.publish("t/x", b"12345")
     with pytest.raises(QueueFull, match=r"holds 5 payload bytes of its 10 \(max-bytes\)"):
         node.publish_batch([Outgoing("t/x", b"123"), Outgoing("t/x", b"456", "i")])
@@ -118,7 +120,7 @@ def test_dead_letter_oldest_by_bytes_keeps_the_newest_that_fit(
     open_node: Callable[..., Node],
 ) -> None:
     node = open_node()
-    node.create_queue(
+    node.admin.create_queue(
         QueueConfig.create(
             "d", ("t/>",), max_bytes=10, overflow=DEAD_LETTER_OLDEST, dead_letter="old"
         )
@@ -144,9 +146,9 @@ def test_a_limit_set_on_a_queue_counts_what_it_holds_and_lifting_it_forgets(
     open_node: Callable[..., Node],
 ) -> None:
     node = open_node()
-    node.create_queue(QueueConfig.create("q", ("t/>",)))
+    node.admin.create_queue(QueueConfig.create("q", ("t/>",)))
     node.publish_batch([Outgoing("t/x", b"1234") for _ in range(3)])
-    node.limit_queue("q", max_bytes=10)
+    node.admin.limit_queue("q", max_bytes=10)
     held_as_stored(node)
     with pytest.raises(QueueFull, match="holds 12 payload bytes of its 10"):
         node.publish("t/x", b"1")
@@ -154,9 +156,9 @@ def test_a_limit_set_on_a_queue_counts_what_it_holds_and_lifting_it_forgets(
     node.delete("q", [d.key for d in taken])
     node.publish("t/x", b"123456")  # 4 + 6
     held_as_stored(node)
-    node.limit_queue("q", max_messages=2)  # the max-bytes lifted: sizes forgotten
+    node.admin.limit_queue("q", max_messages=2)  # the max-bytes lifted: sizes forgotten
     held_as_stored(node)
-    node.limit_queue("q", max_messages=2, max_bytes=10)
+    node.admin.limit_queue("q", max_messages=2, max_bytes=10)
     held_as_stored(node)
     node.close()
     node = open_node()  # the sizes come back from the log
@@ -172,8 +174,8 @@ def test_max_bytes_meets_transactions_requeues_and_dead_letter_queues(
     no room for their bytes; what is dead-lettered into a dead-letter queue with a
     max-bytes is counted there, past its limit if need be."""
     node = open_node()
-    node.create_queue(QueueConfig.create("old", (), max_bytes=4))
-    node.create_queue(
+    node.admin.create_queue(QueueConfig.create("old", (), max_bytes=4))
+    node.admin.create_queue(
         QueueConfig.create("r", ("t/>",), max_bytes=6, dead_letter="old", max_redeliveries=0)
     )
     node.publish("t/x", b"12345")
@@ -184,7 +186,7 @@ def test_max_bytes_meets_transactions_requeues_and_dead_letter_queues(
     node.publish("t/x", b"6789")
     assert everything(node) == {"old": [b"12345"], "r": [b"6789"]}
     held_as_stored(node)
-    node.create_queue(QueueConfig.create("s", ()))
+    node.admin.create_queue(QueueConfig.create("s", ()))
     with pytest.raises(QueueFull, match="queue 'r' is full"):
         node.requeue("old", to="r")
     assert everything(node) == {"old": [b"12345"], "r": [b"6789"], "s": []}
@@ -208,7 +210,7 @@ class BytesMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="bytes-"))
         self.node = self._open()
-        create = self.node.create_queue
+        create = self.node.admin.create_queue
         create(QueueConfig.create("r", ("t/>",), max_bytes=self.LIMIT))
         create(
             QueueConfig.create(
@@ -255,7 +257,7 @@ class BytesMachine(RuleBasedStateMachine):
 
     @rule(limit=st.sampled_from([None, 5, 20]))
     def limit_t(self, limit: int | None) -> None:
-        self.node.limit_queue("t", max_bytes=limit)
+        self.node.admin.limit_queue("t", max_bytes=limit)
 
     @rule()
     def restart(self) -> None:

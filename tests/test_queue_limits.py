@@ -197,8 +197,8 @@ class LimitsMachine(RuleBasedStateMachine):
         super().__init__()
         self.dir = Path(tempfile.mkdtemp(prefix="limits-"))
         self.node = self._open()
-        self.node.create_queue(QueueConfig.create("r", ("t/>",), max_messages=3))
-        self.node.create_queue(
+        self.node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_messages=3))
+        self.node.admin.create_queue(
             QueueConfig.create(
                 "d", ("t/>",), max_messages=3, overflow=DEAD_LETTER_OLDEST, dead_letter="old"
             )
@@ -294,8 +294,8 @@ def test_what_made_room_is_where_it_went_after_a_sigkill(
 
 def make_a_and_d(node: Node) -> None:
     """``a`` dead-letters its oldest past 1 into ``d``, which refuses past 1."""
-    node.create_queue(QueueConfig.create("d", (), max_messages=1))
-    node.create_queue(
+    node.admin.create_queue(QueueConfig.create("d", (), max_messages=1))
+    node.admin.create_queue(
         QueueConfig.create(
             "a", ("t/>",), max_messages=1, overflow=DEAD_LETTER_OLDEST, dead_letter="d"
         )
@@ -305,7 +305,7 @@ def make_a_and_d(node: Node) -> None:
 def everything(node: Node) -> dict[str, list[bytes]]:
     return {
         name: [m.payload for m in node.inspection.browse(name, limit=100)]
-        for name in node.queue_names()
+        for name in node.admin.queue_names()
     }
 
 
@@ -335,7 +335,7 @@ def test_a_requeue_through_a_full_dead_letter_queue_loses_nothing_at_a_restart(
     for i in range(3):
         node.publish("t/x", b"%d" % i)
     node.requeue("d")
-    node.limit_queue("a", None)
+    node.admin.limit_queue("a", None)
     node.publish("t/x", b"3")
     before = everything(node)
     assert sorted(m for ms in before.values() for m in ms) == [b"0", b"1", b"2", b"3"]
@@ -350,7 +350,7 @@ def test_a_refused_batch_counts_nothing_in_the_queues_it_did_not_enter(
     refused whole, and the first queue's counts say nothing happened to it."""
     node = open_node()
     make_a_and_d(node)
-    node.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
+    node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
     node.publish("t/x", b"0")
     with pytest.raises(QueueFull, match="queue 'r' is full"):
         node.publish_batch([Outgoing("t/x", b"1"), Outgoing("t/x", b"2")])
@@ -363,7 +363,7 @@ def test_a_duplicate_counts_nowhere_in_a_full_queue(open_node: Callable[..., Nod
     """A publish, or a transaction's prepare, of an id the node holds already is not
     stored again: a full queue does not refuse it."""
     node = open_node()
-    node.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
+    node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
     node.publish("t/x", b"0", id="once")
     assert node.publish("t/x", b"0", id="once").duplicate
     node.participant.prepare_txn(

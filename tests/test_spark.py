@@ -44,7 +44,7 @@ def _message(i: int) -> Any:
 @pytest.fixture
 def filled(data_dir: Path) -> Path:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.create_queue(QueueConfig("orders", ("orders/>",)))
+        node.admin.create_queue(QueueConfig("orders", ("orders/>",)))
     _publish(data_dir, 0, N)
     return data_dir
 

@@ -223,7 +223,7 @@ def test_compact_gives_space_back_and_a_killed_compaction_changes_nothing(
     eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.create_queue(QueueConfig("q1", ("elsewhere/>",)))
+        node.admin.create_queue(QueueConfig("q1", ("elsewhere/>",)))
         node.publish_batch([eomsg_outgoing(i, os.urandom(2048)) for i in range(5000)])
     for setting in (("retention", "0"), ("gc-interval", "0"), ("retention", "7d")):
         assert cli(eomsg_bin, cli_env, "config", "set", *setting).returncode == 0  # collects
@@ -291,7 +291,7 @@ def test_a_store_file_cut_short_is_damage_and_its_open_changes_nothing(
     directory error) rather than 13, and a failed open folded the WAL into the store, so
     the next open said something else."""
     with Node.open(data_dir, NodeSettings(tick=None)) as node:  # blocks in the file
-        node.create_queue(QueueConfig("held", ("t/>",)))
+        node.admin.create_queue(QueueConfig("held", ("t/>",)))
         node.publish_batch([eomsg_outgoing(i, os.urandom(300)) for i in range(4500)])
     crashed_store(data_dir, n=50)  # and a WAL beside it
     store = data_dir / "eomsg.duckdb"

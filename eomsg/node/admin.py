@@ -2,33 +2,75 @@
 and the node's saved settings. Not a seed of its own: it sets up what the seeds run on —
 a queue's subscriptions are the routes of seed 004, its cursor that of seed 003.
 
-Under the lock discipline of :mod:`eomsg.node.state`: a change takes ``_admin``, waits for
-its commit, and only then changes the in-memory state under ``_lock``. A purge is a
-settlement like any other: recorded and queued under ``_lock`` alone.
+:class:`Admin` is a component of the node (``node.admin``) owning no state of its own: the
+queues it makes, changes and drops are the node's registry (:mod:`eomsg.node.state`:
+``_install``, ``_reconfigure_queue``, ``_uninstall``), and what it needs of the node is its
+:class:`Kernel` protocol. Under the lock discipline of :mod:`eomsg.node.state`: a change
+takes ``_admin``, waits for its commit, and only then changes the in-memory state under
+``_lock``. A purge is a settlement like any other: recorded and queued under ``_lock``
+alone.
 """
 
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import replace
+from typing import Protocol
 
 from eomsg.core.access import OWNER
+from eomsg.core.cursor import Settlement
 from eomsg.core.queues import REFUSE, QueueConfig
 from eomsg.errors import InvalidConfig, QueueExists, QueueNotEmpty
-from eomsg.node.settings import SETTINGS, apply_saved
-from eomsg.node.state import AuditRow, NodeState, QueueState, to_us
+from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
+from eomsg.node.state import AuditRow, Clock, QueueState, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 
-class Admin(NodeState):
+class Kernel(Protocol):
+    """What administration needs of the rest of the node (:class:`~eomsg.node.state.NodeState`)."""
+
+    store: Store
+    clock: Clock
+    settings: NodeSettings
+    _lock: threading.Lock
+    _admin: threading.Lock
+    _queues: dict[str, QueueState]
+
+    def _check_open(self) -> None: ...
+    def _queue(self, name: str) -> QueueState: ...
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
+    def _install(self, queue_id: int, config: QueueConfig) -> QueueState: ...
+    def _reconfigure_queue(self, q: QueueState, config: QueueConfig) -> None: ...
+    def _uninstall(self, q: QueueState) -> None: ...
+    def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]: ...
+    def _record_settlements(
+        self,
+        batch: RowBatch,
+        q: QueueState,
+        settlements: list[Settlement],
+        now: float,
+        expiries: dict[int, float] | None = None,
+    ) -> None: ...
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None: ...
+
+
+class Admin:
     """Queue and node administration."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
 
     def create_queue(self, config: QueueConfig, *, by: str = OWNER) -> bool:
         """Create ``config.name`` (and its dead-letter queue, if missing). Idempotent:
         False if an identical queue exists; QueueExists if it differs."""
-        with self._admin:
-            existing = self._queues.get(config.name)
+        with self._kernel._admin:
+            existing = self._kernel._queues.get(config.name)
             if existing is not None:
                 if existing.config == config:
                     return False
@@ -36,27 +78,29 @@ class Admin(NodeState):
                     f"queue {config.name!r} already exists with other settings; delete it "
                     "first, or change it with `eomsg queue subscribe` or `eomsg queue limit`"
                 )
-            if config.dead_letter and config.dead_letter not in self._queues:
+            if config.dead_letter and config.dead_letter not in self._kernel._queues:
                 self._create(QueueConfig(config.dead_letter), by)
             self._create(config, by)
             return True
 
     def _create(self, config: QueueConfig, by: str) -> None:
-        self._check_open()
-        job = Store.create_queue_job(config, to_us(self.clock()))
+        self._kernel._check_open()
+        job = Store.create_queue_job(config, to_us(self._kernel.clock()))
         said = json.dumps(config.to_json(), separators=(",", ":"))
-        entry = self._audit(by, "create-queue", config.name, said)
-        queue_id = self.store.writer.run(Store.audited(job, entry)).result()
-        with self._lock:
-            self._install(queue_id, config)
+        entry = self._kernel._audit(by, "create-queue", config.name, said)
+        queue_id = self._kernel.store.writer.run(Store.audited(job, entry)).result()
+        with self._kernel._lock:
+            self._kernel._install(queue_id, config)
 
     def delete_queue(self, name: str, *, force: bool = False, by: str = OWNER) -> int:
         """Delete a queue and its records; returns how many messages it still held.
         Refuses a non-empty queue unless ``force``, and a queue another dead-letters to.
         Consumers still bound to it are told they were unbound."""
-        with self._admin:
-            q = self._queue(name)
-            users = [u.config.name for u in self._queues.values() if u.config.dead_letter == name]
+        with self._kernel._admin:
+            q = self._kernel._queue(name)
+            users = [
+                u.config.name for u in self._kernel._queues.values() if u.config.dead_letter == name
+            ]
             if users:
                 raise QueueNotEmpty(
                     f"queue {name!r} is the dead-letter queue of {', '.join(users)}; "
@@ -67,39 +111,34 @@ class Admin(NodeState):
                 raise QueueNotEmpty(
                     f"queue {name!r} holds {depth} messages; purge it or use --force"
                 )
-            self._check_open()
-            entry = self._audit(by, "delete-queue", name, f"{depth} messages" if depth else "")
-            self.store.writer.run(Store.audited(Store.drop_queue_job(q.id), entry)).result()
-            with self._lock:
-                for pattern in q.config.subscriptions:
-                    self._matcher.remove(pattern, q)
-                self._routes.clear()
-                del self._queues[name], self._by_id[q.id]
-                self._queue_dropped(q.id)
-                self._interest_changed()
-                self._queues_changed()
-                self.elections.queue_dropped(q)
+            self._kernel._check_open()
+            entry = self._kernel._audit(
+                by, "delete-queue", name, f"{depth} messages" if depth else ""
+            )
+            self._kernel.store.writer.run(Store.audited(Store.drop_queue_job(q.id), entry)).result()
+            with self._kernel._lock:
+                self._kernel._uninstall(q)
             return depth
 
     def subscribe(self, name: str, pattern: str, *, by: str = OWNER) -> bool:
         """Route messages published from now on to topics matching ``pattern`` into the
         queue. Idempotent: False if it was subscribed already."""
-        with self._admin:
-            q = self._queue(name)
+        with self._kernel._admin:
+            q = self._kernel._queue(name)
             if pattern in q.config.subscriptions:
                 return False
             config = replace(q.config, subscriptions=(*q.config.subscriptions, pattern))
-            self._update(q, config, self._audit(by, "subscribe", name, pattern))
+            self._update(q, config, self._kernel._audit(by, "subscribe", name, pattern))
             return True
 
     def unsubscribe(self, name: str, pattern: str, *, by: str = OWNER) -> bool:
         """Stop routing ``pattern`` to the queue. Idempotent: False if not subscribed."""
-        with self._admin:
-            q = self._queue(name)
+        with self._kernel._admin:
+            q = self._kernel._queue(name)
             if pattern not in q.config.subscriptions:
                 return False
             subs = tuple(p for p in q.config.subscriptions if p != pattern)
-            entry = self._audit(by, "unsubscribe", name, pattern)
+            entry = self._kernel._audit(by, "unsubscribe", name, pattern)
             self._update(q, replace(q.config, subscriptions=subs), entry)
             return True
 
@@ -121,8 +160,8 @@ class Admin(NodeState):
         A max-bytes set where there was none reads the size of every message the queue
         holds (once, from the log): from then on each one's size is kept in memory
         while the queue has the limit (about 100 bytes a message)."""
-        with self._admin:
-            q = self._queue(name)
+        with self._kernel._admin:
+            q = self._kernel._queue(name)
             config = replace(
                 q.config, max_messages=max_messages, overflow=overflow, max_bytes=max_bytes
             )
@@ -131,59 +170,56 @@ class Admin(NodeState):
                     f"{what} {'none' if limit is None else limit}"
                     for what, limit in (("max-messages", max_messages), ("max-bytes", max_bytes))
                 )
-                entry = self._audit(by, "limit-queue", name, f"{said}, {overflow}")
+                entry = self._kernel._audit(by, "limit-queue", name, f"{said}, {overflow}")
                 if max_bytes is not None and q.staged_sizes is None:
-                    with self._lock:  # from now on what is staged for it is sized...
+                    with self._kernel._lock:  # from now on what is staged for it is sized...
                         q.staged_sizes, q.incoming_bytes = {}, 0
                 self._update(q, config, entry)  # ...and all staged before, durable
             return config
 
     def _update(self, q: QueueState, config: QueueConfig, entry: AuditRow) -> None:
-        self._check_open()
-        self.store.writer.run(Store.audited(Store.update_queue_job(q.id, config), entry)).result()
+        self._kernel._check_open()
+        self._kernel.store.writer.run(
+            Store.audited(Store.update_queue_job(q.id, config), entry)
+        ).result()
         sizes: dict[int, int] = {}
         if config.max_bytes is not None and not q.cursor.sized:
             # Read while publishers go on (0.24 s for 10^6 messages, not a pause of the
             # node); what came in meanwhile is read under the lock below.
-            sizes = self.store.queue_payload_sizes(q.id)
-        with self._lock:
-            for pattern in q.config.subscriptions:
-                self._matcher.remove(pattern, q)
-            for pattern in config.subscriptions:
-                self._matcher.add(pattern, q)
-            self._routes.clear()
-            q.config = config
+            sizes = self._kernel.store.queue_payload_sizes(q.id)
+        with self._kernel._lock:
+            self._kernel._reconfigure_queue(q, config)
             if config.max_bytes is None:
                 q.staged_sizes, q.incoming_bytes = None, 0
                 q.cursor.track_sizes(None)
             elif not q.cursor.sized:  # what it holds, read once
                 pending = q.cursor.pending()
-                sizes |= self._payload_sizes([s for s in pending if s not in sizes])
+                sizes |= self._kernel._payload_sizes([s for s in pending if s not in sizes])
                 q.cursor.track_sizes(sizes)
-            self._interest_changed()
-            self._queues_changed()
 
     def purge(self, name: str, *, by: str = OWNER) -> int:
         """Settle every message in the queue as purged; returns how many."""
-        now = self.clock()
-        with self._lock:
-            self._check_open()
-            q = self._queue(name)
+        now = self._kernel.clock()
+        with self._kernel._lock:
+            self._kernel._check_open()
+            q = self._kernel._queue(name)
             settlements = q.cursor.purge()
             batch = RowBatch()
-            self._record_settlements(batch, q, settlements, now)
-            batch.add("audit", *self._audit(by, "purge", name, f"{len(settlements)} messages"))
-            future = self._queue_write(batch)
-        self._await_commit(future)
+            self._kernel._record_settlements(batch, q, settlements, now)
+            batch.add(
+                "audit", *self._kernel._audit(by, "purge", name, f"{len(settlements)} messages")
+            )
+            future = self._kernel._queue_write(batch)
+        self._kernel._await_commit(future)
         return len(settlements)
 
     def queue_config(self, name: str) -> QueueConfig:
-        with self._lock:
-            return self._queue(name).config
+        with self._kernel._lock:
+            return self._kernel._queue(name).config
 
     def queue_names(self) -> list[str]:
-        with self._lock:
-            return sorted(self._queues)
+        with self._kernel._lock:
+            return sorted(self._kernel._queues)
 
     # -- settings -----------------------------------------------------------------------
 
@@ -194,18 +230,18 @@ class Admin(NodeState):
         if name not in SETTINGS:
             raise InvalidConfig(f"unknown setting {name!r}; known: {', '.join(SETTINGS)}")
         canonical = SETTINGS[name][0](value)
-        with self._admin:
-            self._check_open()
-            settings = apply_saved(self.settings, {name: canonical})  # refused: unsaved
+        with self._kernel._admin:
+            self._kernel._check_open()
+            settings = apply_saved(self._kernel.settings, {name: canonical})  # refused: unsaved
             job = Store.save_setting_job(name, canonical)
-            entry = self._audit(by, "configure", name, canonical)
-            self.store.writer.run(Store.audited(job, entry)).result()
-            self.settings = settings
+            entry = self._kernel._audit(by, "configure", name, canonical)
+            self._kernel.store.writer.run(Store.audited(job, entry)).result()
+            self._kernel.settings = settings
         return canonical
 
     def saved_settings(self) -> dict[str, str]:
         """Every setting and its value, saved or default, in canonical form."""
-        s = self.settings
+        s = self._kernel.settings
         return {
             "retention": f"{s.retention:g}",
             "gc-interval": f"{s.gc_interval:g}",

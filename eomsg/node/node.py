@@ -6,9 +6,9 @@ in-process (embedded mode) and the broker daemon will serve it over the wire.
 components — objects of their own, attributes of the node, owning their state:
 ``access`` (principals, grants, the audit log), ``elections`` (module ``flows``: bound
 consumers and their election, seed 002), ``inspection`` (stats, the log, replay reads)
-and ``participant`` (transactions, seed 000). The rest are still mixins: ``ingress``
-(publishing and routing, seed 004), ``delivery`` (the cursors, seed 003), ``admin``
-(queues and saved settings), ``links`` (other nodes: interest, routes and exactly-once
+``participant`` (transactions, seed 000) and ``admin`` (queues and saved settings). The
+rest are still mixins: ``ingress`` (publishing and routing, seed 004), ``delivery`` (the
+cursors, seed 003), ``links`` (other nodes: interest, routes and exactly-once
 transfer) and ``maintenance`` (timeouts, expiry, compaction, garbage collection). This
 module holds the node's life: opening and recovering its state from the store, the
 maintenance ticker, listeners, and closing.
@@ -63,7 +63,7 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Links, Ingress, Delivery, Admin, Maintenance):
+class Node(Links, Ingress, Delivery, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
 
     Its components — objects of their own, each owning its state — are attributes named
@@ -76,6 +76,7 @@ class Node(Links, Ingress, Delivery, Admin, Maintenance):
         "elections": Elections,
         "inspection": Inspection,
         "participant": Participant,
+        "admin": Admin,
     }
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
@@ -83,6 +84,7 @@ class Node(Links, Ingress, Delivery, Admin, Maintenance):
         self.elections = Elections(self)
         self.inspection = Inspection(self)
         self.participant = Participant(self)
+        self.admin = Admin(self)
         self.access = Access(store, clock, self._lock, self._admin, self._check_open)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on

@@ -3,10 +3,10 @@
 :class:`~eomsg.node.node.Node` is assembled from components — objects that own their
 state and name what they need of the rest (``access``: principals and grants;
 ``elections``: flows and their elections; ``inspection``: reads; ``participant``:
-transactions) — and, still, one mixin per remaining concern (``ingress``, ``delivery``,
-``admin``, ``links``, ``maintenance``), all over :class:`NodeState`: the runtime state
-they share, and the helpers more than one of them uses. The runtime structs of a queue, a
-flow and a prepared transaction are here too.
+transactions; ``admin``: queues and settings) — and, still, one mixin per remaining
+concern (``ingress``, ``delivery``, ``links``, ``maintenance``), all over
+:class:`NodeState`: the runtime state they share, and the helpers more than one of them
+uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
 
 Lock discipline
 ---------------
@@ -74,6 +74,7 @@ from eomsg.store.writer import RowBatch
 
 if TYPE_CHECKING:
     from eomsg.node.access import Access
+    from eomsg.node.admin import Admin
     from eomsg.node.flows import Elections
     from eomsg.node.participant import Participant
 
@@ -242,6 +243,7 @@ class NodeState:
     access: Access  # principals, grants, the audit log: a component (Node makes it)
     elections: Elections  # the flows bound to queues and their elections: a component
     participant: Participant  # transactions prepared and decided: a component
+    admin: Admin  # queues and saved settings administered: a component
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
@@ -522,6 +524,30 @@ class NodeState:
         self._interest_changed()
         self._queues_changed()
         return q
+
+    def _reconfigure_queue(self, q: QueueState, config: QueueConfig) -> None:
+        """Queue ``q`` takes ``config`` (its commit is durable): its subscriptions routed
+        anew. Under ``_lock``."""
+        for pattern in q.config.subscriptions:
+            self._matcher.remove(pattern, q)
+        for pattern in config.subscriptions:
+            self._matcher.add(pattern, q)
+        self._routes.clear()
+        q.config = config
+        self._interest_changed()
+        self._queues_changed()
+
+    def _uninstall(self, q: QueueState) -> None:
+        """Queue ``q`` is dropped (its commit is durable): out of the routes, the queues
+        and the elections (its flows told ``unbound``). Under ``_lock``."""
+        for pattern in q.config.subscriptions:
+            self._matcher.remove(pattern, q)
+        self._routes.clear()
+        del self._queues[q.config.name], self._by_id[q.id]
+        self._queue_dropped(q.id)
+        self._interest_changed()
+        self._queues_changed()
+        self.elections.queue_dropped(q)
 
     def _queues_changed(self) -> None:
         """A queue was made, changed or dropped: note whether any has a max-messages or
