@@ -175,12 +175,12 @@ class Net:
         """Every message in ``queue`` as (origin, payload), deleted."""
         out: list[tuple[str, str]] = []
         n = self.nodes[node]
-        while batch := n.fetch(queue, 1000):
+        while batch := n.delivery.fetch(queue, 1000):
             out.extend(
                 (m.message.headers.get("eomsg-origin", node), m.message.payload.decode())
                 for m in batch
             )
-            n.delete(queue, [m.key for m in batch])
+            n.delivery.delete(queue, [m.key for m in batch])
         return out
 
     def close(self) -> None:

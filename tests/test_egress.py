@@ -69,13 +69,13 @@ def test_settled_in_time_it_is_never_written_and_then_acknowledged(net: MakeNet)
     settle(n)
     assert b.link_info()[0].held == 100
     assert owed(n) == 100  # a keeps them: b has not acknowledged
-    got = b.fetch("q", 1000)
+    got = b.delivery.fetch("q", 1000)
     assert [m.message.payload for m in got] == [f"m{i}".encode() for i in range(100)]
     assert [m.message.headers["eomsg-origin"] for m in got[:1]] == ["a"]
-    b.delete("q", [m.key for m in got[:60]])
+    b.delivery.delete("q", [m.key for m in got[:60]])
     settle(n)
     assert owed(n) == 40 and b.link_info()[0].held == 40  # acknowledged as far as settled
-    b.delete("q", [m.key for m in got[60:]])
+    b.delivery.delete("q", [m.key for m in got[60:]])
     settle(n)
     assert owed(n) == 0 and b.link_info()[0].held == 0
     for table in ("messages", "destinations", "deliveries", "settled"):
@@ -91,8 +91,8 @@ def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
     for i in range(10):
         a.publish("t/x", f"m{i}".encode())
     settle(n)
-    got = b.fetch("q", 4)  # four handed out (attempt 1)
-    b.delete("q", [got[0].key])  # one deleted, in memory
+    got = b.delivery.fetch("q", 4)  # four handed out (attempt 1)
+    b.delivery.delete("q", [got[0].key])  # one deleted, in memory
     assert rows(b, "messages") == 0
     n.now += HOLD + 0.1
     b.link_tick("a")  # the hold is over: written
@@ -107,7 +107,7 @@ def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
     b = n.nodes["b"]
     n.now += 3600  # the three undeleted deliveries time out
     b.maintain()
-    again = b.fetch("q", 100)
+    again = b.delivery.fetch("q", 100)
     assert [m.message.payload for m in again] == [f"m{i}".encode() for i in range(1, 10)]
     assert [m.attempt for m in again] == [2, 2, 2, 1, 1, 1, 1, 1, 1]
 
@@ -131,10 +131,10 @@ def test_a_dead_letter_or_a_transaction_writes_the_held_message_first(net: MakeN
     a.publish("t/1", b"to the dead", ttl=600)
     a.publish("t/2", b"in a transaction")
     settle(n)
-    first, second = b.fetch("q", 2)
-    b.release("q", [first.key])  # past max-redeliveries: to the dead-letter queue
+    first, second = b.delivery.fetch("q", 2)
+    b.delivery.release("q", [first.key])  # past max-redeliveries: to the dead-letter queue
     assert rows(b, "messages") == 1  # written whole, with its move
-    dead = b.fetch("dead", 10)
+    dead = b.delivery.fetch("dead", 10)
     assert [m.message.payload for m in dead] == [b"to the dead"]
     assert dead[0].message.expires_at == pytest.approx(first.message.expires_at)
     b.participant.prepare_txn(
@@ -142,7 +142,7 @@ def test_a_dead_letter_or_a_transaction_writes_the_held_message_first(net: MakeN
     )
     assert rows(b, "messages") == 2  # a prepared delete needs the message stored
     b.participant.commit_txn("t1")
-    b.delete("dead", [dead[0].key])
+    b.delivery.delete("dead", [dead[0].key])
     settle(n)
     assert owed(n) == 0 and b.link_info()[0].held == 0
 
@@ -153,7 +153,7 @@ def test_the_log_is_read_no_further_than_the_lowest_held_message(net: MakeNet) -
     b.admin.create_queue(QueueConfig("local", subscriptions=("here",)))
     a.publish("t/x", b"held")
     settle(n)
-    (held,) = b.fetch("q", 1)
+    (held,) = b.delivery.fetch("q", 1)
     b.publish("here", b"stored after it")
     from eomsg.core.replay import Selection
 
@@ -258,8 +258,8 @@ def test_a_queue_deleted_no_longer_keeps_a_held_message(net: MakeNet) -> None:
     a.publish("t/x", b"for q and r")
     settle(n)
     assert b.admin.delete_queue("r", force=True) == 1
-    (m,) = b.fetch("q", 10)
-    b.delete("q", [m.key])  # q was the last queue to settle it
+    (m,) = b.delivery.fetch("q", 10)
+    b.delivery.delete("q", [m.key])  # q was the last queue to settle it
     settle(n)
     assert owed(n) == 0 and rows(b, "messages") == 0
 
@@ -356,7 +356,7 @@ def test_a_new_incarnation_of_the_peer_gets_nothing_of_the_old_ones_holds(
     assert b.link_info()[0].held == 0
     b.accept_transfer("a", 0, [carried(1, "t/x")]).result(5)  # the new a's first message
     assert b.link_info()[0].held == 1 and b.link_ack("a") is None  # not acknowledged yet
-    got = b.fetch("q", 10)
+    got = b.delivery.fetch("q", 10)
     assert [m.message.payload for m in got] == [b"old0", b"old1", b"old2", b"m1"]
-    b.delete("q", [m.key for m in got])
+    b.delivery.delete("q", [m.key for m in got])
     assert b.link_ack("a") == 1

@@ -393,8 +393,8 @@ def test_a_node_whose_queues_are_over_their_memory_holds_its_links_back(net: Mak
     assert 0 < stats.depth < 300 and n.nodes["a"].link_info()[0].pending > 0
     got: list[str] = []
     for _ in range(50):
-        while taken := b.fetch("q", 50):
-            b.delete("q", [d.key for d in taken])
+        while taken := b.delivery.fetch("q", 50):
+            b.delivery.delete("q", [d.key for d in taken])
             got += [d.message.payload.decode() for d in taken]
         if len(got) == 300:
             break

@@ -69,8 +69,8 @@ def test_the_queues_past_their_share_hold_producers_back(open_node: NodeFactory)
     assert refused.value.message.startswith(f"the node's queues hold {published} messages in ")
     assert "over their share of 64.0 KiB" in refused.value.message
     assert "publishing resumes as consumers take messages" in refused.value.message
-    while taken := node.fetch("q", 5000):  # consumers take the queue back under its share
-        node.delete("q", [d.key for d in taken])
+    while taken := node.delivery.fetch("q", 5000):  # consumers take the queue back under its share
+        node.delivery.delete("q", [d.key for d in taken])
     node.store.writer.sync()  # (their deletes journaled count until DuckDB has them)
     node.publish_batch([Outgoing("t", b"again")])  # and publishing resumes by itself
 
@@ -120,10 +120,10 @@ def test_a_take_reads_a_bounded_number_of_payload_bytes(open_node: NodeFactory) 
     node = open_node(limits=Limits(max_payload=8 << 20))
     node.admin.create_queue(QueueConfig("q", ("t",)))
     node.publish_batch([Outgoing("t", bytes(4 << 20)) for _ in range(12)])
-    assert len(node.fetch("q", 12)) == 4
+    assert len(node.delivery.fetch("q", 12)) == 4
     node.close()
     node = open_node(limits=Limits(max_payload=8 << 20))
-    assert len(node.fetch("q", 12)) == 4  # the ones above came back, redelivered
+    assert len(node.delivery.fetch("q", 12)) == 4  # the ones above came back, redelivered
 
 
 class _NoMemory:
@@ -176,7 +176,7 @@ def test_an_apply_duckdb_has_no_memory_for_waits_and_loses_nothing(
     node.store.writer.sync()
     assert next(failures, None) is None and not node.store.writer.failed
     assert node.store.query("SELECT seq, payload FROM messages")[1] == [(1, b"kept")]
-    assert [d.message.payload for d in node.fetch("q", 10)] == [b"kept"]
+    assert [d.message.payload for d in node.delivery.fetch("q", 10)] == [b"kept"]
 
 
 def test_an_open_that_fails_past_the_store_lets_go_of_it(

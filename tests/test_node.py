@@ -95,20 +95,20 @@ def test_expired_messages_are_never_delivered(node: Node, clock: FakeClock) -> N
     node.publish("orders/a", b"short", ttl=5)
     node.publish("orders/a", b"long")
     clock.advance(6)
-    assert [d.message.payload for d in node.fetch("orders", 10)] == [b"long"]
+    assert [d.message.payload for d in node.delivery.fetch("orders", 10)] == [b"long"]
     assert node.inspection.stats()[0].expired == 1
 
 
 def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock) -> None:
     orders(node, max_redeliveries=1, dead_letter="orders-dlq", ack_timeout=10)
     node.publish("orders/a", b"poison")
-    assert [d.attempt for d in node.fetch("orders")] == [1]
-    assert node.fetch("orders") == []  # in flight
+    assert [d.attempt for d in node.delivery.fetch("orders")] == [1]
+    assert node.delivery.fetch("orders") == []  # in flight
     clock.advance(11)
-    assert [d.attempt for d in node.fetch("orders")] == [2]
+    assert [d.attempt for d in node.delivery.fetch("orders")] == [2]
     clock.advance(11)
-    assert node.fetch("orders") == []
-    (dead,) = node.fetch("orders-dlq")
+    assert node.delivery.fetch("orders") == []
+    (dead,) = node.delivery.fetch("orders-dlq")
     assert dead.message.payload == b"poison" and dead.seq == 1
     stats = {s.name: s for s in node.inspection.stats()}
     assert stats["orders"].dead_lettered == 1 and stats["orders-dlq"].in_flight == 1
@@ -117,13 +117,13 @@ def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock
 def test_release_with_delay(node: Node, clock: FakeClock) -> None:
     orders(node)
     node.publish("orders/a", b"x")
-    (d,) = node.fetch("orders")
-    node.release("orders", [d.key], delay=30)
-    assert node.fetch("orders") == []
+    (d,) = node.delivery.fetch("orders")
+    node.delivery.release("orders", [d.key], delay=30)
+    assert node.delivery.fetch("orders") == []
     clock.advance(30)
-    assert [x.attempt for x in node.fetch("orders")] == [2]
+    assert [x.attempt for x in node.delivery.fetch("orders")] == [2]
     with pytest.raises(NotInFlight):
-        node.release("orders", [(999, 1)])
+        node.delivery.release("orders", [(999, 1)])
 
 
 def test_delete_is_idempotent_and_refuses_undelivered(broker: Broker) -> None:
@@ -143,8 +143,8 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     orders(node, max_redeliveries=1, dead_letter="dlq", ack_timeout=10)
     for i in range(5):
         node.publish("orders/a", str(i).encode(), id=f"m{i}")
-    d1, _ = node.fetch("orders", 2)
-    node.delete("orders", [d1.key])
+    d1, _ = node.delivery.fetch("orders", 2)
+    node.delivery.delete("orders", [d1.key])
     node.close()
 
     node = open_node()
@@ -152,7 +152,7 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     stats = node.inspection.stats()[1]
     assert (stats.depth, stats.deleted) == (4, 1)
     # What was in flight went with the node's consumers: it timed out at the restart.
-    assert [(d.seq, d.attempt) for d in node.fetch("orders", 10)] == [
+    assert [(d.seq, d.attempt) for d in node.delivery.fetch("orders", 10)] == [
         (2, 2),
         (3, 1),
         (4, 1),
@@ -161,8 +161,12 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     node.close()
 
     node = open_node()  # the attempt counts survived: 2 had had its last attempt
-    assert [(d.seq, d.attempt) for d in node.fetch("orders", 10)] == [(3, 2), (4, 2), (5, 2)]
-    assert [d.seq for d in node.fetch("dlq", 10)] == [2]
+    assert [(d.seq, d.attempt) for d in node.delivery.fetch("orders", 10)] == [
+        (3, 2),
+        (4, 2),
+        (5, 2),
+    ]
+    assert [d.seq for d in node.delivery.fetch("dlq", 10)] == [2]
     assert node.publish("orders/a", b"new").seq == 6
 
 
@@ -199,8 +203,8 @@ def test_compaction_and_gc_keep_the_store_bounded(
         node.publish_batch(
             [Outgoing("orders/a", b"x" * 256, id=f"{_round}-{i}") for i in range(5000)]
         )
-        while taken := node.fetch("orders", 1000):
-            node.delete("orders", [d.key for d in taken])
+        while taken := node.delivery.fetch("orders", 1000):
+            node.delivery.delete("orders", [d.key for d in taken])
         clock.advance(1)
         node.maintain()
         node.store._db.execute("CHECKPOINT")
@@ -295,8 +299,8 @@ def test_a_restarted_node_collects_when_due_though_its_clock_stood_still(
     node.close()
     node = open_node(gc_interval=0.0, retention=0.0)
     seq = node.publish("orders/a", b"x").seq
-    (d,) = node.fetch("orders")
-    node.delete("orders", [d.key])
+    (d,) = node.delivery.fetch("orders")
+    node.delivery.delete("orders", [d.key])
     node.maintain()
     assert node.inspection.log_horizon()[0] > seq
 
@@ -311,8 +315,8 @@ def test_saved_retention_drives_garbage_collection(
     node = open_node(gc_interval=0.0)  # the saved setting outlives the process
     assert node.settings.retention == 3600
     node.publish("orders/a", b"x", id="a")
-    (d,) = node.fetch("orders")
-    node.delete("orders", [d.key])
+    (d,) = node.delivery.fetch("orders")
+    node.delivery.delete("orders", [d.key])
     clock.advance(1800)
     node.maintain()
     assert len(node.inspection.log()) == 1  # consumed, but within retention
@@ -342,7 +346,7 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
     low = node.elections.bind(
         "ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch))
     )
-    held = node.fetch("ex", 10, flow=low.flow)
+    held = node.delivery.fetch("ex", 10, flow=low.flow)
     assert [d.epoch for d in held] == [low.epoch] * 3
     high = node.elections.bind(
         "ex", priority=2, notify=lambda e: heard.append((e.flow, e.kind, e.epoch))
@@ -352,16 +356,16 @@ def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node:
         (low.flow, "inactive", low.epoch),
         (high.flow, "bound", high.epoch),
     ]
-    assert node.fetch("ex", 10, flow=low.flow) == []  # inactive: nothing
+    assert node.delivery.fetch("ex", 10, flow=low.flow) == []  # inactive: nothing
     with pytest.raises(StaleEpoch):
-        node.delete("ex", [held[0].key], epoch=low.epoch)
-    got = node.fetch("ex", 10, flow=high.flow)
+        node.delivery.delete("ex", [held[0].key], epoch=low.epoch)
+    got = node.delivery.fetch("ex", 10, flow=high.flow)
     assert [(d.seq, d.attempt) for d in got] == [(d.seq, 2) for d in held]
     with pytest.raises(StaleEpoch):  # the message is another epoch's now
-        node.delete("ex", [got[0].key])
-    assert node.delete("ex", [d.key for d in got], epoch=high.epoch) == [True] * 3
+        node.delivery.delete("ex", [got[0].key])
+    assert node.delivery.delete("ex", [d.key for d in got], epoch=high.epoch) == [True] * 3
     with pytest.raises(NotActive):
-        node.fetch("ex", 10)
+        node.delivery.fetch("ex", 10)
     assert [(f.flow, f.active) for f in node.elections.flows("ex")] == [
         (high.flow, True),
         (low.flow, False),
@@ -382,25 +386,27 @@ def test_a_delivery_given_back_unseen_stays_uncounted_across_restarts(
     for i in range(3):
         node.publish("orders/a", str(i).encode())
     for _ in range(2):  # seq 1 handed out (attempt 1) and given back unseen, twice
-        taken = node.fetch("orders", 3, holder=7)
+        taken = node.delivery.fetch("orders", 3, holder=7)
         assert [(d.seq, d.attempt) for d in taken][:1] == [(1, 1)]
-        node.return_unseen("orders", [d.key for d in taken], holder=7)
-    (d1,) = node.fetch("orders", 1, holder=7)  # attempt 1 a third time: in flight at the stop
+        node.delivery.return_unseen("orders", [d.key for d in taken], holder=7)
+    (d1,) = node.delivery.fetch(
+        "orders", 1, holder=7
+    )  # attempt 1 a third time: in flight at the stop
     assert d1.key == (1, 1)
     node.close()
 
     node = open_node()  # seq 1 counts once (in flight at the stop); 2 and 3 never did
-    assert [(d.seq, d.attempt) for d in node.fetch("orders", 3, holder=7)] == [
+    assert [(d.seq, d.attempt) for d in node.delivery.fetch("orders", 3, holder=7)] == [
         (1, 2),
         (2, 1),
         (3, 1),
     ]
-    node.return_unseen("orders", [(2, 1), (3, 1)], holder=7)
+    node.delivery.return_unseen("orders", [(2, 1), (3, 1)], holder=7)
     node.close()
 
     node = open_node()  # seq 1 had its last attempt; 2 and 3 are still at their first
-    assert [(d.seq, d.attempt) for d in node.fetch("orders", 3)] == [(2, 1), (3, 1)]
-    assert [d.seq for d in node.fetch("dlq", 10)] == [1]
+    assert [(d.seq, d.attempt) for d in node.delivery.fetch("orders", 3)] == [(2, 1), (3, 1)]
+    assert [d.seq for d in node.delivery.fetch("dlq", 10)] == [1]
     node.close()
 
 
@@ -470,12 +476,12 @@ def test_requeued_messages_survive_a_restart(open_node: NodeFactory) -> None:
     node = open_node()
     orders(node, max_redeliveries=0, dead_letter="orders-dlq")
     node.publish("orders/a", b"m1")
-    (d,) = node.fetch("orders", 1)
-    node.release("orders", [d.key])
+    (d,) = node.delivery.fetch("orders", 1)
+    node.delivery.release("orders", [d.key])
     assert node.requeue("orders-dlq") == (1, "orders")
     node.close()
     node = open_node()
-    assert [(d.seq, d.message.payload) for d in node.fetch("orders", 10)] == [(2, b"m1")]
+    assert [(d.seq, d.message.payload) for d in node.delivery.fetch("orders", 10)] == [(2, b"m1")]
     assert node.inspection.stats()[1].depth == 0
     node.close()
 
@@ -534,21 +540,23 @@ def test_attempts_after_a_restart_are_those_in_memory(
                 mine = held.setdefault(h, [])
                 if op == "fetch":
                     with contextlib.suppress(NotActive):
-                        got = node.fetch("q", rnd.randint(1, 3), holder=h, flow=bound.get(h))
+                        got = node.delivery.fetch(
+                            "q", rnd.randint(1, 3), holder=h, flow=bound.get(h)
+                        )
                         mine.extend((d.key, d.epoch) for d in got)
                 elif op in ("unseen", "stale") and mine:
                     picked = rnd.sample(mine, rnd.randint(1, len(mine)))
                     for key, epoch in picked:
-                        node.return_unseen("q", [key], epoch=epoch, holder=h)
+                        node.delivery.return_unseen("q", [key], epoch=epoch, holder=h)
                     if op == "unseen":  # a stale one is given back again later
                         held[h] = [x for x in mine if x not in picked]
                 elif op in ("release", "later", "delete") and mine:
                     key, epoch = mine.pop(rnd.randrange(len(mine)))
                     with contextlib.suppress(EomsgError):
                         if op == "delete":
-                            node.delete("q", [key], epoch=epoch, holder=h)
+                            node.delivery.delete("q", [key], epoch=epoch, holder=h)
                         else:
-                            node.release(
+                            node.delivery.release(
                                 "q", [key], 0 if op == "release" else 5, epoch=epoch, holder=h
                             )
                 elif op == "advance":

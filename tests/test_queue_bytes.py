@@ -89,8 +89,8 @@ def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]
         )
     node.publish("t/x", b"x" * 100)
     for name in ("a", "b"):
-        (d,) = node.fetch(name, 1)
-        node.release(name, [d.key])  # its last attempt: dead-lettered
+        (d,) = node.delivery.fetch(name, 1)
+        node.delivery.release(name, [d.key])  # its last attempt: dead-lettered
     stats = {s.name: (s.depth, s.dead_lettered) for s in node.inspection.stats()}
     assert stats == {"a": (0, 1), "b": (0, 1), "dlq": (1, 0)}
     held_as_stored(node)
@@ -126,7 +126,7 @@ def test_dead_letter_oldest_by_bytes_keeps_the_newest_that_fit(
         )
     )
     node.publish_batch([Outgoing("t/x", p) for p in (b"aaaa", b"bbbb", b"cc")])
-    (held,) = node.fetch("d", 1)  # aaaa, in flight: it stays
+    (held,) = node.delivery.fetch("d", 1)  # aaaa, in flight: it stays
     node.publish("t/x", b"ddddd")  # bbbb and cc make room (4 + 5, with 2 more: 11)
     assert everything(node) == {"d": [b"aaaa", b"ddddd"], "old": [b"bbbb", b"cc"]}
     # A batch larger than what can be freed: its oldest go straight to the dead letters.
@@ -138,7 +138,7 @@ def test_dead_letter_oldest_by_bytes_keeps_the_newest_that_fit(
     assert {s.name: s.overflowed for s in node.inspection.stats()} == {"d": 4, "old": 0}
     node.publish("t/x", b"x" * 11)  # never fits: dead-lettered itself, nothing else moves
     assert everything(node)["d"] == [b"aaaa", b"ff", b"gggg"]
-    assert node.delete("d", [held.key]) == [True]
+    assert node.delivery.delete("d", [held.key]) == [True]
     held_as_stored(node)
 
 
@@ -152,8 +152,8 @@ def test_a_limit_set_on_a_queue_counts_what_it_holds_and_lifting_it_forgets(
     held_as_stored(node)
     with pytest.raises(QueueFull, match="holds 12 payload bytes of its 10"):
         node.publish("t/x", b"1")
-    taken = node.fetch("q", 2)
-    node.delete("q", [d.key for d in taken])
+    taken = node.delivery.fetch("q", 2)
+    node.delivery.delete("q", [d.key for d in taken])
     node.publish("t/x", b"123456")  # 4 + 6
     held_as_stored(node)
     node.admin.limit_queue("q", max_messages=2)  # the max-bytes lifted: sizes forgotten
@@ -181,8 +181,8 @@ def test_max_bytes_meets_transactions_requeues_and_dead_letter_queues(
     node.publish("t/x", b"12345")
     with pytest.raises(QueueFull):
         node.participant.prepare_txn("tx", coordinator="test", messages=[Outgoing("t/x", b"67")])
-    (d,) = node.fetch("r", 1)
-    node.release("r", [d.key])  # past its redeliveries: into old (5 bytes, past its 4)
+    (d,) = node.delivery.fetch("r", 1)
+    node.delivery.release("r", [d.key])  # past its redeliveries: into old (5 bytes, past its 4)
     node.publish("t/x", b"6789")
     assert everything(node) == {"old": [b"12345"], "r": [b"6789"]}
     held_as_stored(node)
@@ -248,7 +248,7 @@ class BytesMachine(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from(["r", "d", "old", "m", "t"]), k=st.integers(1, 3))
     def fetch(self, queue: str, k: int) -> None:
-        self.held[queue] += self.node.fetch(queue, k)
+        self.held[queue] += self.node.delivery.fetch(queue, k)
 
     @rule(queue=st.sampled_from(["r", "d", "old", "m", "t"]), give_back=st.booleans())
     def settle(self, queue: str, give_back: bool) -> None:

@@ -170,18 +170,18 @@ def test_a_requeue_into_a_full_queue_moves_nothing(cli: Cli) -> None:
 def settle_held(node: Node, queue: str, held: list[Delivered], give_back: bool) -> list[bytes]:
     """Give back, or delete, the deliveries ``held`` from ``queue``: the payloads deleted."""
     if held and give_back:
-        node.release(queue, [d.key for d in held])
+        node.delivery.release(queue, [d.key for d in held])
     if not held or give_back:
         return []
-    assert node.delete(queue, [d.key for d in held]) == [True] * len(held)
+    assert node.delivery.delete(queue, [d.key for d in held]) == [True] * len(held)
     return [d.message.payload for d in held]
 
 
 def drain_all(node: Node, queue: str) -> list[bytes]:
     """Consume and delete everything waiting in ``queue``: the payloads."""
     got: list[bytes] = []
-    while taken := node.fetch(queue, 100):
-        node.delete(queue, [d.key for d in taken])
+    while taken := node.delivery.fetch(queue, 100):
+        node.delivery.delete(queue, [d.key for d in taken])
         got += [d.message.payload for d in taken]
     return got
 
@@ -233,7 +233,7 @@ class LimitsMachine(RuleBasedStateMachine):
 
     @rule(queue=st.sampled_from(["r", "d", "old"]), k=st.integers(1, 3))
     def fetch(self, queue: str, k: int) -> None:
-        self.held[queue] += self.node.fetch(queue, k)
+        self.held[queue] += self.node.delivery.fetch(queue, k)
 
     @rule(queue=st.sampled_from(["r", "d", "old"]), give_back=st.booleans())
     def settle(self, queue: str, give_back: bool) -> None:

@@ -107,21 +107,21 @@ def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
     node = open_node()
     _queues(node)
     node.publish("a", b"1")
-    (d,) = node.fetch("a", 1)
+    (d,) = node.delivery.fetch("a", 1)
     node.participant.prepare_txn(
         "t1", coordinator="x", deletes=[("a", d.message.seq, 0, d.attempt)]
     )
     clock.advance(3600)  # far past the ack timeout: a held message does not time out
-    assert node.fetch("a", 10) == []
+    assert node.delivery.fetch("a", 10) == []
     node.close()
     node = open_node()
     (info,) = node.participant.txns()
     assert not info.connected  # its coordinator is gone with the restart: in doubt
     clock.advance(3600)
-    assert node.fetch("a", 10) == []
+    assert node.delivery.fetch("a", 10) == []
     assert node.participant.abort_txn("t1") is True
     assert node.participant.abort_txn("t1") is False  # idempotent
-    (again,) = node.fetch("a", 10)
+    (again,) = node.delivery.fetch("a", 10)
     assert (again.message.seq, again.attempt) == (d.message.seq, 2)
     with pytest.raises(TxnConflict, match="it is aborted"):
         node.participant.commit_txn("t1")
@@ -331,7 +331,7 @@ def test_recovery_commits_what_the_marker_says(open_node: Callable[..., Node], a
     }
     done = recover_resource(node.participant, resource)
     assert all(s.done for s in done) and node.participant.txns() == []
-    assert [d.message.payload for d in node.fetch("b")] == [b"1"]
+    assert [d.message.payload for d in node.delivery.fetch("b")] == [b"1"]
     assert resource.markers.peek("undecided") == "abort"  # fenced
     assert resource.markers.peek("decided") is None  # forgotten
 
@@ -430,7 +430,7 @@ def test_postgres_prepared_work_follows_the_marker_after_a_crash(
     }
     assert _stocks(pg) == {"apple": 9, "pear": 10}
     assert _prepared(pg) == [] and node.participant.txns() == []
-    assert [d.message.payload for d in node.fetch("b")] == [b"x"]
+    assert [d.message.payload for d in node.delivery.fetch("b")] == [b"x"]
 
 
 def test_postgres_work_prepared_there_alone_is_settled(
@@ -492,14 +492,14 @@ def test_postgres_connection_lost_while_deciding_is_settled_on_a_new_one(
         assert _prepared(again) == []
         if when == "before":
             assert _stocks(again)["apple"] == 10
-            assert [d.message.payload for d in node.fetch("a")] == [b"order"]
-            assert node.fetch("b") == []
+            assert [d.message.payload for d in node.delivery.fetch("a")] == [b"order"]
+            assert node.delivery.fetch("b") == []
         else:
             assert tx.completed and [r.queues for r in tx.results] == [1]
             assert _stocks(again)["apple"] == 0
-            assert node.fetch("a") == [] and [d.message.payload for d in node.fetch("b")] == [
-                b"shipped"
-            ]
+            assert node.delivery.fetch("a") == [] and [
+                d.message.payload for d in node.delivery.fetch("b")
+            ] == [b"shipped"]
 
 
 def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered(
@@ -539,7 +539,9 @@ def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered
         done = recover_resource(node.participant, eomsg.PostgresResource(again))
         assert [(s.verdict, s.done) for s in done] == [(Verdict.ABORT, True)]
         assert _stocks(again) == {"apple": 10, "pear": 10} and _prepared(again) == []
-    assert node.fetch("b") == [] and [d.message.payload for d in node.fetch("a")] == [b"order"]
+    assert node.delivery.fetch("b") == [] and [
+        d.message.payload for d in node.delivery.fetch("a")
+    ] == [b"order"]
 
 
 def test_postgres_fenced_coordinator_cannot_commit(open_node: Callable[..., Node], pg: Any) -> None:
@@ -565,12 +567,14 @@ def test_postgres_fenced_coordinator_cannot_commit(open_node: Callable[..., Node
         tx.resource(pg).execute("UPDATE stock SET n = 0")
         tx.publish("b", b"x")
     assert _stocks(pg) == {"apple": 10, "pear": 10} and _prepared(pg) == []
-    assert node.participant.txns() == [] and node.fetch("b") == []
+    assert node.participant.txns() == [] and node.delivery.fetch("b") == []
     resource.markers.decide = real_decide  # type: ignore[method-assign]
     with eomsg.Transaction(eomsg.LocalClient(node), [resource]) as tx:
         tx.resource(pg).execute("UPDATE stock SET n = 1 WHERE item = 'pear'")
         tx.publish("b", b"y")
-    assert _stocks(pg)["pear"] == 1 and [d.message.payload for d in node.fetch("b")] == [b"y"]
+    assert _stocks(pg)["pear"] == 1 and [d.message.payload for d in node.delivery.fetch("b")] == [
+        b"y"
+    ]
 
 
 def test_a_transaction_not_decided_within_its_timeout_rolls_back(

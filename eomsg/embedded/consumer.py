@@ -181,7 +181,9 @@ class LocalConsumer(BlockingConsumer):
             taken: list[Delivered] = []
             if flow is not None and self.activity.active and room > 0:
                 try:
-                    taken, _ = node.take(self.queue, room, flow=flow, holder=self.client.holder)
+                    taken, _ = node.delivery.take(
+                        self.queue, room, flow=flow, holder=self.client.holder
+                    )
                 except EomsgError:
                     if self._subscription is None:
                         continue  # closed meanwhile: its inbox says how the iteration ends
@@ -213,7 +215,7 @@ class LocalConsumer(BlockingConsumer):
         late = self._buffer.expire(time.monotonic())
         if late:
             with contextlib.suppress(EomsgError):  # over already: nothing to give back
-                self.client.node.return_unseen(
+                self.client.node.delivery.return_unseen(
                     self.queue, late, epoch=self.activity.epoch, holder=self.client.holder
                 )
             self.settled(late)
@@ -229,7 +231,7 @@ class LocalConsumer(BlockingConsumer):
                 assert self._deleter is not None  # bound: _check_bound ran before the hand-out
                 future = self._deleter.delete(d)
             elif how == "unseen":
-                self.client.node.return_unseen(
+                self.client.node.delivery.return_unseen(
                     self.queue, [d.key], epoch=d.epoch, holder=self.client.holder
                 )
                 future = Future()

@@ -97,7 +97,7 @@ class LocalClient(Broker):
                 fetched, self._fetched = self._fetched, {}
             for queue, held in fetched.items():
                 with contextlib.suppress(EomsgError):
-                    self.node.release_held(queue, list(held.items()), self.holder)
+                    self.node.delivery.release_held(queue, list(held.items()), self.holder)
             with contextlib.suppress(EomsgError):
                 self.node.participant.disown_txns(self.name)
         finally:
@@ -176,7 +176,7 @@ class LocalClient(Broker):
         the first. Delete (or release) each before its deadline; what is neither when
         this client closes is given back."""
         self._check_open()
-        taken = self.node.fetch(queue, max_messages, wait, holder=self.holder)
+        taken = self.node.delivery.fetch(queue, max_messages, wait, holder=self.holder)
         if taken:
             with self._lock:
                 self._fetched.setdefault(queue, {}).update(d.key for d in taken)
@@ -202,7 +202,7 @@ class LocalClient(Broker):
         """:meth:`delete_async`, with what the node refuses at once raised here (a
         consumer's deleter splits a batch refused as stale)."""
         self._check_open()
-        done = self.node.delete_async(queue, keys, epoch=epoch, holder=self.holder)
+        done = self.node.delivery.delete_async(queue, keys, epoch=epoch, holder=self.holder)
         self._settled(queue, keys)
         return done
 
@@ -211,7 +211,7 @@ class LocalClient(Broker):
     ) -> None:
         """Give deliveries back for redelivery after ``delay`` seconds."""
         self._check_open()
-        self.node.release(queue, keys, delay, epoch=epoch, holder=self.holder)
+        self.node.delivery.release(queue, keys, delay, epoch=epoch, holder=self.holder)
         self._settled(queue, keys)
 
     def consumer(

@@ -3,29 +3,71 @@ keeps its own read position in the log and hands messages out — redeliveries f
 new messages in sequence order — and a delete is recorded per queue, apart from the log.
 Every delivery attempt, release and delete is durable before it is answered.
 
-Under the lock discipline of :mod:`eomsg.node.state`: the cursor changes and its records
-are queued under ``_lock``; the caller waits for the commit after releasing it. A fetch
-that waits for messages waits on ``_ready``, holding nothing else.
+:class:`Delivery` is a component of the node (``node.delivery``); the cursors it moves are
+the queues' (:mod:`eomsg.node.state`), and what it needs of the node is its :class:`Kernel`
+protocol. Under the lock discipline of :mod:`eomsg.node.state`: the cursor changes and its
+records are queued under ``_lock``; the caller waits for the commit after releasing it. A
+fetch that waits for messages waits on ``_ready``, holding nothing else.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from typing import Protocol
 
 from eomsg.core.cursor import Outcome, Release, Settlement
-from eomsg.core.message import Delivered, Key, check_keys
+from eomsg.core.message import Delivered, Key, Message, check_keys
 from eomsg.errors import InvalidConfig, NotActive
 from eomsg.failpoints import failpoint
-from eomsg.node.state import NodeState, QueueState, to_us
+from eomsg.node.flows import Elections
+from eomsg.node.state import Clock, QueueState, to_us
 from eomsg.store.writer import RowBatch
 
 TAKE_BYTES = 16 << 20  # payload bytes a take reads into memory at once, about
 
 
-class Delivery(NodeState):
+class Kernel(Protocol):
+    """What delivery needs of the rest of the node (:class:`~eomsg.node.state.NodeState`,
+    the elections)."""
+
+    clock: Clock
+    elections: Elections
+    _lock: threading.Lock
+    _ready: threading.Condition
+    _ready_generation: int
+    _settled_since_compaction: int
+
+    def _check_open(self) -> None: ...
+    def _queue(self, name: str) -> QueueState: ...
+    @staticmethod
+    def _check_epoch(q: QueueState, epoch: int) -> None: ...
+    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
+    def _record_settlements(
+        self,
+        batch: RowBatch,
+        q: QueueState,
+        settlements: list[Settlement],
+        now: float,
+        expiries: dict[int, float] | None = None,
+    ) -> None: ...
+    def _record_releases(
+        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
+    ) -> None: ...
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
+    def _write(self, batch: RowBatch) -> Future[None]: ...
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None: ...
+    def _notify(self, queues: set[str]) -> None: ...
+
+
+class Delivery:
     """Consuming: fetch, delete, release and give back deliveries."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
 
     def fetch(
         self,
@@ -50,15 +92,15 @@ class Delivery(NodeState):
         delivery settles it."""
         deadline = time.monotonic() + wait
         while True:
-            with self._ready:
-                generation = self._ready_generation
+            with self._kernel._ready:
+                generation = self._kernel._ready_generation
             taken = self.take(queue, max_messages, flow=flow, holder=holder)[0]
             remaining = deadline - time.monotonic()
             if taken or remaining <= 0:
                 return taken
-            with self._ready:
-                if self._ready_generation == generation:
-                    self._ready.wait(remaining)
+            with self._kernel._ready:
+                if self._kernel._ready_generation == generation:
+                    self._kernel._ready.wait(remaining)
 
     def take(
         self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
@@ -67,10 +109,10 @@ class Delivery(NodeState):
         in flight (looked at in the same step, so a consumer knows it has drained it)."""
         if max_messages < 1:
             raise InvalidConfig("max messages must be at least 1")
-        now = self.clock()
-        with self._lock:
-            self._check_open()
-            q = self._queue(queue)
+        now = self._kernel.clock()
+        with self._kernel._lock:
+            self._kernel._check_open()
+            q = self._kernel._queue(queue)
             epoch = 0
             if flow is None:
                 if q.config.max_active:
@@ -80,7 +122,7 @@ class Delivery(NodeState):
                         "`eomsg consume`) to receive"
                     )
             else:
-                self.elections.flow(q, flow)
+                self._kernel.elections.flow(q, flow)
                 epoch = q.election.epoch_of(flow)
                 if not epoch:
                     return [], q.cursor.ready_count > 0
@@ -99,12 +141,12 @@ class Delivery(NodeState):
             batch = RowBatch()
             for d in taken.deliveries:
                 batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
-            self._record_settlements(batch, q, taken.settlements, now)
-            future = self._queue_write(batch)
-        self._await_commit(future)
+            self._kernel._record_settlements(batch, q, taken.settlements, now)
+            future = self._kernel._queue_write(batch)
+        self._kernel._await_commit(future)
         if not taken.deliveries:
             return [], more
-        messages = self._fetch_messages([d.seq for d in taken.deliveries])
+        messages = self._kernel._fetch_messages([d.seq for d in taken.deliveries])
         delivered = [  # one purged meanwhile is gone: settled, it needs no delivery
             Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
             for d in taken.deliveries
@@ -131,12 +173,12 @@ class Delivery(NodeState):
         commit, so a consumer can fetch its next batch meanwhile (both then share one
         commit). Invalid input raises here, before anything is queued."""
         keys = check_keys(keys)
-        now_us = to_us(self.clock())
+        now_us = to_us(self._kernel.clock())
         deleted: Future[list[bool]] = Future()
-        with self._lock:
-            self._check_open()
-            q = self._queue(queue)
-            self._check_epoch(q, epoch)
+        with self._kernel._lock:
+            self._kernel._check_open()
+            q = self._kernel._queue(queue)
+            self._kernel._check_epoch(q, epoch)
             done = q.cursor.delete_many(keys, epoch, holder)
             rows = [
                 (q.id, s, Outcome.DELETED, now_us)
@@ -144,14 +186,14 @@ class Delivery(NodeState):
                 if d
             ]
             q.counts[Outcome.DELETED] += len(rows)
-            self._settled_since_compaction += len(rows)
+            self._kernel._settled_since_compaction += len(rows)
             failpoint("delete.before_commit")
             if not rows:
                 deleted.set_result(done)
                 return deleted
             batch = RowBatch()
             batch.rows_of("settled").extend(rows)
-            committed = self._write(batch)
+            committed = self._kernel._write(batch)
 
         def on_commit(f: Future[None]) -> None:
             error = f.exception()
@@ -177,11 +219,11 @@ class Delivery(NodeState):
         is checked as for :meth:`delete`, and must still be in flight; ``delay`` is 0
         to 100 years (InvalidInput otherwise)."""
         keys = check_keys(keys)
-        now = self.clock()
-        with self._lock:
-            self._check_open()
-            q = self._queue(queue)
-            self._check_epoch(q, epoch)
+        now = self._kernel.clock()
+        with self._kernel._lock:
+            self._kernel._check_open()
+            q = self._kernel._queue(queue)
+            self._kernel._check_epoch(q, epoch)
             outcomes = q.cursor.release_many(keys, now, delay, epoch, holder)
             future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(keys) and delay <= 0)
@@ -194,10 +236,10 @@ class Delivery(NodeState):
         attempt stays the number of times it was handed out. Deliveries no longer
         ``holder``'s are left alone. Idempotent."""
         keys = check_keys(keys)
-        now = self.clock()
-        with self._lock:
-            self._check_open()
-            q = self._queue(queue)
+        now = self._kernel.clock()
+        with self._kernel._lock:
+            self._kernel._check_open()
+            q = self._kernel._queue(queue)
             outcomes = q.cursor.return_unseen(keys, now, epoch, holder)
             future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(keys))
@@ -206,10 +248,10 @@ class Delivery(NodeState):
         """Give back those of ``holder``'s deliveries that are still in flight to it —
         what a consumer that went away was holding — and leave alone any message
         settled or handed out since. They count as handed out. Returns how many."""
-        now = self.clock()
-        with self._lock:
-            self._check_open()
-            q = self._queue(queue)
+        now = self._kernel.clock()
+        with self._kernel._lock:
+            self._kernel._check_open()
+            q = self._kernel._queue(queue)
             outcomes = q.cursor.release_holder(list(held), now, holder)
             future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(outcomes))
@@ -220,10 +262,10 @@ class Delivery(NodeState):
     ) -> Future[None] | None:
         """Record releases and settlements in one batch; under ``_lock``."""
         batch = RowBatch()
-        self._record_releases(batch, q, outcomes, now)
-        return self._queue_write(batch)
+        self._kernel._record_releases(batch, q, outcomes, now)
+        return self._kernel._queue_write(batch)
 
     def _released(self, queue: str, future: Future[None] | None, ready: bool) -> None:
-        self._await_commit(future)
+        self._kernel._await_commit(future)
         if ready:
-            self._notify({queue})
+            self._kernel._notify({queue})

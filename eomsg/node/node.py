@@ -2,15 +2,16 @@
 in-process (embedded mode) and the broker daemon will serve it over the wire.
 
 :class:`Node` is assembled from one module per concern, over the shared state of
-:mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow. Two are
-components — objects of their own, attributes of the node, owning their state:
-``access`` (principals, grants, the audit log), ``elections`` (module ``flows``: bound
-consumers and their election, seed 002), ``inspection`` (stats, the log, replay reads)
-``participant`` (transactions, seed 000) and ``admin`` (queues and saved settings). The
-rest are still mixins: ``ingress`` (publishing and routing, seed 004), ``delivery`` (the
-cursors, seed 003), ``links`` (other nodes: interest, routes and exactly-once
-transfer) and ``maintenance`` (timeouts, expiry, compaction, garbage collection). This
-module holds the node's life: opening and recovering its state from the store, the
+:mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow. Most are
+components — objects of their own, attributes of the node, each owning its state and
+naming what it needs of the rest (a ``Kernel`` protocol): ``access`` (principals, grants,
+the audit log), ``elections`` (module ``flows``: bound consumers and their election, seed
+002), ``inspection`` (stats, the log, replay reads), ``participant`` (transactions, seed
+000), ``admin`` (queues and saved settings) and ``delivery`` (the cursors' deliveries,
+seed 003). Three are still mixins: ``ingress`` (publishing and routing, seed 004),
+``links`` (other nodes: interest, routes and exactly-once transfer; it overrides hooks of
+the shared state) and ``maintenance`` (timeouts, expiry, compaction, garbage collection).
+This module holds the node's life: opening and recovering its state from the store, the
 maintenance ticker, listeners, and closing.
 """
 
@@ -63,7 +64,7 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Links, Ingress, Delivery, Maintenance):
+class Node(Links, Ingress, Maintenance):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
 
     Its components — objects of their own, each owning its state — are attributes named
@@ -77,6 +78,7 @@ class Node(Links, Ingress, Delivery, Maintenance):
         "inspection": Inspection,
         "participant": Participant,
         "admin": Admin,
+        "delivery": Delivery,
     }
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
@@ -85,6 +87,7 @@ class Node(Links, Ingress, Delivery, Maintenance):
         self.inspection = Inspection(self)
         self.participant = Participant(self)
         self.admin = Admin(self)
+        self.delivery = Delivery(self)
         self.access = Access(store, clock, self._lock, self._admin, self._check_open)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on

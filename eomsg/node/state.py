@@ -3,8 +3,9 @@
 :class:`~eomsg.node.node.Node` is assembled from components — objects that own their
 state and name what they need of the rest (``access``: principals and grants;
 ``elections``: flows and their elections; ``inspection``: reads; ``participant``:
-transactions; ``admin``: queues and settings) — and, still, one mixin per remaining
-concern (``ingress``, ``delivery``, ``links``, ``maintenance``), all over
+transactions; ``admin``: queues and settings; ``delivery``: the cursors' deliveries) —
+and, still, one mixin per remaining concern (``ingress``, ``links``, ``maintenance``), all
+over
 :class:`NodeState`: the runtime state they share, and the helpers more than one of them
 uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
 
@@ -75,6 +76,7 @@ from eomsg.store.writer import RowBatch
 if TYPE_CHECKING:
     from eomsg.node.access import Access
     from eomsg.node.admin import Admin
+    from eomsg.node.delivery import Delivery
     from eomsg.node.flows import Elections
     from eomsg.node.participant import Participant
 
@@ -244,6 +246,7 @@ class NodeState:
     elections: Elections  # the flows bound to queues and their elections: a component
     participant: Participant  # transactions prepared and decided: a component
     admin: Admin  # queues and saved settings administered: a component
+    delivery: Delivery  # the cursors' deliveries taken, deleted and released: a component
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store

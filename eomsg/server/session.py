@@ -426,7 +426,7 @@ class Session(asyncio.Protocol):
     def _delete(self, event: ev.Delete) -> None:
         arrived = self.loop.time()
         try:
-            committed = self.node.delete_async(
+            committed = self.node.delivery.delete_async(
                 event.queue, event.keys, epoch=event.epoch, holder=self.holder
             )
         except EomsgError as e:
@@ -458,7 +458,7 @@ class Session(asyncio.Protocol):
             self._check(f"fetch from queue {event.queue}", lambda: access.consuming(event.queue))
             ready = self.server.ready_waiter(event.queue)
             taken = await self.server.blocking(
-                self.node.fetch, event.queue, event.max, holder=self.holder
+                self.node.delivery.fetch, event.queue, event.max, holder=self.holder
             )
             remaining = deadline - self.loop.time()
             if taken or remaining <= 0 or self.closing or self.draining:
@@ -604,7 +604,7 @@ class Session(asyncio.Protocol):
             ready = self.server.ready_waiter(sub.queue)
             try:
                 taken, sub.more = await self.server.blocking(
-                    self.node.take,
+                    self.node.delivery.take,
                     sub.queue,
                     min(room, FETCH_CHUNK),
                     flow=sub.flow,
@@ -656,7 +656,7 @@ class Session(asyncio.Protocol):
     async def _release(self, event: ev.Release) -> None:
         if event.unseen:
             await self.server.blocking(
-                self.node.return_unseen,
+                self.node.delivery.return_unseen,
                 event.queue,
                 event.keys,
                 epoch=event.epoch,
@@ -664,7 +664,7 @@ class Session(asyncio.Protocol):
             )
         else:
             await self.server.blocking(
-                self.node.release,
+                self.node.delivery.release,
                 event.queue,
                 event.keys,
                 event.delay,
@@ -815,7 +815,7 @@ class Session(asyncio.Protocol):
             return 0
         try:
             released: int = await self.server.blocking(
-                self.node.release_held, queue, held, self.holder
+                self.node.delivery.release_held, queue, held, self.holder
             )
         except EomsgError as e:  # queue deleted or node closing: redelivery by timeout
             log.info("could not release %d messages of %s: %s", len(held), queue, e)
