@@ -43,7 +43,8 @@ from .conftest import FakeClock, NodeFactory
 
 
 def orders(node: Node | Broker, **kw: object) -> None:
-    node.create_queue(QueueConfig.create("orders", ["orders/>"], **kw))  # type: ignore[arg-type]
+    admin = node.admin if isinstance(node, Node) else node
+    admin.create_queue(QueueConfig.create("orders", ["orders/>"], **kw))  # type: ignore[arg-type]
 
 
 def test_publish_routes_by_subscription(broker: Broker) -> None:

@@ -68,9 +68,10 @@ def test_verdict_is_presumed_abort() -> None:
 # -- the node as a participant ----------------------------------------------------------
 
 
-def _queues(node: Any) -> None:
-    node.create_queue(eomsg.QueueConfig("a", subscriptions=("a",)))
-    node.create_queue(eomsg.QueueConfig("b", subscriptions=("b",)))
+def _queues(node: Node | Broker) -> None:
+    admin = node.admin if isinstance(node, Node) else node
+    admin.create_queue(eomsg.QueueConfig("a", subscriptions=("a",)))
+    admin.create_queue(eomsg.QueueConfig("b", subscriptions=("b",)))
 
 
 def test_prepared_work_is_invisible_and_held_until_commit(broker: Broker) -> None:
@@ -324,12 +325,12 @@ def test_recovery_commits_what_the_marker_says(open_node: Callable[..., Node], a
     resource.markers.decide("decided", [])
     node.close()
     node = open_node()
-    steps = plan(node.participant, now=0, coordinator=resource.descriptor)
+    steps = plan(eomsg.LocalClient(node), now=0, coordinator=resource.descriptor)
     assert {s.txn.txid: s.verdict for s in steps} == {
         "decided": Verdict.COMMIT,
         "undecided": Verdict.ABORT,
     }
-    done = recover_resource(node.participant, resource)
+    done = recover_resource(eomsg.LocalClient(node), resource)
     assert all(s.done for s in done) and node.participant.txns() == []
     assert [d.message.payload for d in node.delivery.fetch("b")] == [b"1"]
     assert resource.markers.peek("undecided") == "abort"  # fenced
@@ -423,7 +424,7 @@ def test_postgres_prepared_work_follows_the_marker_after_a_crash(
     assert _stocks(pg) == {"apple": 10, "pear": 10}  # prepared: not visible yet
     node.close()
     node = open_node()  # the coordinator's process is gone: both are in doubt
-    done = recover_resource(node.participant, eomsg.PostgresResource(pg))
+    done = recover_resource(eomsg.LocalClient(node), eomsg.PostgresResource(pg))
     assert {s.txn.txid: (s.verdict, s.done) for s in done} == {
         "decided": (Verdict.COMMIT, True),
         "undecided": (Verdict.ABORT, True),
@@ -445,16 +446,16 @@ def test_postgres_work_prepared_there_alone_is_settled(
     resource.markers.decide("committed", [])
     _prepare_in_pg(resource, "lost", "pear")
     (at,) = [at for t, at in app_db(pg).prepared() if t == "lost"]
-    young = plan(node.participant, now=at + 1, apps=[resource.descriptor])
+    young = plan(eomsg.LocalClient(node), now=at + 1, apps=[resource.descriptor])
     assert [(s.txn.txid, s.verdict, s.node) for s in young] == [
         ("committed", Verdict.COMMIT, False)
     ]
-    old = plan(node.participant, now=at + APP_ONLY_GRACE, apps=[resource.descriptor])
+    old = plan(eomsg.LocalClient(node), now=at + APP_ONLY_GRACE, apps=[resource.descriptor])
     assert {s.txn.txid: s.verdict for s in old} == {
         "committed": Verdict.COMMIT,
         "lost": Verdict.ABORT,
     }
-    done = execute(node.participant, old)
+    done = execute(eomsg.LocalClient(node), old)
     assert all(s.done for s in done)
     assert _stocks(pg) == {"apple": 9, "pear": 10} and _prepared(pg) == []
     assert resource.markers.peek("lost") == "abort"  # fenced: it can never commit now
@@ -536,7 +537,7 @@ def test_postgres_unreachable_after_a_lost_connection_is_in_doubt_then_recovered
     node = open_node()
     with psycopg.connect(pg_dsn, autocommit=True) as again:
         assert _prepared(again) == [tx.txid]
-        done = recover_resource(node.participant, eomsg.PostgresResource(again))
+        done = recover_resource(eomsg.LocalClient(node), eomsg.PostgresResource(again))
         assert [(s.verdict, s.done) for s in done] == [(Verdict.ABORT, True)]
         assert _stocks(again) == {"apple": 10, "pear": 10} and _prepared(again) == []
     assert node.delivery.fetch("b") == [] and [
