@@ -167,7 +167,7 @@ def run(
             if log_size:
                 _publish_all(client, log_size, payload, FILL_BATCH, 0)
                 bench_fill.drain(client, FILL_BATCH)
-                client.node.maintain()  # compaction between rounds, as the ticker would
+                client.node.maintenance.maintain()  # compaction between rounds, as the ticker would
                 start = log_size
             for _ in range(rounds):  # each round leaves the queue empty again
                 if scenario == "embedded-consume":
@@ -184,7 +184,7 @@ def run(
                 timings.append(time.perf_counter() - t0)
                 if scenario != "embedded-consume":
                     bench_fill.drain(client, FILL_BATCH)
-                client.node.maintain()  # compaction between rounds, as the ticker would
+                client.node.maintenance.maintain()  # compaction between rounds, as the ticker would
                 start += n
     seconds = statistics.median(timings)
     return {

@@ -148,7 +148,7 @@ def _fill(client: LocalClient, n: int, payload: Payloads, start: int, ids: bool)
         _publish(client, chunk, payload, FILL_BATCH, start + lo, ids)
         drained = bench_fill.drain(client, FILL_BATCH)
         assert drained == chunk, f"drained {drained} of {chunk}"
-        client.node.maintain()
+        client.node.maintenance.maintain()
         if n > FILL_CHUNK:
             done = lo + chunk
             rate = done / (time.perf_counter() - t0)
@@ -201,7 +201,7 @@ def run_scale(
                 consumed = bench_fill.drain(client, MEASURED_BATCH)
                 consume.append(time.perf_counter() - t)
                 assert consumed == n, f"consumed {consumed} of {n}"
-                client.node.maintain()
+                client.node.maintenance.maintain()
                 logged += n
             row: dict[str, Any] = {
                 "log_size": at,

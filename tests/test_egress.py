@@ -106,7 +106,7 @@ def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
     n.restart("b")
     b = n.nodes["b"]
     n.now += 3600  # the three undeleted deliveries time out
-    b.maintain()
+    b.maintenance.maintain()
     again = b.delivery.fetch("q", 100)
     assert [m.message.payload for m in again] == [f"m{i}".encode() for i in range(1, 10)]
     assert [m.attempt for m in again] == [2, 2, 2, 1, 1, 1, 1, 1, 1]

@@ -360,7 +360,7 @@ PUBLISHER = textwrap.dedent(
                     client.delete("q", [d.key])
                     print("deleted", d.message.id, flush=True)
             if i % 25 == 0:
-                client.node.maintain()  # jobs (compaction) between journaled writes
+                client.node.maintenance.maintain()  # jobs (compaction) between journaled writes
     """
 )
 

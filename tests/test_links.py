@@ -101,7 +101,7 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     assert route_rows() == seqs  # not compacted yet
     assert a.store.settled_rows() == 0
     assert a.store.meta("link/b/taken") is None  # not worth a disk flush of its own:
-    a.maintain()  # written with the next write, or at the next tick
+    a.maintenance.maintain()  # written with the next write, or at the next tick
     route_rows()
     assert a.store.meta("link/b/taken") == str(seqs[-1])
     n.restart("a")
@@ -110,19 +110,19 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     assert a.link_info()[0].pending == 0  # owed again: nothing
     n.nodes["a"].publish("t/x", b"25")
     n.run()
-    a.maintain()  # 26 taken since the last compaction: not yet
+    a.maintenance.maintain()  # 26 taken since the last compaction: not yet
     assert route_rows() == [*seqs, seqs[-1] + 1]
     for i in range(26, 30):
         n.nodes["a"].publish("t/x", str(i).encode())
     n.run()
-    a.maintain()  # 30 taken since (25 of them before the restart): compacted
+    a.maintenance.maintain()  # 30 taken since (25 of them before the restart): compacted
     assert route_rows() == []
     assert [p for _, p in n.drain("b", "q")] == [str(i) for i in range(30)]  # once each
     a.admin.configure("retention", "0")
     a.admin.configure("gc-interval", "0")
     last = n.nodes["a"].publish("t/x", b"30").seq
     n.run()
-    a.maintain()  # written before the log is collected: the peer holds what goes
+    a.maintenance.maintain()  # written before the log is collected: the peer holds what goes
     assert a.inspection.log_horizon()[0] > last
     assert a.store.meta("link/b/taken") == str(last)
 
@@ -154,7 +154,7 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
     n.heal()
     n.run()
     assert [p for _, p in n.drain("b", "far")] == [t for t in topics if t[0] == "t"] + ["t/7"]
-    a.maintain()  # taken: every run ends at or before what b took
+    a.maintenance.maintain()  # taken: every run ends at or before what b took
     a.store.writer.sync()
     assert a.store.load_route_runs() == {}
     n.restart("a")

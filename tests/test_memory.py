@@ -35,7 +35,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
         first += node.publish_batch(
             [Outgoing("t", b"x", id=f"order-{i}") for i in range(lo, lo + 20_000)]
         )
-        node.maintain()
+        node.maintenance.maintain()
     use = node.inspection.memory()
     # Its budget, and at most the newest run and the dictionaries besides (FOLD ids each).
     assert use.spilled_ids > 100_000 and use.dedup <= (256 << 10) + 65_536 * (64 + 150)
@@ -51,7 +51,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
     # The log collected: the ids go from memory and disk alike, and may publish anew.
     node.admin.configure("retention", "0")
     node.admin.configure("gc-interval", "0")
-    node.maintain()
+    node.maintenance.maintain()
     assert not any(r.duplicate for r in node.publish_batch(again[:50]))
     assert node.inspection.memory().spilled_ids == 0
 
@@ -100,7 +100,7 @@ def test_a_damaged_spill_file_is_made_anew_from_the_store(
     of what it held are still recognised."""
     node = open_node(dedup_memory=64 << 10)
     first = node.publish_batch([Outgoing("t", b"x", id=f"m{i}") for i in range(300_000)])
-    node.maintain()
+    node.maintenance.maintain()
     assert node.inspection.memory().spilled_ids > 0
     node.close()
     spill = data_dir / "dedup.sqlite"

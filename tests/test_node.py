@@ -207,7 +207,7 @@ def test_compaction_and_gc_keep_the_store_bounded(
         while taken := node.delivery.fetch("orders", 1000):
             node.delivery.delete("orders", [d.key for d in taken])
         clock.advance(1)
-        node.maintain()
+        node.maintenance.maintain()
         node.store._db.execute("CHECKPOINT")
         sizes.append((data_dir / DB_NAME).stat().st_size)
     assert node.inspection.log() == []  # everything consumed and past retention
@@ -296,13 +296,13 @@ def test_a_restarted_node_collects_when_due_though_its_clock_stood_still(
     assert int(clock.now * 1e6) / 1e6 > clock.now  # such an instant
     node = open_node(gc_interval=0.0, retention=0.0)
     orders(node)
-    node.maintain()  # a collection, at this instant
+    node.maintenance.maintain()  # a collection, at this instant
     node.close()
     node = open_node(gc_interval=0.0, retention=0.0)
     seq = node.publish("orders/a", b"x").seq
     (d,) = node.delivery.fetch("orders")
     node.delivery.delete("orders", [d.key])
-    node.maintain()
+    node.maintenance.maintain()
     assert node.inspection.log_horizon()[0] > seq
 
 
@@ -319,10 +319,10 @@ def test_saved_retention_drives_garbage_collection(
     (d,) = node.delivery.fetch("orders")
     node.delivery.delete("orders", [d.key])
     clock.advance(1800)
-    node.maintain()
+    node.maintenance.maintain()
     assert len(node.inspection.log()) == 1  # consumed, but within retention
     clock.advance(1801)
-    node.maintain()
+    node.maintenance.maintain()
     assert node.inspection.log() == []
     assert not node.publish("orders/a", b"x", id="a").duplicate  # gone from the log: new
 
@@ -562,7 +562,7 @@ def test_attempts_after_a_restart_are_those_in_memory(
                             )
                 elif op == "advance":
                     clock.advance(rnd.choice([3, 11]))
-                    node.maintain()
+                    node.maintenance.maintain()
                 elif op == "bind" and h not in bound:
                     bound[h] = node.elections.bind("q").flow
                 elif op == "unbind" and h in bound:
@@ -573,7 +573,7 @@ def test_attempts_after_a_restart_are_those_in_memory(
                     before, pending = attempts(node)
                     node.close()
                     node = opened()
-                    node.maintain()
+                    node.maintenance.maintain()
                     after, pending_after = attempts(node)
                     held, bound = {}, {}
                     assert pending_after == pending

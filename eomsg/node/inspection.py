@@ -7,7 +7,7 @@ record.
 and reads the rest of the node through what :class:`Kernel` names. Under the lock
 discipline of :mod:`eomsg.node.state`: :meth:`Inspection.stats` takes its snapshot under
 ``_lock`` and reads the store outside it, after applying the passage of time
-(``_poll``); a job record is written under ``_admin``.
+(``maintenance.poll``); a job record is written under ``_admin``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from eomsg.core.replay import JobEvent, JobRecord, Selection, job_transition, va
 from eomsg.core.topics import pattern_regex
 from eomsg.errors import InvalidConfig
 from eomsg.node.dedup import Deduplication
+from eomsg.node.maintenance import Maintenance
 from eomsg.node.settings import NodeSettings
 from eomsg.node.state import AuditRow, Clock, QueueState, to_us
 from eomsg.store.store import Store
@@ -47,11 +48,11 @@ class Kernel(Protocol):
     _queues: dict[str, QueueState]
     _dedup: Deduplication
     _rates: Rates
+    maintenance: Maintenance
 
     def _check_open(self) -> None: ...
     def _queue(self, name: str) -> QueueState: ...
     def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
-    def _poll(self, now: float) -> None: ...
     def _totals(self) -> Totals: ...
     def _log_ceiling(self) -> int | None: ...
     def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
@@ -104,7 +105,7 @@ class Inspection:
     def stats(self) -> list[QueueStats]:
         """A snapshot of every queue, by name."""
         now = self._kernel.clock()
-        self._kernel._poll(now)
+        self._kernel.maintenance.poll(now)
         with self._kernel._lock:
             snapshot = [
                 (

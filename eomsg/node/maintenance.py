@@ -4,73 +4,132 @@ messages expire (each cursor's poll, seed 003); settled rows leave the hot table
 collection, every ``gc_interval``), along with the publish ids (seed 001) and finished
 transactions (seed 000) old enough to forget. Run by the node's ticker and at close.
 
+:class:`Maintenance` is a component of the node (``node.maintenance``): it owns when the
+log was last collected, and what it needs of the node is its :class:`Kernel` protocol.
 Under the lock discipline of :mod:`eomsg.node.state`: what is due is decided under
 ``_lock``; the compaction and collection jobs are waited for outside it.
 """
 
 from __future__ import annotations
 
-from eomsg.node.state import NodeState, to_us
+import threading
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from eomsg.core.cursor import Settlement
+from eomsg.core.rates import Rates, Totals
+from eomsg.node.dedup import Deduplication
+from eomsg.node.participant import Participant
+from eomsg.node.settings import NodeSettings
+from eomsg.node.state import Clock, QueueState, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 TXN_MEMORY = 7 * 86400.0  # how long a finished transaction's outcome is remembered
 
 
-class Maintenance(NodeState):
+class Kernel(Protocol):
+    """What maintenance needs of the rest of the node: its state
+    (:class:`~eomsg.node.state.NodeState`), the links' hooks, the participant."""
+
+    store: Store
+    clock: Clock
+    settings: NodeSettings
+    participant: Participant
+    _lock: threading.Lock
+    _closed: bool
+    _queues: dict[str, QueueState]
+    _dedup: Deduplication
+    _rates: Rates
+    _durable_seq: int
+    _settled_since_compaction: int
+
+    def _check_open(self) -> None: ...
+    def _totals(self) -> Totals: ...
+    def _write_held(
+        self, now: float, *, link: Any = None, every: bool = False
+    ) -> Future[None] | None: ...
+    def _write_now(self) -> None: ...
+    def _routes_taken(self) -> dict[int, int]: ...
+    def _lowest_link_pending(self) -> int | None: ...
+    def _record_settlements(
+        self,
+        batch: RowBatch,
+        q: QueueState,
+        settlements: list[Settlement],
+        now: float,
+        expiries: dict[int, float] | None = None,
+    ) -> None: ...
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None: ...
+
+
+class Maintenance:
     """Timeouts, expiry, compaction and garbage collection."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        self._last_gc = 0.0  # when the log was last collected (recover sets it)
+
+    def recover(self, now: float) -> None:
+        """At open: when the log was last collected — never later than ``now``: the time
+        is kept to the microsecond, which a rounding may put a hair past a clock that
+        stood still since (or a clock set back far past it), and collection would wait
+        for it."""
+        self._last_gc = min(float(self._kernel.store.meta("gc_at") or 0.0), now)
 
     def maintain(self) -> None:
         """Time out deliveries and expire messages; when due, compact the hot tables and
         collect the log past retention. Runs every ``tick`` seconds and at close."""
-        if self._closed:
+        if self._kernel._closed:
             return
-        now = self.clock()
-        self._poll(now)
-        with self._lock:
-            self._write_held(now)  # held in memory past their hold: stored now
+        now = self._kernel.clock()
+        self.poll(now)
+        with self._kernel._lock:
+            self._kernel._write_held(now)  # held in memory past their hold: stored now
             # Before the jobs below: the link messages they drop are ones its peer is
             # known, on disk, to hold.
-            self._write_now()
-            self._rates.note(now, self._totals())
-            compact = self._settled_since_compaction >= self.settings.compact_every
+            self._kernel._write_now()
+            self._kernel._rates.note(now, self._kernel._totals())
+            compact = self._kernel._settled_since_compaction >= self._kernel.settings.compact_every
             if compact:
-                self._settled_since_compaction = 0
-            taken = self._routes_taken() if compact else {}
-            gc_due = now - self._last_gc >= self.settings.gc_interval
-            floor = self._durable_seq + 1
-            low = self._lowest_link_pending()
+                self._kernel._settled_since_compaction = 0
+            taken = self._kernel._routes_taken() if compact else {}
+            gc_due = now - self._last_gc >= self._kernel.settings.gc_interval
+            floor = self._kernel._durable_seq + 1
+            low = self._kernel._lowest_link_pending()
             if low is not None:
                 floor = min(floor, low)
-            for q in self._queues.values():
+            for q in self._kernel._queues.values():
                 low = q.cursor.lowest_pending()
                 if low is not None:
                     floor = min(floor, low)
         if compact:
-            self.store.writer.run(Store.compact_job(taken)).result()
+            self._kernel.store.writer.run(Store.compact_job(taken)).result()
         if gc_due:
-            forgotten = self.store.writer.run(
+            forgotten = self._kernel.store.writer.run(
                 Store.forget_txns_job(to_us(now - TXN_MEMORY))
             ).result()
             if forgotten:
-                remembered = self.store.finished_txns()
-                with self._lock:
-                    self.participant.forget(remembered)
+                remembered = self._kernel.store.finished_txns()
+                with self._kernel._lock:
+                    self._kernel.participant.forget(remembered)
             self._last_gc = now
-            cutoff = to_us(now - self.settings.retention)
-            horizon = self.store.writer.run(
+            cutoff = to_us(now - self._kernel.settings.retention)
+            horizon = self._kernel.store.writer.run(
                 Store.collect_garbage_job(floor, cutoff, to_us(now))
             ).result()
-            self._dedup.collect(horizon, now)
-        self._dedup.spill_over()  # the window back within its share of the memory
-        self._dedup.fill_filter()
+            self._kernel._dedup.collect(horizon, now)
+        self._kernel._dedup.spill_over()  # the window back within its share of the memory
+        self._kernel._dedup.fill_filter()
 
-    def _poll(self, now: float) -> None:
+    def poll(self, now: float) -> None:
         """Apply the passage of time to every cursor and persist what it settled."""
         batch = RowBatch()
-        with self._lock:
-            self._check_open()
-            for q in self._queues.values():
-                self._record_settlements(batch, q, q.cursor.poll(now), now)
-            future = self._queue_write(batch)
-        self._await_commit(future)
+        with self._kernel._lock:
+            self._kernel._check_open()
+            for q in self._kernel._queues.values():
+                self._kernel._record_settlements(batch, q, q.cursor.poll(now), now)
+            future = self._kernel._queue_write(batch)
+        self._kernel._await_commit(future)

@@ -7,10 +7,11 @@ components — objects of their own, attributes of the node, each owning its sta
 naming what it needs of the rest (a ``Kernel`` protocol): ``access`` (principals, grants,
 the audit log), ``elections`` (module ``flows``: bound consumers and their election, seed
 002), ``inspection`` (stats, the log, replay reads), ``participant`` (transactions, seed
-000), ``admin`` (queues and saved settings) and ``delivery`` (the cursors' deliveries,
-seed 003). Three are still mixins: ``ingress`` (publishing and routing, seed 004),
-``links`` (other nodes: interest, routes and exactly-once transfer; it overrides hooks of
-the shared state) and ``maintenance`` (timeouts, expiry, compaction, garbage collection).
+000), ``admin`` (queues and saved settings), ``delivery`` (the cursors' deliveries, seed
+003) and ``maintenance`` (timeouts, expiry, compaction, garbage collection). Node's one
+base is still a chain of mixins: ``links`` (other nodes: interest, routes and exactly-once
+transfer; it overrides hooks of the shared state) over ``egress`` over ``ingress``
+(publishing and routing, seed 004) over ``overflow`` over the state.
 This module holds the node's life: opening and recovering its state from the store, the
 maintenance ticker, listeners, and closing.
 """
@@ -36,7 +37,6 @@ from eomsg.node.admin import Admin
 from eomsg.node.dedup import Deduplication
 from eomsg.node.delivery import Delivery
 from eomsg.node.flows import Elections
-from eomsg.node.ingress import Ingress
 from eomsg.node.inspection import Inspection
 from eomsg.node.links import Links
 from eomsg.node.maintenance import Maintenance
@@ -64,7 +64,7 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Links, Ingress, Maintenance):
+class Node(Links):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
 
     Its components — objects of their own, each owning its state — are attributes named
@@ -79,6 +79,7 @@ class Node(Links, Ingress, Maintenance):
         "participant": Participant,
         "admin": Admin,
         "delivery": Delivery,
+        "maintenance": Maintenance,
     }
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
@@ -88,6 +89,7 @@ class Node(Links, Ingress, Maintenance):
         self.participant = Participant(self)
         self.admin = Admin(self)
         self.delivery = Delivery(self)
+        self.maintenance = Maintenance(self)
         self.access = Access(store, clock, self._lock, self._admin, self._check_open)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on
@@ -166,7 +168,7 @@ class Node(Links, Ingress, Maintenance):
             if not self.store.writer.failed:
                 with self._lock:  # what is held in memory is stored: nothing comes twice
                     self._write_held(self.clock(), every=True)
-                self.maintain()
+                self.maintenance.maintain()
         finally:
             self._closed = True
             self.store.close()
@@ -251,10 +253,7 @@ class Node(Links, Ingress, Maintenance):
         self._restore_link_pending(store.load_route_runs())  # counts what they settled
         self.participant.recover()
         self.access.load()
-        # Never later than now: the time is kept to the microsecond, which a rounding
-        # may put a hair past a clock that stood still since (or a clock set back far
-        # past it) — and collection would wait for it.
-        self._last_gc = min(float(store.meta("gc_at") or 0.0), now)
+        self.maintenance.recover(now)
 
     @staticmethod
     def _add_counts(q: QueueState, counts: SettledCounts) -> None:
@@ -270,7 +269,7 @@ class Node(Links, Ingress, Maintenance):
         assert tick is not None
         while not self._stop.wait(tick):
             try:
-                self.maintain()
+                self.maintenance.maintain()
             except NodeClosed:
                 return
             except EomsgError as e:

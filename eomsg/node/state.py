@@ -3,9 +3,9 @@
 :class:`~eomsg.node.node.Node` is assembled from components — objects that own their
 state and name what they need of the rest (``access``: principals and grants;
 ``elections``: flows and their elections; ``inspection``: reads; ``participant``:
-transactions; ``admin``: queues and settings; ``delivery``: the cursors' deliveries) —
-and, still, one mixin per remaining concern (``ingress``, ``links``, ``maintenance``), all
-over
+transactions; ``admin``: queues and settings; ``delivery``: the cursors' deliveries;
+``maintenance``: time and upkeep) — and, still, a chain of mixins (``links`` over
+``egress`` over ``ingress`` over ``overflow``), all over
 :class:`NodeState`: the runtime state they share, and the helpers more than one of them
 uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
 
@@ -78,6 +78,7 @@ if TYPE_CHECKING:
     from eomsg.node.admin import Admin
     from eomsg.node.delivery import Delivery
     from eomsg.node.flows import Elections
+    from eomsg.node.maintenance import Maintenance
     from eomsg.node.participant import Participant
 
 FREE_MARGIN = 256 << 20  # free bytes above the reserve past which a reading may stand
@@ -239,7 +240,6 @@ class NodeState:
     _next_seq: int  # the seq the next published message gets
     _durable_seq: int  # the last seq whose commit is durable
     _settled_since_compaction: int
-    _last_gc: float
     _released_at: float  # the latest time a release was recorded at (see _record_releases)
     _dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
     access: Access  # principals, grants, the audit log: a component (Node makes it)
@@ -247,6 +247,7 @@ class NodeState:
     participant: Participant  # transactions prepared and decided: a component
     admin: Admin  # queues and saved settings administered: a component
     delivery: Delivery  # the cursors' deliveries taken, deleted and released: a component
+    maintenance: Maintenance  # time applied, the store kept small: a component
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
