@@ -101,7 +101,7 @@ def spark_replay(
       eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
     """
     from eomsg.spark import classes
-    from eomsg.spark.job import ReplaySpec, execute, on_store, plan
+    from eomsg.spark.job import ReplaySpec, execute
     from eomsg.spark.session import (
         check_master,
         java_version,
@@ -112,19 +112,9 @@ def spark_replay(
     )
 
     spec = ReplaySpec(
-        sink,
-        topic,
-        queue,
-        from_seq,
-        to_seq,
-        since,
-        until,
-        transform,
-        sql,
-        decode,
-        job_id,
+        sink, topic, queue, from_seq, to_seq, since, until, transform, sql, decode, job_id,
         partitions,
-    )
+    )  # fmt: skip
     settings = parse_conf(conf or [])
     _signalled.clear()  # a signal to an earlier run in this process is not this run's
     for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM stops a run as Ctrl-C does
@@ -132,18 +122,7 @@ def spark_replay(
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
         check_master(master)  # … nor does a cluster that cannot be reached
-    # Waits its turn, as each step of the run does, if a command holds the directory.
-    try:
-        p = on_store(
-            lambda: open_broker(data),
-            lambda broker: plan(
-                spec, broker, data=data, force=force, token=Globals.token, tls_ca=Globals.tls_ca
-            ),
-        )
-    except BaseException as e:
-        if isinstance(e, KeyboardInterrupt) or _signalled.is_set():
-            raise Interrupted("interrupted while planning: nothing was recorded") from e
-        raise
+    p = _planned(spec, data, force, json)
     if dry_run:
         if json:
             print_json(p.to_json())
@@ -202,6 +181,30 @@ def spark_replay(
         print_json(result.to_json())
     else:
         say(f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})")
+
+
+def _planned(spec: Any, data: Path, force: bool, json: bool) -> Any:
+    """The run's plan (:func:`eomsg.spark.job.plan`), made on the log's node — waiting
+    its turn, as each step of the run does, if a command holds the directory (said on
+    stderr, unless ``json``). Interrupted if a signal stops it: nothing was recorded."""
+    from eomsg.spark.job import WAITING, on_store, plan
+
+    def waiting() -> None:
+        if not json:
+            console(err=True).print(shown(WAITING))
+
+    try:
+        return on_store(
+            lambda: open_broker(data),
+            lambda broker: plan(
+                spec, broker, data=data, force=force, token=Globals.token, tls_ca=Globals.tls_ca
+            ),
+            waiting,
+        )
+    except BaseException as e:
+        if isinstance(e, KeyboardInterrupt) or _signalled.is_set():
+            raise Interrupted("interrupted while planning: nothing was recorded") from e
+        raise
 
 
 _signalled = threading.Event()

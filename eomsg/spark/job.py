@@ -277,12 +277,14 @@ def _spark_error(e: BaseException) -> EomsgError:
 LOCK_WAIT = 60.0  # seconds a replay waits for a data directory another command holds
 
 
-def on_store(open_broker: OpenBroker, work: Callable[[Broker], T]) -> T:
+def on_store(
+    open_broker: OpenBroker, work: Callable[[Broker], T], waiting: Callable[[], None] = lambda: None
+) -> T:
     """``work`` done on the log's node, opened for a moment. Another command holding the
     data directory — for a moment of its own (``eomsg inspect jobs``), or lending it for
     looking only while it runs — is waited for, up to LOCK_WAIT, and ``work`` done again
     (each step of a replay may be: its records and commits are idempotent); a replay is
-    not lost to a look at it."""
+    not lost to a look at it. ``waiting()`` is called once, when the wait begins."""
     deadline = time.monotonic() + LOCK_WAIT
     delay = 0.05
     while True:
@@ -292,8 +294,13 @@ def on_store(open_broker: OpenBroker, work: Callable[[Broker], T]) -> T:
         except DataDirLocked:
             if time.monotonic() + delay > deadline:
                 raise
+            if delay == 0.05:
+                waiting()
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
+
+
+WAITING = f"waiting for the data directory, which another command holds (at most {LOCK_WAIT:g} s)"
 
 
 def execute(
@@ -328,7 +335,7 @@ def execute(
 
     # The route as the run finds the log: planned through a command that lent the
     # directory for looking, it is read from the file or a node once that is gone.
-    p = replace(p, route=on_store(open_broker, begin))
+    p = replace(p, route=on_store(open_broker, begin, lambda: report(WAITING)))
     sessions: list[Any] = []
     touched: list[bool] = []  # once the sink may hold some of this run's output
 
@@ -339,7 +346,11 @@ def execute(
     try:
         output = _carry_out(p, record, open_broker, started, report, allow_fewer, touched)
         done = replace(record, rows=output.rows, digest=output.digest)
-        on_store(open_broker, lambda node: node.record_replay(done, JobEvent.FINISH))
+        on_store(
+            open_broker,
+            lambda node: node.record_replay(done, JobEvent.FINISH),
+            lambda: report(WAITING),
+        )
     except BaseException as e:
         for session in sessions:  # its tasks stop writing before their staging goes
             with contextlib.suppress(Exception):
@@ -387,7 +398,11 @@ def _carry_out(
         )
     report(f"staged {staged.rows} rows; committing to {p.sink.text}")
     try:
-        on_store(open_broker, lambda node: p.sink.commit(staged, record, node=node))
+        on_store(
+            open_broker,
+            lambda node: p.sink.commit(staged, record, node=node),
+            lambda: report(WAITING),
+        )
     except SinkConflict:
         raise  # the sink refused it, and so changed nothing
     except BaseException:
