@@ -36,6 +36,7 @@ from eomsg.errors import EomsgError, InvalidConfig, NotAllowed
 from eomsg.transport.address import Address
 
 if TYPE_CHECKING:
+    from eomsg.node.node import Node
     from eomsg.server.server import Server
 
 log = logging.getLogger("eomsg.metrics")
@@ -248,7 +249,7 @@ class NodeCollector(Collector):
         yield sessions
 
 
-def _node(node: Any) -> Iterator[Metric]:
+def _node(node: Node) -> Iterator[Metric]:
     info = node.node_info()
     meta = GaugeMetricFamily(
         "eomsg_node_info", "The node's name and version (always 1).", labels=["node", "version"]
