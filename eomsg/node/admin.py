@@ -16,48 +16,27 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from concurrent.futures import Future
 from dataclasses import replace
 from typing import Protocol
 
 from eomsg.core.access import OWNER
-from eomsg.core.cursor import Settlement
 from eomsg.core.queues import REFUSE, QueueConfig
 from eomsg.errors import InvalidConfig, QueueExists, QueueNotEmpty
-from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
-from eomsg.node.state import AuditRow, Clock, QueueState, to_us
+from eomsg.node.settings import SETTINGS, apply_saved
+from eomsg.node.state import AuditRow, QueueState, Shared, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 
-class Kernel(Protocol):
+class Kernel(Shared, Protocol):
     """What administration needs of the rest of the node (:class:`~eomsg.node.state.NodeState`)."""
 
-    store: Store
-    clock: Clock
-    settings: NodeSettings
-    _lock: threading.Lock
     _admin: threading.Lock
-    _queues: dict[str, QueueState]
 
-    def _check_open(self) -> None: ...
-    def _queue(self, name: str) -> QueueState: ...
-    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
     def _install(self, queue_id: int, config: QueueConfig) -> QueueState: ...
     def _reconfigure_queue(self, q: QueueState, config: QueueConfig) -> None: ...
     def _uninstall(self, q: QueueState) -> None: ...
     def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]: ...
-    def _record_settlements(
-        self,
-        batch: RowBatch,
-        q: QueueState,
-        settlements: list[Settlement],
-        now: float,
-        expiries: dict[int, float] | None = None,
-    ) -> None: ...
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
-    @staticmethod
-    def _await_commit(future: Future[None] | None) -> None: ...
 
 
 class Admin:

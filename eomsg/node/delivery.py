@@ -14,53 +14,29 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Protocol
 
 from eomsg.core.cursor import Outcome, Release, Settlement
-from eomsg.core.message import Delivered, Key, Message, check_keys
+from eomsg.core.message import Delivered, Key, check_keys
 from eomsg.errors import InvalidConfig, NotActive
 from eomsg.failpoints import failpoint
 from eomsg.node.flows import Elections
-from eomsg.node.state import Clock, QueueState, to_us
+from eomsg.node.state import QueueState, Shared, to_us
 from eomsg.store.writer import RowBatch
 
 TAKE_BYTES = 16 << 20  # payload bytes a take reads into memory at once, about
 
 
-class Kernel(Protocol):
+class Kernel(Shared, Protocol):
     """What delivery needs of the rest of the node (:class:`~eomsg.node.state.NodeState`,
     the elections)."""
 
-    clock: Clock
     elections: Elections
-    _lock: threading.Lock
     _ready: threading.Condition
     _ready_generation: int
     _settled_since_compaction: int
-
-    def _check_open(self) -> None: ...
-    def _queue(self, name: str) -> QueueState: ...
-    @staticmethod
-    def _check_epoch(q: QueueState, epoch: int) -> None: ...
-    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
-    def _record_settlements(
-        self,
-        batch: RowBatch,
-        q: QueueState,
-        settlements: list[Settlement],
-        now: float,
-        expiries: dict[int, float] | None = None,
-    ) -> None: ...
-    def _record_releases(
-        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
-    ) -> None: ...
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
-    def _write(self, batch: RowBatch) -> Future[None]: ...
-    @staticmethod
-    def _await_commit(future: Future[None] | None) -> None: ...
-    def _notify(self, queues: set[str]) -> None: ...
 
 
 class Delivery:

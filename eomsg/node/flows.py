@@ -6,7 +6,7 @@ made ready again for the next active flow.
 
 :class:`Elections` is a component of the node (``node.elections``): it owns the flows, the
 epochs handed out and how far they are reserved, and the ``elect`` lock; what it needs of
-the rest of the node is the :class:`Kernel` protocol. Under the lock discipline of
+the rest of the node is :class:`~eomsg.node.state.Shared`. Under the lock discipline of
 :mod:`eomsg.node.state`: a bind or an unbind takes ``elect`` (it may wait for epochs to be
 reserved), then the node's ``_lock`` to run the election and apply its changes; a flow's
 ``notify`` hears of them under ``_lock``.
@@ -19,42 +19,21 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
-from typing import Protocol
 
 from eomsg.core.access import OWNER
-from eomsg.core.cursor import Release, Settlement
 from eomsg.core.election import Change, Epochs, FlowEvent, FlowInfo
 from eomsg.core.message import Key, check_keys
 from eomsg.errors import FlowNotFound, InvalidConfig
-from eomsg.node.state import AuditRow, Clock, FlowState, Notify, QueueState
-from eomsg.store.store import Store
+from eomsg.node.state import AuditRow, FlowState, Notify, QueueState, Shared
 from eomsg.store.writer import RowBatch
 
 EPOCH_BLOCK = 1024  # epochs reserved durably at a time, so activations rarely wait
 
 
-class Kernel(Protocol):
-    """What the elections need of the rest of the node (:class:`~eomsg.node.state.NodeState`)."""
-
-    store: Store
-    clock: Clock
-    _lock: threading.Lock
-    _queues: dict[str, QueueState]
-
-    def _check_open(self) -> None: ...
-    def _queue(self, name: str) -> QueueState: ...
-    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
-    def _record_releases(
-        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
-    ) -> None: ...
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
-    def _notify(self, queues: set[str]) -> None: ...
-
-
 class Elections:
     """Consumers bound to the node's queues: bind, unbind, and the election they run."""
 
-    def __init__(self, kernel: Kernel) -> None:
+    def __init__(self, kernel: Shared) -> None:
         self._kernel = kernel
         self.elect = threading.Lock()  # serialises election stimuli (they may wait)
         self.epochs = Epochs(int(kernel.store.meta("epochs_reserved") or 0))

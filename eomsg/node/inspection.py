@@ -13,7 +13,6 @@ discipline of :mod:`eomsg.node.state`: :meth:`Inspection.stats` takes its snapsh
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -28,34 +27,24 @@ from eomsg.core.topics import pattern_regex
 from eomsg.errors import InvalidConfig
 from eomsg.node.dedup import Deduplication
 from eomsg.node.maintenance import Maintenance
-from eomsg.node.settings import NodeSettings
-from eomsg.node.state import AuditRow, Clock, QueueState, to_us
+from eomsg.node.state import Shared, to_us
 from eomsg.store.store import Store
 
 LOG_CHUNK = 64 << 20  # bytes of log one read_log returns unless told
 MAX_TIME = 253402300799.0  # 9999-12-31T23:59:59Z: the last second a log's time may name
 
 
-class Kernel(Protocol):
+class Kernel(Shared, Protocol):
     """What inspection needs of the rest of the node (:class:`~eomsg.node.state.NodeState`
     and the maintenance that applies time)."""
 
-    store: Store
-    clock: Clock
-    settings: NodeSettings
-    _lock: threading.Lock
     _admin: threading.Lock
-    _queues: dict[str, QueueState]
     _dedup: Deduplication
     _rates: Rates
     maintenance: Maintenance
 
-    def _check_open(self) -> None: ...
-    def _queue(self, name: str) -> QueueState: ...
-    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
     def _totals(self) -> Totals: ...
     def _log_ceiling(self) -> int | None: ...
-    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
 
 
 class Inspection:

@@ -12,39 +12,30 @@ Under the lock discipline of :mod:`eomsg.node.state`: what is due is decided und
 
 from __future__ import annotations
 
-import threading
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from eomsg.core.cursor import Settlement
 from eomsg.core.rates import Rates, Totals
 from eomsg.node.dedup import Deduplication
 from eomsg.node.participant import Participant
-from eomsg.node.settings import NodeSettings
-from eomsg.node.state import Clock, QueueState, to_us
+from eomsg.node.state import Shared, to_us
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 TXN_MEMORY = 7 * 86400.0  # how long a finished transaction's outcome is remembered
 
 
-class Kernel(Protocol):
+class Kernel(Shared, Protocol):
     """What maintenance needs of the rest of the node: its state
     (:class:`~eomsg.node.state.NodeState`), the links' hooks, the participant."""
 
-    store: Store
-    clock: Clock
-    settings: NodeSettings
     participant: Participant
-    _lock: threading.Lock
     _closed: bool
-    _queues: dict[str, QueueState]
     _dedup: Deduplication
     _rates: Rates
     _durable_seq: int
     _settled_since_compaction: int
 
-    def _check_open(self) -> None: ...
     def _totals(self) -> Totals: ...
     def _write_held(
         self, now: float, *, link: Any = None, every: bool = False
@@ -52,17 +43,6 @@ class Kernel(Protocol):
     def _write_now(self) -> None: ...
     def _routes_taken(self) -> dict[int, int]: ...
     def _lowest_link_pending(self) -> int | None: ...
-    def _record_settlements(
-        self,
-        batch: RowBatch,
-        q: QueueState,
-        settlements: list[Settlement],
-        now: float,
-        expiries: dict[int, float] | None = None,
-    ) -> None: ...
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
-    @staticmethod
-    def _await_commit(future: Future[None] | None) -> None: ...
 
 
 class Maintenance:

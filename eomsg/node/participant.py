@@ -16,14 +16,13 @@ it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Container, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Protocol
 
 from eomsg.core import access
 from eomsg.core.access import OWNER
-from eomsg.core.cursor import Outcome, Release, Settlement
+from eomsg.core.cursor import Outcome, Settlement
 from eomsg.core.message import Key, Outgoing, Publishable, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.text import is_text
@@ -32,27 +31,19 @@ from eomsg.errors import InvalidConfig, InvalidInput, TxnConflict, TxnNotFound
 from eomsg.failpoints import failpoint
 from eomsg.node.access import Access
 from eomsg.node.ingress import Fresh, Route
-from eomsg.node.state import AuditRow, Clock, PreparedTxn, QueueState, to_us
-from eomsg.store.store import US, Store
+from eomsg.node.state import PreparedTxn, QueueState, Shared, to_us
+from eomsg.store.store import US
 from eomsg.store.writer import RowBatch
 
 
-class Kernel(Protocol):
+class Kernel(Shared, Protocol):
     """What the participant needs of the rest of the node: its state
     (:class:`~eomsg.node.state.NodeState`) and ingress (:mod:`eomsg.node.ingress`)."""
 
-    store: Store
-    clock: Clock
     access: Access
-    _lock: threading.Lock
     _next_seq: int
     _by_id: dict[int, QueueState]
 
-    def _check_open(self) -> None: ...
-    def _queue(self, name: str) -> QueueState: ...
-    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
-    @staticmethod
-    def _check_epoch(q: QueueState, epoch: int) -> None: ...
     def _check_messages(self, messages: Sequence[Outgoing]) -> None: ...
     def _check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None: ...
     def _stage(
@@ -67,21 +58,6 @@ class Kernel(Protocol):
     def _write_staged(
         self, batch: RowBatch, first_seq: int, fresh: list[Fresh]
     ) -> Future[None]: ...
-    def _write(self, batch: RowBatch) -> Future[None]: ...
-    @staticmethod
-    def _await_commit(future: Future[None] | None) -> None: ...
-    def _record_settlements(
-        self,
-        batch: RowBatch,
-        q: QueueState,
-        settlements: list[Settlement],
-        now: float,
-        expiries: dict[int, float] | None = None,
-    ) -> None: ...
-    def _record_releases(
-        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
-    ) -> None: ...
-    def _notify(self, queues: set[str]) -> None: ...
 
 
 class Participant:

@@ -230,6 +230,41 @@ class PreparedTxn:
         self.principal = principal  # who prepared it (None: before principals, the owner)
 
 
+class Shared(Protocol):
+    """What every component of the node may use of :class:`NodeState` (each component's
+    ``Kernel`` protocol adds what else it needs): the store, the clock and settings, the
+    lock and the queues, and the helpers that check, record and write."""
+
+    store: Store
+    clock: Clock
+    settings: NodeSettings
+    _lock: threading.Lock
+    _queues: dict[str, QueueState]
+
+    def _check_open(self) -> None: ...
+    def _queue(self, name: str) -> QueueState: ...
+    @staticmethod
+    def _check_epoch(q: QueueState, epoch: int) -> None: ...
+    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
+    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
+    def _record_settlements(
+        self,
+        batch: RowBatch,
+        q: QueueState,
+        settlements: list[Settlement],
+        now: float,
+        expiries: dict[int, float] | None = None,
+    ) -> None: ...
+    def _record_releases(
+        self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
+    ) -> None: ...
+    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
+    def _write(self, batch: RowBatch) -> Future[None]: ...
+    @staticmethod
+    def _await_commit(future: Future[None] | None) -> None: ...
+    def _notify(self, queues: set[str]) -> None: ...
+
+
 class NodeState:
     """The state every concern of the node shares, under the lock discipline of this
     module's docstring, and the helpers more than one concern uses."""
