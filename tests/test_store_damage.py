@@ -34,7 +34,7 @@ CRASHING_PUBLISHER = textwrap.dedent(
     node = Node.open(sys.argv[1], NodeSettings(tick=None, apply_delay=0))
     first = int(sys.argv[4])
     if not first:
-        node.create_queue(QueueConfig("q", ("t/>",)))
+        node.admin.create_queue(QueueConfig("q", ("t/>",)))
     for i in range(first, first + int(sys.argv[2])):
         node.publish("t/x", os.urandom(int(sys.argv[3])), id=f"m{i}")
         node.store.writer.sync()
