@@ -259,9 +259,14 @@ def test_a_worker_ends_when_the_run_that_started_it_is_gone(tmp_path: Path) -> N
         out = subprocess.run([sys.executable, "-c", starter], capture_output=True, text=True)
         pid = int(out.stdout)
         deadline = time.monotonic() + 60  # a bound for a failing run, not a wait
-        while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
-            assert time.monotonic() < deadline, "the orphaned worker runs on"
-            time.sleep(0.05)
+        try:
+            while (ended := os.waitpid(pid, os.WNOHANG))[0] == 0:
+                assert time.monotonic() < deadline, "the orphaned worker runs on"
+                time.sleep(0.05)
+        finally:  # a worker that ran on is not left reconnecting for ever
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
     status = ended[1]
     assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
 

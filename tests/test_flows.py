@@ -213,10 +213,12 @@ def test_keep_alive_loss_unbinds_a_silent_consumer(
     raw.stop_answering()  # from now on the raw client never answers a ping
     rec2.wait(["inactive", "active"], timeout=60)
     raw.close()
-    # Unbound by the keep-alive, after three heartbeats of silence on the node's clock:
+    # Unbound by the keep-alive, once three heartbeats of silence had passed on the node's
+    # clock — and not much later (its watchdog looks at least every heartbeat; the rest
+    # is its loop's lateness on a loaded machine, not the test's scheduling):
     _, _, log = node.stop()
     (silent,) = re.findall(r"cutting off .*: no word from the client for ([0-9.]+) s", log)
-    assert float(silent) >= 3 * HEARTBEAT, log
+    assert 3 * HEARTBEAT <= float(silent) < 3 * HEARTBEAT + 5.0, log
 
 
 def test_an_administrator_unbinds_a_flow(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -26,7 +27,7 @@ from eomsg.core.replay import JobEvent, JobRecord, JobStatus, Selection
 from eomsg.core.txn import TxnInfo, TxnState
 from eomsg.embedded import LocalClient
 from eomsg.errors import InvalidConfig, InvalidInput, RemoteProtocolError
-from eomsg.node.node import Node
+from eomsg.node.node import Node, NodeSettings
 from eomsg.server import calls
 from eomsg.wire.calls import decode_args, decode_result, encode_args, encode_result
 
@@ -151,6 +152,17 @@ def test_arguments_and_results_survive_the_call_frame(name: str) -> None:
         assert back[0].equals(result[0]) and back[1] == result[1]
     else:
         assert back == result
+
+
+def test_the_components_named_are_the_components_built(tmp_path: Path) -> None:
+    """``Node.COMPONENTS`` (where an operation is looked for) and what a node builds are
+    one list; each operation is found on one component (or the node) only."""
+    with Node.open(tmp_path / "d", NodeSettings(tick=None)) as node:
+        for attribute, component in Node.COMPONENTS.items():
+            assert type(getattr(node, attribute)) is component, attribute
+    for name in OPERATIONS:
+        homes = [a for a, c in Node.COMPONENTS.items() if callable(getattr(c, name, None))]
+        assert len(homes) + callable(getattr(Node, name, None)) == 1, (name, homes)
 
 
 @pytest.mark.parametrize("name", sorted(OPERATIONS))

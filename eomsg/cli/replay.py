@@ -112,9 +112,19 @@ def spark_replay(
     )
 
     spec = ReplaySpec(
-        sink, topic, queue, from_seq, to_seq, since, until, transform, sql, decode, job_id,
+        sink,
+        topic,
+        queue,
+        from_seq,
+        to_seq,
+        since,
+        until,
+        transform,
+        sql,
+        decode,
+        job_id,
         partitions,
-    )  # fmt: skip
+    )
     settings = parse_conf(conf or [])
     _signalled.clear()  # a signal to an earlier run in this process is not this run's
     for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM stops a run as Ctrl-C does

@@ -162,7 +162,7 @@ class Carried(NamedTuple):
 
     A named tuple, not a frozen dataclass like the other values: one is made for every
     message a link carries, at both ends, and a tuple costs a third as much to make;
-    its fields are also its wire form, in order (:class:`~eomsg.wire.events.Transfer`).
+    its fields are also its wire form, in order (:class:`~eomsg.wire.link_events.Transfer`).
     Where it came from travels as two fields, not as headers: a message with none of
     its own then costs no headers to send, check or store."""
 

@@ -25,7 +25,7 @@ which the dialled node logs.
 Frame limits: each side says in its hello or welcome the largest frame it takes — the
 node's :attr:`~eomsg.node.settings.NodeSettings.frame_limit` as it connects — and holds
 the other to it. What the link owes goes in as many frames as the peer's limit needs; a
-message that fits none alone is passed over (:class:`~eomsg.wire.events.Oversize`), which
+message that fits none alone is passed over (:class:`~eomsg.wire.link_events.Oversize`), which
 the peer takes as a message it refused, so nothing behind it waits. A node whose frame
 limit changes (its max-payload set while it serves) ends its links' connections to say
 the new one on the next; so does one told of a message passed over under its old limit,
@@ -354,7 +354,7 @@ class LinkConnection(asyncio.Protocol):
         limit needs: halved while what it may take (:func:`~eomsg.wire.events.
         transfer_bound`) is over the limit, so a frame is packed once. A message that
         fits no frame the peer takes, alone, is passed over: the peer is told
-        (:class:`~eomsg.wire.events.Oversize`), and it counts as refused on both sides
+        (:class:`~eomsg.wire.link_events.Oversize`), and it counts as refused on both sides
         once the peer acknowledges it (:meth:`_passed`)."""
         if len(batch) > 1 and lev.transfer_bound(batch) > self.conn.peer_max_frame:
             first, rest = batch.split()

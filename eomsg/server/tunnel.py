@@ -44,7 +44,7 @@ CLOSE_GRACE = 2.0  # seconds a client's socket may take to flush the far node's 
 
 class ChannelEnd(Protocol):
     """What a link connection tells each end of a channel it carries, and the frames of
-    it the link has sent and taken in order (see :class:`~eomsg.wire.events.Channel`)."""
+    it the link has sent and taken in order (see :class:`~eomsg.wire.link_events.Channel`)."""
 
     sent: int
     taken: int
