@@ -66,22 +66,22 @@ class Net:
         return Node.open(self.tmp / name, settings, clock=lambda: self.now)
 
     def link(self, a: str, b: str) -> None:
-        self.nodes[a].add_link(b, None, None)
-        self.nodes[b].add_link(a, None, None)
+        self.nodes[a].links.add_link(b, None, None)
+        self.nodes[b].links.add_link(a, None, None)
         if self.egress != "store":
-            self.nodes[a].set_link_egress(b, self.egress)
-            self.nodes[b].set_link_egress(a, self.egress)
+            self.nodes[a].links.set_link_egress(b, self.egress)
+            self.nodes[b].links.set_link_egress(a, self.egress)
         self.links.add((min(a, b), max(a, b)))
         self.connect(a, b)
 
     def connect(self, a: str, b: str) -> None:
         na, nb = self.nodes[a], self.nodes[b]
-        read_by_b = nb.link_hello(a, na.incarnation)
-        read_by_a = na.link_hello(b, nb.incarnation)
+        read_by_b = nb.transfer.link_hello(a, na.incarnation)
+        read_by_a = na.transfer.link_hello(b, nb.incarnation)
         for x, y, read in ((a, b, read_by_b), (b, a, read_by_a)):
             self.wires[(x, y)] = Wire()
-            update = self.nodes[x].link_connected(y, read, lambda: None)  # a connection
-            self.nodes[y].link_heard(x, update.full, update.moves)
+            update = self.nodes[x].transfer.link_connected(y, read, lambda: None)  # a connection
+            self.nodes[y].transfer.link_heard(x, update.full, update.moves)
         self.up.add((min(a, b), max(a, b)))
 
     def cut(self, a: str, b: str) -> None:
@@ -91,9 +91,10 @@ class Net:
         self.up.discard(key)
         for x, y in ((a, b), (b, a)):
             self.wires.pop((x, y), None)
-            wake = self.nodes[x]._links[y].wake
-            assert wake is not None
-            self.nodes[x].link_disconnected(y, wake)
+            link = self.nodes[x].links.find(y)
+            assert link is not None and link.wake is not None
+            wake = link.wake
+            self.nodes[x].transfer.link_disconnected(y, wake)
 
     def restart(self, name: str, while_down: Callable[[Path], None] | None = None) -> None:
         """Close node ``name`` and open it again (``while_down``: done to its data
@@ -129,22 +130,22 @@ class Net:
         moved = False
         for (x, y), wire in list(self.wires.items()):
             nx, ny = self.nodes[x], self.nodes[y]
-            for u in nx.link_updates(y):
-                ny.link_heard(x, u.full, u.moves)
+            for u in nx.transfer.link_updates(y):
+                ny.transfer.link_heard(x, u.full, u.moves)
                 moved = True
-            wire.frames.extend(_through_the_wire(prev, b) for prev, b in nx.link_frames(y))
+            wire.frames.extend(_through_the_wire(prev, b) for prev, b in nx.transfer.link_frames(y))
             frames, wire.frames = self._faulty(wire.frames), []
             for prev, messages in frames:
                 with suppress(DiskFull, MemoryFull, QueueFull):  # a link sends them again
-                    wire.acks.append(ny.accept_transfer(x, prev, messages).result())
+                    wire.acks.append(ny.intake.accept_transfer(x, prev, messages).result())
                 moved = True
-            ack = ny.link_ack(x)  # held in memory, and settled (or written) since
+            ack = ny.transfer.link_ack(x)  # held in memory, and settled (or written) since
             if ack is not None:
                 wire.acks.append((ack, False))
                 moved = True
             acks, wire.acks = self._faulty(wire.acks), []
             for read, gap in acks:
-                nx.link_taken(y, read, gap)
+                nx.transfer.link_taken(y, read, gap)
         return moved
 
     def rounds(self, n: int) -> None:
@@ -154,7 +155,7 @@ class Net:
             self.step()
             self.now += 3600
             for x, y in list(self.wires):
-                self.nodes[x].link_tick(y)
+                self.nodes[x].transfer.link_tick(y)
 
     def run(self) -> None:
         """Until nothing is owed anywhere: quiet rounds fire the resend timers (and let
@@ -162,12 +163,12 @@ class Net:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if not self.step():
-                owed = any(i.pending for n in self.nodes.values() for i in n.link_info())
+                owed = any(i.pending for n in self.nodes.values() for i in n.links.link_info())
                 if not owed and not any(w.frames or w.acks for w in self.wires.values()):
                     return
                 self.now += 3600  # every timer runs out: holds end, messages go again
                 for x, y in list(self.wires):
-                    self.nodes[x].link_tick(y)
+                    self.nodes[x].transfer.link_tick(y)
                 time.sleep(0.001)
         raise AssertionError("the network never went quiet")
 

@@ -232,12 +232,16 @@ def test_a_store_from_before_the_hash_is_migrated(open_node: NodeFactory, data_d
     """A data directory whose publish ids have no hash yet (schema 4) gets them at open,
     and a retry of what it holds is still recognised."""
     node = open_node()
-    first = node.publish_batch([Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(100)])
+    first = node.ingress.publish_batch(
+        [Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(100)]
+    )
     node.close()
     with duckdb.connect(str(data_dir / DB_NAME)) as db:
         back_to_schema_4(db)
     node = open_node()
-    again = node.publish_batch([Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(100)])
+    again = node.ingress.publish_batch(
+        [Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(100)]
+    )
     assert [r.seq for r in again] == [r.seq for r in first] and all(r.duplicate for r in again)
     rows = node.store._query("SELECT count(*) FROM publish_ids WHERE h IS NULL")
     assert rows == [(0,)]
@@ -251,7 +255,7 @@ def test_a_store_from_before_the_hash_is_salvaged_with_its_ids(
     lost (the damaged block's) is taken anew."""
     node = open_node()
     n = 2000
-    first = node.publish_batch(  # random payloads: many blocks, one of them damaged below
+    first = node.ingress.publish_batch(  # random payloads: many blocks, one of them damaged below
         [Outgoing("orders/a", os.urandom(4096), id=f"id-{i}") for i in range(n)]
     )
     node.close()
@@ -267,7 +271,7 @@ def test_a_store_from_before_the_hash_is_salvaged_with_its_ids(
     node = open_node()
     held = {seq for (seq,) in node.store.query("SELECT seq FROM messages")[1]}
     assert 0 < len(held) < n
-    again = node.publish_batch([Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(n)])
+    again = node.ingress.publish_batch([Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(n)])
     assert [r.duplicate for r in again] == [r.seq in held for r in first]
     assert all(a.seq == f.seq for a, f in zip(again, first, strict=True) if f.seq in held)
 

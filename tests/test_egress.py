@@ -30,7 +30,7 @@ def pair(net: MakeNet, *queues: QueueConfig) -> Net:
     """a linked to b; b holds what a sends for b's queues in memory."""
     n = net("ab")
     n.link("a", "b")
-    n.nodes["b"].set_link_egress("a", "memory", HOLD)
+    n.nodes["b"].links.set_link_egress("a", "memory", HOLD)
     for config in queues:
         n.nodes["b"].admin.create_queue(config)
     n.run()
@@ -43,7 +43,7 @@ def rows(node: Node, table: str) -> int:
 
 
 def owed(n: Net, node: str = "a") -> int:
-    return n.nodes[node].link_info()[0].pending
+    return n.nodes[node].links.link_info()[0].pending
 
 
 def settled_all(n: Net) -> bool:
@@ -65,19 +65,19 @@ def test_settled_in_time_it_is_never_written_and_then_acknowledged(net: MakeNet)
     n = pair(net, Q)
     a, b = n.nodes["a"], n.nodes["b"]
     for i in range(100):
-        a.publish(f"t/{i}", f"m{i}".encode())
+        a.ingress.publish(f"t/{i}", f"m{i}".encode())
     settle(n)
-    assert b.link_info()[0].held == 100
+    assert b.links.link_info()[0].held == 100
     assert owed(n) == 100  # a keeps them: b has not acknowledged
     got = b.delivery.fetch("q", 1000)
     assert [m.message.payload for m in got] == [f"m{i}".encode() for i in range(100)]
     assert [m.message.headers["eomsg-origin"] for m in got[:1]] == ["a"]
     b.delivery.delete("q", [m.key for m in got[:60]])
     settle(n)
-    assert owed(n) == 40 and b.link_info()[0].held == 40  # acknowledged as far as settled
+    assert owed(n) == 40 and b.links.link_info()[0].held == 40  # acknowledged as far as settled
     b.delivery.delete("q", [m.key for m in got[60:]])
     settle(n)
-    assert owed(n) == 0 and b.link_info()[0].held == 0
+    assert owed(n) == 0 and b.links.link_info()[0].held == 0
     for table in ("messages", "destinations", "deliveries", "settled"):
         assert rows(b, table) == 0, table  # not one byte of them on b's disk
     assert {s.name: s.depth for s in b.inspection.stats()} == {"q": 0}
@@ -89,15 +89,15 @@ def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
     n = pair(net, Q)
     a, b = n.nodes["a"], n.nodes["b"]
     for i in range(10):
-        a.publish("t/x", f"m{i}".encode())
+        a.ingress.publish("t/x", f"m{i}".encode())
     settle(n)
     got = b.delivery.fetch("q", 4)  # four handed out (attempt 1)
     b.delivery.delete("q", [got[0].key])  # one deleted, in memory
     assert rows(b, "messages") == 0
     n.now += HOLD + 0.1
-    b.link_tick("a")  # the hold is over: written
+    b.transfer.link_tick("a")  # the hold is over: written
     assert eventually(lambda: settled_all(n))  # acknowledged once durable
-    assert b.link_info()[0].held == 0
+    assert b.links.link_info()[0].held == 0
     # The one deleted in memory is gone, never written; the rest are written with the
     # deliveries made meanwhile.
     assert rows(b, "messages") == 9
@@ -115,7 +115,7 @@ def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
 def test_a_stop_writes_what_is_held(net: MakeNet) -> None:
     n = pair(net, Q)
     for i in range(5):
-        n.nodes["a"].publish("t/x", f"m{i}".encode())
+        n.nodes["a"].ingress.publish("t/x", f"m{i}".encode())
     settle(n)
     n.restart("b")  # a graceful stop: what is held is written, nothing comes twice
     n.heal()
@@ -128,8 +128,8 @@ def test_a_dead_letter_or_a_transaction_writes_the_held_message_first(net: MakeN
     dlq = QueueConfig("q", subscriptions=("t/>",), max_redeliveries=0, dead_letter="dead")
     n = pair(net, dlq)
     a, b = n.nodes["a"], n.nodes["b"]
-    a.publish("t/1", b"to the dead", ttl=600)
-    a.publish("t/2", b"in a transaction")
+    a.ingress.publish("t/1", b"to the dead", ttl=600)
+    a.ingress.publish("t/2", b"in a transaction")
     settle(n)
     first, second = b.delivery.fetch("q", 2)
     b.delivery.release("q", [first.key])  # past max-redeliveries: to the dead-letter queue
@@ -144,22 +144,22 @@ def test_a_dead_letter_or_a_transaction_writes_the_held_message_first(net: MakeN
     b.participant.commit_txn("t1")
     b.delivery.delete("dead", [dead[0].key])
     settle(n)
-    assert owed(n) == 0 and b.link_info()[0].held == 0
+    assert owed(n) == 0 and b.links.link_info()[0].held == 0
 
 
 def test_the_log_is_read_no_further_than_the_lowest_held_message(net: MakeNet) -> None:
     n = pair(net, Q)
     a, b = n.nodes["a"], n.nodes["b"]
     b.admin.create_queue(QueueConfig("local", subscriptions=("here",)))
-    a.publish("t/x", b"held")
+    a.ingress.publish("t/x", b"held")
     settle(n)
     (held,) = b.delivery.fetch("q", 1)
-    b.publish("here", b"stored after it")
+    b.ingress.publish("here", b"stored after it")
     from eomsg.core.replay import Selection
 
     assert b.inspection.log_bounds(Selection()) is None  # the only stored one is above the held one
     n.now += HOLD + 0.1
-    b.link_tick("a")
+    b.transfer.link_tick("a")
     assert eventually(lambda: settled_all(n))
     assert b.inspection.log_bounds(Selection()) == (held.message.seq, held.message.seq + 1)
 
@@ -170,12 +170,12 @@ def test_what_is_carried_further_or_arrives_mixed_keeps_its_order(net: MakeNet) 
     n = net("abc")
     n.link("a", "b")
     n.link("b", "c")
-    n.nodes["b"].set_link_egress("a", "memory", HOLD)
+    n.nodes["b"].links.set_link_egress("a", "memory", HOLD)
     n.nodes["b"].admin.create_queue(Q)
     n.nodes["c"].admin.create_queue(QueueConfig("x", subscriptions=("t/x",)))
     n.run()
     for i in range(40):
-        n.nodes["a"].publish("t/x" if i % 7 == 0 else "t/y", str(i).encode())
+        n.nodes["a"].ingress.publish("t/x" if i % 7 == 0 else "t/y", str(i).encode())
         n.step()
     n.run()
     assert [p for _, p in n.drain("b", "q")] == [str(i) for i in range(40)]
@@ -185,17 +185,17 @@ def test_what_is_carried_further_or_arrives_mixed_keeps_its_order(net: MakeNet) 
 def test_settings_of_the_egress(net: MakeNet) -> None:
     n = pair(net, Q)
     b = n.nodes["b"]
-    assert not b.set_link_egress("a", "memory", HOLD)  # as it is
+    assert not b.links.set_link_egress("a", "memory", HOLD)  # as it is
     with pytest.raises(InvalidConfig, match="egress 'disk': use store or memory"):
-        b.set_link_egress("a", "disk")
+        b.links.set_link_egress("a", "disk")
     with pytest.raises(InvalidConfig, match="--hold must be between 10 ms and 60 s"):
-        b.set_link_egress("a", "memory", 120)
+        b.links.set_link_egress("a", "memory", 120)
     with pytest.raises(LinkNotFound):
-        b.set_link_egress("zz", "memory")
-    assert b.set_link_egress("a", "store")
-    n.nodes["a"].publish_batch([Outgoing("t/x", b"stored")])
+        b.links.set_link_egress("zz", "memory")
+    assert b.links.set_link_egress("a", "store")
+    n.nodes["a"].ingress.publish_batch([Outgoing("t/x", b"stored")])
     settle(n)
-    assert b.link_info()[0].held == 0 and rows(b, "messages") == 1
+    assert b.links.link_info()[0].held == 0 and rows(b, "messages") == 1
 
 
 def test_a_killed_egress_node_loses_nothing_it_held(
@@ -255,7 +255,7 @@ def test_a_killed_egress_node_loses_nothing_it_held(
 def test_a_queue_deleted_no_longer_keeps_a_held_message(net: MakeNet) -> None:
     n = pair(net, Q, QueueConfig("r", subscriptions=("t/>",)))
     a, b = n.nodes["a"], n.nodes["b"]
-    a.publish("t/x", b"for q and r")
+    a.ingress.publish("t/x", b"for q and r")
     settle(n)
     assert b.admin.delete_queue("r", force=True) == 1
     (m,) = b.delivery.fetch("q", 10)
@@ -269,7 +269,7 @@ def test_a_held_message_requeued_is_acknowledged_once_its_copy_is_durable(
 ) -> None:
     n = pair(net, Q, QueueConfig("other"))
     a, b = n.nodes["a"], n.nodes["b"]
-    a.publish("t/x", b"only copy")
+    a.ingress.publish("t/x", b"only copy")
     settle(n)
     real, parked = b.store.writer.write, []
 
@@ -280,10 +280,10 @@ def test_a_held_message_requeued_is_acknowledged_once_its_copy_is_durable(
         return real(batch)
 
     b.store.writer.write = park  # type: ignore[method-assign]
-    mover = threading.Thread(target=b.requeue, args=("q", "other"), daemon=True)
+    mover = threading.Thread(target=b.ingress.requeue, args=("q", "other"), daemon=True)
     mover.start()
     assert eventually(lambda: bool(parked))
-    assert b.link_ack("a") is None  # the original is settled, its copy not yet durable
+    assert b.transfer.link_ack("a") is None  # the original is settled, its copy not yet durable
     b.store.writer.write = real  # type: ignore[method-assign]
     batch, future = parked[0]
     real(batch).add_done_callback(lambda f: future.set_result(None))
@@ -297,16 +297,16 @@ def test_a_frame_stored_after_held_ones_writes_them_with_it(net: MakeNet) -> Non
     takes neither again."""
     n = pair(net, Q)
     b = n.nodes["b"]
-    read = b.link_info()[0].read
-    assert b.accept_transfer("a", read, [carried(read + 1, "t/x")]).result(5)[0] == read
-    assert b.link_info()[0].held == 1
-    assert b.accept_transfer("a", read + 1, [carried(read + 2, "nobody")]).result(5) == (
+    read = b.links.link_info()[0].read
+    assert b.intake.accept_transfer("a", read, [carried(read + 1, "t/x")]).result(5)[0] == read
+    assert b.links.link_info()[0].held == 1
+    assert b.intake.accept_transfer("a", read + 1, [carried(read + 2, "nobody")]).result(5) == (
         read + 2,
         False,
     )
     b.store.writer.sync()
     assert json.loads(b.store.meta("link/a/read") or "{}")["read"] == read + 2
-    assert b.link_info()[0].held == 0 and rows(b, "messages") == 2  # both in the log
+    assert b.links.link_info()[0].held == 0 and rows(b, "messages") == 2  # both in the log
 
 
 def test_no_frame_is_held_while_one_stored_before_is_not_durable(net: MakeNet) -> None:
@@ -314,7 +314,7 @@ def test_no_frame_is_held_while_one_stored_before_is_not_durable(net: MakeNet) -
     acknowledged past it: it is stored too, behind it."""
     n = pair(net, Q)
     b = n.nodes["b"]
-    read = b.link_info()[0].read
+    read = b.links.link_info()[0].read
     real, parked = b.store.writer.write, []
 
     def park(batch: RowBatch) -> Future[None]:
@@ -324,10 +324,10 @@ def test_no_frame_is_held_while_one_stored_before_is_not_durable(net: MakeNet) -
         return real(batch)
 
     b.store.writer.write = park  # type: ignore[method-assign]
-    first = b.accept_transfer("a", read, [carried(read + 1, "nobody")])
-    second = b.accept_transfer("a", read + 1, [carried(read + 2, "t/x")])
+    first = b.intake.accept_transfer("a", read, [carried(read + 1, "nobody")])
+    second = b.intake.accept_transfer("a", read + 1, [carried(read + 2, "t/x")])
     assert not first.done() and not second.done()  # both wait for their commits
-    assert b.link_info()[0].held == 0
+    assert b.links.link_info()[0].held == 0
     b.store.writer.write = real  # type: ignore[method-assign]
     for batch, future in parked:
         real(batch).add_done_callback(lambda f, future=future: future.set_result(None))
@@ -348,15 +348,17 @@ def test_a_new_incarnation_of_the_peer_gets_nothing_of_the_old_ones_holds(
     n = pair(net, Q)
     a, b = n.nodes["a"], n.nodes["b"]
     for i in range(3):
-        a.publish("t/x", f"old{i}".encode())
+        a.ingress.publish("t/x", f"old{i}".encode())
     settle(n)
-    assert b.link_info()[0].held == 3
-    assert b.link_hello("a", "a-rebuilt") == 0
+    assert b.links.link_info()[0].held == 3
+    assert b.transfer.link_hello("a", "a-rebuilt") == 0
     assert eventually(lambda: rows(b, "messages") == 3)
-    assert b.link_info()[0].held == 0
-    b.accept_transfer("a", 0, [carried(1, "t/x")]).result(5)  # the new a's first message
-    assert b.link_info()[0].held == 1 and b.link_ack("a") is None  # not acknowledged yet
+    assert b.links.link_info()[0].held == 0
+    b.intake.accept_transfer("a", 0, [carried(1, "t/x")]).result(5)  # the new a's first message
+    assert (
+        b.links.link_info()[0].held == 1 and b.transfer.link_ack("a") is None
+    )  # not acknowledged yet
     got = b.delivery.fetch("q", 10)
     assert [m.message.payload for m in got] == [b"old0", b"old1", b"old2", b"m1"]
     b.delivery.delete("q", [m.key for m in got])
-    assert b.link_ack("a") == 1
+    assert b.transfer.link_ack("a") == 1

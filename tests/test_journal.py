@@ -445,7 +445,7 @@ def test_a_value_the_journal_cannot_hold_fails_the_write_and_never_hangs(
     with pytest.raises(WriteFailed):
         node.store.writer.write(batch).result(timeout=10)
     with pytest.raises(StorageError):
-        node.publish("t", b"y")
+        node.ingress.publish("t", b"y")
     node.close()
     with LocalClient.open(data_dir) as client:  # nothing of it was stored
         assert client.node.inspection.log() == []
@@ -458,7 +458,7 @@ def test_a_ttl_past_what_the_store_can_hold_is_refused(data_dir: Path) -> None:
 
 def test_sync_after_close_says_so(data_dir: Path) -> None:
     node = Node.open(data_dir, NodeSettings(tick=None))
-    node.publish("t", b"x")
+    node.ingress.publish("t", b"x")
     writer = node.store.writer
     node.close()
     writer.sync()  # DuckDB holds everything: at once

@@ -104,19 +104,19 @@ def test_a_message_passed_over_takes_its_place_in_the_links_sequence(
     b.admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     for payload in (b"one", b"two", b"three"):
-        a.publish("t/x", payload)
-    ((prev, batch),) = a.link_frames("b")
+        a.ingress.publish("t/x", payload)
+    ((prev, batch),) = a.transfer.link_frames("b")
     one, two, three = batch.carried()
 
-    assert b.accept_transfer("a", prev, [one]).result() == (one.seq, False)
-    gap = b.accept_oversize("a", two.seq, three.seq, 50_000_000, 4 * MiB).result()
+    assert b.intake.accept_transfer("a", prev, [one]).result() == (one.seq, False)
+    gap = b.intake.accept_oversize("a", two.seq, three.seq, 50_000_000, 4 * MiB).result()
     assert gap == (one.seq, True)  # after 2, which did not come: say it again
     for _ in range(2):  # said again (the link went back): taken once
-        taken = b.accept_oversize("a", one.seq, two.seq, 50_000_000, 4 * MiB).result()
+        taken = b.intake.accept_oversize("a", one.seq, two.seq, 50_000_000, 4 * MiB).result()
         assert taken == (two.seq, False)
-    assert b.accept_transfer("a", two.seq, [three]).result() == (three.seq, False)
+    assert b.intake.accept_transfer("a", two.seq, [three]).result() == (three.seq, False)
     assert [p for _, p in n.drain("b", "q")] == ["one", "three"]
-    (seen,) = b.link_info()
+    (seen,) = b.links.link_info()
     assert (seen.refused, seen.received) == (1, 2)
     assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()] == [
         f"link to a: message {two.seq} refused: its payload of 50000000 bytes fits no frame "
@@ -124,9 +124,9 @@ def test_a_message_passed_over_takes_its_place_in_the_links_sequence(
         "it over"
     ]
 
-    a.link_taken("b", three.seq, False)
-    a.link_passed_over("b", two.seq, 50_000_000, 4 * MiB)
-    (seen,) = a.link_info()
+    a.transfer.link_taken("b", three.seq, False)
+    a.transfer.link_passed_over("b", two.seq, 50_000_000, 4 * MiB)
+    (seen,) = a.links.link_info()
     assert (seen.pending, seen.refused) == (0, 1)
 
 

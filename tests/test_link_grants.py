@@ -106,7 +106,7 @@ def old_directory(path: Path, *grants: tuple[str, str, str, str]) -> None:
     """A data directory as eomsg left it before a link granted its peer's principal
     anything: a link to p (and ``grants``), none to @p, no mark of the change."""
     with Node.open(path, NodeSettings(tick=None, node_name="n")) as node:
-        node.add_link("p", None, "a-token")
+        node.links.add_link("p", None, "a-token")
         node.store.writer.sync()
     conn = duckdb.connect(str(path / "eomsg.duckdb"))
     conn.execute("DELETE FROM grants")

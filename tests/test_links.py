@@ -29,12 +29,12 @@ def test_a_chain_carries_a_message_to_the_interested_node_once(net: MakeNet) -> 
     n.link("b", "c")
     n.nodes["c"].admin.create_queue(QueueConfig("audit", subscriptions=("orders/>",)))
     n.run()
-    assert n.nodes["a"].link_info()[0].reaches == ("b", "c")
-    result = n.nodes["a"].publish("orders/eu/new", b"1")
+    assert n.nodes["a"].links.link_info()[0].reaches == ("b", "c")
+    result = n.nodes["a"].ingress.publish("orders/eu/new", b"1")
     assert result.queues == 1  # the link toward c
     n.run()
     assert n.drain("c", "audit") == [("a", "1")]
-    assert [i.pending for i in n.nodes["a"].link_info()] == [0]
+    assert [i.pending for i in n.nodes["a"].links.link_info()] == [0]
     assert n.nodes["b"].admin.queue_names() == []  # b only forwarded
 
 
@@ -56,7 +56,7 @@ def test_every_message_lands_once_in_order_through_faults_cuts_and_restarts(
     for i in range(300):
         origin = rng.choice("abcd")
         payload = f"{origin}-{i}"
-        n.nodes[origin].publish(f"t/{origin}", payload.encode())
+        n.nodes[origin].ingress.publish(f"t/{origin}", payload.encode())
         sent[origin].append(payload)
         n.step()
         r = rng.random()
@@ -89,7 +89,7 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     n.link("a", "b")
     n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
-    seqs = [n.nodes["a"].publish("t/x", str(i).encode()).seq for i in range(25)]
+    seqs = [n.nodes["a"].ingress.publish("t/x", str(i).encode()).seq for i in range(25)]
     n.run()
     a = n.nodes["a"]
 
@@ -107,20 +107,20 @@ def test_what_a_peer_took_is_one_number_compacted_and_kept_across_a_restart(
     n.restart("a")
     n.heal()
     a = n.nodes["a"]
-    assert a.link_info()[0].pending == 0  # owed again: nothing
-    n.nodes["a"].publish("t/x", b"25")
+    assert a.links.link_info()[0].pending == 0  # owed again: nothing
+    n.nodes["a"].ingress.publish("t/x", b"25")
     n.run()
     a.maintenance.maintain()  # 26 taken since the last compaction: not yet
     assert route_rows() == [*seqs, seqs[-1] + 1]
     for i in range(26, 30):
-        n.nodes["a"].publish("t/x", str(i).encode())
+        n.nodes["a"].ingress.publish("t/x", str(i).encode())
     n.run()
     a.maintenance.maintain()  # 30 taken since (25 of them before the restart): compacted
     assert route_rows() == []
     assert [p for _, p in n.drain("b", "q")] == [str(i) for i in range(30)]  # once each
     a.admin.configure("retention", "0")
     a.admin.configure("gc-interval", "0")
-    last = n.nodes["a"].publish("t/x", b"30").seq
+    last = n.nodes["a"].ingress.publish("t/x", b"30").seq
     n.run()
     a.maintenance.maintain()  # written before the log is collected: the peer holds what goes
     assert a.inspection.log_horizon()[0] > last
@@ -141,8 +141,8 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
     n.cut("a", "b")
     a = n.nodes["a"]
     topics = ["t/1", "t/2", "t/3", "l/4", "t/5", "t/6"]
-    seqs = [r.seq for r in a.publish_batch([Outgoing(t, t.encode()) for t in topics])]
-    seqs += [a.publish("t/7", b"t/7").seq]  # a batch of its own: a run of its own
+    seqs = [r.seq for r in a.ingress.publish_batch([Outgoing(t, t.encode()) for t in topics])]
+    seqs += [a.ingress.publish("t/7", b"t/7").seq]  # a batch of its own: a run of its own
     a.store.writer.sync()  # in DuckDB, not only in the journal
     ((route, runs),) = a.store.load_route_runs().items()
     assert route < 0
@@ -150,7 +150,7 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
     assert [(r.queue_id, r.seq) for r in a.store.load_pending()] == [(1, seqs[3])]
     n.restart("a")
     a = n.nodes["a"]
-    assert a.link_info()[0].pending == 6
+    assert a.links.link_info()[0].pending == 6
     n.heal()
     n.run()
     assert [p for _, p in n.drain("b", "far")] == [t for t in topics if t[0] == "t"] + ["t/7"]
@@ -158,7 +158,7 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
     a.store.writer.sync()
     assert a.store.load_route_runs() == {}
     n.restart("a")
-    assert n.nodes["a"].link_info()[0].pending == 0
+    assert n.nodes["a"].links.link_info()[0].pending == 0
 
 
 def back_to_schema_6(data_dir: Path) -> None:
@@ -184,7 +184,7 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
     n.run()
     n.cut("a", "b")
     a = n.nodes["a"]
-    seqs = [r.seq for r in a.publish_batch([Outgoing("t/x", b"%d" % i) for i in range(5)])]
+    seqs = [r.seq for r in a.ingress.publish_batch([Outgoing("t/x", b"%d" % i) for i in range(5)])]
     a.store.writer.sync()
     ((route, _),) = a.store.load_route_runs().items()
     now_us = int(n.now * 1_000_000)
@@ -209,7 +209,7 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
 
     n.restart("a", while_down=old_store)
     a = n.nodes["a"]
-    assert a.link_info()[0].pending == 6
+    assert a.links.link_info()[0].pending == 6
     assert [r.seq for r in a.store.load_pending() if r.queue_id > 0] == seqs  # near's
     assert [r for r in a.store.load_pending() if r.queue_id < 0] == []
     assert all(queue_id > 0 for queue_id in a.store.pending_bytes())
@@ -230,10 +230,10 @@ def test_frames_for_the_event_loop_are_made_only_of_messages_in_memory(net: Make
     n.run()
     a = n.nodes["a"]
     for i in range(3):
-        a.publish("t/x", str(i).encode())
+        a.ingress.publish("t/x", str(i).encode())
     a.store.writer.run(lambda conn: None).result()  # in DuckDB, out of the overlay
-    assert a.link_frames("b", memory_only=True) is None
-    ((_, batch),) = a.link_frames("b")
+    assert a.transfer.link_frames("b", memory_only=True) is None
+    ((_, batch),) = a.transfer.link_frames("b")
     assert batch.payloads == (b"0", b"1", b"2")  # none was taken before
 
 
@@ -242,12 +242,12 @@ def test_a_queue_deleted_withdraws_its_interest(net: MakeNet) -> None:
     n.link("a", "b")
     n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
-    assert n.nodes["a"].publish("t/1", b"x").queues == 1
+    assert n.nodes["a"].ingress.publish("t/1", b"x").queues == 1
     n.run()
     n.nodes["b"].admin.purge("q")
     n.nodes["b"].admin.delete_queue("q")
     n.run()
-    assert n.nodes["a"].publish("t/2", b"y").queues == 0
+    assert n.nodes["a"].ingress.publish("t/2", b"y").queues == 0
 
 
 def test_publish_ids_dedup_across_the_network(net: MakeNet) -> None:
@@ -256,8 +256,8 @@ def test_publish_ids_dedup_across_the_network(net: MakeNet) -> None:
     n.link("b", "c")
     n.nodes["c"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
-    n.nodes["a"].publish("t/x", b"once", id="order-1")
-    n.nodes["b"].publish("t/x", b"once", id="order-1")  # a retry sent to another node
+    n.nodes["a"].ingress.publish("t/x", b"once", id="order-1")
+    n.nodes["b"].ingress.publish("t/x", b"once", id="order-1")  # a retry sent to another node
     n.run()
     assert [p for _, p in n.drain("c", "q")] == ["once"]
 
@@ -266,25 +266,25 @@ def test_links_are_checked(net: MakeNet) -> None:
     n = net("a")
     a = n.nodes["a"]
     with pytest.raises(InvalidConfig, match="own name"):
-        a.add_link("a", None, None)
+        a.links.add_link("a", None, None)
     with pytest.raises(InvalidConfig, match="node name 'x y'"):
-        a.add_link("x y", None, None)
+        a.links.add_link("x y", None, None)
     with pytest.raises(InvalidConfig, match="needs a token"):
-        a.add_link("b", "tcp://127.0.0.1:1", None)
+        a.links.add_link("b", "tcp://127.0.0.1:1", None)
     with pytest.raises(InvalidConfig, match="needs a tls:// address"):
-        a.add_link("b", "tcp://127.0.0.1:1", "t", "-----BEGIN CERTIFICATE-----")
+        a.links.add_link("b", "tcp://127.0.0.1:1", "t", "-----BEGIN CERTIFICATE-----")
     with pytest.raises(InvalidConfig, match="for the side that dials"):
-        a.add_link("b", None, "t", "-----BEGIN CERTIFICATE-----")
-    assert a.add_link("b", "tcp://127.0.0.1:1", "t")
-    assert not a.add_link("b", "tcp://127.0.0.1:1", "t")
+        a.links.add_link("b", None, "t", "-----BEGIN CERTIFICATE-----")
+    assert a.links.add_link("b", "tcp://127.0.0.1:1", "t")
+    assert not a.links.add_link("b", "tcp://127.0.0.1:1", "t")
     with pytest.raises(InvalidConfig, match="other settings"):
-        a.add_link("b", "tcp://127.0.0.1:2", "t")
+        a.links.add_link("b", "tcp://127.0.0.1:2", "t")
     with pytest.raises(InvalidConfig, match="other settings"):
-        a.add_link("b", "tcp://127.0.0.1:1", "u")
+        a.links.add_link("b", "tcp://127.0.0.1:1", "u")
     with pytest.raises(LinkNotFound, match="no link to 'c'"):
-        a.remove_link("c")
-    assert a.remove_link("b") == 0
-    assert a.link_info() == []
+        a.links.remove_link("c")
+    assert a.links.remove_link("b") == 0
+    assert a.links.link_info() == []
 
 
 def test_a_receiver_that_lost_its_state_gets_what_follows(net: MakeNet) -> None:
@@ -292,14 +292,14 @@ def test_a_receiver_that_lost_its_state_gets_what_follows(net: MakeNet) -> None:
     n.link("a", "b")
     n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
-    n.nodes["a"].publish("t/1", b"1")
+    n.nodes["a"].ingress.publish("t/1", b"1")
     n.run()
     n.cut("a", "b")
-    n.nodes["b"].remove_link("a")  # b forgets how far it had taken a's messages
-    n.nodes["b"].add_link("a", None, None)
+    n.nodes["b"].links.remove_link("a")  # b forgets how far it had taken a's messages
+    n.nodes["b"].links.add_link("a", None, None)
     n.connect("a", "b")
     n.run()
-    n.nodes["a"].publish("t/2", b"2")
+    n.nodes["a"].ingress.publish("t/2", b"2")
     n.run()
     assert n.drain("b", "q") == [("a", "1"), ("a", "2")]
 
@@ -310,11 +310,11 @@ def test_a_message_the_receiver_cannot_take_is_refused_not_a_wedge(net: MakeNet)
     n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.nodes["b"].admin.configure("max-payload", "1KiB")
     n.run()
-    n.nodes["a"].publish("t/big", b"x" * 4096)
-    n.nodes["a"].publish("t/small", b"after")
+    n.nodes["a"].ingress.publish("t/big", b"x" * 4096)
+    n.nodes["a"].ingress.publish("t/small", b"after")
     n.run()
     assert n.drain("b", "q") == [("a", "after")]
-    (info,) = n.nodes["b"].link_info()
+    (info,) = n.nodes["b"].links.link_info()
     assert info.refused == 1
 
 
@@ -324,9 +324,9 @@ def test_an_acknowledgement_of_what_was_never_sent_settles_nothing(net: MakeNet)
     n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     for i in range(5):
-        n.nodes["a"].publish("t/x", str(i).encode())  # owed, not sent yet
-    n.nodes["a"].link_taken("b", 10**12, False)  # a lying (or confused) peer
-    assert n.nodes["a"].link_info()[0].pending == 5
+        n.nodes["a"].ingress.publish("t/x", str(i).encode())  # owed, not sent yet
+    n.nodes["a"].transfer.link_taken("b", 10**12, False)  # a lying (or confused) peer
+    assert n.nodes["a"].links.link_info()[0].pending == 5
     n.run()
     assert [p for _, p in n.drain("b", "q")] == ["0", "1", "2", "3", "4"]
 
@@ -337,8 +337,8 @@ def test_a_message_for_a_node_out_of_reach_is_counted_not_a_wedge(net: MakeNet) 
     n.nodes["b"].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     nowhere = Carried(1, "t/x", b"p", None, None, {}, ("b", "zz"), "a", "1")
-    assert n.nodes["b"].accept_transfer("a", 0, [nowhere]).result() == (1, False)
-    (info,) = n.nodes["b"].link_info()
+    assert n.nodes["b"].intake.accept_transfer("a", 0, [nowhere]).result() == (1, False)
+    (info,) = n.nodes["b"].links.link_info()
     assert info.unroutable == 1
     assert [p for _, p in n.drain("b", "q")] == ["p"]
 
@@ -354,24 +354,24 @@ def test_a_link_carries_only_the_topics_it_is_set_to(net: MakeNet) -> None:
         n.nodes[name].admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
     n.run()
     a, b = n.nodes["a"], n.nodes["b"]
-    assert a.set_link_topics("b", ["t/ok/>", "t/more/*"])
-    assert not a.set_link_topics("b", ["t/more/*", "t/ok/>"])  # the same set
-    assert b.set_link_topics("c", ["t/ok/>"])
+    assert a.links.set_link_topics("b", ["t/ok/>", "t/more/*"])
+    assert not a.links.set_link_topics("b", ["t/more/*", "t/ok/>"])  # the same set
+    assert b.links.set_link_topics("c", ["t/ok/>"])
     for topic in ("t/ok/1", "t/no/1", "t/more/x"):
-        assert a.publish(topic, topic.encode()).queues == (0 if topic == "t/no/1" else 1)
+        assert a.ingress.publish(topic, topic.encode()).queues == (0 if topic == "t/no/1" else 1)
     n.run()
     assert [p for _, p in n.drain("b", "q")] == ["t/ok/1", "t/more/x"]
     assert [p for _, p in n.drain("c", "q")] == ["t/ok/1"]  # t/more/x stopped at b
-    assert {i.peer: i.withheld for i in b.link_info()} == {"a": 0, "c": 1}
-    assert b.set_link_topics("a", ["t/ok/>"])  # b's side now refuses t/more too
-    a.set_link_topics("b", None)
-    a.publish("t/more/y", b"refused at b")
+    assert {i.peer: i.withheld for i in b.links.link_info()} == {"a": 0, "c": 1}
+    assert b.links.set_link_topics("a", ["t/ok/>"])  # b's side now refuses t/more too
+    a.links.set_link_topics("b", None)
+    a.ingress.publish("t/more/y", b"refused at b")
     n.run()
-    assert n.drain("b", "q") == [] and {i.peer: i.withheld for i in b.link_info()}["a"] == 1
-    assert a.link_info()[0].pending == 0  # passed over, not left owed
+    assert n.drain("b", "q") == [] and {i.peer: i.withheld for i in b.links.link_info()}["a"] == 1
+    assert a.links.link_info()[0].pending == 0  # passed over, not left owed
     with pytest.raises(InvalidPattern):
-        a.set_link_topics("b", ["t/>/x"])
-    assert b.link_info()[0].topics == ("t/ok/>",)
+        a.links.set_link_topics("b", ["t/>/x"])
+    assert b.links.link_info()[0].topics == ("t/ok/>",)
 
 
 def test_a_node_whose_queues_are_over_their_memory_holds_its_links_back(net: MakeNet) -> None:
@@ -386,11 +386,11 @@ def test_a_node_whose_queues_are_over_their_memory_holds_its_links_back(net: Mak
     b.settings = dataclasses.replace(b.settings, queue_memory=600)  # 8 B a message waiting
     for wave in range(6):  # (what is journaled and not yet in DuckDB counts too: synced)
         for i in range(50 * wave, 50 * wave + 50):
-            n.nodes["a"].publish("t/x", str(i).encode())
+            n.nodes["a"].ingress.publish("t/x", str(i).encode())
         n.rounds(1)
         b.store.writer.sync()
     (stats,) = b.inspection.stats()
-    assert 0 < stats.depth < 300 and n.nodes["a"].link_info()[0].pending > 0
+    assert 0 < stats.depth < 300 and n.nodes["a"].links.link_info()[0].pending > 0
     got: list[str] = []
     for _ in range(50):
         while taken := b.delivery.fetch("q", 50):
@@ -421,19 +421,19 @@ def test_a_full_queue_that_refuses_holds_the_link_until_it_has_room(
     n.nodes["c"].admin.create_queue(QueueConfig.create("audit", ("orders/>",), **LIMITS[limit]))
     n.run()
     for i in range(5):
-        n.nodes["a"].publish("orders/eu/new", str(i).encode())
+        n.nodes["a"].ingress.publish("orders/eu/new", str(i).encode())
     n.rounds(3)
     assert [s.depth for s in n.nodes["c"].inspection.stats()] == [2]
     assert n.nodes["c"].inspection.stats()[0].overflowed > 0
     # (a queue with a limit is never held in memory: its frames are stored, taken)
-    assert [i.pending for i in n.nodes["a"].link_info()] == [3]
+    assert [i.pending for i in n.nodes["a"].links.link_info()] == [3]
     got = n.drain("c", "audit")
     while len(got) < 5:
         n.rounds(2)
         got += n.drain("c", "audit")
     assert got == [("a", str(i)) for i in range(5)]
     n.run()
-    assert [i.pending for i in n.nodes["a"].link_info()] == [0]
+    assert [i.pending for i in n.nodes["a"].links.link_info()] == [0]
 
 
 def test_a_message_that_can_never_fit_a_queue_does_not_hold_up_the_link(net: MakeNet) -> None:
@@ -447,13 +447,13 @@ def test_a_message_that_can_never_fit_a_queue_does_not_hold_up_the_link(net: Mak
     c.admin.create_queue(QueueConfig.create("audit", ("orders/>",), max_bytes=5))
     c.admin.create_queue(QueueConfig.create("other", ("orders/>",)))
     n.run()
-    n.nodes["a"].publish("orders/x", b"0123456789")
+    n.nodes["a"].ingress.publish("orders/x", b"0123456789")
     for i in range(3):
-        n.nodes["a"].publish("orders/x", b"%d" % i)
+        n.nodes["a"].ingress.publish("orders/x", b"%d" % i)
     n.run()
     assert n.drain("c", "audit") == [("a", "0"), ("a", "1"), ("a", "2")]
     assert n.drain("c", "other") == [("a", "0123456789"), ("a", "0"), ("a", "1"), ("a", "2")]
-    assert [i.pending for i in n.nodes["a"].link_info()] == [0]
+    assert [i.pending for i in n.nodes["a"].links.link_info()] == [0]
     assert {s.name: s.overflowed for s in c.inspection.stats()}["audit"] >= 1
 
 
@@ -474,12 +474,12 @@ def test_a_full_queue_that_dead_letters_its_oldest_takes_the_whole_link(
         )
     )  # fmt: skip
     n.run()
-    n.nodes["a"].publish_batch([Outgoing("orders/x", b"%d" % i) for i in range(3)])
+    n.nodes["a"].ingress.publish_batch([Outgoing("orders/x", b"%d" % i) for i in range(3)])
     n.run()
     for i in range(3, 6):
-        n.nodes["a"].publish("orders/x", b"%d" % i)
+        n.nodes["a"].ingress.publish("orders/x", b"%d" % i)
         n.run()
     assert n.drain("c", "audit") == [("a", "4"), ("a", "5")]
     assert n.drain("c", "old") == [("a", str(i)) for i in range(4)]
     assert {s.name: s.overflowed for s in c.inspection.stats()} == {"audit": 4, "old": 0}
-    assert [i.pending for i in n.nodes["a"].link_info()] == [0]
+    assert [i.pending for i in n.nodes["a"].links.link_info()] == [0]

@@ -32,7 +32,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
     n = 400_000
     first = []
     for lo in range(0, n, 20_000):
-        first += node.publish_batch(
+        first += node.ingress.publish_batch(
             [Outgoing("t", b"x", id=f"order-{i}") for i in range(lo, lo + 20_000)]
         )
         node.maintenance.maintain()
@@ -42,7 +42,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
     assert len(node._dedup) + use.spilled_ids >= n
     again = [Outgoing("t", b"y", id=f"order-{i}") for i in range(0, n, 997)]
     for _ in range(2):  # before and after a restart
-        results = node.publish_batch(again)
+        results = node.ingress.publish_batch(again)
         assert all(r.duplicate for r in results)
         assert [r.seq for r in results] == [first[i].seq for i in range(0, n, 997)]
         node.close()
@@ -52,7 +52,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
     node.admin.configure("retention", "0")
     node.admin.configure("gc-interval", "0")
     node.maintenance.maintain()
-    assert not any(r.duplicate for r in node.publish_batch(again[:50]))
+    assert not any(r.duplicate for r in node.ingress.publish_batch(again[:50]))
     assert node.inspection.memory().spilled_ids == 0
 
 
@@ -62,7 +62,7 @@ def test_the_queues_past_their_share_hold_producers_back(open_node: NodeFactory)
     published = 0
     with pytest.raises(MemoryFull) as refused:
         for _ in range(100):
-            node.publish_batch([Outgoing("t", b"x") for _ in range(1000)])
+            node.ingress.publish_batch([Outgoing("t", b"x") for _ in range(1000)])
             published += 1000
             node.store.writer.sync()  # (what is journaled and not yet in DuckDB counts too)
     assert 7000 <= published <= 9000
@@ -72,7 +72,7 @@ def test_the_queues_past_their_share_hold_producers_back(open_node: NodeFactory)
     while taken := node.delivery.fetch("q", 5000):  # consumers take the queue back under its share
         node.delivery.delete("q", [d.key for d in taken])
     node.store.writer.sync()  # (their deletes journaled count until DuckDB has them)
-    node.publish_batch([Outgoing("t", b"again")])  # and publishing resumes by itself
+    node.ingress.publish_batch([Outgoing("t", b"again")])  # and publishing resumes by itself
 
 
 def test_inspect_memory_says_where_it_goes(
@@ -99,7 +99,7 @@ def test_a_damaged_spill_file_is_made_anew_from_the_store(
     """It is only an index of what DuckDB holds: unreadable, it is rebuilt, and retries
     of what it held are still recognised."""
     node = open_node(dedup_memory=64 << 10)
-    first = node.publish_batch([Outgoing("t", b"x", id=f"m{i}") for i in range(300_000)])
+    first = node.ingress.publish_batch([Outgoing("t", b"x", id=f"m{i}") for i in range(300_000)])
     node.maintenance.maintain()
     assert node.inspection.memory().spilled_ids > 0
     node.close()
@@ -108,7 +108,9 @@ def test_a_damaged_spill_file_is_made_anew_from_the_store(
     for suffix in ("-wal", "-shm"):
         Path(f"{spill}{suffix}").unlink(missing_ok=True)
     node = open_node(dedup_memory=64 << 10)
-    again = node.publish_batch([Outgoing("t", b"y", id=f"m{i}") for i in range(0, 300_000, 1009)])
+    again = node.ingress.publish_batch(
+        [Outgoing("t", b"y", id=f"m{i}") for i in range(0, 300_000, 1009)]
+    )
     assert [r.seq for r in again] == [first[i].seq for i in range(0, 300_000, 1009)]
     assert all(r.duplicate for r in again)
 
@@ -119,7 +121,7 @@ def test_a_take_reads_a_bounded_number_of_payload_bytes(open_node: NodeFactory) 
     restart, when the queue's message size is known from the store)."""
     node = open_node(limits=Limits(max_payload=8 << 20))
     node.admin.create_queue(QueueConfig("q", ("t",)))
-    node.publish_batch([Outgoing("t", bytes(4 << 20)) for _ in range(12)])
+    node.ingress.publish_batch([Outgoing("t", bytes(4 << 20)) for _ in range(12)])
     assert len(node.delivery.fetch("q", 12)) == 4
     node.close()
     node = open_node(limits=Limits(max_payload=8 << 20))
@@ -172,7 +174,7 @@ def test_an_apply_duckdb_has_no_memory_for_waits_and_loses_nothing(
 
     monkeypatch.setattr(writer_module, "insert_rows", short_of_memory)
     monkeypatch.setattr(writer_module, "APPLY_MEMORY_WAIT", 0.01)
-    node.publish_batch([Outgoing("t", b"kept")])
+    node.ingress.publish_batch([Outgoing("t", b"kept")])
     node.store.writer.sync()
     assert next(failures, None) is None and not node.store.writer.failed
     assert node.store.query("SELECT seq, payload FROM messages")[1] == [(1, b"kept")]

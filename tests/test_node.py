@@ -72,11 +72,11 @@ def test_duplicate_id_is_stored_once(broker: Broker) -> None:
 
 def test_dedup_window_is_the_message_lifetime(node: Node, clock: FakeClock) -> None:
     orders(node)
-    first = node.publish("orders/a", b"x", id="k", ttl=60)
+    first = node.ingress.publish("orders/a", b"x", id="k", ttl=60)
     clock.advance(59)
-    assert node.publish("orders/a", b"x", id="k").duplicate
+    assert node.ingress.publish("orders/a", b"x", id="k").duplicate
     clock.advance(2)  # expired: the same id publishes a new message
-    again = node.publish("orders/a", b"x", id="k")
+    again = node.ingress.publish("orders/a", b"x", id="k")
     assert not again.duplicate and again.seq > first.seq
 
 
@@ -93,8 +93,8 @@ def test_bad_input_changes_nothing(broker: Broker) -> None:
 
 def test_expired_messages_are_never_delivered(node: Node, clock: FakeClock) -> None:
     orders(node)
-    node.publish("orders/a", b"short", ttl=5)
-    node.publish("orders/a", b"long")
+    node.ingress.publish("orders/a", b"short", ttl=5)
+    node.ingress.publish("orders/a", b"long")
     clock.advance(6)
     assert [d.message.payload for d in node.delivery.fetch("orders", 10)] == [b"long"]
     assert node.inspection.stats()[0].expired == 1
@@ -102,7 +102,7 @@ def test_expired_messages_are_never_delivered(node: Node, clock: FakeClock) -> N
 
 def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock) -> None:
     orders(node, max_redeliveries=1, dead_letter="orders-dlq", ack_timeout=10)
-    node.publish("orders/a", b"poison")
+    node.ingress.publish("orders/a", b"poison")
     assert [d.attempt for d in node.delivery.fetch("orders")] == [1]
     assert node.delivery.fetch("orders") == []  # in flight
     clock.advance(11)
@@ -117,7 +117,7 @@ def test_redelivery_after_deadline_then_dead_letter(node: Node, clock: FakeClock
 
 def test_release_with_delay(node: Node, clock: FakeClock) -> None:
     orders(node)
-    node.publish("orders/a", b"x")
+    node.ingress.publish("orders/a", b"x")
     (d,) = node.delivery.fetch("orders")
     node.delivery.release("orders", [d.key], delay=30)
     assert node.delivery.fetch("orders") == []
@@ -143,13 +143,13 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
     node = open_node()
     orders(node, max_redeliveries=1, dead_letter="dlq", ack_timeout=10)
     for i in range(5):
-        node.publish("orders/a", str(i).encode(), id=f"m{i}")
+        node.ingress.publish("orders/a", str(i).encode(), id=f"m{i}")
     d1, _ = node.delivery.fetch("orders", 2)
     node.delivery.delete("orders", [d1.key])
     node.close()
 
     node = open_node()
-    assert node.publish("orders/a", b"0", id="m0").duplicate  # dedup ids survive
+    assert node.ingress.publish("orders/a", b"0", id="m0").duplicate  # dedup ids survive
     stats = node.inspection.stats()[1]
     assert (stats.depth, stats.deleted) == (4, 1)
     # What was in flight went with the node's consumers: it timed out at the restart.
@@ -168,7 +168,7 @@ def test_reopen_finds_everything(open_node: NodeFactory, clock: FakeClock) -> No
         (5, 2),
     ]
     assert [d.seq for d in node.delivery.fetch("dlq", 10)] == [2]
-    assert node.publish("orders/a", b"new").seq == 6
+    assert node.ingress.publish("orders/a", b"new").seq == 6
 
 
 def test_queue_admin(broker: Broker) -> None:
@@ -201,7 +201,7 @@ def test_compaction_and_gc_keep_the_store_bounded(
     orders(node)
     sizes = []
     for _round in range(12):
-        node.publish_batch(
+        node.ingress.publish_batch(
             [Outgoing("orders/a", b"x" * 256, id=f"{_round}-{i}") for i in range(5000)]
         )
         while taken := node.delivery.fetch("orders", 1000):
@@ -216,7 +216,7 @@ def test_compaction_and_gc_keep_the_store_bounded(
     assert len(node._dedup) == 0
     node.close()
     node = open_node()
-    assert node.publish("orders/a", b"x").seq == 60_001  # seqs never restart after GC
+    assert node.ingress.publish("orders/a", b"x").seq == 60_001  # seqs never restart after GC
     assert node.inspection.stats()[0].deleted == 60_000
 
 
@@ -272,13 +272,15 @@ def test_concurrent_publishers_and_consumers(broker: Broker) -> None:
 def test_storage_failure_acknowledges_nothing(open_node: NodeFactory) -> None:
     node = open_node()
     orders(node)
-    node.publish("orders/a", b"kept")
+    node.ingress.publish("orders/a", b"kept")
     failpoints.configure("store.commit.before=error")
     try:
         with pytest.raises(StorageError):
-            node.publish("orders/a", b"lost")
+            node.ingress.publish("orders/a", b"lost")
         with pytest.raises(StorageError):
-            node.publish("orders/a", b"refused", id="r")  # the node stops trusting its state
+            node.ingress.publish(
+                "orders/a", b"refused", id="r"
+            )  # the node stops trusting its state
     finally:
         failpoints.configure("")
     assert node._uncommitted_ids == {}  # a refused batch leaves nothing behind
@@ -299,7 +301,7 @@ def test_a_restarted_node_collects_when_due_though_its_clock_stood_still(
     node.maintenance.maintain()  # a collection, at this instant
     node.close()
     node = open_node(gc_interval=0.0, retention=0.0)
-    seq = node.publish("orders/a", b"x").seq
+    seq = node.ingress.publish("orders/a", b"x").seq
     (d,) = node.delivery.fetch("orders")
     node.delivery.delete("orders", [d.key])
     node.maintenance.maintain()
@@ -315,7 +317,7 @@ def test_saved_retention_drives_garbage_collection(
     node.close()
     node = open_node(gc_interval=0.0)  # the saved setting outlives the process
     assert node.settings.retention == 3600
-    node.publish("orders/a", b"x", id="a")
+    node.ingress.publish("orders/a", b"x", id="a")
     (d,) = node.delivery.fetch("orders")
     node.delivery.delete("orders", [d.key])
     clock.advance(1800)
@@ -324,7 +326,7 @@ def test_saved_retention_drives_garbage_collection(
     clock.advance(1801)
     node.maintenance.maintain()
     assert node.inspection.log() == []
-    assert not node.publish("orders/a", b"x", id="a").duplicate  # gone from the log: new
+    assert not node.ingress.publish("orders/a", b"x", id="a").duplicate  # gone from the log: new
 
 
 def test_row_tables_list_columns_in_table_order(node: Node) -> None:
@@ -342,7 +344,7 @@ def test_row_tables_list_columns_in_table_order(node: Node) -> None:
 def test_a_deposed_flow_hands_over_its_messages_in_order_and_cannot_delete(node: Node) -> None:
     node.admin.create_queue(QueueConfig("ex", ("ex/>",), max_active=1))
     for i in range(3):
-        node.publish("ex/a", str(i).encode())
+        node.ingress.publish("ex/a", str(i).encode())
     heard: list[tuple[int, str, int]] = []
     low = node.elections.bind(
         "ex", priority=1, notify=lambda e: heard.append((e.flow, e.kind, e.epoch))
@@ -385,7 +387,7 @@ def test_a_delivery_given_back_unseen_stays_uncounted_across_restarts(
     node = open_node()
     orders(node, max_redeliveries=1, dead_letter="dlq")
     for i in range(3):
-        node.publish("orders/a", str(i).encode())
+        node.ingress.publish("orders/a", str(i).encode())
     for _ in range(2):  # seq 1 handed out (attempt 1) and given back unseen, twice
         taken = node.delivery.fetch("orders", 3, holder=7)
         assert [(d.seq, d.attempt) for d in taken][:1] == [(1, 1)]
@@ -476,10 +478,10 @@ def test_requeue_moves_dead_letters_back_once_and_only_there(broker: Broker) -> 
 def test_requeued_messages_survive_a_restart(open_node: NodeFactory) -> None:
     node = open_node()
     orders(node, max_redeliveries=0, dead_letter="orders-dlq")
-    node.publish("orders/a", b"m1")
+    node.ingress.publish("orders/a", b"m1")
     (d,) = node.delivery.fetch("orders", 1)
     node.delivery.release("orders", [d.key])
-    assert node.requeue("orders-dlq") == (1, "orders")
+    assert node.ingress.requeue("orders-dlq") == (1, "orders")
     node.close()
     node = open_node()
     assert [(d.seq, d.message.payload) for d in node.delivery.fetch("orders", 10)] == [(2, b"m1")]
@@ -531,7 +533,7 @@ def test_attempts_after_a_restart_are_those_in_memory(
         try:
             node.admin.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=10))
             for i in range(6):
-                node.publish("t/a", str(i).encode())
+                node.ingress.publish("t/a", str(i).encode())
             held: dict[int, list[tuple[tuple[int, int], int]]] = {}
             bound: dict[int, int] = {}
             ops = ["fetch", "fetch", "unseen", "unseen", "stale", "release", "later", "delete",
@@ -591,7 +593,9 @@ def test_the_log_is_written_in_row_groups_of_the_stores_size(node: Node) -> None
     from eomsg.store.store import CATALOG, ROW_GROUP_ROWS
 
     for start in range(0, 40_000, 10_000):
-        node.publish_batch([Outgoing("t/x", b"x", id=f"{start + i}") for i in range(10_000)])
+        node.ingress.publish_batch(
+            [Outgoing("t/x", b"x", id=f"{start + i}") for i in range(10_000)]
+        )
     node.store.writer.sync()
     cursor = node.store._cursor()
     cursor.execute(f"CHECKPOINT {CATALOG}")

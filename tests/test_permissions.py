@@ -78,7 +78,7 @@ def test_a_wal_made_anew_after_a_checkpoint_is_narrowed(data_dir: Path) -> None:
             wal = data_dir / "eomsg.duckdb.wal"
             previous = remade = 0
             for _ in range(50):
-                node.publish("t", os.urandom(4096) * 4)
+                node.ingress.publish("t", os.urandom(4096) * 4)
                 node.store.writer.sync()  # DuckDB holds it: its WAL grew, or was checkpointed
                 size = wal.stat().st_size if wal.exists() else 0
                 if size:
@@ -92,11 +92,11 @@ def test_a_wal_made_anew_after_a_checkpoint_is_narrowed(data_dir: Path) -> None:
 
 def test_a_wide_open_directory_is_narrowed_at_open(data_dir: Path) -> None:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish("t", b"secret")
+        node.ingress.publish("t", b"secret")
     os.chmod(data_dir, 0o755)
     for entry in data_dir.iterdir():
         if entry.is_file():
             os.chmod(entry, 0o644)
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish("t", b"more")
+        node.ingress.publish("t", b"more")
         assert_owner_only(data_dir)

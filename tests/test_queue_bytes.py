@@ -87,7 +87,7 @@ def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]
         node.admin.create_queue(
             QueueConfig.create(name, ("t/>",), max_redeliveries=0, dead_letter="dlq")
         )
-    node.publish("t/x", b"x" * 100)
+    node.ingress.publish("t/x", b"x" * 100)
     for name in ("a", "b"):
         (d,) = node.delivery.fetch(name, 1)
         node.delivery.release(name, [d.key])  # its last attempt: dead-lettered
@@ -104,15 +104,15 @@ def test_a_dead_letter_queue_holds_a_message_once(open_node: Callable[..., Node]
 def test_a_publish_past_max_bytes_is_refused_whole(open_node: Callable[..., Node]) -> None:
     node = open_node()
     node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_bytes=10))
-    node.publish("t/x", b"12345")
+    node.ingress.publish("t/x", b"12345")
     with pytest.raises(QueueFull, match=r"holds 5 payload bytes of its 10 \(max-bytes\)"):
-        node.publish_batch([Outgoing("t/x", b"123"), Outgoing("t/x", b"456", "i")])
+        node.ingress.publish_batch([Outgoing("t/x", b"123"), Outgoing("t/x", b"456", "i")])
     with pytest.raises(QueueFull, match="a publish of 11 can never fit"):
-        node.publish("t/x", b"x" * 11)
+        node.ingress.publish("t/x", b"x" * 11)
     assert everything(node) == {"r": [b"12345"]}
-    node.publish("t/x", b"67890", id="i")  # exactly full: taken
-    assert node.publish("t/x", b"67890", id="i").duplicate  # a retry counts nowhere
-    assert node.publish("t/x", b"", id="empty").seq  # an empty payload fits a full queue
+    node.ingress.publish("t/x", b"67890", id="i")  # exactly full: taken
+    assert node.ingress.publish("t/x", b"67890", id="i").duplicate  # a retry counts nowhere
+    assert node.ingress.publish("t/x", b"", id="empty").seq  # an empty payload fits a full queue
     held_as_stored(node)
 
 
@@ -125,18 +125,18 @@ def test_dead_letter_oldest_by_bytes_keeps_the_newest_that_fit(
             "d", ("t/>",), max_bytes=10, overflow=DEAD_LETTER_OLDEST, dead_letter="old"
         )
     )
-    node.publish_batch([Outgoing("t/x", p) for p in (b"aaaa", b"bbbb", b"cc")])
+    node.ingress.publish_batch([Outgoing("t/x", p) for p in (b"aaaa", b"bbbb", b"cc")])
     (held,) = node.delivery.fetch("d", 1)  # aaaa, in flight: it stays
-    node.publish("t/x", b"ddddd")  # bbbb and cc make room (4 + 5, with 2 more: 11)
+    node.ingress.publish("t/x", b"ddddd")  # bbbb and cc make room (4 + 5, with 2 more: 11)
     assert everything(node) == {"d": [b"aaaa", b"ddddd"], "old": [b"bbbb", b"cc"]}
     # A batch larger than what can be freed: its oldest go straight to the dead letters.
-    node.publish_batch([Outgoing("t/x", p) for p in (b"eee", b"ff", b"gggg")])
+    node.ingress.publish_batch([Outgoing("t/x", p) for p in (b"eee", b"ff", b"gggg")])
     assert everything(node) == {
         "d": [b"aaaa", b"ff", b"gggg"],
         "old": [b"bbbb", b"cc", b"ddddd", b"eee"],
     }
     assert {s.name: s.overflowed for s in node.inspection.stats()} == {"d": 4, "old": 0}
-    node.publish("t/x", b"x" * 11)  # never fits: dead-lettered itself, nothing else moves
+    node.ingress.publish("t/x", b"x" * 11)  # never fits: dead-lettered itself, nothing else moves
     assert everything(node)["d"] == [b"aaaa", b"ff", b"gggg"]
     assert node.delivery.delete("d", [held.key]) == [True]
     held_as_stored(node)
@@ -147,14 +147,14 @@ def test_a_limit_set_on_a_queue_counts_what_it_holds_and_lifting_it_forgets(
 ) -> None:
     node = open_node()
     node.admin.create_queue(QueueConfig.create("q", ("t/>",)))
-    node.publish_batch([Outgoing("t/x", b"1234") for _ in range(3)])
+    node.ingress.publish_batch([Outgoing("t/x", b"1234") for _ in range(3)])
     node.admin.limit_queue("q", max_bytes=10)
     held_as_stored(node)
     with pytest.raises(QueueFull, match="holds 12 payload bytes of its 10"):
-        node.publish("t/x", b"1")
+        node.ingress.publish("t/x", b"1")
     taken = node.delivery.fetch("q", 2)
     node.delivery.delete("q", [d.key for d in taken])
-    node.publish("t/x", b"123456")  # 4 + 6
+    node.ingress.publish("t/x", b"123456")  # 4 + 6
     held_as_stored(node)
     node.admin.limit_queue("q", max_messages=2)  # the max-bytes lifted: sizes forgotten
     held_as_stored(node)
@@ -164,7 +164,7 @@ def test_a_limit_set_on_a_queue_counts_what_it_holds_and_lifting_it_forgets(
     node = open_node()  # the sizes come back from the log
     held_as_stored(node)
     with pytest.raises(QueueFull, match="holds 2 messages of its 2"):
-        node.publish("t/x", b"")
+        node.ingress.publish("t/x", b"")
 
 
 def test_max_bytes_meets_transactions_requeues_and_dead_letter_queues(
@@ -178,19 +178,19 @@ def test_max_bytes_meets_transactions_requeues_and_dead_letter_queues(
     node.admin.create_queue(
         QueueConfig.create("r", ("t/>",), max_bytes=6, dead_letter="old", max_redeliveries=0)
     )
-    node.publish("t/x", b"12345")
+    node.ingress.publish("t/x", b"12345")
     with pytest.raises(QueueFull):
         node.participant.prepare_txn("tx", coordinator="test", messages=[Outgoing("t/x", b"67")])
     (d,) = node.delivery.fetch("r", 1)
     node.delivery.release("r", [d.key])  # past its redeliveries: into old (5 bytes, past its 4)
-    node.publish("t/x", b"6789")
+    node.ingress.publish("t/x", b"6789")
     assert everything(node) == {"old": [b"12345"], "r": [b"6789"]}
     held_as_stored(node)
     node.admin.create_queue(QueueConfig.create("s", ()))
     with pytest.raises(QueueFull, match="queue 'r' is full"):
-        node.requeue("old", to="r")
+        node.ingress.requeue("old", to="r")
     assert everything(node) == {"old": [b"12345"], "r": [b"6789"], "s": []}
-    node.requeue("old", to="s")
+    node.ingress.requeue("old", to="s")
     assert everything(node) == {"old": [], "r": [b"6789"], "s": [b"12345"]}
     held_as_stored(node)
 
@@ -237,14 +237,14 @@ class BytesMachine(RuleBasedStateMachine):
             batch.append(Outgoing("t/x", body, f"id-{self.n}" if with_ids else None))
         before = {s.name: (s.depth, s.bytes) for s in self.node.inspection.stats()}
         try:
-            results = self.node.publish_batch(batch)
+            results = self.node.ingress.publish_batch(batch)
         except QueueFull:
             assert {s.name: (s.depth, s.bytes) for s in self.node.inspection.stats()} == before
             return
         assert not any(r.duplicate for r in results)
         self.acked += [m.payload for m in batch]
         if with_ids:
-            assert all(r.duplicate for r in self.node.publish_batch(batch))
+            assert all(r.duplicate for r in self.node.ingress.publish_batch(batch))
 
     @rule(queue=st.sampled_from(["r", "d", "old", "m", "t"]), k=st.integers(1, 3))
     def fetch(self, queue: str, k: int) -> None:

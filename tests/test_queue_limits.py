@@ -219,7 +219,7 @@ class LimitsMachine(RuleBasedStateMachine):
             batch.append(Outgoing("t/x", b"%d" % self.n, f"id-{self.n}" if with_ids else None))
         depth = {s.name: s.depth for s in self.node.inspection.stats()}
         try:
-            results = self.node.publish_batch(batch)
+            results = self.node.ingress.publish_batch(batch)
         except QueueFull:
             assert depth["r"] + size > 3
             assert {
@@ -229,7 +229,7 @@ class LimitsMachine(RuleBasedStateMachine):
         assert not any(r.duplicate for r in results)
         self.acked += [m.payload for m in batch]
         if with_ids:  # a retry of what was taken is a duplicate, stored nowhere
-            assert all(r.duplicate for r in self.node.publish_batch(batch))
+            assert all(r.duplicate for r in self.node.ingress.publish_batch(batch))
 
     @rule(queue=st.sampled_from(["r", "d", "old"]), k=st.integers(1, 3))
     def fetch(self, queue: str, k: int) -> None:
@@ -318,8 +318,8 @@ def test_a_dead_letter_queue_past_its_own_limit_refuses_nothing_dead_lettered_in
     node = open_node()
     make_a_and_d(node)
     for i in range(3):
-        node.publish("t/x", b"%d" % i)
-    node.publish_batch([Outgoing("t/x", b"3"), Outgoing("t/x", b"4")])
+        node.ingress.publish("t/x", b"%d" % i)
+    node.ingress.publish_batch([Outgoing("t/x", b"3"), Outgoing("t/x", b"4")])
     assert everything(node) == {"a": [b"4"], "d": [b"0", b"1", b"2", b"3"]}
 
 
@@ -333,10 +333,10 @@ def test_a_requeue_through_a_full_dead_letter_queue_loses_nothing_at_a_restart(
     node = open_node()
     make_a_and_d(node)
     for i in range(3):
-        node.publish("t/x", b"%d" % i)
-    node.requeue("d")
+        node.ingress.publish("t/x", b"%d" % i)
+    node.ingress.requeue("d")
     node.admin.limit_queue("a", None)
-    node.publish("t/x", b"3")
+    node.ingress.publish("t/x", b"3")
     before = everything(node)
     assert sorted(m for ms in before.values() for m in ms) == [b"0", b"1", b"2", b"3"]
     node.close()
@@ -351,9 +351,9 @@ def test_a_refused_batch_counts_nothing_in_the_queues_it_did_not_enter(
     node = open_node()
     make_a_and_d(node)
     node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
-    node.publish("t/x", b"0")
+    node.ingress.publish("t/x", b"0")
     with pytest.raises(QueueFull, match="queue 'r' is full"):
-        node.publish_batch([Outgoing("t/x", b"1"), Outgoing("t/x", b"2")])
+        node.ingress.publish_batch([Outgoing("t/x", b"1"), Outgoing("t/x", b"2")])
     stats = {s.name: s for s in node.inspection.stats()}
     assert (stats["a"].dead_lettered, stats["a"].overflowed, stats["a"].depth) == (0, 0, 1)
     assert everything(node) == {"a": [b"0"], "d": [], "r": [b"0"]}
@@ -364,8 +364,8 @@ def test_a_duplicate_counts_nowhere_in_a_full_queue(open_node: Callable[..., Nod
     stored again: a full queue does not refuse it."""
     node = open_node()
     node.admin.create_queue(QueueConfig.create("r", ("t/>",), max_messages=1))
-    node.publish("t/x", b"0", id="once")
-    assert node.publish("t/x", b"0", id="once").duplicate
+    node.ingress.publish("t/x", b"0", id="once")
+    assert node.ingress.publish("t/x", b"0", id="once").duplicate
     node.participant.prepare_txn(
         "tx1", coordinator="test", messages=[Outgoing("t/x", b"0", "once")]
     )

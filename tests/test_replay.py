@@ -188,7 +188,7 @@ def test_parse_time() -> None:
 def _fill(node: Node, clock: FakeClock) -> None:
     for i in range(1, 301):
         topic = "orders/eu/new" if i % 3 else "billing/x"
-        node.publish(topic, f"m{i}".encode() * (1 + i % 7), id=f"id-{i}")
+        node.ingress.publish(topic, f"m{i}".encode() * (1 + i % 7), id=f"id-{i}")
         clock.advance(1)
 
 
@@ -292,7 +292,7 @@ def test_job_records_follow_the_job_table(open_node: NodeFactory, clock: FakeClo
         JobStatus.DONE, 100, "d", 1, 101,
     )  # fmt: skip
     assert node.inspection.replay_jobs("j2") == []
-    node.publish("a/b", b"x")
+    node.ingress.publish("a/b", b"x")
     assert node.inspection.replay_jobs()[0].job_id == "j1"
     assert JobRecord.from_json(found.to_json()) == found
 

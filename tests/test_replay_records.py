@@ -26,8 +26,8 @@ WIDE, NARROW = 300, 7  # orders/0..2 messages, then orders/x/rare ones: 307 in a
 
 def fill(data: Path, wide: int = WIDE) -> None:
     with Node.open(data, NodeSettings(tick=None)) as node:
-        node.publish_batch([Outgoing(f"orders/{i % 3}", b"o%d" % i) for i in range(wide)])
-        node.publish_batch([Outgoing("orders/x/rare", b"r%d" % i) for i in range(NARROW)])
+        node.ingress.publish_batch([Outgoing(f"orders/{i % 3}", b"o%d" % i) for i in range(wide)])
+        node.ingress.publish_batch([Outgoing("orders/x/rare", b"r%d" % i) for i in range(NARROW)])
 
 
 @pytest.fixture

@@ -103,21 +103,21 @@ def settings(node: Node) -> dict[str, Any]:
 def test_anything_but_a_plain_select_is_refused_and_changes_nothing(
     sql: str, node: Node, tmp_path: Path
 ) -> None:
-    node.publish("t", b"x")
+    node.ingress.publish("t", b"x")
     before = settings(node)
     with pytest.raises(InvalidQuery):
         node.inspection.query(sql)
     assert settings(node) == before
     assert node.inspection.query("SELECT count(*) FROM messages")[1] == [(1,)]
-    node.publish("t", b"y")  # the writer still writes
+    node.ingress.publish("t", b"y")  # the writer still writes
     assert not Path("/tmp/eomsg-leak.csv").exists()
 
 
 def test_no_link_secret_is_in_the_store_for_a_query_to_find(node: Node) -> None:
     """The tokens of links are kept apart (store/secrets.py): whatever a query reads of
     node_meta — plainly, or through a table macro — holds none of them."""
-    node.add_link("b", "tcp://127.0.0.1:1", "s3cret-dialling-token")
-    node.add_link("c", None, "s3cret-accepted-token")
+    node.links.add_link("b", "tcp://127.0.0.1:1", "s3cret-dialling-token")
+    node.links.add_link("c", None, "s3cret-accepted-token")
     secret_bits = [
         "s3cret",
         token_hash("s3cret-accepted-token"),
@@ -138,7 +138,7 @@ def test_no_link_secret_is_in_the_store_for_a_query_to_find(node: Node) -> None:
 
 @pytest.mark.parametrize(("sql", "rows"), READS)
 def test_plain_selects_run(sql: str, rows: list[tuple[Any, ...]], node: Node) -> None:
-    node.publish("t", b"x")
+    node.ingress.publish("t", b"x")
     assert node.inspection.query(sql)[1] == rows
 
 

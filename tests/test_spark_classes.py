@@ -212,7 +212,7 @@ def test_a_replay_keeps_sparks_classes_and_a_damaged_archive_costs_only_speed(
     archive; the next maps it — here with bytes flipped in it, which the JVM's checksum
     refuses: the replay gives the same rows and removes the archive it refused."""
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish_batch([Outgoing(f"orders/{i % 2}", b"m%d" % i) for i in range(50)])
+        node.ingress.publish_batch([Outgoing(f"orders/{i % 2}", b"m%d" % i) for i in range(50)])
     env = {**cli_env, "XDG_CACHE_HOME": str(tmp_path / "cache")}
 
     def replay(n: int) -> subprocess.CompletedProcess[str]:

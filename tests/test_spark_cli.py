@@ -54,7 +54,7 @@ def wait_for(path: Path, proc: subprocess.Popen[Any]) -> None:
 def filled(data_dir: Path) -> Path:
     spark_or_skip()
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish_batch(
+        node.ingress.publish_batch(
             [Outgoing(f"orders/{i % 2}", f'{{"n": {i}}}'.encode(), f"m{i}") for i in range(N)]
         )
     return data_dir
@@ -84,7 +84,7 @@ def test_a_run_that_fails_is_recorded_failed_and_leaves_nothing_behind(
     eomsg_bin: str, cli_env: dict[str, str], filled: Path, tmp_path: Path
 ) -> None:
     with Node.open(filled, NodeSettings(tick=None)) as node:
-        node.publish("orders/0", b"p\xce\x01")  # seq N + 1: not text
+        node.ingress.publish("orders/0", b"p\xce\x01")  # seq N + 1: not text
     (tmp_path / "ident.py").write_text("def same(row):\n    return row\n")
     out, db = tmp_path / "out", tmp_path / "app.duckdb"
     # The first run finds no class-data archive in its cache: it was making one when it
@@ -319,7 +319,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, eomsg_bin: str) -> dict[str,
     spark_or_skip()
     root = tmp_path_factory.mktemp("replay-kills")
     with Node.open(root / "data", NodeSettings(tick=None)) as node:
-        node.publish_batch(
+        node.ingress.publish_batch(
             [Outgoing(f"orders/{i % 2}", f'{{"n": {i}}}'.encode(), f"m{i}") for i in range(N)]
         )
     (root / "slowfix.py").write_text(gated_transform(root, N // 2))

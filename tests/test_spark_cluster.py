@@ -92,7 +92,7 @@ def with_group(proc: subprocess.Popen[bytes], sig: int) -> None:
 @pytest.fixture
 def filled(data_dir: Path) -> Path:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish_batch(
+        node.ingress.publish_batch(
             [Outgoing(f"orders/{i % 3}", f"m{i}".encode(), f"id{i}") for i in range(N)]
         )
     return data_dir

@@ -148,7 +148,7 @@ def test_a_damaged_block_is_refused_and_salvage_keeps_the_other_rows(
     eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish_batch(
+        node.ingress.publish_batch(
             [eomsg_outgoing(i, os.urandom(4096)) for i in range(2000)]  # payloads: many blocks
         )
     db = data_dir / "eomsg.duckdb"
@@ -171,7 +171,7 @@ def test_a_damaged_block_is_refused_and_salvage_keeps_the_other_rows(
     )
     kept = set(ids(eomsg_bin, cli_env))
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        again = node.publish_batch([eomsg_outgoing(i, b"again") for i in range(2000)])
+        again = node.ingress.publish_batch([eomsg_outgoing(i, b"again") for i in range(2000)])
     assert [r.duplicate for r in again] == [f"m{i}" in kept for i in range(2000)]
 
 
@@ -211,7 +211,7 @@ def test_the_wal_stays_within_its_bound(data_dir: Path) -> None:
         reader.execute("SELECT count(*) FROM messages").fetchall()
         largest = 0
         for _ in range(100):
-            node.publish_batch([eomsg_outgoing(0, os.urandom(1024)) for _ in range(100)])
+            node.ingress.publish_batch([eomsg_outgoing(0, os.urandom(1024)) for _ in range(100)])
             largest = max(
                 largest, (data_dir / WAL).stat().st_size if (data_dir / WAL).exists() else 0
             )
@@ -224,7 +224,7 @@ def test_compact_gives_space_back_and_a_killed_compaction_changes_nothing(
 ) -> None:
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
         node.admin.create_queue(QueueConfig("q1", ("elsewhere/>",)))
-        node.publish_batch([eomsg_outgoing(i, os.urandom(2048)) for i in range(5000)])
+        node.ingress.publish_batch([eomsg_outgoing(i, os.urandom(2048)) for i in range(5000)])
     for setting in (("retention", "0"), ("gc-interval", "0"), ("retention", "7d")):
         assert cli(eomsg_bin, cli_env, "config", "set", *setting).returncode == 0  # collects
     assert cli(eomsg_bin, cli_env, "publish", "t/keep", "kept", "--id", "keep").returncode == 0
@@ -278,7 +278,7 @@ def test_a_publish_past_the_wal_bound_checkpoints_and_says_nothing(
             )  # fmt: skip
         assert (done.returncode, done.stderr) == (0, ""), done.stderr
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
-        node.publish("big", os.urandom(20 << 20))
+        node.ingress.publish("big", os.urandom(20 << 20))
         node.store.writer.sync()
         wal = data_dir / WAL  # checkpointed behind the commit
         assert not wal.exists() or wal.stat().st_size < 16 << 20
@@ -292,7 +292,7 @@ def test_a_store_file_cut_short_is_damage_and_its_open_changes_nothing(
     the next open said something else."""
     with Node.open(data_dir, NodeSettings(tick=None)) as node:  # blocks in the file
         node.admin.create_queue(QueueConfig("held", ("t/>",)))
-        node.publish_batch([eomsg_outgoing(i, os.urandom(300)) for i in range(4500)])
+        node.ingress.publish_batch([eomsg_outgoing(i, os.urandom(300)) for i in range(4500)])
     crashed_store(data_dir, n=50)  # and a WAL beside it
     store = data_dir / "eomsg.duckdb"
     os.truncate(store, 200_000)  # into its first blocks

@@ -107,7 +107,7 @@ def test_held_messages_survive_timeouts_and_restarts_then_abort_gives_them_back(
 ) -> None:
     node = open_node()
     _queues(node)
-    node.publish("a", b"1")
+    node.ingress.publish("a", b"1")
     (d,) = node.delivery.fetch("a", 1)
     node.participant.prepare_txn(
         "t1", coordinator="x", deletes=[("a", d.message.seq, 0, d.attempt)]
@@ -377,7 +377,7 @@ def _prepare_in_pg(resource: Resource, txid: str, item: str) -> None:
 def _with_an_order(node: Node) -> Node:
     """``node`` with queues ``a`` and ``b``, and one message waiting in ``a``."""
     _queues(node)
-    node.publish("a", b"order")
+    node.ingress.publish("a", b"order")
     return node
 
 

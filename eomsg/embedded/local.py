@@ -136,7 +136,9 @@ class LocalClient(Broker):
     ) -> PublishResult:
         """Publish one message; returns once it is durable."""
         self._check_open()
-        return self.node.publish(topic, payload, id=id, ttl=ttl_seconds(ttl), headers=headers)
+        return self.node.ingress.publish(
+            topic, payload, id=id, ttl=ttl_seconds(ttl), headers=headers
+        )
 
     def publish_async(
         self,
@@ -156,14 +158,14 @@ class LocalClient(Broker):
     def publish_batch(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
         """Publish messages atomically; durable on return."""
         self._check_open()
-        return self.node.publish_batch(messages)
+        return self.node.ingress.publish_batch(messages)
 
     def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
         """Queue a batch; the future resolves once all of it is durable, or fails with
         the node's refusal. Invalid input raises here."""
         self._check_open()
         try:
-            return self.node.publish_batch_async(messages)
+            return self.node.ingress.publish_batch_async(messages)
         except InvalidInput:
             raise
         except EomsgError as e:

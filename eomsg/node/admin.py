@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -36,7 +35,6 @@ class Kernel(Shared, Protocol):
     def _install(self, queue_id: int, config: QueueConfig) -> QueueState: ...
     def _reconfigure_queue(self, q: QueueState, config: QueueConfig) -> None: ...
     def _uninstall(self, q: QueueState) -> None: ...
-    def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]: ...
 
 
 class Admin:
@@ -173,7 +171,7 @@ class Admin:
                 q.cursor.track_sizes(None)
             elif not q.cursor.sized:  # what it holds, read once
                 pending = q.cursor.pending()
-                sizes |= self._kernel._payload_sizes([s for s in pending if s not in sizes])
+                sizes |= self._kernel.egress.payload_sizes([s for s in pending if s not in sizes])
                 q.cursor.track_sizes(sizes)
 
     def purge(self, name: str, *, by: str = OWNER) -> int:

@@ -122,7 +122,7 @@ class Delivery:
         self._kernel._await_commit(future)
         if not taken.deliveries:
             return [], more
-        messages = self._kernel._fetch_messages([d.seq for d in taken.deliveries])
+        messages = self._kernel.egress.fetch_messages([d.seq for d in taken.deliveries])
         delivered = [  # one purged meanwhile is gone: settled, it needs no delivery
             Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
             for d in taken.deliveries

@@ -20,25 +20,29 @@ least once for those messages, exactly once with the inbox and publish ids (the 
 dedups by id). Held messages that are settled in time never enter this node's log (the
 node they were published on keeps them in its own); one written late enters the log
 below seqs already there, so readers of the log see no further than the lowest held
-message (:meth:`Egress._log_ceiling`).
+message (:meth:`Egress.log_ceiling`).
 
-This module keeps the held messages and the rows recorded about them; the link's side
-— what is held, when to write it, what to acknowledge — is in :mod:`eomsg.node.links`.
+This module keeps the held messages and the rows recorded about them, and is where every
+write passes (:meth:`Egress.divert`) and every read of a message looks first; the link's
+side — what is held, when to write it, what to acknowledge — is in
+:mod:`eomsg.node.intake`.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from eomsg.core.message import Message
-from eomsg.node.ingress import Fresh, Ingress
+from eomsg.node.events import Signal
 from eomsg.node.state import QueueState
+from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch
 
 if TYPE_CHECKING:
-    from eomsg.node.links import LinkState
+    from eomsg.node.linkstate import LinkState
 
 # Where each table that names a message keeps its seq.
 SEQ_AT = {
@@ -75,35 +79,50 @@ class Held:
         return len(self.message.payload) + 256
 
 
-class Egress(Ingress):
-    """Messages held in memory for this node's queues, and the rows kept with them."""
+class Kernel(Protocol):
+    """What :class:`Egress` needs of the node: the store, and the lock it runs under."""
 
-    _held: dict[int, Held]  # by seq, in the order they were held (ascending)
-    _held_bytes: int
+    store: Store
+    _lock: threading.Lock
 
-    def _init_egress(self) -> None:
-        self._held = {}
+
+class Egress:
+    """Messages held in memory for this node's queues, and the rows kept with them:
+    what the node writes, reads and drops passes here first. :attr:`done` is emitted,
+    under ``_lock``, with the messages that are settled everywhere here or durable."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        self._held: dict[int, Held] = {}  # by seq, in the order they were held (ascending)
         self._held_bytes = 0
+        self.done: Signal[[list[Held]]] = Signal()
 
-    def _hold_room(self, size: int) -> bool:
+    def has_room(self, size: int) -> bool:
         """Whether ``size`` more payload bytes may be held. Under ``_lock``."""
         return self._held_bytes + size <= MAX_HELD_BYTES
 
-    def _keep(self, held: Held) -> None:
+    def keep(self, held: Held) -> None:
         """Hold ``held`` (its rows staged, its queues in ``owed``). Under ``_lock``."""
         self._held[held.seq] = held
         self._held_bytes += held.size
 
-    def _publish_held(self, fresh: list[Fresh]) -> set[str]:
-        """Hand held messages to their queues' cursors and their ids to the dedup
-        window, as a commit does for stored ones; the names of the queues to wake once
-        ``_lock`` is released. Under ``_lock``."""
-        routes = self._deliverable(fresh)
-        return {q.config.name for r in routes for q in r if isinstance(q, QueueState)}
+    def holds(self, held: Held) -> bool:
+        """Whether ``held`` is still held (not settled everywhere, nor written). Under
+        ``_lock``."""
+        return self._held.get(held.seq) is held
 
-    # -- what the rest of the node sees (hooks of NodeState) --------------------------------
+    def due(self, now: float, link: LinkState | None, every: bool) -> list[Held]:
+        """The held messages not being written whose hold is over at ``now`` (``every``:
+        all), of ``link`` (None: of every link). Under ``_lock``."""
+        return [
+            h
+            for h in self._held.values()
+            if not h.writing and (every or h.deadline <= now) and (link is None or h.link is link)
+        ]
 
-    def _divert(self, batch: RowBatch) -> RowBatch:
+    # -- what the rest of the node sees ---------------------------------------------------
+
+    def divert(self, batch: RowBatch) -> RowBatch:
         """``batch`` as it goes to the writer: rows about held messages kept with them
         instead; a held message that another record needs (a dead-letter destination, a
         transaction's delete) written whole with it. Under ``_lock``."""
@@ -118,7 +137,20 @@ class Egress(Ingress):
                     row[at] for row in rows if row[at] in held and not held[row[at]].writing
                 )
         if needed:
-            self._write_with(batch, [held[s] for s in sorted(needed)])
+            self.write_with(batch, [held[s] for s in sorted(needed)])
+        settled_all = self._keep_rows(batch)
+        for h in settled_all:
+            self._forget(h)
+        if settled_all and batch.empty:
+            self.done.emit(settled_all)
+        elif settled_all:  # acknowledged once what came with it is durable (a requeue)
+            batch.after_commit(lambda: self._done_after_commit(settled_all))
+        return batch
+
+    def _keep_rows(self, batch: RowBatch) -> list[Held]:
+        """Move the rows of ``batch`` about held messages to them; the held messages
+        that settled everywhere by them. Under ``_lock``."""
+        held = self._held
         settled_all: list[Held] = []
         for name in KEPT:
             if not batch.tables.get(name):
@@ -139,75 +171,78 @@ class Egress(Ingress):
                 batch.tables[name] = rest
             else:
                 del batch.tables[name]
-        for h in settled_all:
-            self._forget_held(h)
-        if settled_all and batch.empty:
-            self._held_done(settled_all)
-        elif settled_all:  # acknowledged once what came with it is durable (a requeue)
-            batch.after_commit(lambda: self._done_after_commit(settled_all))
-        return batch
+        return settled_all
 
     def _done_after_commit(self, done: list[Held]) -> None:
-        with self._lock:
-            self._held_done(done)
+        with self._kernel._lock:
+            self.done.emit(done)
 
-    def _unwritten(self, batch: RowBatch) -> None:
+    def unwritten(self, batch: RowBatch) -> None:
+        """The writer refused ``batch``: messages held in memory that were to be
+        written with it stay held. Under ``_lock``."""
         for row in batch.tables.get("messages", ()):
             h = self._held.get(row[0])
             if h is not None:
                 h.writing = False  # still held: written later, or settled
 
-    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
+    def fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
+        """The messages with these seqs (ascending), held in memory or stored."""
         # Not under _lock: a message may leave memory meanwhile, written (the writer's
         # overlay has it then) or settled (then it is gone, as a stored one may be).
-        held = self._held
+        held, store = self._held, self._kernel.store
         if not held:
-            return self.store.fetch(seqs)
+            return store.fetch(seqs)
         found = {s: h.message for s in seqs if (h := held.get(s)) is not None}
         rest = [s for s in seqs if s not in found]
         if rest:
-            found.update(self.store.fetch(rest))
+            found.update(store.fetch(rest))
         return found
 
-    def _expiries(self, seqs: Sequence[int]) -> dict[int, float]:
-        found = {s: e for s in seqs if s in self._held and (e := self._held[s].message.expires_at)}
-        rest = [s for s in seqs if s not in self._held]
+    def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
+        """Expiry times of the messages among ``seqs`` that have one."""
+        held = self._held
+        found = {s: e for s in seqs if s in held and (e := held[s].message.expires_at)}
+        rest = [s for s in seqs if s not in held]
         if rest:
-            found.update(self.store.expiries(rest))
+            found.update(self._kernel.store.expiries(rest))
         return found
 
-    def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]:
-        found = {s: len(self._held[s].message.payload) for s in seqs if s in self._held}
-        rest = [s for s in seqs if s not in self._held]
+    def payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]:
+        """Payload bytes of the messages among ``seqs``, held in memory or stored."""
+        held = self._held
+        found = {s: len(held[s].message.payload) for s in seqs if s in held}
+        rest = [s for s in seqs if s not in held]
         if rest:
-            found.update(self.store.payload_sizes_of(rest))
+            found.update(self._kernel.store.payload_sizes_of(rest))
         return found
 
-    def _queue_dropped(self, queue_id: int) -> None:
+    def queue_dropped(self, q: QueueState) -> None:
+        """Queue ``q`` is gone: what is held no longer waits for it (a subscriber of
+        ``NodeState.queue_dropped``). Under ``_lock``."""
         done = []
         for h in list(self._held.values()):
-            if queue_id not in h.owed or h.writing:
+            if q.id not in h.owed or h.writing:
                 continue
-            h.owed.discard(queue_id)
+            h.owed.discard(q.id)
             for name, rows in h.rows.tables.items():
                 if name != "messages" and name != "publish_ids":
-                    h.rows.tables[name] = [r for r in rows if r[_QUEUE_AT[name]] != queue_id]
+                    h.rows.tables[name] = [r for r in rows if r[_QUEUE_AT[name]] != q.id]
             if not h.owed:
-                self._forget_held(h)
+                self._forget(h)
                 done.append(h)
         if done:
-            self._held_done(done)
+            self.done.emit(done)
 
-    def _log_ceiling(self) -> int | None:
+    def log_ceiling(self) -> int | None:
         """The highest seq readers of the log may rely on: below the lowest message
-        held (it may yet be written). None when none is held."""
+        held (it may yet be written). None when none is held. Under ``_lock``."""
         for seq in self._held:  # ascending: the first is the lowest
             return seq - 1
         return None
 
     # -- writing held messages ----------------------------------------------------------------
 
-    def _write_with(self, batch: RowBatch, helds: list[Held]) -> None:
+    def write_with(self, batch: RowBatch, helds: list[Held]) -> None:
         """Put ``helds`` whole into ``batch``, ahead of its own rows (so what was
         recorded about them comes first); they count as done once it is durable.
         Under ``_lock``."""
@@ -218,19 +253,15 @@ class Egress(Ingress):
             h.writing = True
 
         def written() -> None:
-            with self._lock:
+            with self._kernel._lock:
                 done = [h for h in helds if self._held.get(h.seq) is h]
                 for h in done:
-                    self._forget_held(h)
+                    self._forget(h)
                 if done:
-                    self._held_done(done)
+                    self.done.emit(done)
 
         batch.after_commit(written)
 
-    def _forget_held(self, held: Held) -> None:
+    def _forget(self, held: Held) -> None:
         del self._held[held.seq]
         self._held_bytes -= held.size
-
-    def _held_done(self, done: list[Held]) -> None:
-        """These are settled everywhere here, or durable: their links may acknowledge
-        them (:mod:`eomsg.node.links`). Under ``_lock``."""

@@ -5,30 +5,70 @@ The commit's after-commit step then hands the message to each destination's curs
 
 Under the lock discipline of :mod:`eomsg.node.state`: a batch is staged and queued under
 ``_lock``, so the log's commit order is the order its sequence numbers were assigned.
+What else takes messages in — a transaction's commit (:mod:`eomsg.node.participant`), a
+linked peer's frame (:mod:`eomsg.node.intake`) — stages them here too
+(:meth:`Ingress.stage`).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import TYPE_CHECKING, Protocol
 
 from eomsg.core import access
 from eomsg.core.access import OWNER
 from eomsg.core.limits import check_outgoing
 from eomsg.core.message import Outgoing, Publishable, PublishResult
+from eomsg.core.topics import Matcher
 from eomsg.errors import InvalidConfig, QueueFull
 from eomsg.failpoints import failpoint
+from eomsg.node.dedup import Deduplication
+from eomsg.node.events import Signal
 from eomsg.node.overflow import Displaced, Overflow
-from eomsg.node.state import Destination, QueueState, to_us
+from eomsg.node.state import Destination, QueueState, Shared, to_us
 from eomsg.store.writer import RowBatch
+
+if TYPE_CHECKING:
+    from eomsg.node.access import Access
+    from eomsg.node.links import Links
 
 REQUEUED_FROM = "eomsg-requeued-from"  # the header a requeued message carries: its old seq
 Route = tuple[Destination, ...]
 Fresh = tuple[int, str | None, float | None, Route]  # seq, id, expiry, route
+# A message as the log keeps it: seq, topic, id, published at µs, expires at µs, headers
+LogRow = tuple[int, str, str | None, int, int | None, str | None, bytes]
 
 
-class Ingress(Overflow):
-    """Publishing: messages in, numbered, routed and made durable."""
+class Kernel(Shared, Protocol):
+    """What :class:`Ingress` needs of the node besides :class:`~eomsg.node.state.Shared`."""
+
+    access: Access
+    links: Links
+    _admin: threading.Lock
+    _next_seq: int
+    _durable_seq: int
+    _uncommitted_ids: dict[str, int]
+    _dedup: Deduplication
+    _routes: dict[str, tuple[Destination, ...]]
+    _matcher: Matcher[QueueState]
+    _limited: bool
+    _settled_since_compaction: int
+
+    def _check_room(self) -> None: ...
+    def _check_memory(self) -> None: ...
+
+
+class Ingress:
+    """Publishing: messages in, numbered, routed and made durable. :attr:`committed` is
+    emitted after each commit of published messages (on the writer's thread, in commit
+    order, not under ``_lock``) with the routes they took, before the queues are woken."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+        self.overflow = Overflow(kernel)
+        self.committed: Signal[[set[Route]]] = Signal()
 
     def publish(
         self,
@@ -55,19 +95,16 @@ class Ingress(Overflow):
         """Like :meth:`publish_batch`, but returns at once with a future that resolves
         after the commit, so a producer can prepare its next batch meanwhile. Invalid
         input raises here, before anything is queued."""
-        limits = self.settings.limits
-        for m in messages:
-            check_outgoing(m, limits)
-        self._check_room()
-        self._check_memory()
-        now = self.clock()
+        k = self._kernel
+        self.check_messages(messages)
+        now = k.clock()
         batch = RowBatch()
-        with self._lock:
-            self._check_open()
-            first_seq = self._next_seq
-            results, fresh = self._stage(batch, messages, now)
-            if fresh or self._durable_seq < first_seq - 1:  # duplicates wait for originals
-                committed = self._write_staged(batch, first_seq, fresh)
+        with k._lock:
+            k._check_open()
+            first_seq = k._next_seq
+            results, fresh = self.stage(batch, messages, now)
+            if fresh or k._durable_seq < first_seq - 1:  # duplicates wait for originals
+                committed = self.write_staged(batch, first_seq, fresh)
             else:
                 committed = Future()
                 committed.set_result(None)
@@ -77,10 +114,10 @@ class Ingress(Overflow):
         def on_commit(f: Future[None]) -> None:
             error = f.exception()
             if error is not None:
-                with self._lock:
+                with k._lock:
                     for _, msg_id, _, _ in fresh:
                         if msg_id is not None:
-                            self._uncommitted_ids.pop(msg_id, None)
+                            k._uncommitted_ids.pop(msg_id, None)
                 acked.set_exception(error)
                 return
             failpoint("publish.after_commit")
@@ -101,20 +138,21 @@ class Ingress(Overflow):
         many moved, and the queue they went to."""
         if max_messages is not None and max_messages < 1:
             raise InvalidConfig("--max must be at least 1")
-        now = self.clock()
-        self._check_room()
-        with self._lock:
-            self._check_open()
-            q = self._queue(name)
-            target = self._queue(to) if to is not None else self._dead_lettering_into(q)
+        k = self._kernel
+        now = k.clock()
+        k._check_room()
+        with k._lock:
+            k._check_open()
+            q = k._queue(name)
+            target = k._queue(to) if to is not None else self._dead_lettering_into(q)
             if target is q:
                 raise InvalidConfig(f"queue {name!r} cannot be requeued into itself")
             into = target.config.name  # picked here when not named: its right checked here
-            self.access.policy.check(by, access.admin_of(into), f"requeue into queue {into}")
+            k.access.policy.check(by, access.admin_of(into), f"requeue into queue {into}")
             batch = RowBatch()
             # What expired by now expires, rather than being moved with a moment to live.
-            self._record_settlements(batch, q, q.cursor.poll(now), now)
-            found = self._fetch_messages(q.cursor.waiting(max_messages))  # before any change
+            k._record_settlements(batch, q, q.cursor.poll(now), now)
+            found = k.egress.fetch_messages(q.cursor.waiting(max_messages))  # before any change
             moved = [found[seq] for seq in sorted(found)]
             again = [
                 Outgoing(
@@ -126,27 +164,28 @@ class Ingress(Overflow):
                 )
                 for m in moved
             ]
-            first_seq = self._next_seq
+            first_seq = k._next_seq
             refused: QueueFull | None = None
             try:
-                _, fresh = self._stage(batch, again, now, route=(target,))
+                _, fresh = self.stage(batch, again, now, route=(target,))
             except QueueFull as e:  # nothing moves; what expired meanwhile is recorded
-                refused, future = e, self._queue_write(batch)
+                refused, future = e, k._queue_write(batch)
             else:
                 settled = q.cursor.take_out([m.seq for m in moved])
-                self._record_settlements(batch, q, settled, now)
+                k._record_settlements(batch, q, settled, now)
                 if moved:
                     detail = f"{len(moved)} messages into {target.config.name}"
-                    batch.add("audit", *self._audit(by, "requeue", name, detail))
-                future = self._write_staged(batch, first_seq, fresh) if not batch.empty else None
-        self._await_commit(future)
+                    batch.add("audit", *k._audit(by, "requeue", name, detail))
+                future = self.write_staged(batch, first_seq, fresh) if not batch.empty else None
+        k._await_commit(future)
         if refused is not None:
             raise refused
         return len(moved), target.config.name
 
     def _dead_lettering_into(self, q: QueueState) -> QueueState:
         """The one queue whose dead-letter queue ``q`` is; InvalidConfig if none or many."""
-        sources = [s for s in self._queues.values() if s.config.dead_letter == q.config.name]
+        queues = self._kernel._queues.values()
+        sources = [s for s in queues if s.config.dead_letter == q.config.name]
         if len(sources) != 1:
             said = "no queue" if not sources else f"{len(sources)} queues"
             raise InvalidConfig(
@@ -154,16 +193,19 @@ class Ingress(Overflow):
             )
         return sources[0]
 
-    def _check_messages(self, messages: Sequence[Outgoing]) -> None:
-        """Validate every message of a transaction and, if it publishes any, make sure
-        the disk has room for them — before anything is staged."""
+    def check_messages(self, messages: Sequence[Outgoing]) -> None:
+        """Validate every message (a publish's, a transaction's) and, if there are any,
+        make sure the disk and the node's memory have room for them — before anything
+        is staged."""
+        k = self._kernel
+        limits = k.settings.limits
         for m in messages:
-            check_outgoing(m, self.settings.limits)
+            check_outgoing(m, limits)
         if messages:
-            self._check_room()
-            self._check_memory()
+            k._check_room()
+            k._check_memory()
 
-    def _stage(
+    def stage(
         self,
         batch: RowBatch,
         messages: Sequence[Publishable],
@@ -181,144 +223,117 @@ class Ingress(Overflow):
         they would take past its max-messages refuses them (QueueFull, nothing
         changed; ``refuse`` False: a prepared transaction's commit, which must not fail,
         takes it past) or makes room (:mod:`eomsg.node.overflow`). Call with ``_lock``
-        held, then :meth:`_write_staged`."""
-        now_us = to_us(now)
-        results: list[PublishResult] = []
-        fresh: list[Fresh] = []
-        log_rows, id_rows, dest_rows = [], [], []
-        runs: dict[int, list[int]] = {}  # by route: its latest run [route, first, last]
-        run_rows: list[list[int]] = []
-        uncommitted = self._uncommitted_ids
-        touched: dict[QueueState, int] = {}  # how many each queue gets
-        sized: list[tuple[QueueState, int, int]] = []  # (queue, seq, bytes): max-bytes
-        published = self._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
+        held, then :meth:`write_staged`."""
+        k = self._kernel
+        uncommitted = k._uncommitted_ids
+        published = k._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
 
         def route_of(i: int) -> Route:
             if routes is not None:
                 return routes[i]
-            return self._route(messages[i].topic) if route is None else route
+            return self.route(messages[i].topic) if route is None else route
 
-        displaced = self._displaced(messages, published, route_of)
-        moved: Displaced = []  # displaced into their queue's dead-letter queue
-        rerouted: dict[tuple[int, QueueState], Route] = {}
-        seq = self._next_seq
+        displaced = self.overflow.displaced(messages, published, route_of)
+        staged = _Staging(to_us(now))
+        seq = k._next_seq
         for i, m in enumerate(messages):
             msg_id = m.id
             if msg_id is not None:
                 original = uncommitted.get(msg_id) or published.get(msg_id)
                 if original is not None:
-                    results.append(PublishResult(original, msg_id, True, None))
+                    staged.results.append(PublishResult(original, msg_id, True, None))
                     continue
                 uncommitted[msg_id] = seq
-            expires = None if m.ttl is None else now + m.ttl
-            expires_us = None if expires is None else to_us(expires)
             queues = route_of(i)
             if displaced:
-                queues = self._displace(displaced, moved, queues, seq, len(m.payload), rerouted)
-            headers = m.log_headers
-            log_rows.append((seq, m.topic, msg_id, now_us, expires_us, headers, m.payload))
-            if msg_id is not None:
-                id_rows.append((msg_id, seq, expires_us))
-            for q in queues:
-                if q.id > 0:  # a queue: a row each
-                    dest_rows.append((seq, q.id))
-                    touched[q] = touched.get(q, 0) + 1  # type: ignore[index,call-overload]
-                    if q.staged_sizes is not None:  # type: ignore[attr-defined]
-                        sized.append((q, seq, len(m.payload)))  # type: ignore[arg-type]
-                elif (run := runs.get(q.id)) is not None and run[2] == seq - 1:
-                    run[2] = seq  # a link's route: runs of consecutive seqs
-                else:
-                    runs[q.id] = run = [q.id, seq, seq]
-                    run_rows.append(run)
-            fresh.append((seq, msg_id, expires, queues))
-            results.append(PublishResult(seq, msg_id, False, len(queues)))
+                queues = self.overflow.displace(
+                    displaced, staged.moved, queues, seq, len(m.payload), staged.rerouted
+                )
+            staged.add(seq, m, now, queues)
             seq += 1
-        if touched:
-            adding = dict(touched)
-            adding_bytes: dict[QueueState, int] = {}
-            for q, _, nbytes in sized:
-                adding_bytes[q] = adding_bytes.get(q, 0) + nbytes
-            for _, dlq, _, nbytes in moved:  # dead-lettered into a queue: past its limit
-                adding[dlq] -= 1
-                if dlq in adding_bytes:
-                    adding_bytes[dlq] -= nbytes
-            if refuse:
-                try:
-                    self._refuse_past(adding, adding_bytes)
-                except QueueFull:  # nothing changed but the ids noted: forgotten
-                    for _, msg_id, _, _ in fresh:
-                        if msg_id is not None:
-                            uncommitted.pop(msg_id, None)
-                    raise
-            self._record_displaced(batch, moved, now_us)
-            self._make_room(batch, adding, adding_bytes, now)
-        self._next_seq = seq
-        if touched and log_rows:  # what a take may read at once follows their size
-            size = sum(len(row[6]) for row in log_rows) / len(log_rows)
-            for q in touched:
-                q.note_payload(size)
-        for q, n in touched.items():
-            q.incoming += n
-        for q, staged_seq, nbytes in sized:
-            q.stage_size(staged_seq, nbytes)
-        for name, rows in (
-            ("messages", log_rows),
-            ("publish_ids", id_rows),
-            ("destinations", dest_rows),
-            ("route_runs", [tuple(run) for run in run_rows]),
-        ):
-            if rows:
-                batch.rows_of(name).extend(rows)
+        if staged.touched:
+            self._limit(batch, staged, now, refuse)
+        k._next_seq = seq
+        staged.into(batch)
+        fresh = staged.fresh
         if fresh:
-            self._save_routes(batch)
+            k.links.save_routes(batch)
             batch.after_commit(lambda: self._published(fresh))
-        return results, fresh
+        return staged.results, fresh
 
-    def _write_staged(self, batch: RowBatch, first_seq: int, fresh: list[Fresh]) -> Future[None]:
+    def _limit(self, batch: RowBatch, staged: _Staging, now: float, refuse: bool) -> None:
+        """Hold what ``staged`` adds to its queues to their limits: QueueFull if a queue
+        that refuses would pass one (``refuse``; its ids forgotten, nothing else changed
+        yet), else the displaced recorded and room made, in ``batch``. Under
+        ``_lock``."""
+        adding = dict(staged.touched)
+        adding_bytes: dict[QueueState, int] = {}
+        for q, _, nbytes in staged.sized:
+            adding_bytes[q] = adding_bytes.get(q, 0) + nbytes
+        for _, dlq, _, nbytes in staged.moved:  # dead-lettered into a queue: past its limit
+            adding[dlq] -= 1
+            if dlq in adding_bytes:
+                adding_bytes[dlq] -= nbytes
+        if refuse:
+            try:
+                self.overflow.refuse_past(adding, adding_bytes)
+            except QueueFull:  # nothing changed but the ids noted: forgotten
+                for _, msg_id, _, _ in staged.fresh:
+                    if msg_id is not None:
+                        self._kernel._uncommitted_ids.pop(msg_id, None)
+                raise
+        self.overflow.record_displaced(batch, staged.moved, staged.now_us)
+        self.overflow.make_room(batch, adding, adding_bytes, now)
+
+    def write_staged(self, batch: RowBatch, first_seq: int, fresh: list[Fresh]) -> Future[None]:
         """Queue a batch holding staged messages; if the writer refuses it, forget them
         (nothing was queued), so their seqs and ids are free again."""
+        k = self._kernel
         try:
-            return self._write(batch)
+            return k._write(batch)
         except BaseException:
-            self._next_seq = first_seq
+            k._next_seq = first_seq
             for seq, msg_id, _, route in fresh:
                 if msg_id is not None:
-                    self._uncommitted_ids.pop(msg_id, None)
+                    k._uncommitted_ids.pop(msg_id, None)
                 for q in route:
                     if isinstance(q, QueueState):
                         q.unstage(seq)
             raise
 
-    def _check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None:
+    def check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None:
         """QueueFull if ``messages`` would take a queue that refuses past its
         max-messages: a transaction's prepare votes no then (its commit, which must not
         fail, takes them in regardless). Under ``_lock``."""
-        room = self._room([m.id for m in messages if m.id is not None], now)
+        room = self.overflow.room([m.id for m in messages if m.id is not None], now)
         for m in messages:
-            if (why := room.full(self._route(m.topic), m.id, len(m.payload))) is not None:
+            if (why := room.full(self.route(m.topic), m.id, len(m.payload))) is not None:
                 raise why
 
-    def _route(self, topic: str) -> Route:
+    def route(self, topic: str) -> Route:
         """The queues subscribed to ``topic``, then the links it goes out on. Under
         ``_lock``."""
-        route = self._routes.get(topic)
+        k = self._kernel
+        route = k._routes.get(topic)
         if route is None:
-            route = (*sorted(self._matcher.match(topic), key=lambda q: q.id), *self._hops(topic))
-            if len(self._routes) > 8192:
-                self._routes.clear()
-            self._routes[topic] = route
+            queues = sorted(k._matcher.match(topic), key=lambda q: q.id)
+            route = (*queues, *k.links.hops(topic))
+            if len(k._routes) > 8192:
+                k._routes.clear()
+            k._routes[topic] = route
         return route
 
     def _published(self, fresh: list[Fresh]) -> None:
         """After commit (writer thread, commit order): make the messages deliverable and
         their ids known."""
-        with self._lock:
-            routes = self._deliverable(fresh)
-            self._durable_seq = fresh[-1][0]
-        self._forward(routes)  # seed 004 k: toward further nodes first, then locally
-        self._notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
+        k = self._kernel
+        with k._lock:
+            routes = self.deliverable(fresh)
+            k._durable_seq = fresh[-1][0]
+        self.committed.emit(routes)  # seed 004 k: toward further nodes first, then locally
+        k._notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
 
-    def _deliverable(self, fresh: list[Fresh]) -> set[Route]:
+    def deliverable(self, fresh: list[Fresh]) -> set[Route]:
         """Hand messages to their destinations (the queues' cursors, the links) and their
         ids to the dedup window; the routes they took. Consecutive messages with the
         same route go as one run, since a batch usually shares one topic. Under
@@ -342,12 +357,77 @@ class Ingress(Overflow):
                 id_seqs.append(seq)
                 id_expiry.append(expires)
         self._append_run(run_route, run_seqs, run_expiry)
-        self._dedup.remember_many(ids, id_seqs, id_expiry)
+        self._kernel._dedup.remember_many(ids, id_seqs, id_expiry)
+        uncommitted = self._kernel._uncommitted_ids
         for msg_id in ids:
-            self._uncommitted_ids.pop(msg_id, None)
+            uncommitted.pop(msg_id, None)
         return routes
 
     @staticmethod
     def _append_run(route: Route | None, seqs: list[int], expiry: list[float | None]) -> None:
         for q in route or ():
             q.extend(seqs, expiry)
+
+
+class _Staging:
+    """What :meth:`Ingress.stage` makes of a batch's new messages, message by message:
+    their rows, the queues and link routes they go to, and their results."""
+
+    def __init__(self, now_us: int) -> None:
+        self.now_us = now_us
+        self.results: list[PublishResult] = []
+        self.fresh: list[Fresh] = []
+        self.log_rows: list[LogRow] = []
+        self.id_rows: list[tuple[object, ...]] = []
+        self.dest_rows: list[tuple[object, ...]] = []
+        self.runs: dict[int, list[int]] = {}  # by route: its latest run [route, first, last]
+        self.run_rows: list[list[int]] = []
+        self.touched: dict[QueueState, int] = {}  # how many each queue gets
+        self.sized: list[tuple[QueueState, int, int]] = []  # (queue, seq, bytes): max-bytes
+        self.moved: Displaced = []  # displaced into their queue's dead-letter queue
+        self.rerouted: dict[tuple[int, QueueState], Route] = {}
+
+    def add(self, seq: int, m: Publishable, now: float, queues: Route) -> None:
+        """Message ``m``, numbered ``seq``, going to ``queues``."""
+        msg_id = m.id
+        expires = None if m.ttl is None else now + m.ttl
+        expires_us = None if expires is None else to_us(expires)
+        self.log_rows.append(
+            (seq, m.topic, msg_id, self.now_us, expires_us, m.log_headers, m.payload)
+        )
+        if msg_id is not None:
+            self.id_rows.append((msg_id, seq, expires_us))
+        for q in queues:
+            if q.id > 0:  # a queue: a row each
+                self.dest_rows.append((seq, q.id))
+                self.touched[q] = self.touched.get(q, 0) + 1  # type: ignore[index,call-overload]
+                if q.staged_sizes is not None:  # type: ignore[attr-defined]
+                    self.sized.append((q, seq, len(m.payload)))  # type: ignore[arg-type]
+            elif (run := self.runs.get(q.id)) is not None and run[2] == seq - 1:
+                run[2] = seq  # a link's route: runs of consecutive seqs
+            else:
+                self.runs[q.id] = run = [q.id, seq, seq]
+                self.run_rows.append(run)
+        self.fresh.append((seq, msg_id, expires, queues))
+        self.results.append(PublishResult(seq, msg_id, False, len(queues)))
+
+    def into(self, batch: RowBatch) -> None:
+        """Count what the queues get, and add the rows to ``batch``. Under ``_lock``, once
+        nothing refuses."""
+        touched, log_rows = self.touched, self.log_rows
+        if touched and log_rows:  # what a take may read at once follows their size
+            size = sum(len(row[6]) for row in log_rows) / len(log_rows)
+            for q in touched:
+                q.note_payload(size)
+        for q, n in touched.items():
+            q.incoming += n
+        for q, staged_seq, nbytes in self.sized:
+            q.stage_size(staged_seq, nbytes)
+        for name, rows in (
+            ("messages", log_rows),
+            ("publish_ids", self.id_rows),
+            ("destinations", self.dest_rows),
+            ("route_runs", [tuple(run) for run in self.run_rows]),
+        ):
+            if rows:
+                batch.rows_of(name).extend(rows)

@@ -44,7 +44,6 @@ class Kernel(Shared, Protocol):
     maintenance: Maintenance
 
     def _totals(self) -> Totals: ...
-    def _log_ceiling(self) -> int | None: ...
 
 
 class Inspection:
@@ -174,7 +173,7 @@ class Inspection:
         with self._kernel._lock:
             self._kernel._check_open()
             seqs = self._kernel._queue(name).cursor.pending_from(from_seq, limit)
-        found = self._kernel._fetch_messages(seqs)
+        found = self._kernel.egress.fetch_messages(seqs)
         return [found[s] for s in seqs if s in found]  # settled meanwhile: gone from view
 
     # -- replay (read by eomsg.spark) -------------------------------------------------------
@@ -185,7 +184,7 @@ class Inspection:
         read is read the same again)."""
         self._kernel._check_open()
         with self._kernel._lock:
-            ceiling = self._kernel._log_ceiling()
+            ceiling = self._kernel.egress.log_ceiling()
         found = self._kernel.store.log_bounds(sel)
         if found is None or ceiling is None or found[1] <= ceiling:
             return found

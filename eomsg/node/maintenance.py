@@ -12,11 +12,12 @@ Under the lock discipline of :mod:`eomsg.node.state`: what is due is decided und
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Protocol
 
 from eomsg.core.rates import Rates, Totals
 from eomsg.node.dedup import Deduplication
+from eomsg.node.intake import Intake
+from eomsg.node.links import Links
 from eomsg.node.participant import Participant
 from eomsg.node.state import Shared, to_us
 from eomsg.store.store import Store
@@ -30,6 +31,8 @@ class Kernel(Shared, Protocol):
     (:class:`~eomsg.node.state.NodeState`), the links' hooks, the participant."""
 
     participant: Participant
+    links: Links
+    intake: Intake
     _closed: bool
     _dedup: Deduplication
     _rates: Rates
@@ -37,12 +40,7 @@ class Kernel(Shared, Protocol):
     _settled_since_compaction: int
 
     def _totals(self) -> Totals: ...
-    def _write_held(
-        self, now: float, *, link: Any = None, every: bool = False
-    ) -> Future[None] | None: ...
     def _write_now(self) -> None: ...
-    def _routes_taken(self) -> dict[int, int]: ...
-    def _lowest_link_pending(self) -> int | None: ...
 
 
 class Maintenance:
@@ -67,7 +65,7 @@ class Maintenance:
         now = self._kernel.clock()
         self.poll(now)
         with self._kernel._lock:
-            self._kernel._write_held(now)  # held in memory past their hold: stored now
+            self._kernel.intake.write_held(now)  # held in memory past their hold: stored now
             # Before the jobs below: the link messages they drop are ones its peer is
             # known, on disk, to hold.
             self._kernel._write_now()
@@ -75,10 +73,10 @@ class Maintenance:
             compact = self._kernel._settled_since_compaction >= self._kernel.settings.compact_every
             if compact:
                 self._kernel._settled_since_compaction = 0
-            taken = self._kernel._routes_taken() if compact else {}
+            taken = self._kernel.links.routes_taken() if compact else {}
             gc_due = now - self._last_gc >= self._kernel.settings.gc_interval
             floor = self._kernel._durable_seq + 1
-            low = self._kernel._lowest_link_pending()
+            low = self._kernel.links.lowest_pending()
             if low is not None:
                 floor = min(floor, low)
             for q in self._kernel._queues.values():

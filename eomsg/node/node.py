@@ -4,16 +4,18 @@ in-process (embedded mode) and the broker daemon will serve it over the wire.
 :class:`Node` is assembled from one module per concern, over the shared state of
 :mod:`eomsg.node.state`, whose docstring is the lock discipline they all follow. Most are
 components — objects of their own, attributes of the node, each owning its state and
-naming what it needs of the rest (a ``Kernel`` protocol): ``access`` (principals, grants,
-the audit log), ``elections`` (module ``flows``: bound consumers and their election, seed
-002), ``inspection`` (stats, the log, replay reads), ``participant`` (transactions, seed
-000), ``admin`` (queues and saved settings), ``delivery`` (the cursors' deliveries, seed
-003) and ``maintenance`` (timeouts, expiry, compaction, garbage collection). Node's one
-base is still a chain of mixins: ``links`` (other nodes: interest, routes and exactly-once
-transfer; it overrides hooks of the shared state) over ``egress`` over ``ingress``
-(publishing and routing, seed 004) over ``overflow`` over the state.
-This module holds the node's life: opening and recovering its state from the store, the
-maintenance ticker, listeners, and closing.
+naming what it needs of the rest (a ``Kernel`` protocol): ``ingress`` (publishing and
+routing, seed 004, with the queues' limits), ``egress`` (messages held in memory, seed
+004), ``access`` (principals, grants, the audit log), ``elections`` (module ``flows``:
+bound consumers and their election, seed 002), ``inspection`` (stats, the log, replay
+reads), ``participant`` (transactions, seed 000), ``admin`` (queues and saved settings),
+``delivery`` (the cursors' deliveries, seed 003), ``maintenance`` (timeouts, expiry,
+compaction, garbage collection), and for other nodes ``links`` (their settings, interest
+and routes), ``transfer`` (a link's connection and what it sends) and ``intake`` (what a
+link receives). The node's one base is the shared state; what one component must hear of
+another it hears by a subscription the node makes here (:mod:`eomsg.node.events`).
+This module holds the node's life: assembling it, opening and recovering its state from
+the store, the maintenance ticker, listeners, and closing.
 """
 
 from __future__ import annotations
@@ -36,13 +38,17 @@ from eomsg.node.access import Access
 from eomsg.node.admin import Admin
 from eomsg.node.dedup import Deduplication
 from eomsg.node.delivery import Delivery
+from eomsg.node.egress import Egress
 from eomsg.node.flows import Elections
+from eomsg.node.ingress import Ingress
 from eomsg.node.inspection import Inspection
+from eomsg.node.intake import Intake
 from eomsg.node.links import Links
 from eomsg.node.maintenance import Maintenance
 from eomsg.node.participant import Participant
 from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
-from eomsg.node.state import RELEASED_AT, Clock, QueueState, to_us
+from eomsg.node.state import RELEASED_AT, Clock, NodeState, QueueState, to_us
+from eomsg.node.transfer import Transfer
 from eomsg.store.schema import SCHEMA_VERSION
 from eomsg.store.store import US, MiB, SettledCounts, Store
 from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
@@ -64,7 +70,7 @@ def steady_clock() -> Clock:
     return lambda: wall + (time.monotonic() - mono)
 
 
-class Node(Links):
+class Node(NodeState):
     """A node over one data directory. Use :meth:`open`, and close it (or use ``with``).
 
     Its components — objects of their own, each owning its state — are attributes named
@@ -73,6 +79,8 @@ class Node(Links):
     (:meth:`operation`)."""
 
     COMPONENTS: ClassVar[dict[str, type]] = {
+        "ingress": Ingress,
+        "egress": Egress,
         "access": Access,
         "elections": Elections,
         "inspection": Inspection,
@@ -80,10 +88,15 @@ class Node(Links):
         "admin": Admin,
         "delivery": Delivery,
         "maintenance": Maintenance,
+        "links": Links,
+        "transfer": Transfer,
+        "intake": Intake,
     }
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         super().__init__(store, settings, clock)
+        self.ingress = Ingress(self)
+        self.egress = Egress(self)
         self.elections = Elections(self)
         self.inspection = Inspection(self)
         self.participant = Participant(self)
@@ -91,9 +104,20 @@ class Node(Links):
         self.delivery = Delivery(self)
         self.maintenance = Maintenance(self)
         self.access = Access(store, clock, self._lock, self._admin, self._check_open)
+        self.links = Links(self)
+        self.transfer = Transfer(self)
+        self.intake = Intake(self)
+        # Who hears what (each signal's owner says when it is emitted):
+        self.interest_changed.subscribe(self.links.interest_changed)
+        self.queue_dropped.subscribe(self.egress.queue_dropped)
+        self.queue_dropped.subscribe(self.elections.queue_dropped)
+        self.ingress.committed.subscribe(self.transfer.forward)
+        self.egress.done.subscribe(self.intake.held_done)
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on
         self._recover()
+        self.node_name = self.links.node_name  # who this node is, to its peers
+        self.incarnation = self.links.incarnation  # which data directory it runs on
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
         if settings.tick is not None:
@@ -167,7 +191,7 @@ class Node(Links):
         try:
             if not self.store.writer.failed:
                 with self._lock:  # what is held in memory is stored: nothing comes twice
-                    self._write_held(self.clock(), every=True)
+                    self.intake.write_held(self.clock(), every=True)
                 self.maintenance.maintain()
         finally:
             self._closed = True
@@ -209,7 +233,7 @@ class Node(Links):
             self._install(queue_id, config)
         self._next_seq = store.last_seq() + 1
         self._durable_seq = self._next_seq - 1
-        self._load_links(self.settings.node_name)
+        self.links.load(self.settings.node_name)
         # Given back before the restart, due at a time of the clock it ran on: if the
         # wall clock was set back since (NTP stepping it, a person setting it), move
         # those times back as far, so none waits longer than its delay from now — or a
@@ -250,7 +274,7 @@ class Node(Links):
             if (q := self._by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)
         self._settled_since_compaction = store.settled_rows()
-        self._restore_link_pending(store.load_route_runs())  # counts what they settled
+        self.links.restore_pending(store.load_route_runs())  # counts what they settled
         self.participant.recover()
         self.access.load()
         self.maintenance.recover(now)
@@ -288,7 +312,7 @@ class Node(Links):
         """Who the node is and how it stands (:mod:`eomsg.core.nodeinfo`). Reads the disk's
         free space afresh."""
         self._check_open()
-        links = self.link_info()
+        links = self.links.link_info()
         with self._lock:
             queues = len(self._queues)
             in_doubt = self.participant.in_doubt()

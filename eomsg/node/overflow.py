@@ -1,7 +1,7 @@
 """Queue limits (issue 36): what a publish does to a queue its messages would take past
 its ``max-messages`` or ``max-bytes`` (:class:`~eomsg.core.queues.QueueConfig`) —
 refused whole (QueueFull), or room made by dead-lettering the oldest waiting — decided
-under ``_lock`` while the publish is staged (:meth:`eomsg.node.ingress.Ingress._stage`),
+under ``_lock`` while the publish is staged (:meth:`eomsg.node.ingress.Ingress.stage`),
 so what it changes commits with the publish.
 
 A queue's depth here counts what it holds, in flight included, and what is staged for it
@@ -15,12 +15,14 @@ behind. A duplicate (an id the node knows) counts nowhere, since it is not store
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from eomsg.core.cursor import Outcome
 from eomsg.core.message import Publishable
 from eomsg.core.queues import DEAD_LETTER_OLDEST, REFUSE
 from eomsg.errors import QueueFull
-from eomsg.node.state import Destination, NodeState, QueueState
+from eomsg.node.dedup import Deduplication
+from eomsg.node.state import Destination, QueueState, Shared
 from eomsg.store.writer import RowBatch
 
 Route = tuple[Destination, ...]
@@ -28,10 +30,23 @@ Route = tuple[Destination, ...]
 Displaced = list[tuple[QueueState, QueueState, int, int]]
 
 
-class Overflow(NodeState):
-    """The limits of the queues a publish goes to: refusals, and the room made."""
+class Kernel(Shared, Protocol):
+    """What :class:`Overflow` needs of the node besides :class:`~eomsg.node.state.Shared`."""
 
-    def _displaced(
+    _limited: bool
+    _uncommitted_ids: dict[str, int]
+    _dedup: Deduplication
+    _settled_since_compaction: int
+
+
+class Overflow:
+    """The limits of the queues a publish goes to: refusals, and the room made. A part
+    of :class:`~eomsg.node.ingress.Ingress`, which stages publishes."""
+
+    def __init__(self, kernel: Kernel) -> None:
+        self._kernel = kernel
+
+    def displaced(
         self,
         messages: Sequence[Publishable],
         known: dict[str, int],
@@ -43,7 +58,7 @@ class Overflow(NodeState):
         flight; by bytes, the newest that fit are kept) go to its dead-letter queue in
         the same commit. ``known``: the ids the dedup window holds; ``route_of(i)``:
         the route of message ``i``. Under ``_lock``."""
-        if not self._limited:
+        if not self._kernel._limited:
             return {}
         adding: dict[QueueState, list[int]] = {}  # the payload sizes it would get
         seen: set[str] = set()
@@ -53,7 +68,7 @@ class Overflow(NodeState):
             if not limited:
                 continue
             if m.id is not None:
-                if m.id in seen or m.id in self._uncommitted_ids or m.id in known:
+                if m.id in seen or m.id in self._kernel._uncommitted_ids or m.id in known:
                     continue
                 seen.add(m.id)
             for q in limited:
@@ -69,7 +84,7 @@ class Overflow(NodeState):
                 out[q] = beyond
         return out
 
-    def _displace(
+    def displace(
         self,
         displaced: dict[QueueState, int],
         moved: Displaced,
@@ -79,8 +94,8 @@ class Overflow(NodeState):
         rerouted: dict[tuple[int, QueueState], Route],
     ) -> Route:
         """``queues``, the route of message ``seq``, with each queue it is displaced from
-        (:meth:`_displaced`) replaced by that queue's dead-letter queue; noted in
-        ``moved``, for :meth:`_record_displaced` once nothing refuses. ``rerouted``:
+        (:meth:`displaced`) replaced by that queue's dead-letter queue; noted in
+        ``moved``, for :meth:`record_displaced` once nothing refuses. ``rerouted``:
         the routes made so far, by route and queue displaced from (a batch's messages
         share a few; each route keyed is alive while the batch is staged: the node's,
         the caller's, or one made here and kept in ``rerouted``). Under ``_lock``."""
@@ -88,7 +103,7 @@ class Overflow(NodeState):
             if displaced.get(q):  # type: ignore[call-overload]
                 assert isinstance(q, QueueState)
                 displaced[q] -= 1
-                dlq = self._queues[q.config.dead_letter or ""]
+                dlq = self._kernel._queues[q.config.dead_letter or ""]
                 moved.append((q, dlq, seq, size))
                 key = (id(queues), q)
                 made = rerouted.get(key)
@@ -98,7 +113,7 @@ class Overflow(NodeState):
                 queues = made
         return queues
 
-    def _refuse_past(
+    def refuse_past(
         self, adding: dict[QueueState, int], adding_bytes: dict[QueueState, int]
     ) -> None:
         """QueueFull if a queue that refuses would pass its max-messages with ``adding``
@@ -114,7 +129,7 @@ class Overflow(NodeState):
                 q.overflowed += n
                 raise full(q, n, adding_bytes.get(q, 0))
 
-    def _record_displaced(self, batch: RowBatch, moved: Displaced, now_us: int) -> None:
+    def record_displaced(self, batch: RowBatch, moved: Displaced, now_us: int) -> None:
         """Record the displaced messages as routed to their queue and dead-lettered from
         it at once (their route took them to the dead-letter queue). Under ``_lock``."""
         destinations, settled = batch.rows_of("destinations"), batch.rows_of("settled")
@@ -123,9 +138,9 @@ class Overflow(NodeState):
             settled.append((q.id, seq, Outcome.DEAD_LETTERED, now_us))
             q.counts[Outcome.DEAD_LETTERED] += 1
             q.overflowed += 1
-        self._settled_since_compaction += len(moved)
+        self._kernel._settled_since_compaction += len(moved)
 
-    def _make_room(
+    def make_room(
         self,
         batch: RowBatch,
         adding: dict[QueueState, int],
@@ -142,13 +157,13 @@ class Overflow(NodeState):
                 if over or over_bytes:
                     room, expiries = q.cursor.make_room(over, over_bytes)
                     q.overflowed += len(room)
-                    self._record_settlements(batch, q, room, now, expiries)
+                    self._kernel._record_settlements(batch, q, room, now, expiries)
 
-    def _room(self, ids: Sequence[str], now: float) -> Room:
+    def room(self, ids: Sequence[str], now: float) -> Room:
         """A check of room, message by message, in the queues that refuse (a link's
         frame, a transaction's prepare); ``ids``: the messages' ids, looked up in the
         dedup window only if one goes to such a queue. Under ``_lock``."""
-        return Room(self, ids, now)
+        return Room(self._kernel, ids, now)
 
 
 class Room:
@@ -156,7 +171,7 @@ class Room:
     past their max-messages or max-bytes, and says which would pass one. A duplicate (an
     id known, or earlier in the batch) counts nowhere."""
 
-    def __init__(self, node: Overflow, ids: Sequence[str], now: float) -> None:
+    def __init__(self, node: Kernel, ids: Sequence[str], now: float) -> None:
         self._node, self._ids, self._now = node, ids, now
         self._known: dict[str, int] | None = None
         self._seen: set[str] = set()

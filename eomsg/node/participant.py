@@ -8,7 +8,8 @@ participant is this node.
 :class:`Participant` is a component of the node (``node.participant``): it owns the
 prepared transactions and those decided (remembered for retries). A committed
 transaction's messages enter the log as a publish does — what it needs of the node's
-ingress and state is the :class:`Kernel` protocol (``_stage``, ``_write_staged``, …).
+ingress and state is the :class:`Kernel` protocol (``ingress.stage``, ``ingress.write_staged``,
+…).
 Under the lock discipline of :mod:`eomsg.node.state`: every step changes the state and
 queues its records under the node's ``_lock``, and waits for the commit after releasing
 it.
@@ -17,20 +18,19 @@ it.
 from __future__ import annotations
 
 from collections.abc import Container, Iterator, Sequence
-from concurrent.futures import Future
 from typing import Protocol
 
 from eomsg.core import access
 from eomsg.core.access import OWNER
 from eomsg.core.cursor import Outcome, Settlement
-from eomsg.core.message import Key, Outgoing, Publishable, PublishResult
+from eomsg.core.message import Key, Outgoing, PublishResult
 from eomsg.core.operations import TxnDelete
 from eomsg.core.text import is_text
 from eomsg.core.txn import TxnInfo, TxnMove, TxnState, check_txid, move
 from eomsg.errors import InvalidConfig, InvalidInput, TxnConflict, TxnNotFound
 from eomsg.failpoints import failpoint
 from eomsg.node.access import Access
-from eomsg.node.ingress import Fresh, Route
+from eomsg.node.ingress import Ingress
 from eomsg.node.state import PreparedTxn, QueueState, Shared, to_us
 from eomsg.store.store import US
 from eomsg.store.writer import RowBatch
@@ -41,23 +41,9 @@ class Kernel(Shared, Protocol):
     (:class:`~eomsg.node.state.NodeState`) and ingress (:mod:`eomsg.node.ingress`)."""
 
     access: Access
+    ingress: Ingress
     _next_seq: int
     _by_id: dict[int, QueueState]
-
-    def _check_messages(self, messages: Sequence[Outgoing]) -> None: ...
-    def _check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None: ...
-    def _stage(
-        self,
-        batch: RowBatch,
-        messages: Sequence[Publishable],
-        now: float,
-        route: Route | None = None,
-        routes: Sequence[Route] | None = None,
-        refuse: bool = True,
-    ) -> tuple[list[PublishResult], list[Fresh]]: ...
-    def _write_staged(
-        self, batch: RowBatch, first_seq: int, fresh: list[Fresh]
-    ) -> Future[None]: ...
 
 
 class Participant:
@@ -128,7 +114,7 @@ class Participant:
             raise InvalidConfig("the coordinator descriptor is not UTF-8 text")
         if len(coordinator) > 1024:
             raise InvalidConfig("the coordinator descriptor is longer than 1024 characters")
-        self._kernel._check_messages(messages)
+        self._kernel.ingress.check_messages(messages)
         now = self._kernel.clock()
         batch = RowBatch()
         with self._kernel._lock:
@@ -143,7 +129,7 @@ class Participant:
             if txid in self._finished:
                 move("participant", self._finished[txid], TxnMove.PREPARE, txid)
             by_queue = self._check_deletes(deletes, holder)
-            self._kernel._check_queue_room(messages, now)
+            self._kernel.ingress.check_queue_room(messages, now)
             held = {q: [s for s, _, _ in items] for q, items in by_queue.items()}
             for q, seqs in held.items():
                 q.cursor.hold_many(seqs)
@@ -177,7 +163,7 @@ class Participant:
             self._kernel.access.policy.check_settle(by, t.principal, txid)
             self._audit_settle(batch, by, t, "commit-txn")
             first_seq = self._kernel._next_seq
-            results, fresh = self._kernel._stage(batch, t.messages, now, refuse=False)
+            results, fresh = self._kernel.ingress.stage(batch, t.messages, now, refuse=False)
             for q, seqs in t.deletes.items():
                 if self._kernel._by_id.get(q.id) is q:  # the queue may have been deleted since
                     self._record_deleted(batch, q, seqs, q.cursor.delete_held(seqs), now)
@@ -187,7 +173,7 @@ class Participant:
             del self._txns[txid]
             self._finished[txid] = TxnState.COMMITTED
             failpoint("txn.commit.before_commit")
-            committed = self._kernel._write_staged(batch, first_seq, fresh)
+            committed = self._kernel.ingress.write_staged(batch, first_seq, fresh)
         committed.result()
         failpoint("txn.commit.after_commit")
         return results
@@ -246,20 +232,22 @@ class Participant:
         of deliveries in flight to ``holder``) in one atomic step: the one-phase commit
         of a transaction whose only participant is this node. Returns once durable; on
         any error nothing changed."""
-        self._kernel._check_messages(messages)
+        self._kernel.ingress.check_messages(messages)
         now = self._kernel.clock()
         batch = RowBatch()
         with self._kernel._lock:
             self._kernel._check_open()
             by_queue = self._check_deletes(deletes, holder)
             first_seq = self._kernel._next_seq
-            results, fresh = self._kernel._stage(batch, messages, now)
+            results, fresh = self._kernel.ingress.stage(batch, messages, now)
             for q, items in by_queue.items():
                 for epoch, keys in _by_epoch(items):
                     done = q.cursor.delete_many(keys, epoch, holder)
                     self._record_deleted(batch, q, [s for s, _ in keys], done, now)
             committed = (
-                self._kernel._write_staged(batch, first_seq, fresh) if not batch.empty else None
+                self._kernel.ingress.write_staged(batch, first_seq, fresh)
+                if not batch.empty
+                else None
             )
         self._kernel._await_commit(committed)
         return results

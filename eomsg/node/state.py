@@ -50,14 +50,14 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from eomsg.core.cursor import Cursor, Outcome, Release, Settlement
 from eomsg.core.election import Election, Epochs, FlowEvent
 from eomsg.core.limits import format_bytes
-from eomsg.core.message import Message, Outgoing
+from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.core.rates import Rates, Totals
 from eomsg.core.topics import Matcher
@@ -69,6 +69,7 @@ from eomsg.errors import (
     StaleEpoch,
 )
 from eomsg.node.dedup import Deduplication
+from eomsg.node.events import Signal
 from eomsg.node.settings import NodeSettings, apply_saved
 from eomsg.store.store import US, Store
 from eomsg.store.writer import RowBatch
@@ -77,9 +78,14 @@ if TYPE_CHECKING:
     from eomsg.node.access import Access
     from eomsg.node.admin import Admin
     from eomsg.node.delivery import Delivery
+    from eomsg.node.egress import Egress
     from eomsg.node.flows import Elections
+    from eomsg.node.ingress import Ingress
+    from eomsg.node.intake import Intake
+    from eomsg.node.links import Links
     from eomsg.node.maintenance import Maintenance
     from eomsg.node.participant import Participant
+    from eomsg.node.transfer import Transfer
 
 FREE_MARGIN = 256 << 20  # free bytes above the reserve past which a reading may stand
 FREE_FRESH = 0.02  # seconds a reading of the free space stands, that far above
@@ -240,13 +246,13 @@ class Shared(Protocol):
     settings: NodeSettings
     _lock: threading.Lock
     _queues: dict[str, QueueState]
+    egress: Egress
 
     def _check_open(self) -> None: ...
     def _queue(self, name: str) -> QueueState: ...
     @staticmethod
     def _check_epoch(q: QueueState, epoch: int) -> None: ...
     def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
-    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]: ...
     def _record_settlements(
         self,
         batch: RowBatch,
@@ -283,6 +289,11 @@ class NodeState:
     admin: Admin  # queues and saved settings administered: a component
     delivery: Delivery  # the cursors' deliveries taken, deleted and released: a component
     maintenance: Maintenance  # time applied, the store kept small: a component
+    ingress: Ingress  # messages in: validated, numbered, routed, made durable
+    egress: Egress  # messages a linked peer sent, held in memory instead of stored
+    links: Links  # linked peers: their settings, interest and routes
+    transfer: Transfer  # a link's connection: what goes out over it, and its timers
+    intake: Intake  # what a linked peer sends: stored here and onward, or held
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         self.store = store
@@ -302,6 +313,10 @@ class NodeState:
         self._ready_generation = 0
         self._rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
         self._later: dict[str, str] = {}  # node_meta to set with the next write (see below)
+        # Under _lock: the topics this node's queues want changed (links tell their peers);
+        # a queue is dropped (what is held for it and its flows let go of it).
+        self.interest_changed: Signal[[]] = Signal()
+        self.queue_dropped: Signal[[QueueState]] = Signal()
 
     # -- checks -------------------------------------------------------------------------
 
@@ -360,7 +375,7 @@ class NodeState:
     def _queue(self, name: str) -> QueueState:
         q = self._queues.get(name)
         if q is None:
-            holder = self._elsewhere(name)
+            holder = self.links.elsewhere(name)
             if holder is not None:
                 raise QueueNotFound(
                     f"queue {name!r} is on node {holder!r}, not this one: reach it through "
@@ -371,10 +386,6 @@ class NodeState:
             )
         return q
 
-    def _elsewhere(self, queue: str) -> str | None:
-        """The linked node that holds ``queue``, if another does (:mod:`eomsg.node.links`)."""
-        return None
-
     @staticmethod
     def _check_epoch(q: QueueState, epoch: int) -> None:
         if epoch and epoch not in q.live_epochs:
@@ -384,11 +395,15 @@ class NodeState:
             )
 
     def _totals(self) -> Totals:
-        """Each queue's messages arrived and deleted, ever (for rates). Under ``_lock``."""
-        return {
+        """Each queue's messages arrived and deleted, ever, and each link's
+        (:meth:`Links.totals <eomsg.node.links.Links.totals>`): for rates. Under
+        ``_lock``."""
+        totals = {
             name: (q.cursor.depth + sum(q.counts.values()), q.counts[Outcome.DELETED])
             for name, q in self._queues.items()
         }
+        totals.update(self.links.totals())
+        return totals
 
     def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
         """:func:`audit_row`, now."""
@@ -428,7 +443,7 @@ class NodeState:
         written later added to what is left; resolved at once if nothing is left to
         write (so a batch that only settles held messages costs no write). Under
         ``_lock``."""
-        batch = self._divert(batch)
+        batch = self.egress.divert(batch)
         if self._later and (not batch.empty or batch.callbacks):
             batch = self._with_later(batch)
         if batch.empty and not batch.callbacks:
@@ -438,45 +453,8 @@ class NodeState:
         try:
             return self.store.writer.write(batch)
         except BaseException:
-            self._unwritten(batch)
+            self.egress.unwritten(batch)
             raise
-
-    def _unwritten(self, batch: RowBatch) -> None:
-        """The writer refused ``batch``: messages held in memory that were to be
-        written with it stay held. Under ``_lock``."""
-
-    def _write_held(
-        self, now: float, *, link: Any = None, every: bool = False
-    ) -> Future[None] | None:
-        """Write the messages held in memory whose hold is over (``every``: all);
-        see :mod:`eomsg.node.links`. Under ``_lock``."""
-        return None
-
-    def _divert(self, batch: RowBatch) -> RowBatch:
-        """``batch`` without the rows about messages held in memory (see
-        :class:`~eomsg.node.egress.Egress`). Under ``_lock``."""
-        return batch
-
-    def _queue_dropped(self, queue_id: int) -> None:
-        """Queue ``queue_id`` is gone: what is held in memory no longer waits for it
-        (see :class:`~eomsg.node.egress.Egress`). Under ``_lock``."""
-
-    def _log_ceiling(self) -> int | None:
-        """The highest seq readers of the log may rely on, if any is below the last
-        (see :class:`~eomsg.node.egress.Egress`). Under ``_lock``."""
-        return None
-
-    def _fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
-        """The messages with these seqs (ascending), held in memory or stored."""
-        return self.store.fetch(seqs)
-
-    def _expiries(self, seqs: Sequence[int]) -> dict[int, float]:
-        """Expiry times of the messages among ``seqs`` that have one."""
-        return self.store.expiries(seqs)
-
-    def _payload_sizes(self, seqs: Sequence[int]) -> dict[int, int]:
-        """Payload bytes of the messages among ``seqs``, held in memory or stored."""
-        return self.store.payload_sizes_of(seqs)
 
     @staticmethod
     def _await_commit(future: Future[None] | None) -> None:
@@ -513,9 +491,9 @@ class NodeState:
         self._settled_since_compaction += len(settlements)
         if moved and dlq is not None:
             if expiries is None:
-                expiries = self._expiries(moved)
+                expiries = self.egress.expiries(moved)
             # (kept from the moment a max-bytes is being set, before the cursor has them)
-            sizes = self._payload_sizes(moved) if dlq.staged_sizes is not None else {}
+            sizes = self.egress.payload_sizes(moved) if dlq.staged_sizes is not None else {}
             target = dlq
 
             def to_dlq() -> None:
@@ -560,7 +538,7 @@ class NodeState:
         for pattern in config.subscriptions:
             self._matcher.add(pattern, q)
         self._routes.clear()
-        self._interest_changed()
+        self.interest_changed.emit()
         self._queues_changed()
         return q
 
@@ -573,51 +551,25 @@ class NodeState:
             self._matcher.add(pattern, q)
         self._routes.clear()
         q.config = config
-        self._interest_changed()
+        self.interest_changed.emit()
         self._queues_changed()
 
     def _uninstall(self, q: QueueState) -> None:
-        """Queue ``q`` is dropped (its commit is durable): out of the routes, the queues
-        and the elections (its flows told ``unbound``). Under ``_lock``."""
+        """Queue ``q`` is dropped (its commit is durable): out of the routes and the
+        queues, then :attr:`queue_dropped` emitted (what is held in memory for it, its
+        flows). Under ``_lock``."""
         for pattern in q.config.subscriptions:
             self._matcher.remove(pattern, q)
         self._routes.clear()
         del self._queues[q.config.name], self._by_id[q.id]
-        self._queue_dropped(q.id)
-        self._interest_changed()
+        self.interest_changed.emit()
         self._queues_changed()
-        self.elections.queue_dropped(q)
+        self.queue_dropped.emit(q)
 
     def _queues_changed(self) -> None:
         """A queue was made, changed or dropped: note whether any has a max-messages or
         a max-bytes, so that a publish looks at limits only then. Under ``_lock``."""
         self._limited = any(q.config.limited for q in self._queues.values())
-
-    def _interest_changed(self) -> None:
-        """The topics this node's queues want changed. Under ``_lock``; the links tell
-        their peers (:mod:`eomsg.node.links`)."""
-
-    def _forward(self, routes: set[tuple[Destination, ...]]) -> None:
-        """Messages committed for ``routes``: wake the links among them. Never under
-        ``_lock``."""
-
-    def _save_routes(self, batch: RowBatch) -> None:
-        """Add to ``batch`` the link routes made since the last durable batch, so the
-        destinations that name them are never stored without them. Under ``_lock``."""
-
-    def _lowest_link_pending(self) -> int | None:
-        """The lowest seq a link still owes, if any (the log keeps it). Under ``_lock``."""
-        return None
-
-    def _routes_taken(self) -> dict[int, int]:
-        """Per link route, the seq up to which its messages are settled. Under
-        ``_lock``."""
-        return {}
-
-    def _hops(self, topic: str) -> tuple[Destination, ...]:
-        """The links a message on ``topic`` published here goes out on (none unless this
-        node is linked). Under ``_lock``."""
-        return ()
 
     def _notify(self, queues: set[str]) -> None:
         """Messages became ready in ``queues``: wake the waiting fetches and tell the

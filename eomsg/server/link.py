@@ -153,7 +153,7 @@ class LinkConnection(asyncio.Protocol):
         self.conn.send_failed()
         if self.linked:
             self.linked = False
-            self.node.link_disconnected(self.peer, self.wake)
+            self.node.transfer.link_disconnected(self.peer, self.wake)
             log.info("link to %s: disconnected", self.peer)
         for task in self._tasks:
             task.cancel()
@@ -177,7 +177,7 @@ class LinkConnection(asyncio.Protocol):
     def start(self, read: int) -> None:
         """The handshake is done and the peer holds this node's messages up to
         ``read``: send the route table, then keep the link going."""
-        update = self.node.link_connected(self.peer, read, self.wake)
+        update = self.node.transfer.link_connected(self.peer, read, self.wake)
         self.linked = self.was_linked = True
         if self.server.metrics is not None:
             self.server.metrics.link_connects.labels(self.peer).inc()
@@ -226,7 +226,7 @@ class LinkConnection(asyncio.Protocol):
                 )
             incarnation, read = self.accepted  # the dialled node took the link on
             self.accepted = None
-            self.node.link_hello(self.peer, incarnation)
+            self.node.transfer.link_hello(self.peer, incarnation)
             self.start(read)
         match event:
             case lev.Transfer():
@@ -234,12 +234,12 @@ class LinkConnection(asyncio.Protocol):
             case lev.Oversize():
                 self._oversize(event)
             case lev.Taken():
-                self.node.link_taken(self.peer, event.read, event.gap)
+                self.node.transfer.link_taken(self.peer, event.read, event.gap)
                 if self._passing:
                     self._passed(event.read)
                 self._work.set()
             case lev.Interest():
-                self.node.link_heard(self.peer, event.full, event.moves)
+                self.node.transfer.link_heard(self.peer, event.full, event.moves)
             case lev.Channel():
                 self._channel_data(event)
             case lev.ChannelClose():
@@ -261,7 +261,7 @@ class LinkConnection(asyncio.Protocol):
             case ev.Error():  # the dialled node refused the link
                 log.warning("link to %s refused by it: %s", self.peer, event.message)
                 self.refused = event.code in REFUSALS
-                self.node.link_failed(
+                self.node.transfer.link_failed(
                     self.peer, f"refused by {self.peer}: {event.message}", refused=self.refused
                 )
                 self.close()
@@ -275,7 +275,7 @@ class LinkConnection(asyncio.Protocol):
                 )
 
     def _transfer(self, event: lev.Transfer) -> None:
-        self._take(self.node.accept_transfer, event.prev, event.batch.carried())
+        self._take(self.node.intake.accept_transfer, event.prev, event.batch.carried())
 
     def _oversize(self, event: lev.Oversize) -> None:
         """The peer passed over a message that fits no frame this side said it takes —
@@ -285,7 +285,7 @@ class LinkConnection(asyncio.Protocol):
         if self._limit_changed():
             return
         self._take(
-            self.node.accept_oversize, event.prev, event.seq, event.size, self.conn.max_frame
+            self.node.intake.accept_oversize, event.prev, event.seq, event.size, self.conn.max_frame
         )
 
     def _take(self, accept: Callable[..., Future[tuple[int, bool]]], *args: Any) -> None:
@@ -300,7 +300,7 @@ class LinkConnection(asyncio.Protocol):
             # queue): the peer keeps them and sends them again, every few seconds while
             # it lasts — said once, and again for another reason or once the link moved on.
             why = one_line(e)
-            if self.node.not_taken_is_news(self.peer, why):
+            if self.node.intake.not_taken_is_news(self.peer, why):
                 log.warning("link to %s: messages not taken now: %s", self.peer, why)
             return
 
@@ -338,14 +338,14 @@ class LinkConnection(asyncio.Protocol):
             await self._writable.wait()
             if not self.linked:
                 return
-            for update in self.node.link_updates(self.peer):
+            for update in self.node.transfer.link_updates(self.peer):
                 self.send(lev.Interest(update.full, update.moves))
-            ack = self.node.link_ack(self.peer)  # messages held in memory, settled here
+            ack = self.node.transfer.link_ack(self.peer)  # messages held in memory, settled here
             if ack is not None:
                 self.send(lev.Taken(ack, False))
-            frames = self.node.link_frames(self.peer, memory_only=True)
+            frames = self.node.transfer.link_frames(self.peer, memory_only=True)
             if frames is None:  # some must be read from the store: not on the loop
-                frames = await self.server.blocking(self.node.link_frames, self.peer)
+                frames = await self.server.blocking(self.node.transfer.link_frames, self.peer)
             for prev, batch in frames:
                 self._send_transfer(prev, batch)
 
@@ -375,7 +375,7 @@ class LinkConnection(asyncio.Protocol):
         refused there (counted and logged here too)."""
         for seq in sorted(s for s in self._passing if s <= read):
             size = self._passing.pop(seq)
-            self.node.link_passed_over(self.peer, seq, size, self.conn.peer_max_frame)
+            self.node.transfer.link_passed_over(self.peer, seq, size, self.conn.peer_max_frame)
 
     def _limit_changed(self) -> bool:
         """Whether this node's frame limit is no longer the one this side of the
@@ -409,10 +409,10 @@ class LinkConnection(asyncio.Protocol):
                 self.send(ev.Ping(random.getrandbits(32)))
                 next_ping = now + heartbeat
             if now >= next_table:
-                table = self.node.link_table(self.peer)
+                table = self.node.transfer.link_table(self.peer)
                 self.send(lev.Interest(table.full, table.moves))
                 next_table = now + TABLE_EVERY * heartbeat
-            if self.node.link_tick(self.peer):
+            if self.node.transfer.link_tick(self.peer):
                 self._work.set()
             if not self.ending:  # (the watchdog above still looks after an ending one)
                 self._limit_changed()
@@ -535,13 +535,13 @@ class LinkManager:
     def reconcile(self) -> None:
         """Dial every link with an address that is not dialled yet; stop dialling those
         removed or changed (and drop their connections)."""
-        wanted = {c.peer: c for c in self.server.node.link_configs() if c.address}
+        wanted = {c.peer: c for c in self.server.node.links.link_configs() if c.address}
         for peer, (config, task) in list(self._diallers.items()):
             now = wanted.get(peer)
             if now is None or now.dialling() != config.dialling():
                 task.cancel()
                 del self._diallers[peer]
-        known = {c.peer for c in self.server.node.link_configs()}
+        known = {c.peer for c in self.server.node.links.link_configs()}
         for peer, connection in list(self.connections.items()):
             if peer not in known:
                 connection.abort()
@@ -568,7 +568,7 @@ class LinkManager:
             except (OSError, EomsgError) as e:
                 why = one_line(e)
                 log.info("link to %s: cannot connect to %s: %s", config.peer, config.address, why)
-                self.server.node.link_failed(config.peer, f"cannot connect: {why}")
+                self.server.node.transfer.link_failed(config.peer, f"cannot connect: {why}")
             else:
                 with contextlib.suppress(TimeoutError):  # no answer: try again
                     await asyncio.wait_for(
@@ -618,7 +618,7 @@ class LinkManager:
                 )
             except ssl.SSLError as e:
                 raise tls_refused(f"the node at {address}", e) from e
-        peer_incarnation, read = node.link_read(config.peer)
+        peer_incarnation, read = node.transfer.link_read(config.peer)
         connection.send(
             lev.LinkHello(
                 lev.LINK_VERSION,
@@ -660,12 +660,12 @@ class LinkManager:
                 f"{peer!r} knowing this node by another name, or not {peer!r} at that address)"
             )
         connection.refused = True
-        node.link_failed(peer, f"refused: {why}", refused=True)
+        node.transfer.link_failed(peer, f"refused: {why}", refused=True)
         connection.fail(AuthenticationFailed(why))
 
     def _address(self, peer: str) -> str:
-        return next((c.address or "?" for c in self.server.node.link_configs() if c.peer == peer),
-                    "?")  # fmt: skip
+        configs = self.server.node.links.link_configs()
+        return next((c.address or "?" for c in configs if c.peer == peer), "?")
 
     async def accept(self, session: Any, hello: lev.LinkHello) -> None:
         """A node dialled this one (on ``session``'s connection): check what it says,
@@ -694,19 +694,19 @@ class LinkManager:
                 )
             if hello.node == node.node_name:
                 raise RemoteProtocolError(f"a node named {hello.node!r} dialled itself")
-            if node.dialled_after_removal(hello.node):
+            if node.links.dialled_after_removal(hello.node):
                 raise LinkNotFound(
                     f"{node.node_name!r} removed its link to {hello.node!r} (on "
                     f"{node.node_name!r}, `eomsg link add {hello.node}` makes it again)"
                 )
-            dials = {c.peer for c in node.link_configs() if c.address}
+            dials = {c.peer for c in node.links.link_configs() if c.address}
             if hello.node in dials and node.node_name < hello.node:
                 raise EomsgError(
                     f"both {node.node_name!r} and {hello.node!r} dial this link: only "
                     f"{node.node_name!r} does (remove the address on one side)"
                 )
             keys = self._keys(hello.node)
-            read = node.link_peek(hello.node, hello.incarnation)  # changes nothing yet
+            read = node.transfer.link_peek(hello.node, hello.incarnation)  # changes nothing yet
             me, s = node.node_name, server.settings
             nonce = secrets.token_hex(16)
             proofs = tuple(link_proof(k, hello.nonce, hello.node, me, "dialled") for k, _ in keys)
@@ -790,15 +790,15 @@ class LinkManager:
             if gone():
                 return
             try:
-                node.link_hello(hello.node, hello.incarnation)
+                node.transfer.link_hello(hello.node, hello.incarnation)
             except LinkNotFound:
                 # Its link was removed since the welcome, or (found here) since the hello.
-                if not may_make or node.dialled_after_removal(hello.node):
+                if not may_make or node.links.dialled_after_removal(hello.node):
                     raise
-                await self.server.blocking(node.add_link, hello.node, None, None)
+                await self.server.blocking(node.links.add_link, hello.node, None, None)
                 if gone():
                     return
-                node.link_hello(hello.node, hello.incarnation)
+                node.transfer.link_hello(hello.node, hello.incarnation)
             theirs = hello.read if hello.peer_incarnation == node.incarnation else 0
             connection.start(theirs)
         except EomsgError as e:  # the node closed meanwhile
@@ -813,7 +813,7 @@ class LinkManager:
         hop of the route toward it); Unavailable if no route reaches it or its link is
         down."""
         me = self.server.node_name
-        hop = self.server.node.link_hop(node)
+        hop = self.server.node.links.link_hop(node)
         if hop is None:
             raise Unavailable(
                 f"node {me!r} has no route to a node named {node!r} (see `eomsg inspect links`)"
@@ -836,8 +836,8 @@ class LinkManager:
         connection.awaiting = None
         said = "".join(c if c.isprintable() else " " for c in reason)[:500]  # its words
         why = f"{hello.node!r} gave up the link after this node's welcome, saying: {said}"
-        if not any(c.peer == hello.node for c in self.server.node.link_configs()):
-            waiting = [peer for peer, _ in self.server.node.links_waiting()]
+        if not any(c.peer == hello.node for c in self.server.node.links.link_configs()):
+            waiting = [peer for peer, _ in self.server.node.links.links_waiting()]
             why += f" (this node has no link to {hello.node!r}" + (
                 f"; links waiting for their peer here: {', '.join(waiting)})" if waiting else ")"
             )
@@ -847,18 +847,18 @@ class LinkManager:
     def _refused(self, peer: str, why: str) -> None:
         """The link to ``peer`` (if this node has one) was refused for ``why``: kept for
         ``inspect links``."""
-        self.server.node.link_failed(peer, f"refused: {why}", refused=True)
+        self.server.node.transfer.link_failed(peer, f"refused: {why}", refused=True)
 
     def _keys(self, peer: str) -> list[tuple[str, str]]:
         """The keys (tokens' hashes) a node dialling as ``peer`` may prove it knows, with
         what each is: the token this node made for that link, and this node's own token
         (which may also make the link). For a name this node has no link to, also the
         keys of a few links waiting for their peer (``for:PEER``: see :meth:`accept`)."""
-        configs = self.server.node.link_configs()
+        configs = self.server.node.links.link_configs()
         config = next((c for c in configs if c.peer == peer), None)
         keys = [] if config is None or config.accepts is None else [(config.accepts, "link")]
         if config is None:
-            waiting = self.server.node.links_waiting()[:WAITING_PROOFS]
+            waiting = self.server.node.links.links_waiting()[:WAITING_PROOFS]
             keys += [(key, f"for:{name}") for name, key in waiting]
         return [*keys, (token_hash(self.server.token), "node")]
 

@@ -282,7 +282,7 @@ def _node(node: Node) -> Iterator[Metric]:
         "eomsg_journal_bytes", "The journal's segment files.", node.inspection.journal_bytes()
     )
     yield from _queues(node.inspection.stats(), node.inspection.deliveries())
-    yield from _links(node.link_info())
+    yield from _links(node.links.link_info())
 
 
 # Per queue: (family, name, help, value from its QueueStats and its deliveries; None: absent).

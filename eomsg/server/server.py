@@ -199,7 +199,7 @@ class Server:
         node.served_on([str(a) for a in self.addresses], PROTOCOL_VERSION)
         node.add_listener(self._on_ready)
         node.add_failure_listener(self._failure_heard)
-        node.add_links_listener(self._links_changed)
+        node.links.add_links_listener(self._links_changed)
 
     def _links_changed(self) -> None:
         """Node listener (any thread): a link was added or removed."""

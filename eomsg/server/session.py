@@ -403,7 +403,7 @@ class Session(asyncio.Protocol):
         size = sum(len(m.payload) for m in event.messages) + 64 * len(event.messages)
         arrived = self.loop.time()
         try:
-            committed = self.node.publish_batch_async(event.messages)
+            committed = self.node.ingress.publish_batch_async(event.messages)
         except EomsgError as e:
             self._send(ev.Error(event.rid, e.code, e.message))
             return
