@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 from eomsg.core import memory
 from eomsg.core.cursor import Outcome
 from eomsg.core.nodeinfo import NodeInfo
+from eomsg.core.operations import OPERATIONS
 from eomsg.errors import DiskFull, EomsgError, NodeClosed
 from eomsg.node.access import Access
 from eomsg.node.admin import Admin
@@ -113,6 +114,7 @@ class Node(NodeState):
         self.queue_dropped.subscribe(self.elections.queue_dropped)
         self.ingress.committed.subscribe(self.transfer.forward)
         self.egress.done.subscribe(self.intake.held_done)
+        self._operations = self._bind_operations()
         self._opened = (clock(), time.monotonic())  # when, on the wall and steady clocks
         self.served: tuple[tuple[str, ...], int] = ((), 0)  # see served_on
         self._recover()
@@ -208,9 +210,17 @@ class Node(NodeState):
 
     def operation(self, name: str) -> Callable[..., Any]:
         """The bound method that runs the declared operation ``name`` (see
-        :meth:`implementation`): what the server and the embedded client call."""
-        attribute, _ = self.implementation(name)
-        return getattr(self if attribute is None else getattr(self, attribute), name)  # type: ignore[no-any-return]
+        :meth:`implementation`): what the server and the embedded client call, looked
+        up in a table the node builds once. KeyError if ``name`` is not declared."""
+        return self._operations[name]
+
+    def _bind_operations(self) -> dict[str, Callable[..., Any]]:
+        """Each declared operation's bound method (see :meth:`implementation`)."""
+        table = {}
+        for name in OPERATIONS:
+            attribute, _ = self.implementation(name)
+            table[name] = getattr(self if attribute is None else getattr(self, attribute), name)
+        return table
 
     def check_open(self) -> None:
         """NodeClosed once the node is closed (for a caller that waits on its own, as a

@@ -4,10 +4,11 @@
 state and name what they need of the rest (``access``: principals and grants;
 ``elections``: flows and their elections; ``inspection``: reads; ``participant``:
 transactions; ``admin``: queues and settings; ``delivery``: the cursors' deliveries;
-``maintenance``: time and upkeep) — and, still, a chain of mixins (``links`` over
-``egress`` over ``ingress`` over ``overflow``), all over
-:class:`NodeState`: the runtime state they share, and the helpers more than one of them
-uses. The runtime structs of a queue, a flow and a prepared transaction are here too.
+``maintenance``: time and upkeep; ``ingress``, ``egress``, ``links``, ``transfer``,
+``intake``: messages in, held, and to and from other nodes) — over :class:`NodeState`:
+the runtime state they share, the helpers more than one of them uses, and the events
+they subscribe to (:attr:`NodeState.interest_changed`, :attr:`NodeState.queue_dropped`).
+The runtime structs of a queue, a flow and a prepared transaction are here too.
 
 Lock discipline
 ---------------
@@ -19,7 +20,7 @@ prepared and finished transactions; ``_settled_since_compaction``. It is held br
 never while waiting for the writer: the writer's after-commit callbacks (a publish made
 deliverable, a message moved to its dead-letter queue) take it, so waiting for a commit
 under it would deadlock. Writes are queued while holding it (:meth:`~NodeState._queue_write`,
-``_write_staged``, ``store.writer.write``), so the log's commit order is the order the state
+``ingress.write_staged``, ``store.writer.write``), so the log's commit order is the order the state
 changed in — for publishes, the order sequence numbers were assigned; the caller waits for
 the commit (:meth:`~NodeState._await_commit`) after releasing it. A helper documented as
 "under ``_lock``" expects the caller to hold it.
