@@ -39,7 +39,7 @@ def test_a_node_spills_its_oldest_ids_and_still_knows_every_retry(
     use = node.inspection.memory()
     # Its budget, and at most the newest run and the dictionaries besides (FOLD ids each).
     assert use.spilled_ids > 100_000 and use.dedup <= (256 << 10) + 65_536 * (64 + 150)
-    assert len(node._dedup) + use.spilled_ids >= n
+    assert len(node.dedup) + use.spilled_ids >= n
     again = [Outgoing("t", b"y", id=f"order-{i}") for i in range(0, n, 997)]
     for _ in range(2):  # before and after a restart
         results = node.ingress.publish_batch(again)
@@ -154,7 +154,7 @@ def test_a_read_duckdb_has_no_memory_for_runs_again_with_the_writer_held(
     node.store.writer.sync()
     full = _NoMemory(node.store._reader(), node.store.writer)
     monkeypatch.setattr(node.store, "_reader", lambda: full)
-    with node._lock:
+    with node.lock:
         assert [config.name for _, config in node.store.load_queues()] == ["q"]
     assert full.reads == [False, True]
 

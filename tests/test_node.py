@@ -213,7 +213,7 @@ def test_compaction_and_gc_keep_the_store_bounded(
     assert node.inspection.log() == []  # everything consumed and past retention
     assert node.store.settled_rows() == 0
     assert max(sizes[6:]) <= max(sizes[:6]) * 1.1, sizes  # no growth once warm
-    assert len(node._dedup) == 0
+    assert len(node.dedup) == 0
     node.close()
     node = open_node()
     assert node.ingress.publish("orders/a", b"x").seq == 60_001  # seqs never restart after GC
@@ -283,7 +283,7 @@ def test_storage_failure_acknowledges_nothing(open_node: NodeFactory) -> None:
             )  # the node stops trusting its state
     finally:
         failpoints.configure("")
-    assert node._uncommitted_ids == {}  # a refused batch leaves nothing behind
+    assert node.uncommitted_ids == {}  # a refused batch leaves nothing behind
     node.close()
     node = open_node()
     assert [m.payload for m in node.inspection.log()] == [b"kept"]
@@ -518,7 +518,7 @@ def test_attempts_after_a_restart_are_those_in_memory(
             return Node.open(data, NodeSettings(tick=None, compact_every=compact_every), clock)
 
         def attempts(node: Node) -> tuple[dict[int, tuple[int, str]], list[int]]:
-            cursor = node._queues["q"].cursor
+            cursor = node.queues["q"].cursor
             return {
                 s: (
                     e.attempt,

@@ -38,7 +38,7 @@ def held_as_stored(node: Node) -> None:
     stored = {
         s.name: s.bytes for s in node.inspection.stats()
     }  # syncs the writer: nothing incoming
-    for name, q in node._queues.items():
+    for name, q in node.queues.items():
         if q.config.max_bytes is None:
             assert not q.cursor.sized and q.held_bytes == 0
         else:

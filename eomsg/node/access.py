@@ -222,7 +222,7 @@ class Access:
 def grant_record(
     audit: Callable[[str, str, str, str], AuditRow], by: str, why: str
 ) -> Callable[[Grant], AuditRow]:
-    """The audit record (made by ``audit``: :meth:`NodeState._audit`) of a grant made
+    """The audit record (made by ``audit``: :meth:`NodeState.audit_entry`) of a grant made
     ``by`` a principal with another change, which ``why`` names."""
     return lambda g: audit(by, "grant", g.principal, f"{g.right.value} on {g.target} {why}")
 

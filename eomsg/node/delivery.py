@@ -6,8 +6,8 @@ Every delivery attempt, release and delete is durable before it is answered.
 :class:`Delivery` is a component of the node (``node.delivery``); the cursors it moves are
 the queues' (:mod:`eomsg.node.state`), and what it needs of the node is its :class:`Kernel`
 protocol. Under the lock discipline of :mod:`eomsg.node.state`: the cursor changes and its
-records are queued under ``_lock``; the caller waits for the commit after releasing it. A
-fetch that waits for messages waits on ``_ready``, holding nothing else.
+records are queued under ``lock``; the caller waits for the commit after releasing it. A
+fetch that waits for messages waits on ``ready``, holding nothing else.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ class Kernel(Shared, Protocol):
     the elections)."""
 
     elections: Elections
-    _ready: threading.Condition
-    _ready_generation: int
-    _settled_since_compaction: int
+    ready: threading.Condition
+    ready_generation: int
+    settled_since_compaction: int
 
 
 class Delivery:
@@ -68,15 +68,15 @@ class Delivery:
         delivery settles it."""
         deadline = time.monotonic() + wait
         while True:
-            with self._kernel._ready:
-                generation = self._kernel._ready_generation
+            with self._kernel.ready:
+                generation = self._kernel.ready_generation
             taken = self.take(queue, max_messages, flow=flow, holder=holder)[0]
             remaining = deadline - time.monotonic()
             if taken or remaining <= 0:
                 return taken
-            with self._kernel._ready:
-                if self._kernel._ready_generation == generation:
-                    self._kernel._ready.wait(remaining)
+            with self._kernel.ready:
+                if self._kernel.ready_generation == generation:
+                    self._kernel.ready.wait(remaining)
 
     def take(
         self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
@@ -86,9 +86,9 @@ class Delivery:
         if max_messages < 1:
             raise InvalidConfig("max messages must be at least 1")
         now = self._kernel.clock()
-        with self._kernel._lock:
-            self._kernel._check_open()
-            q = self._kernel._queue(queue)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            q = self._kernel.queue(queue)
             epoch = 0
             if flow is None:
                 if q.config.max_active:
@@ -117,9 +117,9 @@ class Delivery:
             batch = RowBatch()
             for d in taken.deliveries:
                 batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
-            self._kernel._record_settlements(batch, q, taken.settlements, now)
-            future = self._kernel._queue_write(batch)
-        self._kernel._await_commit(future)
+            self._kernel.record_settlements(batch, q, taken.settlements, now)
+            future = self._kernel.queue_write(batch)
+        self._kernel.await_commit(future)
         if not taken.deliveries:
             return [], more
         messages = self._kernel.egress.fetch_messages([d.seq for d in taken.deliveries])
@@ -151,10 +151,10 @@ class Delivery:
         keys = check_keys(keys)
         now_us = to_us(self._kernel.clock())
         deleted: Future[list[bool]] = Future()
-        with self._kernel._lock:
-            self._kernel._check_open()
-            q = self._kernel._queue(queue)
-            self._kernel._check_epoch(q, epoch)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            q = self._kernel.queue(queue)
+            self._kernel.check_epoch(q, epoch)
             done = q.cursor.delete_many(keys, epoch, holder)
             rows = [
                 (q.id, s, Outcome.DELETED, now_us)
@@ -162,14 +162,14 @@ class Delivery:
                 if d
             ]
             q.counts[Outcome.DELETED] += len(rows)
-            self._kernel._settled_since_compaction += len(rows)
+            self._kernel.settled_since_compaction += len(rows)
             failpoint("delete.before_commit")
             if not rows:
                 deleted.set_result(done)
                 return deleted
             batch = RowBatch()
             batch.rows_of("settled").extend(rows)
-            committed = self._kernel._write(batch)
+            committed = self._kernel.write(batch)
 
         def on_commit(f: Future[None]) -> None:
             error = f.exception()
@@ -196,10 +196,10 @@ class Delivery:
         to 100 years (InvalidInput otherwise)."""
         keys = check_keys(keys)
         now = self._kernel.clock()
-        with self._kernel._lock:
-            self._kernel._check_open()
-            q = self._kernel._queue(queue)
-            self._kernel._check_epoch(q, epoch)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            q = self._kernel.queue(queue)
+            self._kernel.check_epoch(q, epoch)
             outcomes = q.cursor.release_many(keys, now, delay, epoch, holder)
             future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(keys) and delay <= 0)
@@ -213,9 +213,9 @@ class Delivery:
         ``holder``'s are left alone. Idempotent."""
         keys = check_keys(keys)
         now = self._kernel.clock()
-        with self._kernel._lock:
-            self._kernel._check_open()
-            q = self._kernel._queue(queue)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            q = self._kernel.queue(queue)
             outcomes = q.cursor.return_unseen(keys, now, epoch, holder)
             future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(keys))
@@ -225,9 +225,9 @@ class Delivery:
         what a consumer that went away was holding — and leave alone any message
         settled or handed out since. They count as handed out. Returns how many."""
         now = self._kernel.clock()
-        with self._kernel._lock:
-            self._kernel._check_open()
-            q = self._kernel._queue(queue)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            q = self._kernel.queue(queue)
             outcomes = q.cursor.release_holder(list(held), now, holder)
             future = self._write_releases(q, outcomes, now)
         self._released(queue, future, bool(outcomes))
@@ -236,12 +236,12 @@ class Delivery:
     def _write_releases(
         self, q: QueueState, outcomes: list[Release | Settlement], now: float
     ) -> Future[None] | None:
-        """Record releases and settlements in one batch; under ``_lock``."""
+        """Record releases and settlements in one batch; under ``lock``."""
         batch = RowBatch()
-        self._kernel._record_releases(batch, q, outcomes, now)
-        return self._kernel._queue_write(batch)
+        self._kernel.record_releases(batch, q, outcomes, now)
+        return self._kernel.queue_write(batch)
 
     def _released(self, queue: str, future: Future[None] | None, ready: bool) -> None:
-        self._kernel._await_commit(future)
+        self._kernel.await_commit(future)
         if ready:
-            self._kernel._notify({queue})
+            self._kernel.notify({queue})

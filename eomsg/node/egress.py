@@ -83,13 +83,13 @@ class Kernel(Protocol):
     """What :class:`Egress` needs of the node: the store, and the lock it runs under."""
 
     store: Store
-    _lock: threading.Lock
+    lock: threading.Lock
 
 
 class Egress:
     """Messages held in memory for this node's queues, and the rows kept with them:
     what the node writes, reads and drops passes here first. :attr:`done` is emitted,
-    under ``_lock``, with the messages that are settled everywhere here or durable."""
+    under ``lock``, with the messages that are settled everywhere here or durable."""
 
     def __init__(self, kernel: Kernel) -> None:
         self._kernel = kernel
@@ -98,22 +98,22 @@ class Egress:
         self.done: Signal[[list[Held]]] = Signal()
 
     def has_room(self, size: int) -> bool:
-        """Whether ``size`` more payload bytes may be held. Under ``_lock``."""
+        """Whether ``size`` more payload bytes may be held. Under ``lock``."""
         return self._held_bytes + size <= MAX_HELD_BYTES
 
     def keep(self, held: Held) -> None:
-        """Hold ``held`` (its rows staged, its queues in ``owed``). Under ``_lock``."""
+        """Hold ``held`` (its rows staged, its queues in ``owed``). Under ``lock``."""
         self._held[held.seq] = held
         self._held_bytes += held.size
 
     def holds(self, held: Held) -> bool:
         """Whether ``held`` is still held (not settled everywhere, nor written). Under
-        ``_lock``."""
+        ``lock``."""
         return self._held.get(held.seq) is held
 
     def due(self, now: float, link: LinkState | None, every: bool) -> list[Held]:
         """The held messages not being written whose hold is over at ``now`` (``every``:
-        all), of ``link`` (None: of every link). Under ``_lock``."""
+        all), of ``link`` (None: of every link). Under ``lock``."""
         return [
             h
             for h in self._held.values()
@@ -125,7 +125,7 @@ class Egress:
     def divert(self, batch: RowBatch) -> RowBatch:
         """``batch`` as it goes to the writer: rows about held messages kept with them
         instead; a held message that another record needs (a dead-letter destination, a
-        transaction's delete) written whole with it. Under ``_lock``."""
+        transaction's delete) written whole with it. Under ``lock``."""
         held = self._held
         if not held:
             return batch
@@ -149,7 +149,7 @@ class Egress:
 
     def _keep_rows(self, batch: RowBatch) -> list[Held]:
         """Move the rows of ``batch`` about held messages to them; the held messages
-        that settled everywhere by them. Under ``_lock``."""
+        that settled everywhere by them. Under ``lock``."""
         held = self._held
         settled_all: list[Held] = []
         for name in KEPT:
@@ -174,12 +174,12 @@ class Egress:
         return settled_all
 
     def _done_after_commit(self, done: list[Held]) -> None:
-        with self._kernel._lock:
+        with self._kernel.lock:
             self.done.emit(done)
 
     def unwritten(self, batch: RowBatch) -> None:
         """The writer refused ``batch``: messages held in memory that were to be
-        written with it stay held. Under ``_lock``."""
+        written with it stay held. Under ``lock``."""
         for row in batch.tables.get("messages", ()):
             h = self._held.get(row[0])
             if h is not None:
@@ -187,7 +187,7 @@ class Egress:
 
     def fetch_messages(self, seqs: Sequence[int]) -> dict[int, Message]:
         """The messages with these seqs (ascending), held in memory or stored."""
-        # Not under _lock: a message may leave memory meanwhile, written (the writer's
+        # Not under the lock: a message may leave memory meanwhile, written (the writer's
         # overlay has it then) or settled (then it is gone, as a stored one may be).
         held, store = self._held, self._kernel.store
         if not held:
@@ -218,7 +218,7 @@ class Egress:
 
     def queue_dropped(self, q: QueueState) -> None:
         """Queue ``q`` is gone: what is held no longer waits for it (a subscriber of
-        ``NodeState.queue_dropped``). Under ``_lock``."""
+        ``NodeState.queue_dropped``). Under ``lock``."""
         done = []
         for h in list(self._held.values()):
             if q.id not in h.owed or h.writing:
@@ -235,7 +235,7 @@ class Egress:
 
     def log_ceiling(self) -> int | None:
         """The highest seq readers of the log may rely on: below the lowest message
-        held (it may yet be written). None when none is held. Under ``_lock``."""
+        held (it may yet be written). None when none is held. Under ``lock``."""
         for seq in self._held:  # ascending: the first is the lowest
             return seq - 1
         return None
@@ -245,7 +245,7 @@ class Egress:
     def write_with(self, batch: RowBatch, helds: list[Held]) -> None:
         """Put ``helds`` whole into ``batch``, ahead of its own rows (so what was
         recorded about them comes first); they count as done once it is durable.
-        Under ``_lock``."""
+        Under ``lock``."""
         for name in {n for h in helds for n in h.rows.tables}:
             before = [row for h in helds for row in h.rows.tables.get(name, ())]
             batch.tables[name] = before + batch.tables.get(name, [])
@@ -253,7 +253,7 @@ class Egress:
             h.writing = True
 
         def written() -> None:
-            with self._kernel._lock:
+            with self._kernel.lock:
                 done = [h for h in helds if self._held.get(h.seq) is h]
                 for h in done:
                     self._forget(h)

@@ -8,8 +8,8 @@ made ready again for the next active flow.
 epochs handed out and how far they are reserved, and the ``elect`` lock; what it needs of
 the rest of the node is :class:`~eomsg.node.state.Shared`. Under the lock discipline of
 :mod:`eomsg.node.state`: a bind or an unbind takes ``elect`` (it may wait for epochs to be
-reserved), then the node's ``_lock`` to run the election and apply its changes; a flow's
-``notify`` hears of them under ``_lock``.
+reserved), then the node's ``lock`` to run the election and apply its changes; a flow's
+``notify`` hears of them under ``lock``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Elections:
 
     def queue_dropped(self, q: QueueState) -> None:
         """Queue ``q`` is deleted: its flows are gone, each told ``unbound``. Under the
-        node's ``_lock``."""
+        node's ``lock``."""
         for v in q.election.flows():
             f = self._flows.pop(v.flow)
             if f.notify is not None:
@@ -114,7 +114,7 @@ class Elections:
             held = q.cursor.in_flight_by_epoch().get(epoch, 0) if epoch else 0
             changes = q.election.unbind(flow)
             audit = (
-                self._kernel._audit(by, "unbind", queue, f"flow {flow} ({f.owner})")
+                self._kernel.audit_entry(by, "unbind", queue, f"flow {flow} ({f.owner})")
                 if admin
                 else None
             )
@@ -128,11 +128,11 @@ class Elections:
 
     def flows(self, queue: str | None = None) -> list[FlowInfo]:
         """The flows bound to ``queue`` (or to every queue), best-ranked first."""
-        with self._kernel._lock:
+        with self._kernel.lock:
             queues = (
-                [self._kernel._queue(queue)]
+                [self._kernel.queue(queue)]
                 if queue is not None
-                else list(self._kernel._queues.values())
+                else list(self._kernel.queues.values())
             )
             out = []
             for q in sorted(queues, key=lambda q: q.config.name):
@@ -156,20 +156,20 @@ class Elections:
     @contextmanager
     def _election(self, queue: str) -> Iterator[tuple[QueueState, float]]:
         """Hold what an election stimulus (a bind, an unbind) needs: ``elect``, with the
-        epochs the election may hand out reserved, then ``_lock``; yields ``queue`` and
+        epochs the election may hand out reserved, then ``lock``; yields ``queue`` and
         the time."""
         with self.elect:
-            self._kernel._check_open()
+            self._kernel.check_open()
             self._reserve_epochs(queue)
             now = self._kernel.clock()
-            with self._kernel._lock:
-                yield self._kernel._queue(queue), now
+            with self._kernel.lock:
+                yield self._kernel.queue(queue), now
 
     def _reserve_epochs(self, queue: str) -> None:
         """Make sure the epochs the next election may hand out are durably reserved, so
         that none is ever reused after a crash. Call with ``elect`` held."""
-        with self._kernel._lock:
-            bound = len(self._kernel._queue(queue).election)
+        with self._kernel.lock:
+            bound = len(self._kernel.queue(queue).election)
         need = self.epochs.last + bound + 1
         if need > self._epochs_reserved:
             reserved = need + EPOCH_BLOCK
@@ -186,7 +186,7 @@ class Elections:
         seen: dict[int, set[Key]] | None = None,
         audit: AuditRow | None = None,
     ) -> Future[None] | None:
-        """Carry out an election's changes, in order, under ``_lock``: a deactivated
+        """Carry out an election's changes, in order, under ``lock``: a deactivated
         flow's epoch stops being accepted and what it held in flight is made ready again
         (lowest seq first, for the next active flow) — un-counted where ``seen`` lists
         what that epoch's consumer handed to its application, and the rest is not in
@@ -201,14 +201,14 @@ class Elections:
             else:
                 q.live_epochs.discard(c.epoch)
                 given_back = q.cursor.release_epoch(c.epoch, now, (seen or {}).get(c.epoch))
-                self._kernel._record_releases(batch, q, given_back, now)
+                self._kernel.record_releases(batch, q, given_back, now)
             f = self._flows.get(c.flow)
             if f is not None and f.notify is not None:
                 kind = "active" if c.active else "inactive"
                 f.notify(FlowEvent(q.config.name, c.flow, kind, c.active, c.epoch))
-        return self._kernel._queue_write(batch)
+        return self._kernel.queue_write(batch)
 
     def _settle_apply(self, q: QueueState, future: Future[None] | None) -> None:
         if future is not None:  # something was settled: the next flow may take it
             future.result()
-            self._kernel._notify({q.config.name})
+            self._kernel.notify({q.config.name})

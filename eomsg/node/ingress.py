@@ -4,7 +4,7 @@ with its destination list in one group commit, and acknowledge only after that c
 The commit's after-commit step then hands the message to each destination's cursor.
 
 Under the lock discipline of :mod:`eomsg.node.state`: a batch is staged and queued under
-``_lock``, so the log's commit order is the order its sequence numbers were assigned.
+``lock``, so the log's commit order is the order its sequence numbers were assigned.
 What else takes messages in — a transaction's commit (:mod:`eomsg.node.participant`), a
 linked peer's frame (:mod:`eomsg.node.intake`) — stages them here too
 (:meth:`Ingress.stage`).
@@ -46,24 +46,24 @@ class Kernel(Shared, Protocol):
 
     access: Access
     links: Links
-    _admin: threading.Lock
-    _next_seq: int
-    _durable_seq: int
-    _uncommitted_ids: dict[str, int]
-    _dedup: Deduplication
-    _routes: dict[str, tuple[Destination, ...]]
-    _matcher: Matcher[QueueState]
-    _limited: bool
-    _settled_since_compaction: int
+    admin_lock: threading.Lock
+    next_seq: int
+    durable_seq: int
+    uncommitted_ids: dict[str, int]
+    dedup: Deduplication
+    routes: dict[str, tuple[Destination, ...]]
+    matcher: Matcher[QueueState]
+    limited: bool
+    settled_since_compaction: int
 
-    def _check_room(self) -> None: ...
-    def _check_memory(self) -> None: ...
+    def check_room(self) -> None: ...
+    def check_memory(self) -> None: ...
 
 
 class Ingress:
     """Publishing: messages in, numbered, routed and made durable. :attr:`committed` is
     emitted after each commit of published messages (on the writer's thread, in commit
-    order, not under ``_lock``) with the routes they took, before the queues are woken."""
+    order, not under ``lock``) with the routes they took, before the queues are woken."""
 
     def __init__(self, kernel: Kernel) -> None:
         self._kernel = kernel
@@ -99,11 +99,11 @@ class Ingress:
         self.check_messages(messages)
         now = k.clock()
         batch = RowBatch()
-        with k._lock:
-            k._check_open()
-            first_seq = k._next_seq
+        with k.lock:
+            k.check_open()
+            first_seq = k.next_seq
             results, fresh = self.stage(batch, messages, now)
-            if fresh or k._durable_seq < first_seq - 1:  # duplicates wait for originals
+            if fresh or k.durable_seq < first_seq - 1:  # duplicates wait for originals
                 committed = self.write_staged(batch, first_seq, fresh)
             else:
                 committed = Future()
@@ -114,10 +114,10 @@ class Ingress:
         def on_commit(f: Future[None]) -> None:
             error = f.exception()
             if error is not None:
-                with k._lock:
+                with k.lock:
                     for _, msg_id, _, _ in fresh:
                         if msg_id is not None:
-                            k._uncommitted_ids.pop(msg_id, None)
+                            k.uncommitted_ids.pop(msg_id, None)
                 acked.set_exception(error)
                 return
             failpoint("publish.after_commit")
@@ -140,18 +140,18 @@ class Ingress:
             raise InvalidConfig("--max must be at least 1")
         k = self._kernel
         now = k.clock()
-        k._check_room()
-        with k._lock:
-            k._check_open()
-            q = k._queue(name)
-            target = k._queue(to) if to is not None else self._dead_lettering_into(q)
+        k.check_room()
+        with k.lock:
+            k.check_open()
+            q = k.queue(name)
+            target = k.queue(to) if to is not None else self._dead_lettering_into(q)
             if target is q:
                 raise InvalidConfig(f"queue {name!r} cannot be requeued into itself")
             into = target.config.name  # picked here when not named: its right checked here
             k.access.policy.check(by, access.admin_of(into), f"requeue into queue {into}")
             batch = RowBatch()
             # What expired by now expires, rather than being moved with a moment to live.
-            k._record_settlements(batch, q, q.cursor.poll(now), now)
+            k.record_settlements(batch, q, q.cursor.poll(now), now)
             found = k.egress.fetch_messages(q.cursor.waiting(max_messages))  # before any change
             moved = [found[seq] for seq in sorted(found)]
             again = [
@@ -164,27 +164,27 @@ class Ingress:
                 )
                 for m in moved
             ]
-            first_seq = k._next_seq
+            first_seq = k.next_seq
             refused: QueueFull | None = None
             try:
                 _, fresh = self.stage(batch, again, now, route=(target,))
             except QueueFull as e:  # nothing moves; what expired meanwhile is recorded
-                refused, future = e, k._queue_write(batch)
+                refused, future = e, k.queue_write(batch)
             else:
                 settled = q.cursor.take_out([m.seq for m in moved])
-                k._record_settlements(batch, q, settled, now)
+                k.record_settlements(batch, q, settled, now)
                 if moved:
                     detail = f"{len(moved)} messages into {target.config.name}"
-                    batch.add("audit", *k._audit(by, "requeue", name, detail))
+                    batch.add("audit", *k.audit_entry(by, "requeue", name, detail))
                 future = self.write_staged(batch, first_seq, fresh) if not batch.empty else None
-        k._await_commit(future)
+        k.await_commit(future)
         if refused is not None:
             raise refused
         return len(moved), target.config.name
 
     def _dead_lettering_into(self, q: QueueState) -> QueueState:
         """The one queue whose dead-letter queue ``q`` is; InvalidConfig if none or many."""
-        queues = self._kernel._queues.values()
+        queues = self._kernel.queues.values()
         sources = [s for s in queues if s.config.dead_letter == q.config.name]
         if len(sources) != 1:
             said = "no queue" if not sources else f"{len(sources)} queues"
@@ -202,8 +202,8 @@ class Ingress:
         for m in messages:
             check_outgoing(m, limits)
         if messages:
-            k._check_room()
-            k._check_memory()
+            k.check_room()
+            k.check_memory()
 
     def stage(
         self,
@@ -222,11 +222,11 @@ class Ingress:
         one number, so a row per message would only be written and deleted). A queue
         they would take past its max-messages refuses them (QueueFull, nothing
         changed; ``refuse`` False: a prepared transaction's commit, which must not fail,
-        takes it past) or makes room (:mod:`eomsg.node.overflow`). Call with ``_lock``
+        takes it past) or makes room (:mod:`eomsg.node.overflow`). Call with ``lock``
         held, then :meth:`write_staged`."""
         k = self._kernel
-        uncommitted = k._uncommitted_ids
-        published = k._dedup.lookup_many([m.id for m in messages if m.id is not None], now)
+        uncommitted = k.uncommitted_ids
+        published = k.dedup.lookup_many([m.id for m in messages if m.id is not None], now)
 
         def route_of(i: int) -> Route:
             if routes is not None:
@@ -235,7 +235,7 @@ class Ingress:
 
         displaced = self.overflow.displaced(messages, published, route_of)
         staged = _Staging(to_us(now))
-        seq = k._next_seq
+        seq = k.next_seq
         for i, m in enumerate(messages):
             msg_id = m.id
             if msg_id is not None:
@@ -253,7 +253,7 @@ class Ingress:
             seq += 1
         if staged.touched:
             self._limit(batch, staged, now, refuse)
-        k._next_seq = seq
+        k.next_seq = seq
         staged.into(batch)
         fresh = staged.fresh
         if fresh:
@@ -265,7 +265,7 @@ class Ingress:
         """Hold what ``staged`` adds to its queues to their limits: QueueFull if a queue
         that refuses would pass one (``refuse``; its ids forgotten, nothing else changed
         yet), else the displaced recorded and room made, in ``batch``. Under
-        ``_lock``."""
+        ``lock``."""
         adding = dict(staged.touched)
         adding_bytes: dict[QueueState, int] = {}
         for q, _, nbytes in staged.sized:
@@ -280,7 +280,7 @@ class Ingress:
             except QueueFull:  # nothing changed but the ids noted: forgotten
                 for _, msg_id, _, _ in staged.fresh:
                     if msg_id is not None:
-                        self._kernel._uncommitted_ids.pop(msg_id, None)
+                        self._kernel.uncommitted_ids.pop(msg_id, None)
                 raise
         self.overflow.record_displaced(batch, staged.moved, staged.now_us)
         self.overflow.make_room(batch, adding, adding_bytes, now)
@@ -290,12 +290,12 @@ class Ingress:
         (nothing was queued), so their seqs and ids are free again."""
         k = self._kernel
         try:
-            return k._write(batch)
+            return k.write(batch)
         except BaseException:
-            k._next_seq = first_seq
+            k.next_seq = first_seq
             for seq, msg_id, _, route in fresh:
                 if msg_id is not None:
-                    k._uncommitted_ids.pop(msg_id, None)
+                    k.uncommitted_ids.pop(msg_id, None)
                 for q in route:
                     if isinstance(q, QueueState):
                         q.unstage(seq)
@@ -304,7 +304,7 @@ class Ingress:
     def check_queue_room(self, messages: Sequence[Outgoing], now: float) -> None:
         """QueueFull if ``messages`` would take a queue that refuses past its
         max-messages: a transaction's prepare votes no then (its commit, which must not
-        fail, takes them in regardless). Under ``_lock``."""
+        fail, takes them in regardless). Under ``lock``."""
         room = self.overflow.room([m.id for m in messages if m.id is not None], now)
         for m in messages:
             if (why := room.full(self.route(m.topic), m.id, len(m.payload))) is not None:
@@ -312,32 +312,32 @@ class Ingress:
 
     def route(self, topic: str) -> Route:
         """The queues subscribed to ``topic``, then the links it goes out on. Under
-        ``_lock``."""
+        ``lock``."""
         k = self._kernel
-        route = k._routes.get(topic)
+        route = k.routes.get(topic)
         if route is None:
-            queues = sorted(k._matcher.match(topic), key=lambda q: q.id)
+            queues = sorted(k.matcher.match(topic), key=lambda q: q.id)
             route = (*queues, *k.links.hops(topic))
-            if len(k._routes) > 8192:
-                k._routes.clear()
-            k._routes[topic] = route
+            if len(k.routes) > 8192:
+                k.routes.clear()
+            k.routes[topic] = route
         return route
 
     def _published(self, fresh: list[Fresh]) -> None:
         """After commit (writer thread, commit order): make the messages deliverable and
         their ids known."""
         k = self._kernel
-        with k._lock:
+        with k.lock:
             routes = self.deliverable(fresh)
-            k._durable_seq = fresh[-1][0]
+            k.durable_seq = fresh[-1][0]
         self.committed.emit(routes)  # seed 004 k: toward further nodes first, then locally
-        k._notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
+        k.notify({q.config.name for r in routes for q in r if isinstance(q, QueueState)})
 
     def deliverable(self, fresh: list[Fresh]) -> set[Route]:
         """Hand messages to their destinations (the queues' cursors, the links) and their
         ids to the dedup window; the routes they took. Consecutive messages with the
         same route go as one run, since a batch usually shares one topic. Under
-        ``_lock``."""
+        ``lock``."""
         ids: list[str] = []
         id_seqs: list[int] = []
         id_expiry: list[float | None] = []
@@ -357,8 +357,8 @@ class Ingress:
                 id_seqs.append(seq)
                 id_expiry.append(expires)
         self._append_run(run_route, run_seqs, run_expiry)
-        self._kernel._dedup.remember_many(ids, id_seqs, id_expiry)
-        uncommitted = self._kernel._uncommitted_ids
+        self._kernel.dedup.remember_many(ids, id_seqs, id_expiry)
+        uncommitted = self._kernel.uncommitted_ids
         for msg_id in ids:
             uncommitted.pop(msg_id, None)
         return routes
@@ -412,7 +412,7 @@ class _Staging:
         self.results.append(PublishResult(seq, msg_id, False, len(queues)))
 
     def into(self, batch: RowBatch) -> None:
-        """Count what the queues get, and add the rows to ``batch``. Under ``_lock``, once
+        """Count what the queues get, and add the rows to ``batch``. Under ``lock``, once
         nothing refuses."""
         touched, log_rows = self.touched, self.log_rows
         if touched and log_rows:  # what a take may read at once follows their size

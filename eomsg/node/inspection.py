@@ -6,8 +6,8 @@ record.
 :class:`Inspection` is a component of the node (``node.inspection``); it owns no state,
 and reads the rest of the node through what :class:`Kernel` names. Under the lock
 discipline of :mod:`eomsg.node.state`: :meth:`Inspection.stats` takes its snapshot under
-``_lock`` and reads the store outside it, after applying the passage of time
-(``maintenance.poll``); a job record is written under ``_admin``.
+``lock`` and reads the store outside it, after applying the passage of time
+(``maintenance.poll``); a job record is written under ``admin_lock``.
 """
 
 from __future__ import annotations
@@ -38,12 +38,12 @@ class Kernel(Shared, Protocol):
     """What inspection needs of the rest of the node (:class:`~eomsg.node.state.NodeState`
     and the maintenance that applies time)."""
 
-    _admin: threading.Lock
-    _dedup: Deduplication
-    _rates: Rates
+    admin_lock: threading.Lock
+    dedup: Deduplication
+    rates: Rates
     maintenance: Maintenance
 
-    def _totals(self) -> Totals: ...
+    def totals(self) -> Totals: ...
 
 
 class Inspection:
@@ -55,15 +55,15 @@ class Inspection:
     def query(self, sql: str) -> tuple[list[str], list[tuple[Any, ...]]]:
         """Run one read-only SQL query on the store: column names and rows. An integer
         wider than 64 bits (a HUGEINT) comes as its text, as the wire could not carry it."""
-        self._kernel._check_open()
+        self._kernel.check_open()
         columns, rows = self._kernel.store.query(sql)
         return columns, [tuple(_narrow(v) for v in row) for row in rows]
 
     def deliveries(self) -> dict[str, int]:
         """Each queue's deliveries since the node opened, redeliveries included (for the
         metrics: a counter that starts again at a restart)."""
-        with self._kernel._lock:
-            return {name: q.delivered for name, q in self._kernel._queues.items()}
+        with self._kernel.lock:
+            return {name: q.delivered for name, q in self._kernel.queues.items()}
 
     def journal_bytes(self) -> int:
         """The bytes the journal's segment files take on disk."""
@@ -71,11 +71,11 @@ class Inspection:
 
     def memory(self) -> MemoryUse:
         """Where the node's memory goes (:mod:`eomsg.core.memory`)."""
-        with self._kernel._lock:
-            queues = sum(q.cursor.nbytes for q in self._kernel._queues.values())
-            backlog = sum(q.cursor.depth for q in self._kernel._queues.values())
-            dedup, dedup_ids = self._kernel._dedup.nbytes, len(self._kernel._dedup)
-        spill = self._kernel._dedup.spill
+        with self._kernel.lock:
+            queues = sum(q.cursor.nbytes for q in self._kernel.queues.values())
+            backlog = sum(q.cursor.depth for q in self._kernel.queues.values())
+            dedup, dedup_ids = self._kernel.dedup.nbytes, len(self._kernel.dedup)
+        spill = self._kernel.dedup.spill
         return MemoryUse(
             self._kernel.settings.memory_limit,
             _rss(),
@@ -94,7 +94,7 @@ class Inspection:
         """A snapshot of every queue, by name."""
         now = self._kernel.clock()
         self._kernel.maintenance.poll(now)
-        with self._kernel._lock:
+        with self._kernel.lock:
             snapshot = [
                 (
                     q.config,
@@ -107,9 +107,9 @@ class Inspection:
                     q.id,
                     q.overflowed,
                 )
-                for q in sorted(self._kernel._queues.values(), key=lambda q: q.config.name)
+                for q in sorted(self._kernel.queues.values(), key=lambda q: q.config.name)
             ]
-            rates = self._kernel._rates.rates(now, self._kernel._totals())
+            rates = self._kernel.rates.rates(now, self._kernel.totals())
         published = self._kernel.store.published_at([s[4] for s in snapshot if s[4] is not None])
         sizes = self._kernel.store.pending_bytes()
         out = []
@@ -170,9 +170,9 @@ class Inspection:
         first, without taking them: a look, which changes nothing."""
         if limit < 1:
             raise InvalidConfig("limit must be at least 1")
-        with self._kernel._lock:
-            self._kernel._check_open()
-            seqs = self._kernel._queue(name).cursor.pending_from(from_seq, limit)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            seqs = self._kernel.queue(name).cursor.pending_from(from_seq, limit)
         found = self._kernel.egress.fetch_messages(seqs)
         return [found[s] for s in seqs if s in found]  # settled meanwhile: gone from view
 
@@ -182,8 +182,8 @@ class Inspection:
         """The first and last committed seq that ``sel`` selects, or None — never past
         a message held in memory, which may yet be written below the last (so a range
         read is read the same again)."""
-        self._kernel._check_open()
-        with self._kernel._lock:
+        self._kernel.check_open()
+        with self._kernel.lock:
             ceiling = self._kernel.egress.log_ceiling()
         found = self._kernel.store.log_bounds(sel)
         if found is None or ceiling is None or found[1] <= ceiling:
@@ -194,7 +194,7 @@ class Inspection:
         """The first seq the log still holds (log GC drops what is below it; 1 if it
         never dropped any) and the latest publish time among the messages it dropped, in
         microseconds (None if none)."""
-        self._kernel._check_open()
+        self._kernel.check_open()
         return self._kernel.store.log_horizon()
 
     def read_log(
@@ -205,7 +205,7 @@ class Inspection:
         read on from (``hi`` when the range is exhausted). Reading the same range again
         gives the same rows: below the last committed seq the log never changes (until
         log GC)."""
-        self._kernel._check_open()
+        self._kernel.check_open()
         if max_bytes is None:
             max_bytes = LOG_CHUNK
         if max_bytes < 1:
@@ -214,15 +214,15 @@ class Inspection:
 
     def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
         """The replay jobs recorded against this log (or the one named), newest first."""
-        self._kernel._check_open()
+        self._kernel.check_open()
         return self._kernel.store.replay_jobs(job_id)
 
     def record_replay(self, record: JobRecord, event: JobEvent, *, by: str = OWNER) -> JobRecord:
         """Durably move job ``record.job_id`` by ``event`` (the table in core.replay) and
         return its new record, in the audit log ``by`` whom; an illegal move (finishing
         a job that is not running) raises IllegalMove and changes nothing."""
-        with self._kernel._admin:
-            self._kernel._check_open()
+        with self._kernel.admin_lock:
+            self._kernel.check_open()
             known = self._kernel.store.replay_jobs(validate_job_id(record.job_id))
             status = job_transition(known[0].status if known else None, event, record.job_id)
             # Past the last record (stored in µs), so it is the latest whatever the clock did.
@@ -232,7 +232,9 @@ class Inspection:
                 else self._kernel.clock()
             )
             new = replace(record, status=status, recorded_at=at)
-            entry = self._kernel._audit(by, f"replay-{event.value}", record.job_id, status.value)
+            entry = self._kernel.audit_entry(
+                by, f"replay-{event.value}", record.job_id, status.value
+            )
             self._kernel.store.writer.run(
                 Store.audited(Store.record_replay_job(new), entry)
             ).result()

@@ -5,7 +5,7 @@ durable; or, on a link whose egress is ``memory``, held (:mod:`eomsg.node.egress
 acknowledged as each is settled here or written. The receiving side of
 :mod:`eomsg.node.links` (whose docstring tells the whole).
 
-Under the lock discipline of :mod:`eomsg.node.state`: everything under ``_lock``.
+Under the lock discipline of :mod:`eomsg.node.state`: everything under ``lock``.
 """
 
 from __future__ import annotations
@@ -40,11 +40,11 @@ class Kernel(Shared, Protocol):
 
     links: Links
     ingress: Ingress
-    _next_seq: int
-    _matcher: Matcher[QueueState]
+    next_seq: int
+    matcher: Matcher[QueueState]
 
-    def _check_room(self) -> None: ...
-    def _check_memory(self) -> None: ...
+    def check_room(self) -> None: ...
+    def check_memory(self) -> None: ...
 
 
 class Intake:
@@ -105,7 +105,7 @@ class Intake:
         it lasts, over one connection or the next: said once, not at each. Notes it."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is None:
                 return True
@@ -120,12 +120,12 @@ class Intake:
         or MemoryFull (the queues over their share) while this node cannot take more:
         the peer keeps them and sends them again, as a producer retries."""
         k = self._kernel
-        k._check_room()
-        k._check_memory()
+        k.check_room()
+        k.check_memory()
         now = k.clock()
         done: Future[tuple[int, bool]] = Future()
-        with k._lock:
-            k._check_open()
+        with k.lock:
+            k.check_open()
             link = k.links.link(peer)
             offer = link.receiver.offer(prev, seqs)
             if offer.verdict is not Verdict.TAKE:
@@ -154,7 +154,7 @@ class Intake:
         for seq, why in frame.refused:
             log.warning("link to %s: message %d refused: %s", peer, seq, why)
         if wake is not None:
-            k._notify(wake)
+            k.notify(wake)
             return done
 
         def on_commit(f: Future[None]) -> None:
@@ -162,7 +162,7 @@ class Intake:
             if error is not None:
                 done.set_exception(error)
                 return
-            with k._lock:
+            with k.lock:
                 if link.storing and link.storing[0] == first:  # commits come in order
                     link.storing.popleft()
                 link.receiver.committed(read)
@@ -183,7 +183,7 @@ class Intake:
         """What of a frame's new messages (``seqs``, the peer's, after ``before``) this
         node takes, each with its route; what it refuses, and why; how far it reads —
         short of the first message a full queue has no room for (it and the rest wait at
-        the peer: QueueFull if that is the first). Under ``_lock``."""
+        the peer: QueueFull if that is the first). Under ``lock``."""
         peer, receiver = link.config.peer, link.receiver
         frame = _Frame(before)
         routed: dict[tuple[str, tuple[str, ...]], Way] = {}
@@ -230,7 +230,7 @@ class Intake:
         """Where a message from ``link`` goes: this node's queues if it is a target,
         and onward by next hop for the other targets, over links carrying its topic;
         whether some target has no route from here, and the links that do not carry
-        it. Under ``_lock``."""
+        it. Under ``lock``."""
         k = self._kernel
         links = self._kernel.links
         here, onward, unreachable = links.routing.forward(m.targets)
@@ -239,7 +239,7 @@ class Intake:
                 "link to %s: no route to %s for message %d: not carried there",
                 link.config.peer, ", ".join(sorted(unreachable)), m.seq,
             )  # fmt: skip
-        route: list[Destination] = list(k._matcher.match(m.topic)) if here else []
+        route: list[Destination] = list(k.matcher.match(m.topic)) if here else []
         route.sort(key=lambda d: d.id)
         withheld = []
         for hop, to in onward.items():
@@ -261,10 +261,10 @@ class Intake:
         """Store a frame's messages (the peer's seqs from ``first``) with the link's
         read sequence, in one commit — and, with them, the messages of this link still
         held in memory, so that the read sequence kept on disk may pass them: a restart
-        then takes nothing stored here twice. Under ``_lock``."""
+        then takes nothing stored here twice. Under ``lock``."""
         k = self._kernel
         batch = RowBatch()
-        first_seq = k._next_seq
+        first_seq = k.next_seq
         try:  # QueueFull (a queue refuses more) or a refused write: sent again
             _, fresh = k.ingress.stage(
                 batch, kept, now, routes=routes
@@ -291,7 +291,7 @@ class Intake:
         before is waiting for its commit (the queues must get the peer's messages in its
         order), and every message of it is for this node's queues alone (none to carry
         further, none for no queue, none for a queue with a limit), within the room
-        left. Under ``_lock``."""
+        left. Under ``lock``."""
         k = self._kernel
         if link.config.egress != "memory" or not kept or link.storing:
             return False
@@ -311,7 +311,7 @@ class Intake:
         now: float,
     ) -> set[str]:
         """Number the frame's messages and hold them; their queues get them at once.
-        The queues to wake once ``_lock`` is released. Under ``_lock``."""
+        The queues to wake once ``lock`` is released. Under ``lock``."""
         k = self._kernel
         staged = RowBatch()
         results, fresh = k.ingress.stage(staged, kept, now, routes=routes)
@@ -349,7 +349,7 @@ class Intake:
 
     def held_done(self, done: list[Held]) -> None:
         """These held messages are settled everywhere here, or durable: their links may
-        acknowledge them (a subscriber of ``Egress.done``). Under ``_lock``."""
+        acknowledge them (a subscriber of ``Egress.done``). Under ``lock``."""
         for held in done:
             if held.link.held.get(held.peer_seq) is held:  # (not one of a new incarnation)
                 del held.link.held[held.peer_seq]
@@ -363,7 +363,7 @@ class Intake:
         """Write the held messages whose hold is over (``every``: all of them; ``link``:
         that link's only) with what was recorded about them, and each link's read
         sequence past them, in one commit; they are acknowledged once it is durable.
-        Under ``_lock``."""
+        Under ``lock``."""
         k = self._kernel
         links = self._kernel.links
         due = k.egress.due(now, link, every)
@@ -385,12 +385,12 @@ class Intake:
                 f"link/{each.config.peer}/read",
                 json.dumps({"incarnation": each.peer_incarnation, "read": point}),
             )
-        return k._write(batch)
+        return k.write(batch)
 
     def _deliver(self, fresh: list[Fresh]) -> set[str]:
         """Hand held messages to their queues' cursors and their ids to the dedup
         window, as a commit does for stored ones; the names of the queues to wake once
-        ``_lock`` is released. Under ``_lock``."""
+        ``lock`` is released. Under ``lock``."""
         routes = self._kernel.ingress.deliverable(fresh)
         return {q.config.name for r in routes for q in r if isinstance(q, QueueState)}
 

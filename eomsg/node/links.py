@@ -30,9 +30,9 @@ connection and what it sends are :mod:`eomsg.node.transfer`'s, what it receives
 :mod:`eomsg.node.intake`'s, the runtime state they share :mod:`eomsg.node.linkstate`'s.
 
 Under the lock discipline of :mod:`eomsg.node.state`. Link settings change under
-``_admin``; everything else under ``_lock``. A link's ``wake`` (the server's
+``admin_lock``; everything else under ``lock``. A link's ``wake`` (the server's
 connection: "there is work") only schedules work on the server's loop and never calls
-the node, so it may be called under ``_lock``.
+the node, so it may be called under ``lock``.
 """
 
 from __future__ import annotations
@@ -72,13 +72,13 @@ class Kernel(Shared, Protocol):
 
     access: Access
     intake: Intake
-    _admin: threading.Lock
-    _rates: Rates
-    _later: dict[str, str]
-    _routes: dict[str, tuple[Destination, ...]]
-    _settled_since_compaction: int
+    admin_lock: threading.Lock
+    rates: Rates
+    later: dict[str, str]
+    routes: dict[str, tuple[Destination, ...]]
+    settled_since_compaction: int
 
-    def _totals(self) -> Totals: ...
+    def totals(self) -> Totals: ...
 
 
 class Links:
@@ -184,7 +184,7 @@ class Links:
                 taken = hop.link.taken_through
                 owed = (range(max(lo, taken + 1), hi + 1) for lo, hi in route_runs)
                 by_link.setdefault(hop.link.config.peer, {})[route_id] = [*chain(*owed)]
-                k._settled_since_compaction += sum(  # settled, not compacted yet
+                k.settled_since_compaction += sum(  # settled, not compacted yet
                     min(hi, taken) - lo + 1 for lo, hi in route_runs if lo <= taken
                 )
         for peer, routes in by_link.items():
@@ -216,7 +216,7 @@ class Links:
         config = LinkConfig.make(peer, address, token, peer_ca)
         if peer == self._node_name:
             raise InvalidConfig(f"{peer!r} is this node's own name: link it to another node")
-        with k._admin:
+        with k.admin_lock:
             existing = self._links.get(peer)
             if existing is not None:
                 kept = existing.config  # its egress is set apart (set_link_egress)
@@ -226,19 +226,19 @@ class Links:
                     f"a link to {peer!r} exists with other settings; remove it first "
                     f"(`eomsg link remove {peer}`)"
                 )
-            k._check_open()
+            k.check_open()
             self._keep_secrets(peer, config.secrets())  # first: a link is never kept without
             saved = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
             removed = {p: at for p, at in self._removed.items() if p != peer}
             jobs = [saved, Store.save_meta_job(REMOVED, json.dumps(removed))]
-            entry = k._audit(by, "add-link", peer, address or "(dialled by the peer)")
+            entry = k.audit_entry(by, "add-link", peer, address or "(dialled by the peer)")
             job = Store.audited(together(jobs), entry)
             grants: frozenset[Grant] = frozenset()
             if not k.access.policy.holds_any(link_principal(peer)):
                 grants = link_grants(peer)
-                job = granted(job, grants, grant_record(k._audit, by, "(with the link)"))
+                job = granted(job, grants, grant_record(k.audit_entry, by, "(with the link)"))
             k.store.writer.run(job).result()
-            with k._lock:
+            with k.lock:
                 self._links[peer] = self._new_link(config)
                 self.routing.restore(peer, ())
                 self._removed = removed
@@ -262,10 +262,10 @@ class Links:
             if egress == "store":  # … unless they are to be stored: now, then
                 written.append(k.intake.write_held(k.clock(), link=link, every=True))
 
-        entry = k._audit(by, "set-link-egress", peer, f"{egress} (hold {hold:g} s)")
+        entry = k.audit_entry(by, "set-link-egress", peer, f"{egress} (hold {hold:g} s)")
         changed = self._reconfigure(peer, lambda c: c.with_egress(egress, hold), apply, entry)
         for future in written:
-            k._await_commit(future)
+            k.await_commit(future)
         return changed
 
     def set_link_topics(self, peer: str, topics: list[str] | None, *, by: str = OWNER) -> bool:
@@ -278,10 +278,10 @@ class Links:
 
         def apply(link: LinkState, config: LinkConfig) -> None:
             link.config, link.carries = config, config.carries()
-            k._routes.clear()
+            k.routes.clear()
 
         said = "every topic" if topics is None else " ".join(topics)
-        entry = k._audit(by, "set-link-topics", peer, said)
+        entry = k.audit_entry(by, "set-link-topics", peer, said)
         return self._reconfigure(peer, lambda c: c.with_topics(topics), apply, entry)
 
     def _reconfigure(
@@ -292,18 +292,18 @@ class Links:
         entry: AuditRow,
     ) -> bool:
         """Save the link's config as ``change`` makes it, with its audit record
-        ``entry``, then ``apply`` it (under ``_lock``); False if it was so already."""
+        ``entry``, then ``apply`` it (under ``lock``); False if it was so already."""
         k = self._kernel
-        with k._admin:
-            with k._lock:
+        with k.admin_lock:
+            with k.lock:
                 link = self.link(peer)
             config = change(link.config)
             if config == link.config:
                 return False
-            k._check_open()
+            k.check_open()
             job = Store.save_meta_job(f"link/{peer}/config", json.dumps(config.to_json()))
             k.store.writer.run(Store.audited(job, entry)).result()
-            with k._lock:
+            with k.lock:
                 apply(link, config)
         return True
 
@@ -314,26 +314,26 @@ class Links:
         removed, across restarts, until it is added again: the peer dialling this node
         is refused, whatever token it presents (see :meth:`dialled_after_removal`)."""
         k = self._kernel
-        with k._admin:
-            k._check_open()
-            with k._lock:
+        with k.admin_lock:
+            k.check_open()
+            with k.lock:
                 link = self.link(peer)
                 del self._links[peer]
                 route_ids = [hop.id for hop in link.routes.values()]
                 for route_id in route_ids:
                     self.route_ids.pop(route_id, None)
                     self._unsaved_routes.pop(route_id, None)
-                k._later.pop(f"link/{peer}/taken", None)  # its records go (below)
+                k.later.pop(f"link/{peer}/taken", None)  # its records go (below)
                 owed = link.outbox.sender.pending
                 self.spread(self.routing.unlink(peer))
-                k._routes.clear()
+                k.routes.clear()
                 # With the link gone, at once: a dial taken on meanwhile is refused.
                 removed = self._removed = {**self._removed, peer: k.clock()}
             jobs = [
                 Store.drop_link_job(f"link/{peer}/", route_ids),
                 Store.save_meta_job(REMOVED, json.dumps(removed)),
             ]
-            entry = k._audit(by, "remove-link", peer, f"{owed} messages owed" if owed else "")
+            entry = k.audit_entry(by, "remove-link", peer, f"{owed} messages owed" if owed else "")
             k.store.writer.run(Store.audited(together(jobs), entry)).result()
             self._keep_secrets(peer, None)
         self._links_changed()
@@ -341,7 +341,7 @@ class Links:
 
     def _keep_secrets(self, peer: str, kept: dict[str, Any] | None) -> None:
         """Keep (None: forget) ``peer``'s link secrets in the data directory's secrets
-        file, apart from the store (:mod:`eomsg.store.secrets`). Under ``_admin``."""
+        file, apart from the store (:mod:`eomsg.store.secrets`). Under ``admin_lock``."""
         k = self._kernel
         found = link_secrets.load(k.store.data_dir)
         if kept is None:
@@ -362,15 +362,15 @@ class Links:
 
     def link_configs(self) -> list[LinkConfig]:
         k = self._kernel
-        with k._lock:
+        with k.lock:
             return [self._links[p].config for p in sorted(self._links)]
 
     def link_info(self) -> list[LinkInfo]:
         k = self._kernel
         now = k.clock()
-        with k._lock:
+        with k.lock:
             known = self.routing.known()
-            rates = k._rates.rates(now, k._totals())
+            rates = k.rates.rates(now, k.totals())
             removed = dict(self._removed_dials)
             rows = []
             for peer in sorted(self._links):
@@ -417,15 +417,15 @@ class Links:
 
     def totals(self) -> Totals:
         """Each link's totals (messages taken from the peer, and by it) under
-        ``LINK_TOTALS`` and its name, which no queue's name can be. Under ``_lock``."""
+        ``LINK_TOTALS`` and its name, which no queue's name can be. Under ``lock``."""
         return {LINK_TOTALS + p: (link.received, link.taken) for p, link in self._links.items()}
 
     def find(self, peer: str) -> LinkState | None:
-        """The link to ``peer``, if there is one. Under ``_lock``."""
+        """The link to ``peer``, if there is one. Under ``lock``."""
         return self._links.get(peer)
 
     def link(self, peer: str) -> LinkState:
-        """The link to ``peer``; LinkNotFound if there is none. Under ``_lock``."""
+        """The link to ``peer``; LinkNotFound if there is none. Under ``lock``."""
         link = self._links.get(peer)
         if link is None:
             raise LinkNotFound(f"no link to {peer!r}; see `eomsg link list`")
@@ -435,7 +435,7 @@ class Links:
         """The links that wait to be dialled with a token of their own and are not up:
         (peer, the token's hash), those never made first, then by name."""
         k = self._kernel
-        with k._lock:
+        with k.lock:
             found = [
                 (bool(link.peer_incarnation), peer, link.config.accepts)
                 for peer, link in self._links.items()
@@ -448,7 +448,7 @@ class Links:
         removed and has not added again: its dial is to be refused (and is counted for
         ``inspect links``)."""
         k = self._kernel
-        with k._lock:
+        with k.lock:
             if peer in self._links or peer not in self._removed:
                 return False
             self._removed_dials[peer] = self._removed_dials.get(peer, 0) + 1
@@ -457,7 +457,7 @@ class Links:
     def routes_taken(self) -> dict[int, int]:
         """Per route, the seq up to which its messages are settled (the peer took them).
         For compaction, which runs after every write queued before it, so the numbers it
-        is given are durable by then. Under ``_lock``."""
+        is given are durable by then. Under ``lock``."""
         return {
             route_id: hop.link.taken_through
             for route_id, hop in self.route_ids.items()
@@ -465,7 +465,7 @@ class Links:
         }
 
     def elsewhere(self, queue: str) -> str | None:
-        """The linked node that holds ``queue``, if another does. Under ``_lock``."""
+        """The linked node that holds ``queue``, if another does. Under ``lock``."""
         if not self._links_ready:
             return None
         holder = self.routing.locate(queue)
@@ -475,37 +475,37 @@ class Links:
         """The node that holds queue ``name``: this one, a linked node (the nearest if
         several announce it), or None if no node is known to."""
         k = self._kernel
-        with k._lock:
+        with k.lock:
             return self.routing.locate(name)
 
     def link_hop(self, node: str) -> str | None:
         """The linked peer a connection to ``node`` goes through (``node`` itself when
         it is a neighbour), or None if no route reaches it."""
         k = self._kernel
-        with k._lock:
+        with k.lock:
             return self.routing.hop(node)
 
     def interest_changed(self) -> None:
         """The topics this node's queues want changed: the peers are told (a subscriber
-        of ``NodeState.interest_changed``). Under ``_lock``."""
+        of ``NodeState.interest_changed``). Under ``lock``."""
         if self._links_ready:
             self._announce(self._kernel.clock())
 
     def _announce(self, now: float) -> None:
-        """Tell every peer this node's interest, under a new version. Under ``_lock``
+        """Tell every peer this node's interest, under a new version. Under ``lock``
         (or at recovery)."""
         k = self._kernel
-        patterns = {p for q in k._queues.values() for p in q.config.subscriptions}
+        patterns = {p for q in k.queues.values() for p in q.config.subscriptions}
         self._interest_version = max(self._interest_version + 1, int(now * 1e6))
         version = self._interest_version
-        self.spread(self.routing.set_interest(patterns, version, k._queues))
+        self.spread(self.routing.set_interest(patterns, version, k.queues))
         batch = RowBatch()
         batch.set_meta("interest_version", str(self._interest_version))
-        k._queue_write(batch)
+        k.queue_write(batch)
 
     def spread(self, updates: list[Update]) -> None:
         """Queue route changes for the peers connected now, and wake their connections
-        (the others hear the whole table when they connect). Under ``_lock``."""
+        (the others hear the whole table when they connect). Under ``lock``."""
         for u in updates:
             link = self._links.get(u.neighbour)
             if link is not None and link.connected and link.wake is not None:
@@ -514,7 +514,7 @@ class Links:
 
     def hops(self, topic: str) -> tuple[Destination, ...]:
         """The routes out a message of ``topic`` published here takes: toward each
-        next hop whose link carries the topic. Under ``_lock``."""
+        next hop whose link carries the topic. Under ``lock``."""
         hops = []
         for hop, targets in self.routing.targets(topic).items():
             link = self._links.get(hop)
@@ -526,7 +526,7 @@ class Links:
 
     def hop(self, link: LinkState, targets: frozenset[str]) -> HopRoute:
         """The route out over ``link`` to ``targets``, made if new (saved with the next
-        batch staged: :meth:`save_routes`). Under ``_lock``."""
+        batch staged: :meth:`save_routes`). Under ``lock``."""
         hop = link.routes.get(targets)
         if hop is None:
             hop = HopRoute(self._next_route, link, targets)
@@ -538,7 +538,7 @@ class Links:
 
     def save_routes(self, batch: RowBatch) -> None:
         """Add the routes made since the last durable batch to ``batch`` (idempotent:
-        saved again until a batch holding them commits). Under ``_lock``."""
+        saved again until a batch holding them commits). Under ``lock``."""
         if not self._unsaved_routes:
             return
         k = self._kernel
@@ -549,13 +549,13 @@ class Links:
         batch.set_meta("route_next", str(self._next_route))
 
         def saved() -> None:
-            with k._lock:
+            with k.lock:
                 for route_id in unsaved:
                     self._unsaved_routes.pop(route_id, None)
 
         batch.after_commit(saved)
 
     def lowest_pending(self) -> int | None:
-        """The lowest seq any link still owes (the log keeps it). Under ``_lock``."""
+        """The lowest seq any link still owes (the log keeps it). Under ``lock``."""
         lows = [low for link in self._links.values() if (low := link.outbox.lowest()) is not None]
         return min(lows, default=None)

@@ -78,7 +78,7 @@ class LinkState:
     def ack_point(self) -> int:
         """How far the peer's messages may be acknowledged: what this node took, short
         of the first frame whose commit is not durable yet and of the first message
-        still held (or being written). Under ``_lock``."""
+        still held (or being written). Under ``lock``."""
         point = self.receiver.accepted
         if self.storing:
             point = min(point, self.storing[0] - 1)
@@ -87,7 +87,7 @@ class LinkState:
         return point
 
     def acked(self) -> int:
-        """The acknowledgement to send now (noted as sent). Under ``_lock``."""
+        """The acknowledgement to send now (noted as sent). Under ``lock``."""
         point = self.ack_point()
         self.ack_sent = max(self.ack_sent, point)
         return point

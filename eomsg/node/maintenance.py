@@ -7,7 +7,7 @@ transactions (seed 000) old enough to forget. Run by the node's ticker and at cl
 :class:`Maintenance` is a component of the node (``node.maintenance``): it owns when the
 log was last collected, and what it needs of the node is its :class:`Kernel` protocol.
 Under the lock discipline of :mod:`eomsg.node.state`: what is due is decided under
-``_lock``; the compaction and collection jobs are waited for outside it.
+``lock``; the compaction and collection jobs are waited for outside it.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ class Kernel(Shared, Protocol):
     participant: Participant
     links: Links
     intake: Intake
-    _closed: bool
-    _dedup: Deduplication
-    _rates: Rates
-    _durable_seq: int
-    _settled_since_compaction: int
+    closed: bool
+    dedup: Deduplication
+    rates: Rates
+    durable_seq: int
+    settled_since_compaction: int
 
-    def _totals(self) -> Totals: ...
-    def _write_now(self) -> None: ...
+    def totals(self) -> Totals: ...
+    def write_now(self) -> None: ...
 
 
 class Maintenance:
@@ -60,26 +60,26 @@ class Maintenance:
     def maintain(self) -> None:
         """Time out deliveries and expire messages; when due, compact the hot tables and
         collect the log past retention. Runs every ``tick`` seconds and at close."""
-        if self._kernel._closed:
+        if self._kernel.closed:
             return
         now = self._kernel.clock()
         self.poll(now)
-        with self._kernel._lock:
+        with self._kernel.lock:
             self._kernel.intake.write_held(now)  # held in memory past their hold: stored now
             # Before the jobs below: the link messages they drop are ones its peer is
             # known, on disk, to hold.
-            self._kernel._write_now()
-            self._kernel._rates.note(now, self._kernel._totals())
-            compact = self._kernel._settled_since_compaction >= self._kernel.settings.compact_every
+            self._kernel.write_now()
+            self._kernel.rates.note(now, self._kernel.totals())
+            compact = self._kernel.settled_since_compaction >= self._kernel.settings.compact_every
             if compact:
-                self._kernel._settled_since_compaction = 0
+                self._kernel.settled_since_compaction = 0
             taken = self._kernel.links.routes_taken() if compact else {}
             gc_due = now - self._last_gc >= self._kernel.settings.gc_interval
-            floor = self._kernel._durable_seq + 1
+            floor = self._kernel.durable_seq + 1
             low = self._kernel.links.lowest_pending()
             if low is not None:
                 floor = min(floor, low)
-            for q in self._kernel._queues.values():
+            for q in self._kernel.queues.values():
                 low = q.cursor.lowest_pending()
                 if low is not None:
                     floor = min(floor, low)
@@ -91,23 +91,23 @@ class Maintenance:
             ).result()
             if forgotten:
                 remembered = self._kernel.store.finished_txns()
-                with self._kernel._lock:
+                with self._kernel.lock:
                     self._kernel.participant.forget(remembered)
             self._last_gc = now
             cutoff = to_us(now - self._kernel.settings.retention)
             horizon = self._kernel.store.writer.run(
                 Store.collect_garbage_job(floor, cutoff, to_us(now))
             ).result()
-            self._kernel._dedup.collect(horizon, now)
-        self._kernel._dedup.spill_over()  # the window back within its share of the memory
-        self._kernel._dedup.fill_filter()
+            self._kernel.dedup.collect(horizon, now)
+        self._kernel.dedup.spill_over()  # the window back within its share of the memory
+        self._kernel.dedup.fill_filter()
 
     def poll(self, now: float) -> None:
         """Apply the passage of time to every cursor and persist what it settled."""
         batch = RowBatch()
-        with self._kernel._lock:
-            self._kernel._check_open()
-            for q in self._kernel._queues.values():
-                self._kernel._record_settlements(batch, q, q.cursor.poll(now), now)
-            future = self._kernel._queue_write(batch)
-        self._kernel._await_commit(future)
+        with self._kernel.lock:
+            self._kernel.check_open()
+            for q in self._kernel.queues.values():
+                self._kernel.record_settlements(batch, q, q.cursor.poll(now), now)
+            future = self._kernel.queue_write(batch)
+        self._kernel.await_commit(future)

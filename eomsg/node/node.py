@@ -104,7 +104,7 @@ class Node(NodeState):
         self.admin = Admin(self)
         self.delivery = Delivery(self)
         self.maintenance = Maintenance(self)
-        self.access = Access(store, clock, self._lock, self._admin, self._check_open)
+        self.access = Access(store, clock, self.lock, self.admin_lock, self.check_open)
         self.links = Links(self)
         self.transfer = Transfer(self)
         self.intake = Intake(self)
@@ -185,18 +185,18 @@ class Node(NodeState):
 
     def close(self) -> None:
         """Run a last maintenance pass, finish queued writes and release the data dir."""
-        if self._closed:
+        if self.closed:
             return
         self._stop.set()
         if self._ticker is not None:
             self._ticker.join()
         try:
             if not self.store.writer.failed:
-                with self._lock:  # what is held in memory is stored: nothing comes twice
+                with self.lock:  # what is held in memory is stored: nothing comes twice
                     self.intake.write_held(self.clock(), every=True)
                 self.maintenance.maintain()
         finally:
-            self._closed = True
+            self.closed = True
             self.store.close()
 
     @classmethod
@@ -222,11 +222,6 @@ class Node(NodeState):
             table[name] = getattr(self if attribute is None else getattr(self, attribute), name)
         return table
 
-    def check_open(self) -> None:
-        """NodeClosed once the node is closed (for a caller that waits on its own, as a
-        standby consumer does, rather than in a node call that would say so)."""
-        self._check_open()
-
     def __enter__(self) -> Node:
         return self
 
@@ -240,9 +235,9 @@ class Node(NodeState):
         whole history: compaction keeps those tables proportional to the backlog)."""
         store, now = self.store, self.clock()
         for queue_id, config in store.load_queues():
-            self._install(queue_id, config)
-        self._next_seq = store.last_seq() + 1
-        self._durable_seq = self._next_seq - 1
+            self.install(queue_id, config)
+        self.next_seq = store.last_seq() + 1
+        self.durable_seq = self.next_seq - 1
         self.links.load(self.settings.node_name)
         # Given back before the restart, due at a time of the clock it ran on: if the
         # wall clock was set back since (NTP stepping it, a person setting it), move
@@ -254,7 +249,7 @@ class Node(NodeState):
         behind = max(0.0, self._released_at - now)
         unread: dict[int, tuple[list[int], list[float | None]]] = {}
         for row in store.load_pending():
-            q = self._by_id.get(row.queue_id)
+            q = self.queues_by_id.get(row.queue_id)
             if q is None:
                 continue
             expires = None if row.expires_us is None else row.expires_us / US
@@ -271,19 +266,19 @@ class Node(NodeState):
                 due = row.due_us / US - behind if row.released else min(now, row.due_us / US)
                 q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
         for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
-            self._by_id[queue_id].cursor.extend(seqs, expiries)
-        for q in self._queues.values():  # a max-bytes is held against what it holds
+            self.queues_by_id[queue_id].cursor.extend(seqs, expiries)
+        for q in self.queues.values():  # a max-bytes is held against what it holds
             if q.cursor.sized:
                 q.cursor.track_sizes(store.queue_payload_sizes(q.id))
         for queue_id, size in store.payload_sizes().items():  # bounds what a take reads
-            if (q := self._by_id.get(queue_id)) is not None:
+            if (q := self.queues_by_id.get(queue_id)) is not None:
                 q.note_payload(size)
         budget = self.settings.dedup_budget
-        self._dedup = Deduplication.load(store, to_us(now), budget, self._lock)
+        self.dedup = Deduplication.load(store, to_us(now), budget, self.lock)
         for queue_id, counts in store.load_counts().items():
-            if (q := self._by_id.get(queue_id)) is not None:
+            if (q := self.queues_by_id.get(queue_id)) is not None:
                 self._add_counts(q, counts)
-        self._settled_since_compaction = store.settled_rows()
+        self.settled_since_compaction = store.settled_rows()
         self.links.restore_pending(store.load_route_runs())  # counts what they settled
         self.participant.recover()
         self.access.load()
@@ -321,10 +316,10 @@ class Node(NodeState):
     def node_info(self) -> NodeInfo:
         """Who the node is and how it stands (:mod:`eomsg.core.nodeinfo`). Reads the disk's
         free space afresh."""
-        self._check_open()
+        self.check_open()
         links = self.links.link_info()
-        with self._lock:
-            queues = len(self._queues)
+        with self.lock:
+            queues = len(self.queues)
             in_doubt = self.participant.in_doubt()
         return NodeInfo(
             name=self.node_name,

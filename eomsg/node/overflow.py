@@ -1,7 +1,7 @@
 """Queue limits (issue 36): what a publish does to a queue its messages would take past
 its ``max-messages`` or ``max-bytes`` (:class:`~eomsg.core.queues.QueueConfig`) —
 refused whole (QueueFull), or room made by dead-lettering the oldest waiting — decided
-under ``_lock`` while the publish is staged (:meth:`eomsg.node.ingress.Ingress.stage`),
+under ``lock`` while the publish is staged (:meth:`eomsg.node.ingress.Ingress.stage`),
 so what it changes commits with the publish.
 
 A queue's depth here counts what it holds, in flight included, and what is staged for it
@@ -33,10 +33,10 @@ Displaced = list[tuple[QueueState, QueueState, int, int]]
 class Kernel(Shared, Protocol):
     """What :class:`Overflow` needs of the node besides :class:`~eomsg.node.state.Shared`."""
 
-    _limited: bool
-    _uncommitted_ids: dict[str, int]
-    _dedup: Deduplication
-    _settled_since_compaction: int
+    limited: bool
+    uncommitted_ids: dict[str, int]
+    dedup: Deduplication
+    settled_since_compaction: int
 
 
 class Overflow:
@@ -57,8 +57,8 @@ class Overflow:
         messages waiting in it (a batch larger than its limit, or every message held in
         flight; by bytes, the newest that fit are kept) go to its dead-letter queue in
         the same commit. ``known``: the ids the dedup window holds; ``route_of(i)``:
-        the route of message ``i``. Under ``_lock``."""
-        if not self._kernel._limited:
+        the route of message ``i``. Under ``lock``."""
+        if not self._kernel.limited:
             return {}
         adding: dict[QueueState, list[int]] = {}  # the payload sizes it would get
         seen: set[str] = set()
@@ -68,7 +68,7 @@ class Overflow:
             if not limited:
                 continue
             if m.id is not None:
-                if m.id in seen or m.id in self._kernel._uncommitted_ids or m.id in known:
+                if m.id in seen or m.id in self._kernel.uncommitted_ids or m.id in known:
                     continue
                 seen.add(m.id)
             for q in limited:
@@ -98,12 +98,12 @@ class Overflow:
         ``moved``, for :meth:`record_displaced` once nothing refuses. ``rerouted``:
         the routes made so far, by route and queue displaced from (a batch's messages
         share a few; each route keyed is alive while the batch is staged: the node's,
-        the caller's, or one made here and kept in ``rerouted``). Under ``_lock``."""
+        the caller's, or one made here and kept in ``rerouted``). Under ``lock``."""
         for q in queues:
             if displaced.get(q):  # type: ignore[call-overload]
                 assert isinstance(q, QueueState)
                 displaced[q] -= 1
-                dlq = self._kernel._queues[q.config.dead_letter or ""]
+                dlq = self._kernel.queues[q.config.dead_letter or ""]
                 moved.append((q, dlq, seq, size))
                 key = (id(queues), q)
                 made = rerouted.get(key)
@@ -119,7 +119,7 @@ class Overflow:
         """QueueFull if a queue that refuses would pass its max-messages with ``adding``
         more, or its max-bytes with ``adding_bytes`` more (only those it gets count: one
         over its limit already, by what was dead-lettered into it, refuses nothing it is
-        not given). Under ``_lock``."""
+        not given). Under ``lock``."""
         for q, n in adding.items():
             if n <= 0 or q.config.overflow != REFUSE:
                 continue
@@ -131,14 +131,14 @@ class Overflow:
 
     def record_displaced(self, batch: RowBatch, moved: Displaced, now_us: int) -> None:
         """Record the displaced messages as routed to their queue and dead-lettered from
-        it at once (their route took them to the dead-letter queue). Under ``_lock``."""
+        it at once (their route took them to the dead-letter queue). Under ``lock``."""
         destinations, settled = batch.rows_of("destinations"), batch.rows_of("settled")
         for q, _, seq, _ in moved:
             destinations.append((seq, q.id))
             settled.append((q.id, seq, Outcome.DEAD_LETTERED, now_us))
             q.counts[Outcome.DEAD_LETTERED] += 1
             q.overflowed += 1
-        self._kernel._settled_since_compaction += len(moved)
+        self._kernel.settled_since_compaction += len(moved)
 
     def make_room(
         self,
@@ -149,7 +149,7 @@ class Overflow:
     ) -> None:
         """Each queue that dead-letters its oldest and would pass its max-messages with
         ``adding`` more, or its max-bytes with ``adding_bytes`` more, moves its oldest
-        waiting messages to its dead-letter queue, in ``batch``. Under ``_lock``."""
+        waiting messages to its dead-letter queue, in ``batch``. Under ``lock``."""
         for q, n in adding.items():
             if n > 0 and q.config.overflow == DEAD_LETTER_OLDEST:
                 over = q.config.over(q.depth, n)
@@ -157,12 +157,12 @@ class Overflow:
                 if over or over_bytes:
                     room, expiries = q.cursor.make_room(over, over_bytes)
                     q.overflowed += len(room)
-                    self._kernel._record_settlements(batch, q, room, now, expiries)
+                    self._kernel.record_settlements(batch, q, room, now, expiries)
 
     def room(self, ids: Sequence[str], now: float) -> Room:
         """A check of room, message by message, in the queues that refuse (a link's
         frame, a transaction's prepare); ``ids``: the messages' ids, looked up in the
-        dedup window only if one goes to such a queue. Under ``_lock``."""
+        dedup window only if one goes to such a queue. Under ``lock``."""
         return Room(self._kernel, ids, now)
 
 
@@ -184,7 +184,7 @@ class Room:
         bytes can never fit, however many consumers make room (its max-bytes is less):
         a link leaves them out of its route, or it would wait at the peer for ever and
         hold up the link behind it. Each counts it as overflowed."""
-        if not self._node._limited:
+        if not self._node.limited:
             return ()
         never = tuple(
             q
@@ -198,15 +198,15 @@ class Room:
     def full(self, route: Route, msg_id: str | None, size: int) -> QueueFull | None:
         """Why a queue of ``route`` has no room for one more message of ``size``
         payload bytes (counted nowhere then), or None (counted)."""
-        limited = self._refusing.of(route) if self._node._limited else ()
+        limited = self._refusing.of(route) if self._node.limited else ()
         if not limited:
             return None
         if msg_id is not None:
             if self._known is None:
-                self._known = self._node._dedup.lookup_many(list(self._ids), self._now)
+                self._known = self._node.dedup.lookup_many(list(self._ids), self._now)
             if msg_id in self._seen or msg_id in self._known:
                 return None
-            if msg_id in self._node._uncommitted_ids:
+            if msg_id in self._node.uncommitted_ids:
                 return None
         for q in limited:
             nbytes = self._adding_bytes.get(q, 0) + size

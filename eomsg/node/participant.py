@@ -11,7 +11,7 @@ transaction's messages enter the log as a publish does — what it needs of the 
 ingress and state is the :class:`Kernel` protocol (``ingress.stage``, ``ingress.write_staged``,
 …).
 Under the lock discipline of :mod:`eomsg.node.state`: every step changes the state and
-queues its records under the node's ``_lock``, and waits for the commit after releasing
+queues its records under the node's ``lock``, and waits for the commit after releasing
 it.
 """
 
@@ -42,8 +42,8 @@ class Kernel(Shared, Protocol):
 
     access: Access
     ingress: Ingress
-    _next_seq: int
-    _by_id: dict[int, QueueState]
+    next_seq: int
+    queues_by_id: dict[int, QueueState]
 
 
 class Participant:
@@ -62,7 +62,7 @@ class Participant:
         for prep in store.load_prepared(set(self._finished)):
             held: dict[QueueState, list[int]] = {}
             for queue_id, seq in prep.deletes:
-                q = self._kernel._by_id.get(queue_id)
+                q = self._kernel.queues_by_id.get(queue_id)
                 if q is not None and q.cursor.has_delivered(seq):
                     held.setdefault(q, []).append(seq)
             for q, seqs in held.items():
@@ -79,7 +79,7 @@ class Participant:
 
     def forget(self, remembered: Container[str]) -> None:
         """Decided transactions no longer remembered by the store (collected) are
-        forgotten here too. Under the node's ``_lock``."""
+        forgotten here too. Under the node's ``lock``."""
         self._finished = {t: s for t, s in self._finished.items() if t in remembered}
 
     def in_doubt(self) -> int:
@@ -117,8 +117,8 @@ class Participant:
         self._kernel.ingress.check_messages(messages)
         now = self._kernel.clock()
         batch = RowBatch()
-        with self._kernel._lock:
-            self._kernel._check_open()
+        with self._kernel.lock:
+            self._kernel.check_open()
             if txid in self._txns:
                 if (self._txns[txid].principal or OWNER) != by:
                     raise TxnConflict(
@@ -141,7 +141,7 @@ class Participant:
                     batch.add("txn_deletes", txid, q.id, seq)
             self._txns[txid] = PreparedTxn(txid, coordinator, now, list(messages), held, owner, by)
             failpoint("txn.prepare.before_commit")
-            committed = self._kernel._write(batch)
+            committed = self._kernel.write(batch)
         committed.result()
         failpoint("txn.prepare.after_commit")
 
@@ -154,18 +154,20 @@ class Participant:
         it or administers the node."""
         now = self._kernel.clock()
         batch = RowBatch()
-        with self._kernel._lock:
-            self._kernel._check_open()
+        with self._kernel.lock:
+            self._kernel.check_open()
             t = self._txns.get(txid)
             if t is None:
                 move("participant", self._decided(txid), TxnMove.COMMIT, txid)
                 return []
             self._kernel.access.policy.check_settle(by, t.principal, txid)
             self._audit_settle(batch, by, t, "commit-txn")
-            first_seq = self._kernel._next_seq
+            first_seq = self._kernel.next_seq
             results, fresh = self._kernel.ingress.stage(batch, t.messages, now, refuse=False)
             for q, seqs in t.deletes.items():
-                if self._kernel._by_id.get(q.id) is q:  # the queue may have been deleted since
+                if (
+                    self._kernel.queues_by_id.get(q.id) is q
+                ):  # the queue may have been deleted since
                     self._record_deleted(batch, q, seqs, q.cursor.delete_held(seqs), now)
             batch.add(
                 "txn_log", txid, TxnState.COMMITTED.value, to_us(now), t.coordinator, t.principal
@@ -188,8 +190,8 @@ class Participant:
         now = self._kernel.clock()
         how = TxnMove.FORCE_ABORT if force else TxnMove.ABORT
         batch = RowBatch()
-        with self._kernel._lock:
-            self._kernel._check_open()
+        with self._kernel.lock:
+            self._kernel.check_open()
             t = self._txns.get(txid)
             if t is None:
                 if txid in self._finished:
@@ -198,19 +200,21 @@ class Participant:
             self._kernel.access.policy.check_settle(by, t.principal, txid)
             state = move("participant", TxnState.PREPARED, how, txid)
             for q, seqs in t.deletes.items():
-                if self._kernel._by_id.get(q.id) is q:
-                    self._kernel._record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
+                if self._kernel.queues_by_id.get(q.id) is q:
+                    self._kernel.record_releases(batch, q, q.cursor.unhold_many(seqs, now), now)
             batch.add("txn_log", txid, state.value, to_us(now), t.coordinator, t.principal)
             if force:  # a person's decision against the coordinator's: on the record
-                batch.add("audit", *self._kernel._audit(by, "force-abort", txid, t.coordinator))
+                batch.add(
+                    "audit", *self._kernel.audit_entry(by, "force-abort", txid, t.coordinator)
+                )
             else:
                 self._audit_settle(batch, by, t, "abort-txn")
             del self._txns[txid]
             self._finished[txid] = state
             failpoint("txn.abort.before_commit")
-            committed = self._kernel._write(batch)
+            committed = self._kernel.write(batch)
         committed.result()
-        self._kernel._notify({q.config.name for q in t.deletes})
+        self._kernel.notify({q.config.name for q in t.deletes})
         return True
 
     def _audit_settle(self, batch: RowBatch, by: str, t: PreparedTxn, action: str) -> None:
@@ -218,7 +222,7 @@ class Participant:
         prepared_by = t.principal or OWNER
         if by != prepared_by:
             batch.add(
-                "audit", *self._kernel._audit(by, action, t.txid, f"prepared by {prepared_by}")
+                "audit", *self._kernel.audit_entry(by, action, t.txid, f"prepared by {prepared_by}")
             )
 
     def transact(
@@ -235,10 +239,10 @@ class Participant:
         self._kernel.ingress.check_messages(messages)
         now = self._kernel.clock()
         batch = RowBatch()
-        with self._kernel._lock:
-            self._kernel._check_open()
+        with self._kernel.lock:
+            self._kernel.check_open()
             by_queue = self._check_deletes(deletes, holder)
-            first_seq = self._kernel._next_seq
+            first_seq = self._kernel.next_seq
             results, fresh = self._kernel.ingress.stage(batch, messages, now)
             for q, items in by_queue.items():
                 for epoch, keys in _by_epoch(items):
@@ -249,7 +253,7 @@ class Participant:
                 if not batch.empty
                 else None
             )
-        self._kernel._await_commit(committed)
+        self._kernel.await_commit(committed)
         return results
 
     def txns(self, *, by: str = OWNER) -> list[TxnInfo]:
@@ -258,7 +262,7 @@ class Participant:
         unless it may inspect the node: a coordinator recovering its own in-doubt
         transactions needs no more than the rights it used for them."""
         every = self._kernel.access.policy.allows(by, access.INSPECTS_NODE)
-        with self._kernel._lock:
+        with self._kernel.lock:
             return [
                 TxnInfo(
                     t.txid,
@@ -276,7 +280,7 @@ class Participant:
     def disown_txns(self, owner: str) -> int:
         """The coordinator session ``owner`` went away: its prepared transactions are in
         doubt from now on (they wait for recovery). Returns how many."""
-        with self._kernel._lock:
+        with self._kernel.lock:
             mine = [t for t in self._txns.values() if t.owner == owner]
             for t in mine:
                 t.owner = None
@@ -287,7 +291,7 @@ class Participant:
     ) -> dict[QueueState, list[tuple[int, int, int]]]:
         """``(queue, seq, epoch, attempt)`` deletes as ``(seq, attempt, epoch)`` grouped
         by queue, each checked in flight to ``holder`` under its epoch and attempt — all
-        of them before the caller changes anything. Under ``_lock``."""
+        of them before the caller changes anything. Under ``lock``."""
         by_queue: dict[QueueState, list[tuple[int, int, int]]] = {}
         for item in deletes:
             if (
@@ -300,10 +304,10 @@ class Participant:
                     f"a transaction's delete is (queue, seq, epoch, attempt), not {item!r}"
                 )
             queue, seq, epoch, attempt = item
-            by_queue.setdefault(self._kernel._queue(queue), []).append((seq, attempt, epoch))
+            by_queue.setdefault(self._kernel.queue(queue), []).append((seq, attempt, epoch))
         for q, items in by_queue.items():
             for epoch, keys in _by_epoch(items):
-                self._kernel._check_epoch(q, epoch)
+                self._kernel.check_epoch(q, epoch)
                 q.cursor.check_in_flight(keys, epoch, holder)
         return by_queue
 
@@ -311,9 +315,9 @@ class Participant:
         self, batch: RowBatch, q: QueueState, seqs: list[int], done: list[bool], now: float
     ) -> None:
         """Record as deleted those of ``seqs`` whose delete ``done`` says happened now (a
-        held delivery at commit, or one of :meth:`transact`'s). Under ``_lock``."""
+        held delivery at commit, or one of :meth:`transact`'s). Under ``lock``."""
         settled = [Settlement(s, Outcome.DELETED) for s, d in zip(seqs, done, strict=True) if d]
-        self._kernel._record_settlements(batch, q, settled, now)
+        self._kernel.record_settlements(batch, q, settled, now)
 
     def _decided(self, txid: str) -> TxnState:
         state = self._finished.get(txid)

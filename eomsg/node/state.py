@@ -13,35 +13,35 @@ The runtime structs of a queue, a flow and a prepared transaction are here too.
 Lock discipline
 ---------------
 
-``_lock`` guards the in-memory state: the queues (``_queues``, ``_by_id``, ``_matcher``,
-``_routes``) with their cursors, counts, elections and live epochs; the flows; the sequence
-numbers (``_next_seq``, ``_durable_seq``); the dedup window and ``_uncommitted_ids``; the
-prepared and finished transactions; ``_settled_since_compaction``. It is held briefly and
+``lock`` guards the in-memory state: the queues (``queues``, ``queues_by_id``, ``matcher``,
+``routes``) with their cursors, counts, elections and live epochs; the flows; the sequence
+numbers (``next_seq``, ``durable_seq``); the dedup window and ``uncommitted_ids``; the
+prepared and finished transactions; ``settled_since_compaction``. It is held briefly and
 never while waiting for the writer: the writer's after-commit callbacks (a publish made
 deliverable, a message moved to its dead-letter queue) take it, so waiting for a commit
-under it would deadlock. Writes are queued while holding it (:meth:`~NodeState._queue_write`,
+under it would deadlock. Writes are queued while holding it (:meth:`~NodeState.queue_write`,
 ``ingress.write_staged``, ``store.writer.write``), so the log's commit order is the order the state
 changed in — for publishes, the order sequence numbers were assigned; the caller waits for
-the commit (:meth:`~NodeState._await_commit`) after releasing it. A helper documented as
-"under ``_lock``" expects the caller to hold it.
+the commit (:meth:`~NodeState.await_commit`) after releasing it. A helper documented as
+"under ``lock``" expects the caller to hold it.
 
-``_admin`` serialises administrative changes — creating, deleting and (un)subscribing
+``admin_lock`` serialises administrative changes — creating, deleting and (un)subscribing
 queues, node settings, replay job records — which wait for their commit *before* they
-touch the in-memory state (under ``_lock``). The set of queues and each queue's config
+touch the in-memory state (under ``lock``). The set of queues and each queue's config
 change only with both held, so either one is enough to read them; ``settings`` is replaced
-only under ``_admin``.
+only under ``admin_lock``.
 
 ``elections.elect`` serialises the election's stimuli (bind, unbind), which may wait for
 the writer to reserve epochs durably (``Elections._reserve_epochs``) before they take
-``_lock``; it guards the epochs reserved.
+``lock``; it guards the epochs reserved.
 
-Order: ``_admin`` or ``elect`` first, then ``_lock``; the two are never held together, and
-nothing takes either of them under ``_lock``. ``_ready`` (a condition with its own lock,
-guarding ``_ready_generation``) wakes ``fetch(wait=)``; it is a leaf, never held with any of
-the others: :meth:`~NodeState._notify` bumps it and then calls the readiness listeners,
-and is called after ``_lock`` is released.
+Order: ``admin_lock`` or ``elect`` first, then ``lock``; the two are never held together, and
+nothing takes either of them under ``lock``. ``ready`` (a condition with its own lock,
+guarding ``ready_generation``) wakes ``fetch(wait=)``; it is a leaf, never held with any of
+the others: :meth:`~NodeState.notify` bumps it and then calls the readiness listeners,
+and is called after ``lock`` is released.
 
-A flow's ``notify`` callback runs *under* ``_lock`` (bind, unbind, an election's changes,
+A flow's ``notify`` callback runs *under* ``lock`` (bind, unbind, an election's changes,
 a queue deleted), on whichever thread caused the change, so it must only hand the event on
 and never call the node.
 """
@@ -245,16 +245,16 @@ class Shared(Protocol):
     store: Store
     clock: Clock
     settings: NodeSettings
-    _lock: threading.Lock
-    _queues: dict[str, QueueState]
+    lock: threading.Lock
+    queues: dict[str, QueueState]
     egress: Egress
 
-    def _check_open(self) -> None: ...
-    def _queue(self, name: str) -> QueueState: ...
+    def check_open(self) -> None: ...
+    def queue(self, name: str) -> QueueState: ...
     @staticmethod
-    def _check_epoch(q: QueueState, epoch: int) -> None: ...
-    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
-    def _record_settlements(
+    def check_epoch(q: QueueState, epoch: int) -> None: ...
+    def audit_entry(self, by: str, action: str, target: str, detail: str = "") -> AuditRow: ...
+    def record_settlements(
         self,
         batch: RowBatch,
         q: QueueState,
@@ -262,14 +262,14 @@ class Shared(Protocol):
         now: float,
         expiries: dict[int, float] | None = None,
     ) -> None: ...
-    def _record_releases(
+    def record_releases(
         self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
     ) -> None: ...
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None: ...
-    def _write(self, batch: RowBatch) -> Future[None]: ...
+    def queue_write(self, batch: RowBatch) -> Future[None] | None: ...
+    def write(self, batch: RowBatch) -> Future[None]: ...
     @staticmethod
-    def _await_commit(future: Future[None] | None) -> None: ...
-    def _notify(self, queues: set[str]) -> None: ...
+    def await_commit(future: Future[None] | None) -> None: ...
+    def notify(self, queues: set[str]) -> None: ...
 
 
 class NodeState:
@@ -279,11 +279,11 @@ class NodeState:
     _free_seen: tuple[int, float] = (0, -math.inf)  # free bytes last read, and when
 
     # Set by Node._recover, from the store.
-    _next_seq: int  # the seq the next published message gets
-    _durable_seq: int  # the last seq whose commit is durable
-    _settled_since_compaction: int
+    next_seq: int  # the seq the next published message gets
+    durable_seq: int  # the last seq whose commit is durable
+    settled_since_compaction: int
     _released_at: float  # the latest time a release was recorded at (see _record_releases)
-    _dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
+    dedup: Deduplication  # the publish ids (seed 001), in memory and spilled to disk
     access: Access  # principals, grants, the audit log: a component (Node makes it)
     elections: Elections  # the flows bound to queues and their elections: a component
     participant: Participant  # transactions prepared and decided: a component
@@ -300,32 +300,34 @@ class NodeState:
         self.store = store
         self.settings = apply_saved(settings, store.settings())
         self.clock = clock
-        self._lock = threading.Lock()
-        self._admin = threading.Lock()
-        self._closed = False
-        self._queues: dict[str, QueueState] = {}
-        self._by_id: dict[int, QueueState] = {}
-        self._matcher: Matcher[QueueState] = Matcher()
-        self._routes: dict[str, tuple[Destination, ...]] = {}
-        self._limited = False  # whether a queue has a max-messages (see _queues_changed)
-        self._uncommitted_ids: dict[str, int] = {}
+        self.lock = threading.Lock()
+        self.admin_lock = threading.Lock()
+        self.closed = False
+        self.queues: dict[str, QueueState] = {}
+        self.queues_by_id: dict[int, QueueState] = {}
+        self.matcher: Matcher[QueueState] = Matcher()
+        self.routes: dict[str, tuple[Destination, ...]] = {}
+        self.limited = False  # whether a queue has a max-messages (see _queues_changed)
+        self.uncommitted_ids: dict[str, int] = {}
         self._listeners: list[Callable[[str], None]] = []
-        self._ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
-        self._ready_generation = 0
-        self._rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
-        self._later: dict[str, str] = {}  # node_meta to set with the next write (see below)
-        # Under _lock: the topics this node's queues want changed (links tell their peers);
+        self.ready = threading.Condition()  # wakes fetch(wait=) when messages are ready
+        self.ready_generation = 0
+        self.rates = Rates()  # noted by the ticker: inspect queues' in/s and out/s
+        self.later: dict[str, str] = {}  # node_meta to set with the next write (see below)
+        # Under lock: the topics this node's queues want changed (links tell their peers);
         # a queue is dropped (what is held for it and its flows let go of it).
         self.interest_changed: Signal[[]] = Signal()
         self.queue_dropped: Signal[[QueueState]] = Signal()
 
     # -- checks -------------------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._closed:
+    def check_open(self) -> None:
+        """NodeClosed once the node is closed (each call checks; so does a caller that
+        waits on its own, as a standby consumer does)."""
+        if self.closed:
             raise NodeClosed("the node is closed")
 
-    def _check_room(self) -> None:
+    def check_room(self) -> None:
         """DiskFull unless the data directory's disk has the reserve free: below it the
         node takes no new messages (settlements, which keep the backlog from growing,
         go on), so a checkpoint and a restart always find the room they need. Reads the
@@ -356,25 +358,25 @@ class NodeState:
         not yet in DuckDB (read from the writer's memory meanwhile). Outside the node's
         lock: a copy of the queues (taken whole under the GIL) is summed, so a queue made
         or dropped meanwhile changes no dictionary under the sum."""
-        queues = list(self._queues.values())
+        queues = list(self.queues.values())
         return sum(q.cursor.nbytes for q in queues) + self.store.writer.behind
 
-    def _check_memory(self) -> None:
+    def check_memory(self) -> None:
         """MemoryFull while the queues take more than their share of the node's memory:
         they cannot spill (every delivery would read back from disk), so the node holds
         producers back until consumers take the queues under it — a refusal a producer
         retries, never a node that runs out of memory. Read afresh at each call."""
         used, budget = self._queues_memory(), self.settings.queue_budget
         if used > budget:
-            waiting = sum(q.cursor.depth for q in list(self._queues.values()))
+            waiting = sum(q.cursor.depth for q in list(self.queues.values()))
             raise MemoryFull(
                 f"the node's queues hold {waiting} messages in {format_bytes(used)} of "
                 f"memory, over their share of {format_bytes(budget)}: publishing "
                 "resumes as consumers take messages (or raise `eomsg serve --memory-limit`)"
             )
 
-    def _queue(self, name: str) -> QueueState:
-        q = self._queues.get(name)
+    def queue(self, name: str) -> QueueState:
+        q = self.queues.get(name)
         if q is None:
             holder = self.links.elsewhere(name)
             if holder is not None:
@@ -388,64 +390,64 @@ class NodeState:
         return q
 
     @staticmethod
-    def _check_epoch(q: QueueState, epoch: int) -> None:
+    def check_epoch(q: QueueState, epoch: int) -> None:
         if epoch and epoch not in q.live_epochs:
             raise StaleEpoch(
                 f"epoch {epoch} of queue {q.config.name!r} is over: that consumer is no longer "
                 "active, and its messages go to the active one; do not apply them"
             )
 
-    def _totals(self) -> Totals:
+    def totals(self) -> Totals:
         """Each queue's messages arrived and deleted, ever, and each link's
         (:meth:`Links.totals <eomsg.node.links.Links.totals>`): for rates. Under
-        ``_lock``."""
+        ``lock``."""
         totals = {
             name: (q.cursor.depth + sum(q.counts.values()), q.counts[Outcome.DELETED])
-            for name, q in self._queues.items()
+            for name, q in self.queues.items()
         }
         totals.update(self.links.totals())
         return totals
 
-    def _audit(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
+    def audit_entry(self, by: str, action: str, target: str, detail: str = "") -> AuditRow:
         """:func:`audit_row`, now."""
         return audit_row(self.clock(), by, action, target, detail)
 
     # -- writing ------------------------------------------------------------------------
 
-    def _queue_write(self, batch: RowBatch) -> Future[None] | None:
+    def queue_write(self, batch: RowBatch) -> Future[None] | None:
         """Hand ``batch`` to the writer if it holds anything (None if not). Call under
-        ``_lock``, so commits follow the order the state changed in, then wait with
-        :meth:`_await_commit` after releasing it."""
-        return None if batch.empty else self._write(batch)
+        ``lock``, so commits follow the order the state changed in, then wait with
+        :meth:`await_commit` after releasing it."""
+        return None if batch.empty else self.write(batch)
 
-    def _write_later(self, key: str, value: str) -> None:
+    def write_later(self, key: str, value: str) -> None:
         """Set ``node_meta``'s ``key`` with the next batch written, or at the next tick
         (within ``tick`` seconds) — for a record not worth a disk flush of its own: what
-        a linked peer took, which it says again when it reconnects. Under ``_lock``."""
-        self._later[key] = value
+        a linked peer took, which it says again when it reconnects. Under ``lock``."""
+        self.later[key] = value
 
-    def _write_now(self) -> None:
+    def write_now(self) -> None:
         """Write what waits to be written later, now (the ticker, before it compacts or
-        collects the log). Under ``_lock``."""
-        if self._later:
-            self._write(self._with_later(RowBatch()))
+        collects the log). Under ``lock``."""
+        if self.later:
+            self.write(self._with_later(RowBatch()))
 
     def _with_later(self, batch: RowBatch) -> RowBatch:
         """``batch`` with what waits to be written later added (then no longer waiting).
-        Under ``_lock``."""
-        for key, value in self._later.items():
+        Under ``lock``."""
+        for key, value in self.later.items():
             batch.set_meta(key, value)
-        self._later.clear()
+        self.later.clear()
         return batch
 
-    def _write(self, batch: RowBatch) -> Future[None]:
+    def write(self, batch: RowBatch) -> Future[None]:
         """Hand ``batch`` to the writer — what it records about messages held in memory
         kept with them instead (:mod:`eomsg.node.egress`), and what waited to be
         written later added to what is left; resolved at once if nothing is left to
         write (so a batch that only settles held messages costs no write). Under
-        ``_lock``."""
+        ``lock``."""
         batch = self.egress.divert(batch)
-        if self._later and (not batch.empty or batch.callbacks):
+        if self.later and (not batch.empty or batch.callbacks):
             batch = self._with_later(batch)
         if batch.empty and not batch.callbacks:
             done: Future[None] = Future()
@@ -458,14 +460,14 @@ class NodeState:
             raise
 
     @staticmethod
-    def _await_commit(future: Future[None] | None) -> None:
-        """Return once the commit :meth:`_queue_write` queued is durable (at once if it
-        queued none). Never under ``_lock``: the writer's after-commit callbacks take
+    def await_commit(future: Future[None] | None) -> None:
+        """Return once the commit :meth:`queue_write` queued is durable (at once if it
+        queued none). Never under ``lock``: the writer's after-commit callbacks take
         it."""
         if future is not None:
             future.result()
 
-    def _record_settlements(
+    def record_settlements(
         self,
         batch: RowBatch,
         q: QueueState,
@@ -475,12 +477,12 @@ class NodeState:
     ) -> None:
         """Add settlement records (and dead-letter destinations) to ``batch``; the DLQ
         sees its new messages once the batch commits (``expiries``: theirs, when the
-        caller knows them; else read from the store). Call with ``_lock`` held."""
+        caller knows them; else read from the store). Call with ``lock`` held."""
         if not settlements:
             return
         now_us = to_us(now)
         moved: list[int] = []
-        dlq = self._queues.get(q.config.dead_letter) if q.config.dead_letter else None
+        dlq = self.queues.get(q.config.dead_letter) if q.config.dead_letter else None
         for s in settlements:
             batch.add("settled", q.id, s.seq, s.outcome, now_us)
             q.counts[s.outcome] += 1
@@ -489,7 +491,7 @@ class NodeState:
                     continue  # from another queue: it holds a message once
                 batch.add("destinations", s.seq, dlq.id)
                 moved.append(s.seq)
-        self._settled_since_compaction += len(settlements)
+        self.settled_since_compaction += len(settlements)
         if moved and dlq is not None:
             if expiries is None:
                 expiries = self.egress.expiries(moved)
@@ -498,18 +500,18 @@ class NodeState:
             target = dlq
 
             def to_dlq() -> None:
-                with self._lock:
+                with self.lock:
                     for seq in moved:
                         target.cursor.append(seq, expiries.get(seq), sizes.get(seq, 0))
-                self._notify({target.config.name})
+                self.notify({target.config.name})
 
             batch.after_commit(to_dlq)
 
-    def _record_releases(
+    def record_releases(
         self, batch: RowBatch, q: QueueState, outcomes: list[Release | Settlement], now: float
     ) -> None:
         """Add releases (redeliveries, each with its due time) and settlements to
-        ``batch``. Call with ``_lock`` held."""
+        ``batch``. Call with ``lock`` held."""
         settlements = []
         if any(isinstance(r, Release) for r in outcomes):
             # With the releases, the latest time one was recorded at: a restart whose
@@ -518,7 +520,7 @@ class NodeState:
             # (Written with what is left of the batch once rows about messages held in
             # memory are kept with them: a batch of only those costs no write.)
             self._released_at = max(self._released_at, now)
-            self._write_later(RELEASED_AT, repr(self._released_at))
+            self.write_later(RELEASED_AT, repr(self._released_at))
         for r in outcomes:
             if isinstance(r, Release) and r.unseen:
                 batch.add("returned", q.id, r.seq, r.attempt + 1, to_us(now))
@@ -526,58 +528,58 @@ class NodeState:
                 batch.add("deliveries", q.id, r.seq, r.attempt, to_us(r.due), True)
             else:
                 settlements.append(r)
-        self._record_settlements(batch, q, settlements, now)
+        self.record_settlements(batch, q, settlements, now)
 
     # -- queues and readiness -------------------------------------------------------------
 
-    def _install(self, queue_id: int, config: QueueConfig) -> QueueState:
-        """Make queue ``config`` live in memory (its commit is durable). Under ``_lock``
+    def install(self, queue_id: int, config: QueueConfig) -> QueueState:
+        """Make queue ``config`` live in memory (its commit is durable). Under ``lock``
         (or while nothing else runs: at recovery)."""
         q = QueueState(queue_id, config, self.elections.epochs)
-        self._queues[config.name] = q
-        self._by_id[queue_id] = q
+        self.queues[config.name] = q
+        self.queues_by_id[queue_id] = q
         for pattern in config.subscriptions:
-            self._matcher.add(pattern, q)
-        self._routes.clear()
+            self.matcher.add(pattern, q)
+        self.routes.clear()
         self.interest_changed.emit()
         self._queues_changed()
         return q
 
-    def _reconfigure_queue(self, q: QueueState, config: QueueConfig) -> None:
+    def reconfigure_queue(self, q: QueueState, config: QueueConfig) -> None:
         """Queue ``q`` takes ``config`` (its commit is durable): its subscriptions routed
-        anew. Under ``_lock``."""
+        anew. Under ``lock``."""
         for pattern in q.config.subscriptions:
-            self._matcher.remove(pattern, q)
+            self.matcher.remove(pattern, q)
         for pattern in config.subscriptions:
-            self._matcher.add(pattern, q)
-        self._routes.clear()
+            self.matcher.add(pattern, q)
+        self.routes.clear()
         q.config = config
         self.interest_changed.emit()
         self._queues_changed()
 
-    def _uninstall(self, q: QueueState) -> None:
+    def uninstall(self, q: QueueState) -> None:
         """Queue ``q`` is dropped (its commit is durable): out of the routes and the
         queues, then :attr:`queue_dropped` emitted (what is held in memory for it, its
-        flows). Under ``_lock``."""
+        flows). Under ``lock``."""
         for pattern in q.config.subscriptions:
-            self._matcher.remove(pattern, q)
-        self._routes.clear()
-        del self._queues[q.config.name], self._by_id[q.id]
+            self.matcher.remove(pattern, q)
+        self.routes.clear()
+        del self.queues[q.config.name], self.queues_by_id[q.id]
         self.interest_changed.emit()
         self._queues_changed()
         self.queue_dropped.emit(q)
 
     def _queues_changed(self) -> None:
         """A queue was made, changed or dropped: note whether any has a max-messages or
-        a max-bytes, so that a publish looks at limits only then. Under ``_lock``."""
-        self._limited = any(q.config.limited for q in self._queues.values())
+        a max-bytes, so that a publish looks at limits only then. Under ``lock``."""
+        self.limited = any(q.config.limited for q in self.queues.values())
 
-    def _notify(self, queues: set[str]) -> None:
+    def notify(self, queues: set[str]) -> None:
         """Messages became ready in ``queues``: wake the waiting fetches and tell the
-        listeners. Never under ``_lock``."""
-        with self._ready:
-            self._ready_generation += 1
-            self._ready.notify_all()
+        listeners. Never under ``lock``."""
+        with self.ready:
+            self.ready_generation += 1
+            self.ready.notify_all()
         for callback in self._listeners:
             for name in queues:
                 callback(name)

@@ -3,7 +3,7 @@ server's link connection comes and goes, what it sends over it, and what the pee
 acknowledges — the sending side of :mod:`eomsg.node.links` (whose docstring tells the
 whole) and the connection's timers. What the peer sends is :mod:`eomsg.node.intake`'s.
 
-Under the lock discipline of :mod:`eomsg.node.state`: everything under ``_lock``. A
+Under the lock discipline of :mod:`eomsg.node.state`: everything under ``lock``. A
 link's ``wake`` only schedules work on the server's loop, so it may be called under it.
 """
 
@@ -36,11 +36,11 @@ class Kernel(Shared, Protocol):
 
     links: Links
     intake: Intake
-    _routes: dict[str, tuple[Destination, ...]]
-    _durable_seq: int
-    _settled_since_compaction: int
+    routes: dict[str, tuple[Destination, ...]]
+    durable_seq: int
+    settled_since_compaction: int
 
-    def _write_later(self, key: str, value: str) -> None: ...
+    def write_later(self, key: str, value: str) -> None: ...
 
 
 class Transfer:
@@ -56,7 +56,7 @@ class Transfer:
         restart does not go back to the old one's."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.link(peer)
             if link.peer_incarnation != incarnation:
                 log.log(
@@ -75,7 +75,7 @@ class Transfer:
                 batch.set_meta(
                     f"link/{peer}/read", json.dumps({"incarnation": incarnation, "read": 0})
                 )
-                k._queue_write(batch)
+                k.queue_write(batch)
             link.ack_sent = link.ack_point()
             return link.ack_sent
 
@@ -85,7 +85,7 @@ class Transfer:
         incarnation (said to a dialler before it has proved who it is)."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is None or link.peer_incarnation != incarnation:
                 return 0
@@ -95,7 +95,7 @@ class Transfer:
         """The peer's incarnation this node last took messages from, and how far."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.link(peer)
             link.ack_sent = link.ack_point()
             return link.peer_incarnation, link.ack_sent
@@ -107,14 +107,14 @@ class Transfer:
         k = self._kernel
         links = self._kernel.links
         now = k.clock()
-        with k._lock:
-            k._check_open()
+        with k.lock:
+            k.check_open()
             link = links.link(peer)
             link.connected, link.wake, link.connected_at, link.error = True, wake, now, None
             link.refusal = False
             # Past what this node committed (and handed its links, in the same step): a
             # lie, or a confusion — believed, it would settle a message still committing.
-            read = min(read, k._durable_seq)
+            read = min(read, k.durable_seq)
             link.updates.clear()
             # Settlements need not be waited for: the peer holds the messages already.
             self._settle_link(link, link.outbox.reconnected(read, now), now)
@@ -127,7 +127,7 @@ class Transfer:
         removed), rather than could not be reached."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is not None:
                 link.error, link.refusal = why, refused
@@ -137,7 +137,7 @@ class Transfer:
         link owes waits for the next connection."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is not None and link.wake == wake:  # (a bound method: a new object each time)
                 link.connected, link.wake = False, None
@@ -147,7 +147,7 @@ class Transfer:
         a route change lost on the way (a faulty network) is repaired."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             links.link(peer)
             (update,) = links.routing.link_up(peer)
             return update
@@ -156,7 +156,7 @@ class Transfer:
         """The route changes to tell ``peer``, taken (so told once)."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.link(peer)
             updates, link.updates = link.updates, []
             return updates
@@ -167,8 +167,8 @@ class Transfer:
         (nothing of the frame is taken)."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
-            k._check_open()
+        with k.lock:
+            k.check_open()
             links.link(peer)
             if full:
                 spread = links.routing.heard_all(peer, [m for m in moves if isinstance(m, Route)])
@@ -180,9 +180,9 @@ class Transfer:
             batch = RowBatch()
             offers = [route_json(r) for r in links.routing.offers(peer)]
             batch.set_meta(f"link/{peer}/offers", json.dumps(offers))
-            k._queue_write(batch)
+            k.queue_write(batch)
             links.spread(spread)
-            k._routes.clear()
+            k.routes.clear()
 
     @overload
     def link_frames(self, peer: str) -> list[tuple[int, Batch]]: ...
@@ -199,7 +199,7 @@ class Transfer:
         k = self._kernel
         links = self._kernel.links
         now = k.clock()
-        with k._lock:
+        with k.lock:
             link = links.link(peer)
             if not link.connected:
                 return []
@@ -234,7 +234,7 @@ class Transfer:
         (it took it as refused): counted as refused, and logged."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is None:
                 return
@@ -250,7 +250,7 @@ class Transfer:
         k = self._kernel
         links = self._kernel.links
         now = k.clock()
-        with k._lock:
+        with k.lock:
             link = links.link(peer)
             read = min(read, link.outbox.sender.sent)  # it cannot hold what was not sent
             self._settle_link(link, link.outbox.acknowledged(read, now, gap=gap), now)
@@ -262,7 +262,7 @@ class Transfer:
         k = self._kernel
         links = self._kernel.links
         now = k.clock()
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is None:
                 return False
@@ -277,23 +277,23 @@ class Transfer:
         of the link's routes up to it is settled (see :meth:`_routes_taken`). Written
         with the next write: lost in a crash, it costs only a resend of what the peer
         holds, which it recognises and acknowledges again (and then says on
-        reconnecting how far it holds). Under ``_lock``."""
+        reconnecting how far it holds). Under ``lock``."""
         k = self._kernel
         if not done:
             return
         count = sum(len(seqs) for seqs in done.values())
         link.taken_through = max(link.taken_through, *(seqs[-1] for seqs in done.values()))
-        k._write_later(f"link/{link.config.peer}/taken", str(link.taken_through))
+        k.write_later(f"link/{link.config.peer}/taken", str(link.taken_through))
         link.taken += count
         link.last_taken_at = now
-        k._settled_since_compaction += count
+        k.settled_since_compaction += count
 
     def link_ack(self, peer: str) -> int | None:
         """An acknowledgement to send ``peer`` now — how far its messages are taken —
         if it moved since the last (messages held in memory settled or written)."""
         k = self._kernel
         links = self._kernel.links
-        with k._lock:
+        with k.lock:
             link = links.find(peer)
             if link is None:
                 return None
@@ -305,7 +305,7 @@ class Transfer:
 
     def forward(self, routes: set[tuple[Destination, ...]]) -> None:
         """Messages committed for ``routes``: wake the links among them (a subscriber
-        of ``Ingress.committed``). Never under ``_lock``."""
+        of ``Ingress.committed``). Never under ``lock``."""
         woken = set()
         for route in routes:
             for d in route:
