@@ -22,7 +22,7 @@ from eomsg.store.opening import CATALOG
 from eomsg.store.watermark import Mark, Watermark
 
 
-def file_size(path: Path) -> int:
+def _file_size(path: Path) -> int:
     """The size of ``path`` in bytes, 0 if there is no such file."""
     try:
         return os.stat(path).st_size
@@ -42,7 +42,7 @@ class Checkpoints:
     def mark(self, last_seq: int) -> None:
         """Mark how long the WAL is and the last seq stored (at open, before the writer
         runs: what it marks after each commit)."""
-        self._mark.write(Mark(file_size(self.wal_path), last_seq))
+        self._mark.write(Mark(_file_size(self.wal_path), last_seq))
 
     def committed(self, last_seq: int) -> bool:
         """After each commit, on the writer thread (a stat and a small pwrite): mark how
@@ -70,7 +70,7 @@ class Checkpoints:
     def bound(self, db: duckdb.DuckDBPyConnection) -> None:
         """Checkpoint ``db`` if its WAL outgrew the bound, as the writer would: for the
         journal's records applied at open, before the writer runs."""
-        if file_size(self.wal_path) > self.wal_limit:
+        if _file_size(self.wal_path) > self.wal_limit:
             self.checkpoint(db, logread.stored_seq(db))
 
     def mark_empty(self, last_seq: int) -> None:

@@ -2,9 +2,9 @@
 writer's connection, run in its own transaction (:meth:`Writer.run`), so that each
 change commits whole or not at all.
 
-DuckDB has no savepoints: a job never nests a transaction, and one that must commit
-with another change (an audit record: :func:`eomsg.store.access.audited`) is wrapped,
-not called inside a second transaction.
+DuckDB has no savepoints: a job never opens a transaction of its own, and a change that
+must commit with another (an audit record: :func:`eomsg.store.access.audited`) is made
+by one job wrapping the other, both run in the one transaction the writer opens.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from eomsg.store import compact, integrity, journal, journaled, logread, salvage
 from eomsg.store.files import DB_NAME
 from eomsg.store.journal import Journal
 from eomsg.store.schema import migrate
-from eomsg.store.watermark import Mark
+from eomsg.store.watermark import Watermark
 from eomsg.store.writer import applied_lsn, journal_format
 
 DUCKDB_CONFIG: dict[str, Any] = {
@@ -32,7 +32,7 @@ DUCKDB_CONFIG: dict[str, Any] = {
     # which is lost whole if that checkpoint fails.
     "auto_checkpoint_skip_wal_threshold": 1 << 62,
     # No checkpoint inside a COMMIT: the writer checkpoints, between commits, when the
-    # WAL passes its bound (Store.wal_limit), after marking the WAL empty (watermark).
+    # WAL passes its bound (Checkpoints.wal_limit), after marking the WAL empty (watermark).
     "wal_autocheckpoint": "1000TiB",
 }
 CATALOG = Path(DB_NAME).stem  # the database's name in SQL, as DuckDB names an opened file
@@ -114,14 +114,14 @@ def has_meta(db: duckdb.DuckDBPyConnection) -> bool:
 
 def open_database(
     data_dir: Path,
-    mark: Mark | None,
+    watermark: Watermark,
     *,
     journal_segment: int,
     bound: Callable[[duckdb.DuckDBPyConnection], None],
     memory_limit: Callable[[Mapping[str, str]], int] | None,
 ) -> Opened:
-    """Check and open the database of ``data_dir`` (its lock held; ``mark``: the
-    watermark the last commit wrote) and apply its journal, calling ``bound`` to keep
+    """Check and open the database of ``data_dir`` (its lock held; ``watermark``: where
+    the last commit marked what it wrote) and apply its journal, calling ``bound`` to keep
     the WAL within its bound as it goes. ``memory_limit``: DuckDB's memory limit from
     the settings the directory saved, set before anything large is read. DataDirDamaged
     if acknowledged writes were lost, DataDirError if it cannot be opened otherwise."""
@@ -130,6 +130,7 @@ def open_database(
         raise integrity.damaged(data_dir, "a salvage of it was interrupted")
     for stale in compact.leftovers(data_dir):  # of a compaction that was killed
         stale.unlink()
+    mark = watermark.read()
     warnings = integrity.before_open(data_dir, data_dir / f"{DB_NAME}.wal", mark)
     try:
         db = connect(path)

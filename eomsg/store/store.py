@@ -101,8 +101,6 @@ class Store:
         """``memory_limit``: DuckDB's memory limit from the settings the directory saved
         (None: DuckDB's default); set as it opens, before anything large is read."""
         self.data_dir = data_dir
-        self.wal_limit = wal_limit
-        self.journal_segment = journal_segment
         self.path = data_dir / DB_NAME
         self.wal_path = data_dir / f"{DB_NAME}.wal"
         self._lock = DataDirLock(data_dir, create=create)
@@ -114,7 +112,7 @@ class Store:
         try:
             opened = opening.open_database(
                 data_dir,
-                self._mark.read(),
+                self._mark,
                 journal_segment=journal_segment,
                 bound=self.checkpoints.bound,
                 memory_limit=memory_limit,
@@ -188,6 +186,8 @@ class Store:
         self._lock.release()
 
     def _writer_failed(self, cause: BaseException) -> None:
+        """The writer stopped taking work (on its journal or applier thread): tell each
+        of :attr:`failure_listeners`."""
         for listener in self.failure_listeners:
             listener(cause)
 
@@ -224,6 +224,7 @@ class Store:
     # -- recovery (eomsg.store.recovery) ----------------------------------------------------
 
     def load_queues(self) -> list[tuple[int, QueueConfig]]:
+        """See :func:`eomsg.store.recovery.load_queues`."""
         return recovery.load_queues(self.reads)
 
     def last_seq(self) -> int:
@@ -231,32 +232,41 @@ class Store:
         return self.reads.on_reader(logread.stored_seq, "reading the store")
 
     def load_pending(self) -> Iterator[PendingRow]:
+        """See :func:`eomsg.store.recovery.load_pending`."""
         return recovery.load_pending(self.reads)
 
     def publish_id_runs(self, now_us: int, from_seq: int, rows: int) -> Iterator[RetainedIds]:
+        """See :func:`eomsg.store.recovery.publish_id_runs`."""
         return recovery.publish_id_runs(self.reads, now_us, from_seq, rows)
 
     def finished_txns(self) -> dict[str, str]:
+        """See :func:`eomsg.store.recovery.finished_txns`."""
         return recovery.finished_txns(self.reads)
 
     def load_prepared(self, finished: set[str]) -> list[PreparedRow]:
+        """See :func:`eomsg.store.recovery.load_prepared`."""
         return recovery.load_prepared(self.reads, finished)
 
     def load_counts(self) -> dict[int, SettledCounts]:
+        """See :func:`eomsg.store.recovery.load_counts`."""
         return recovery.load_counts(self.reads)
 
     def load_route_runs(self) -> dict[int, list[tuple[int, int]]]:
+        """See :func:`eomsg.store.recovery.load_route_runs`."""
         return recovery.load_route_runs(self.reads)
 
     # -- node_meta (eomsg.store.node_meta) ----------------------------------------------
 
     def meta(self, key: str) -> str | None:
+        """See :func:`eomsg.store.node_meta.meta`."""
         return node_meta.meta(self.reads, key)
 
     def meta_prefixed(self, prefix: str) -> dict[str, str]:
+        """See :func:`eomsg.store.node_meta.meta_prefixed`."""
         return node_meta.meta_prefixed(self.reads, prefix)
 
     def settings(self) -> dict[str, str]:
+        """See :func:`eomsg.store.node_meta.settings`."""
         return node_meta.settings(self.reads)
 
     save_meta_job = staticmethod(node_meta.save_meta_job)
@@ -294,6 +304,7 @@ class Store:
         to_seq: int | None = None,
         until_us: int | None = None,
     ) -> list[Message]:
+        """See :func:`eomsg.store.messages.log`."""
         return messages.log(
             self.reads,
             topic_regex,
@@ -305,38 +316,49 @@ class Store:
         )
 
     def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
+        """See :func:`eomsg.store.messages.expiries`."""
         return messages.expiries(self.reads, seqs)
 
     def published_at(self, seqs: Sequence[int]) -> dict[int, float]:
+        """See :func:`eomsg.store.messages.published_at`."""
         return messages.published_at(self.reads, seqs)
 
     def payload_sizes_of(self, seqs: Sequence[int]) -> dict[int, int]:
+        """See :func:`eomsg.store.messages.payload_sizes_of`."""
         return messages.payload_sizes_of(self.reads, seqs)
 
     def pending_bytes(self) -> dict[int, int]:
+        """See :func:`eomsg.store.backlog.pending_bytes`."""
         return backlog.pending_bytes(self.reads)
 
     def payload_sizes(self, sample: int = 1000) -> dict[int, float]:
+        """See :func:`eomsg.store.backlog.payload_sizes`."""
         return backlog.payload_sizes(self.reads, sample)
 
     def queue_payload_sizes(self, queue_id: int) -> dict[int, int]:
+        """See :func:`eomsg.store.backlog.queue_payload_sizes`."""
         return backlog.queue_payload_sizes(self.reads, queue_id)
 
     def settled_rows(self) -> int:
+        """See :func:`eomsg.store.backlog.settled_rows`."""
         return backlog.settled_rows(self.reads)
 
     # -- replay (eomsg.store.replays) -------------------------------------------------------
 
     def log_bounds(self, sel: Selection) -> tuple[int, int] | None:
+        """See :func:`eomsg.store.replays.log_bounds`."""
         return replays.log_bounds(self.reads, sel)
 
     def log_horizon(self) -> tuple[int, int | None]:
+        """See :func:`eomsg.store.replays.log_horizon`."""
         return replays.log_horizon(self.reads)
 
     def log_chunk(self, sel: Selection, lo: int, hi: int, max_bytes: int) -> tuple[Any, int]:
+        """See :func:`eomsg.store.replays.log_chunk`."""
         return replays.log_chunk(self.reads, sel, lo, hi, max_bytes)
 
     def replay_jobs(self, job_id: str | None = None) -> list[JobRecord]:
+        """See :func:`eomsg.store.replays.replay_jobs`."""
         return replays.replay_jobs(self.reads, job_id)
 
     record_replay_job = staticmethod(replays.record_replay_job)
@@ -344,9 +366,11 @@ class Store:
     # -- access (eomsg.store.access) --------------------------------------------------------
 
     def load_access(self) -> tuple[dict[str, int], list[tuple[str, str, str, str]]]:
+        """See :func:`eomsg.store.access.load_access`."""
         return access.load_access(self.reads)
 
     def audit_log(self, limit: int, before_us: int | None = None) -> list[tuple[Any, ...]]:
+        """See :func:`eomsg.store.access.audit_log`."""
         return access.audit_log(self.reads, limit, before_us)
 
     audited = staticmethod(access.audited)
