@@ -243,7 +243,7 @@ def test_a_store_from_before_the_hash_is_migrated(open_node: NodeFactory, data_d
         [Outgoing("orders/a", b"x", id=f"id-{i}") for i in range(100)]
     )
     assert [r.seq for r in again] == [r.seq for r in first] and all(r.duplicate for r in again)
-    rows = node.store._query("SELECT count(*) FROM publish_ids WHERE h IS NULL")
+    rows = node.store.reads.rows("SELECT count(*) FROM publish_ids WHERE h IS NULL")
     assert rows == [(0,)]
 
 

@@ -152,8 +152,8 @@ def test_a_read_duckdb_has_no_memory_for_runs_again_with_the_writer_held(
     node = open_node()
     node.admin.create_queue(QueueConfig("q", ("t",)))
     node.store.writer.sync()
-    full = _NoMemory(node.store._reader(), node.store.writer)
-    monkeypatch.setattr(node.store, "_reader", lambda: full)
+    full = _NoMemory(node.store.reads.reader(), node.store.writer)
+    monkeypatch.setattr(node.store.reads, "reader", lambda: full)
     with node.lock:
         assert [config.name for _, config in node.store.load_queues()] == ["q"]
     assert full.reads == [False, True]

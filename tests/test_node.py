@@ -590,14 +590,14 @@ def test_the_log_is_written_in_row_groups_of_the_stores_size(node: Node) -> None
     """The store gives DuckDB its row group size at every open (an option of ATTACH,
     not kept in the file): a checkpoint then writes 16,384 rows a row group, not
     122,880 (which took up to 0.9 s and 125 MiB of memory at 10,000 messages a second)."""
-    from eomsg.store.store import CATALOG, ROW_GROUP_ROWS
+    from eomsg.store.opening import CATALOG, ROW_GROUP_ROWS
 
     for start in range(0, 40_000, 10_000):
         node.ingress.publish_batch(
             [Outgoing("t/x", b"x", id=f"{start + i}") for i in range(10_000)]
         )
     node.store.writer.sync()
-    cursor = node.store._cursor()
+    cursor = node.store.reads.cursor()
     cursor.execute(f"CHECKPOINT {CATALOG}")
     sizes = cursor.execute(
         "SELECT row_group_id, max(start + count) FROM pragma_storage_info('messages') "
@@ -611,15 +611,15 @@ def test_a_store_asks_of_its_own_database_whether_it_has_tables(tmp_path: Path) 
     """Whether a store has its tables and its schema version are asked of its own
     database alone: another attached one with the same tables counts for nothing (and
     asking of every database cost ≈ 5 ms a node's open)."""
+    from eomsg.store.opening import has_meta
     from eomsg.store.schema import migrate, schema_version
-    from eomsg.store.store import _has_meta
 
     other = tmp_path / "other.duckdb"
     with Node.open(tmp_path / "data", NodeSettings(tick=None)):
         pass
     with duckdb.connect(str(other)) as conn:
-        assert (_has_meta(conn), schema_version(conn)) == (False, 0)
+        assert (has_meta(conn), schema_version(conn)) == (False, 0)
         conn.execute(f"ATTACH '{tmp_path / 'data' / 'eomsg.duckdb'}' AS store (READ_ONLY)")
-        assert (_has_meta(conn), schema_version(conn)) == (False, 0)
+        assert (has_meta(conn), schema_version(conn)) == (False, 0)
         migrate(conn)  # (its first migration makes node_meta)
-        assert _has_meta(conn) and schema_version(conn) > 0
+        assert has_meta(conn) and schema_version(conn) > 0

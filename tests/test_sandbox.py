@@ -93,7 +93,7 @@ def test_every_statement_kind_is_covered() -> None:
 
 
 def settings(node: Node) -> dict[str, Any]:
-    rows = node.store._query(
+    rows = node.store.reads.rows(
         "SELECT name, value FROM duckdb_settings() WHERE name IN (SELECT unnest(?))", [GUARDED]
     )
     return dict(rows)
@@ -144,7 +144,7 @@ def test_plain_selects_run(sql: str, rows: list[tuple[Any, ...]], node: Node) ->
 
 def test_the_configuration_is_locked_for_every_connection(node: Node) -> None:
     with pytest.raises(duckdb.InvalidInputException, match="locked"):
-        node.store._reader().execute("SET threads = 1")
+        node.store.reads.reader().execute("SET threads = 1")
 
 
 def test_through_a_served_node_by_the_cli(
@@ -177,7 +177,7 @@ def test_the_store_reaches_no_file_but_its_own_even_past_the_sandbox(
     other = tmp_path / "other.csv"
     other.write_text("a\n1\n")
     assert settings(node)["enable_external_access"] == "false"
-    cursor = node.store._cursor()
+    cursor = node.store.reads.cursor()
     for sql in (f"SELECT * FROM read_csv('{other}')", f"ATTACH '{tmp_path / 'x.duckdb'}'"):
         with pytest.raises(duckdb.PermissionException):
             cursor.execute(sql)

@@ -206,7 +206,7 @@ def test_the_wal_stays_within_its_bound(data_dir: Path) -> None:
     DuckDB's own automatic checkpoint back (here: a reader with a transaction open)."""
     limit = 1 << 20
     with Node.open(data_dir, NodeSettings(tick=None, wal_limit=limit)) as node:
-        reader = node.store._cursor()
+        reader = node.store.reads.cursor()
         reader.execute("BEGIN TRANSACTION READ ONLY")
         reader.execute("SELECT count(*) FROM messages").fetchall()
         largest = 0
@@ -314,7 +314,7 @@ def test_salvage_finds_the_rows_of_a_damaged_block_whatever_the_row_groups_size(
     import duckdb
 
     from eomsg.store import integrity, salvage
-    from eomsg.store.store import ROW_GROUP_ROWS
+    from eomsg.store.opening import ROW_GROUP_ROWS
 
     path = tmp_path / "mixed.duckdb"
     rows_of = "SELECT range, repeat(md5(range::VARCHAR), 4) FROM range({}, {})"

@@ -73,3 +73,10 @@ def read_json_object(path: Path, remedy: str) -> dict[str, Any]:
     if not isinstance(found, dict):
         raise DataDirError(f"{path} does not hold a JSON object; {remedy}")
     return found
+
+
+def make_private(data_dir: Path) -> None:
+    """Narrow every file of ``data_dir`` to its owner (DuckDB makes its files with the
+    process's umask, and its WAL anew after each checkpoint)."""
+    for entry in data_dir.iterdir():
+        owner_only(entry)

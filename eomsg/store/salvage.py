@@ -403,7 +403,7 @@ def _first_bad_block(
 def _row_group_starts(db: duckdb.DuckDBPyConnection, table: str) -> dict[int, int]:
     """The first row of each row group of ``table``. Their sizes differ within one
     file: DuckDB's default (122,880 rows) where compaction, salvage or an eomsg from
-    before :data:`eomsg.store.store.ROW_GROUP_ROWS` wrote them, that where the node did."""
+    before :data:`eomsg.store.opening.ROW_GROUP_ROWS` wrote them, that where the node did."""
     sizes = db.execute(
         "SELECT row_group_id, max(start + count) FROM pragma_storage_info(?) "
         "WHERE column_id = 0 GROUP BY row_group_id ORDER BY row_group_id",

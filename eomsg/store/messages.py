@@ -1,0 +1,157 @@
+"""Reading the retained log's messages: whole, as rows, or one column of a few.
+
+A message the writer journaled and DuckDB does not hold yet is in the writer's overlay;
+a message leaves the overlay only after DuckDB committed it, so a read that looks there
+first, then in DuckDB, never misses one and need not wait for the writer. A read of a
+range of the log (:func:`log`) waits instead (:meth:`Reads.sync`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from eomsg.core.message import Message
+from eomsg.store.reads import Reads
+
+US = 1_000_000  # times cross the store's boundary as integer microseconds since the epoch
+
+_COLUMNS = "seq, topic, id, epoch_us(published_at), epoch_us(expires_at), headers, payload"
+# A ``messages`` row as the writer's overlay and :func:`fetch_rows` give it: seq,
+# topic, id, published and expires (µs), headers (JSON text or None), payload.
+MessageRow = tuple[int, str, str | None, int, int | None, str | None, bytes]
+
+
+def message(row: Sequence[Any]) -> Message:
+    """The :class:`Message` of one ``messages`` row (:data:`MessageRow`)."""
+    seq, topic, msg_id, published_us, expires_us, headers, payload = row
+    return Message(
+        seq=seq,
+        topic=topic,
+        payload=bytes(payload),
+        id=msg_id,
+        published_at=published_us / US,
+        expires_at=None if expires_us is None else expires_us / US,
+        headers=json.loads(headers) if headers else {},
+    )
+
+
+def fetch_rows(
+    reads: Reads, seqs: Sequence[int], *, memory_only: bool = False
+) -> list[MessageRow | None] | None:
+    """The ``messages`` rows of these sequence numbers (ascending), in their order,
+    None for one not in the log: those DuckDB does not hold yet from the writer's
+    overlay, the rest from DuckDB. ``memory_only``: None rather than read DuckDB (for a
+    caller that must not block)."""
+    rows: list[Any] = list(map(reads.writer.overlay.get, seqs))
+    if None not in rows:  # the usual case: a busy link sends what was just written
+        return rows
+    if memory_only:
+        return None
+    rest = [seq for seq, row in zip(seqs, rows, strict=True) if row is None]
+    low, high = rest[0], rest[-1]
+    if high - low < 4 * len(rest):  # dense, the usual case: a plain range scan
+        read = reads.rows(
+            f"SELECT {_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
+            [low, high],
+        )
+    else:
+        read = reads.rows(
+            f"""SELECT {_COLUMNS} FROM messages
+                WHERE seq BETWEEN ? AND ? AND seq IN (SELECT unnest(?::BIGINT[]))""",
+            [low, high, rest],
+        )
+    found = {row[0]: row for row in read}
+    return [found.get(seq) if row is None else row for seq, row in zip(seqs, rows, strict=True)]
+
+
+def log(
+    reads: Reads,
+    topic_regex: str | None,
+    from_seq: int,
+    limit: int,
+    *,
+    newest: bool = False,
+    to_seq: int | None = None,
+    until_us: int | None = None,
+) -> list[Message]:
+    """Retained messages from ``from_seq`` on (to ``to_seq``; published before
+    ``until_us``, microseconds since the epoch), optionally filtered by a topic
+    regex, oldest first: the first ``limit``, or with ``newest`` the last."""
+    reads.sync()  # every acknowledged write, not only what DuckDB holds
+    where = "seq >= ?"
+    params: list[Any] = [from_seq]
+    if to_seq is not None:
+        where += " AND seq <= ?"
+        params.append(to_seq)
+    if until_us is not None:
+        where += " AND published_at < make_timestamp(?)"
+        params.append(until_us)
+    if topic_regex is not None:
+        where += " AND regexp_full_match(topic, ?)"
+        params.append(topic_regex)
+    rows = reads.rows(
+        f"""SELECT {_COLUMNS} FROM messages WHERE {where}
+            ORDER BY seq {"DESC" if newest else ""} LIMIT ?""",
+        [*params, limit],
+    )
+    return [message(r) for r in (reversed(rows) if newest else rows)]
+
+
+def _fresh(reads: Reads, seqs: Sequence[int]) -> tuple[dict[int, Any], list[int]]:
+    """The ``messages`` rows of ``seqs`` still in the writer's overlay (DuckDB may not
+    hold them yet), by seq, and the seqs to read from DuckDB."""
+    overlay = reads.writer.overlay
+    fresh: dict[int, Any] = {}
+    rest = []
+    for seq in seqs:
+        row = overlay.get(seq)
+        if row is None:
+            rest.append(seq)
+        else:
+            fresh[seq] = row
+    return fresh, rest
+
+
+def _column(reads: Reads, seqs: Sequence[int], index: int, column: str) -> dict[int, Any]:
+    """One timestamp column of ``messages`` (``index`` in its rows) for ``seqs``, in
+    microseconds: from the writer's overlay, else DuckDB."""
+    fresh, rest = _fresh(reads, seqs)
+    found = {seq: row[index] for seq, row in fresh.items()}
+    if rest:
+        found.update(
+            reads.rows(
+                f"SELECT seq, epoch_us({column}) FROM messages "
+                "WHERE seq IN (SELECT unnest(?::BIGINT[]))",
+                [rest],
+            )
+        )
+    return found
+
+
+def expiries(reads: Reads, seqs: Sequence[int]) -> dict[int, float]:
+    """Expiry times of the messages among ``seqs`` that have one, by seq."""
+    found = _column(reads, seqs, 4, "expires_at")
+    return {seq: us / US for seq, us in found.items() if us is not None}
+
+
+def published_at(reads: Reads, seqs: Sequence[int]) -> dict[int, float]:
+    """Publish times of a few messages, by seq."""
+    return {seq: us / US for seq, us in _column(reads, seqs, 3, "published_at").items()}
+
+
+def payload_sizes_of(reads: Reads, seqs: Sequence[int]) -> dict[int, int]:
+    """Payload bytes of the messages among ``seqs`` still in the log, by seq: from the
+    writer's overlay, else DuckDB."""
+    fresh, rest = _fresh(reads, seqs)
+    found = {seq: len(row[6]) for seq, row in fresh.items()}
+    if rest:
+        found.update(
+            reads.rows(
+                "SELECT seq, octet_length(payload) FROM messages "
+                "WHERE seq IN (SELECT unnest(?::BIGINT[]))",
+                [rest],
+            )
+        )
+    return found

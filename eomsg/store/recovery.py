@@ -1,0 +1,214 @@
+"""What a node reads of its store as it opens, to rebuild its state in memory: the
+queues, what they still hold and how often each message was delivered, the live
+publish ids, the transactions prepared and finished, the settled counts and what the
+links' routes were given.
+
+Each reads only the hot tables and the log range they point into, or a table whose size
+is bounded by compaction (see ``docs/architecture.md``, "Hot tables and the log"): a
+recovery reads state proportional to the backlog, not to the log.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+
+from eomsg.core.dedup import RetainedIds
+from eomsg.core.message import Outgoing
+from eomsg.core.queues import QueueConfig
+from eomsg.store.reads import Reads
+
+
+class PendingRow(NamedTuple):
+    """One unsettled (queue, message) pair found on recovery; times in microseconds (a
+    tuple: a recovery reads millions)."""
+
+    queue_id: int
+    seq: int
+    expires_us: int | None
+    attempt: int | None  # None: never delivered
+    due_us: int | None
+    released: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRow:
+    """A transaction found prepared on recovery (seed 000), with its work."""
+
+    txid: str
+    coordinator: str
+    principal: str | None  # who prepared it (None: before principals existed)
+    prepared_us: int
+    messages: list[Outgoing]
+    deletes: list[tuple[int, int]]  # (queue_id, seq)
+
+
+@dataclass(frozen=True, slots=True)
+class SettledCounts:
+    deleted: int = 0
+    expired: int = 0
+    dead_lettered: int = 0
+    purged: int = 0
+
+
+_PENDING = """
+    WITH hot AS (
+        SELECT d.queue_id, d.seq FROM destinations d
+        ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+    ), latest AS (
+        SELECT queue_id, seq, max(attempt) AS top,
+               arg_max(epoch_us(due), attempt * 2 + released::INTEGER) AS due,
+               arg_max(released, attempt * 2 + released::INTEGER) AS released
+        FROM deliveries GROUP BY queue_id, seq
+    ), handed AS (
+        SELECT queue_id, seq, attempt, count(*) FILTER (NOT released) AS n
+        FROM deliveries GROUP BY queue_id, seq, attempt
+    ), back AS (
+        SELECT queue_id, seq, attempt, count(*) AS n,
+               max(epoch_us(returned_at)) AS at
+        FROM returned GROUP BY queue_id, seq, attempt
+    ), counted AS (
+        SELECT h.queue_id, h.seq,
+               coalesce(max(h.attempt) FILTER (WHERE h.n > coalesce(b.n, 0)), 0)
+                   AS attempt,
+               max(b.at) AS at
+        FROM handed h LEFT JOIN back b USING (queue_id, seq, attempt)
+        GROUP BY h.queue_id, h.seq
+    )
+    SELECT h.queue_id, h.seq, epoch_us(m.expires_at), c.attempt,
+           CASE WHEN c.attempt < l.top THEN c.at ELSE l.due END,
+           c.attempt < l.top OR l.released
+    FROM hot h
+    JOIN messages m ON m.seq = h.seq
+    LEFT JOIN latest l ON l.queue_id = h.queue_id AND l.seq = h.seq
+    LEFT JOIN counted c ON c.queue_id = h.queue_id AND c.seq = h.seq
+    WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
+    ORDER BY h.queue_id, h.seq
+"""
+
+
+def load_queues(reads: Reads) -> list[tuple[int, QueueConfig]]:
+    """Every queue, by id (ascending), with its config."""
+    rows = reads.rows("SELECT queue_id, config FROM queues ORDER BY queue_id")
+    return [(qid, QueueConfig.from_json(json.loads(config))) for qid, config in rows]
+
+
+def load_pending(reads: Reads) -> Iterator[PendingRow]:
+    """Every unsettled (queue, message) pair with its latest delivery attempt, ordered
+    by queue then seq. Reads only the hot tables and the log range they point into.
+
+    An attempt counts while it was handed out more often than it was given back
+    unseen (the number is reused by the next delivery, so the two are counted): the
+    attempt restored is the highest that counts (0: none did). When that is below
+    the highest ever made, the message is ready again since its last return, as the
+    cursor keeps it in memory."""
+    try:
+        result = reads.reader().execute(_PENDING)
+        while chunk := result.fetchmany(65536):
+            yield from map(PendingRow._make, chunk)
+    except duckdb.Error as e:
+        raise reads.error(e, "recovering pending messages") from e
+
+
+def publish_id_runs(reads: Reads, now_us: int, from_seq: int, rows: int) -> Iterator[RetainedIds]:
+    """The live publish ids numbered from ``from_seq`` on, in runs of about ``rows``
+    ids in seq order, each sorted by hash for the dedup window (DuckDB keeps each
+    id's hash: none is computed here)."""
+    cursor = reads.cursor()  # its own: a scan left unfinished blocks checkpoints
+    try:
+        relation = cursor.sql(
+            """SELECT h, seq, id,
+                      coalesce(epoch_us(expires_at) / 1e6, 'NaN'::DOUBLE) AS expires
+               FROM publish_ids
+               WHERE seq >= ? AND (expires_at IS NULL OR epoch_us(expires_at) > ?)
+               ORDER BY seq""",
+            params=[from_seq, now_us],
+        )
+        for chunk in relation.to_arrow_reader(rows):
+            if not chunk.num_rows:
+                continue
+            hashes = chunk.column("h").to_numpy(zero_copy_only=False).astype(np.uint32)
+            order = np.argsort(hashes, kind="stable")
+            yield RetainedIds(
+                hashes[order],
+                chunk.column("seq").to_numpy(zero_copy_only=False)[order],
+                chunk.column("expires").to_numpy(zero_copy_only=False)[order],
+                pa.chunked_array([chunk.column("id").take(pa.array(order))]),
+            )
+    except duckdb.Error as e:
+        raise reads.error(e, "reading the store") from e
+    finally:
+        cursor.close()
+
+
+def finished_txns(reads: Reads) -> dict[str, str]:
+    """The final state of every finished transaction still recorded, by txid."""
+    reads.sync()  # every acknowledged write, not only what DuckDB holds
+    return dict(reads.rows("SELECT txid, state FROM txn_log WHERE state <> 'prepared'"))
+
+
+def load_prepared(reads: Reads, finished: set[str]) -> list[PreparedRow]:
+    """Prepared transactions not among ``finished``, with what they publish and
+    delete, in preparation order."""
+    heads = reads.rows(
+        """SELECT txid, coordinator, principal, epoch_us(logged_at) FROM txn_log
+           WHERE state = 'prepared' ORDER BY logged_at, txid"""
+    )
+    open_ = [h for h in heads if h[0] not in finished]
+    if not open_:
+        return []
+    ids = [h[0] for h in open_]
+    messages: dict[str, list[Outgoing]] = {}
+    for txid, topic, msg_id, ttl, headers, payload in reads.rows(
+        """SELECT txid, topic, id, ttl, headers, payload FROM txn_messages
+           WHERE txid IN (SELECT unnest(?::VARCHAR[])) ORDER BY txid, idx""",
+        [ids],
+    ):
+        messages.setdefault(txid, []).append(
+            Outgoing(topic, bytes(payload), msg_id, ttl, json.loads(headers) if headers else {})
+        )
+    deletes: dict[str, list[tuple[int, int]]] = {}
+    for txid, queue_id, seq in reads.rows(
+        """SELECT txid, queue_id, seq FROM txn_deletes
+           WHERE txid IN (SELECT unnest(?::VARCHAR[])) ORDER BY txid, queue_id, seq""",
+        [ids],
+    ):
+        deletes.setdefault(txid, []).append((queue_id, seq))
+    return [
+        PreparedRow(
+            txid, coordinator, principal, at_us, messages.get(txid, []), deletes.get(txid, [])
+        )
+        for txid, coordinator, principal, at_us in open_
+    ]
+
+
+def load_counts(reads: Reads) -> dict[int, SettledCounts]:
+    """Settled totals per queue: compacted totals plus records not yet compacted."""
+    reads.sync()  # every acknowledged write, not only what DuckDB holds
+    rows = reads.rows(
+        """SELECT queue_id, sum(deleted), sum(expired), sum(dead_lettered), sum(purged)
+           FROM (
+               SELECT queue_id, deleted, expired, dead_lettered, purged FROM queue_stats
+               UNION ALL
+               SELECT queue_id, (outcome = 0)::INT, (outcome = 1)::INT,
+                      (outcome = 2)::INT, (outcome = 3)::INT FROM settled
+           ) GROUP BY queue_id"""
+    )
+    return {qid: SettledCounts(*(int(v) for v in vals)) for qid, *vals in rows}
+
+
+def load_route_runs(reads: Reads) -> dict[int, list[tuple[int, int]]]:
+    """What the links' routes were given and not compacted yet: by route id, its
+    runs of seqs (first, last), ascending. At recovery (node/links.py)."""
+    runs: dict[int, list[tuple[int, int]]] = {}
+    for route_id, lo, hi in reads.rows(
+        "SELECT route_id, lo, hi FROM route_runs ORDER BY route_id, lo"
+    ):
+        runs.setdefault(route_id, []).append((lo, hi))
+    return runs
