@@ -343,7 +343,6 @@ STILL_OVER = {
     "function eomsg/store/journal.py:read_segment: body lines": 76,
     "function eomsg/store/spill.py:SpilledIds.add: body lines": 71,
     "function eomsg/cli/replay.py:_progress: body lines": 64,
-    "function eomsg/client/transaction.py:Transaction.commit: body lines": 61,
 }
 
 
