@@ -336,11 +336,9 @@ STILL_OVER = {
     "module eomsg/store/store.py: lines": 1164,
     "module eomsg/server/session.py: lines": 1003,
     "module eomsg/server/link.py: lines": 875,
-    "function eomsg/cli/replay.py:spark_replay: body lines": 91,
     "function eomsg/node/ingress.py:Ingress._stage: body lines": 91,
     "function eomsg/node/links.py:Links._accept: body lines": 89,
     "function eomsg/client/aio.py:AsyncClient._on_event: body lines": 77,
-    "function eomsg/cli/replay.py:_progress: body lines": 64,
 }
 
 
