@@ -338,7 +338,6 @@ STILL_OVER = {
     "module eomsg/server/link.py: lines": 875,
     "function eomsg/node/ingress.py:Ingress._stage: body lines": 91,
     "function eomsg/node/links.py:Links._accept: body lines": 89,
-    "function eomsg/client/aio.py:AsyncClient._on_event: body lines": 77,
 }
 
 
