@@ -327,7 +327,6 @@ def test_every_module_eomsg_imports_is_declared() -> None:
 # its size today: a list that may only shrink — a new entry, or one grown, fails.
 MAX_METHODS, MAX_MODULE_LINES, MAX_BODY_LINES = 60, 800, 60
 STILL_OVER = {
-    "class eomsg.client.sync.Consumer: eomsg bases": 2,
     "class eomsg.node.node.Node: methods": 129,
     "class eomsg.node.links.Links: methods": 112,
     "class eomsg.node.egress.Egress: methods": 64,
