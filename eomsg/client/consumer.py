@@ -267,8 +267,9 @@ class BaseConsumer(abc.ABC):
 class Pushes:
     """What a node pushes to ``consumer`` over ``connection`` (the asyncio client its
     subscription lives on), kept on the connection's loop: each batch noted in the
-    consumer's buffer as it arrives, and a timer that gives back, unseen, what was not
-    handed out in time. A pushed consumer holds one (its flavour is its one base)."""
+    consumer's buffer as it arrives (the buffer it holds then: it takes a new one each
+    time it is entered), and a timer that gives back, unseen, what was not handed out
+    in time. The asyncio and the synchronous consumer each hold one."""
 
     def __init__(self, consumer: BaseConsumer, connection: AsyncClient) -> None:
         self.consumer = consumer
