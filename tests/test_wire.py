@@ -177,7 +177,10 @@ def test_the_peers_illegal_move_is_remote_and_ours_is_local() -> None:
 
 
 def handled_events(dispatch: Any) -> set[str]:
-    """The event classes a dispatch's ``match`` has a case for."""
+    """The event classes a dispatch has a handler for: the keys of its table (event
+    type → handler), or those its ``match`` has a case for."""
+    if isinstance(dispatch, dict):
+        return {event.__name__ for event in dispatch}
     tree = ast.parse(textwrap.dedent(inspect.getsource(dispatch)))
     return {
         node.cls.attr
@@ -194,7 +197,7 @@ CLIENT_STATES = set(State) - LINK_STATES
     ("dispatch", "senders", "states"),
     [
         (Session._dispatch, {Role.CLIENT}, CLIENT_STATES),
-        (AsyncClient._on_event, {Role.SERVER}, CLIENT_STATES),
+        (AsyncClient._HANDLERS, {Role.SERVER}, CLIENT_STATES),
         (LinkConnection._dispatch, set(Role), LINK_STATES),  # either side of a link
     ],
     ids=["node", "client", "link"],

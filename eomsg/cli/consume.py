@@ -143,33 +143,8 @@ def consume(
     # SIGTERM ends the command as Ctrl-C does: what was handled is deleted, the rest is
     # given back, and the flow is unbound — not left to the ack timeout.
     signal.signal(signal.SIGTERM, _Stop.on_sigterm)
-    if into is not None and exec_ is not None:
-        raise UsageError("--into and --exec do not combine (use one)")
-    if delimiter is not None and not raw:
-        raise UsageError("--delimiter goes with --raw (text and JSON lines end with a newline)")
-    if raw and (json or into is not None or exec_ is not None):
-        raise UsageError(
-            "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
-        )
-    prefetch = batch
-    handler: _Handler
-    if into is not None:
-        from eomsg.client.sink import open_sink  # the application database's driver
-
-        handler = _Land(open_sink(into), json)
-        # Two batches ahead: the node sends the next while one commits (with one, each
-        # batch waited a round trip). Only here, where a batch is one transaction of the
-        # application's database: the next batch's deliveries age while this one is
-        # handled, and a reader of stdout or a command may be slow.
-        prefetch = 2 * batch
-    elif exec_ is not None:
-        handler, batch, prefetch = _Exec(exec_), 1, 1
-    elif raw:
-        handler = _Print(formats.raw(_delimiter("\\n" if delimiter is None else delimiter, max)))
-    else:
-        handler = _Print(formats.json_line if json else formats.text_line)
-    if max is not None:  # take ahead no more than will be handed out
-        batch, prefetch = min(batch, max), min(prefetch, max)
+    _check_options(into, exec_, raw, delimiter, json)
+    handler, batch, prefetch = _handler(into, exec_, raw, delimiter, json, batch, max)
     waits = follow or timeout is not None
     last: FlowEvent | None = None
     left = max  # messages still to take (None: no limit)
@@ -204,6 +179,53 @@ def consume(
             f"flow {last.flow} on {queue} is on standby: another consumer is active "
             "(use --follow to wait for its turn)"
         )
+
+
+def _check_options(
+    into: str | None, exec_: str | None, raw: bool, delimiter: str | None, json: bool
+) -> None:
+    """UsageError if the options ask for what does not combine."""
+    if into is not None and exec_ is not None:
+        raise UsageError("--into and --exec do not combine (use one)")
+    if delimiter is not None and not raw:
+        raise UsageError("--delimiter goes with --raw (text and JSON lines end with a newline)")
+    if raw and (json or into is not None or exec_ is not None):
+        raise UsageError(
+            "--raw writes payloads to stdout: it does not combine with --json, --into or --exec"
+        )
+
+
+def _handler(
+    into: str | None,
+    exec_: str | None,
+    raw: bool,
+    delimiter: str | None,
+    json: bool,
+    batch: int,
+    max: int | None,
+) -> tuple[_Handler, int, int]:
+    """What the options ask done with each batch (options checked by
+    :func:`_check_options`), with the messages taken at a time and taken ahead."""
+    prefetch = batch
+    handler: _Handler
+    if into is not None:
+        from eomsg.client.sink import open_sink  # the application database's driver
+
+        handler = _Land(open_sink(into), json)
+        # Two batches ahead: the node sends the next while one commits (with one, each
+        # batch waited a round trip). Only here, where a batch is one transaction of the
+        # application's database: the next batch's deliveries age while this one is
+        # handled, and a reader of stdout or a command may be slow.
+        prefetch = 2 * batch
+    elif exec_ is not None:
+        handler, batch, prefetch = _Exec(exec_), 1, 1
+    elif raw:
+        handler = _Print(formats.raw(_delimiter("\\n" if delimiter is None else delimiter, max)))
+    else:
+        handler = _Print(formats.json_line if json else formats.text_line)
+    if max is not None:  # take ahead no more than will be handed out
+        batch, prefetch = min(batch, max), min(prefetch, max)
+    return handler, batch, prefetch
 
 
 def _delimiter(text: str, max: int | None) -> bytes:

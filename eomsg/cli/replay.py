@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -100,61 +100,74 @@ def spark_replay(
       eomsg spark-replay --topic 'orders/>' --sink parquet:out/orders
       eomsg spark-replay --queue audit --since 2d --sink duckdb:app.duckdb:audit --dry-run
     """
-    from eomsg.spark import classes
-    from eomsg.spark.job import ReplaySpec, execute
-    from eomsg.spark.session import (
-        check_master,
-        java_version,
-        making_classes,
-        parse_conf,
-        start,
-        stop,
-    )
+    from eomsg.spark.job import ReplaySpec
+    from eomsg.spark.session import check_master, java_version, parse_conf
 
     spec = ReplaySpec(
-        sink,
-        topic,
-        queue,
-        from_seq,
-        to_seq,
-        since,
-        until,
-        transform,
-        sql,
-        decode,
-        job_id,
+        sink, topic, queue, from_seq, to_seq, since, until, transform, sql, decode, job_id,
         partitions,
-    )
+    )  # fmt: skip
     settings = parse_conf(conf or [])
-    _signalled.clear()  # a signal to an earlier run in this process is not this run's
-    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM stops a run as Ctrl-C does
-        signal.signal(signum, _interrupt)
+    _catch_signals()
     if not dry_run:
         java_version()  # before anything is recorded: a missing Java changes nothing
         check_master(master)  # … nor does a cluster that cannot be reached
     p = _planned(spec, data, force, json)
     if dry_run:
+        _say_plan(p, json)
+    elif p.action is Action.SKIP:
+        _say_skipped(p, json)
+    else:
+        result = _run(p, data, master, settings, allow_fewer, json)
         if json:
-            print_json(p.to_json())
+            print_json(result.to_json())
         else:
-            for line in p.lines():
-                say(line)
-        return
-    if p.action is Action.SKIP:
-        assert p.previous is not None
-        if json:
-            print_json({"job_id": p.job_id, "status": "skipped", "rows": p.previous.rows})
-        else:
-            say(
-                f"job {p.job_id} is already done ({p.previous.rows} rows): nothing to do "
-                "(use --force to run it again)"
-            )
-        return
+            say(f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})")
+
+
+def _catch_signals() -> None:
+    """From now on, SIGINT and SIGTERM stop this run as Ctrl-C does (:func:`_interrupt`);
+    a signal an earlier run in this process had is forgotten."""
+    _signalled.clear()  # a signal to an earlier run in this process is not this run's
+    for signum in (signal.SIGINT, signal.SIGTERM):  # SIGTERM stops a run as Ctrl-C does
+        signal.signal(signum, _interrupt)
+
+
+def _say_plan(p: Any, json: bool) -> None:
+    """--dry-run: the plan ``p``, as JSON or lines."""
+    if json:
+        print_json(p.to_json())
+    else:
+        for line in p.lines():
+            say(line)
+
+
+def _say_skipped(p: Any, json: bool) -> None:
+    """The job of plan ``p`` is done already: nothing to do, said."""
+    assert p.previous is not None
+    if json:
+        print_json({"job_id": p.job_id, "status": "skipped", "rows": p.previous.rows})
+    else:
+        say(
+            f"job {p.job_id} is already done ({p.previous.rows} rows): nothing to do "
+            "(use --force to run it again)"
+        )
+
+
+def _run(p: Any, data: Path, master: str, settings: Any, allow_fewer: bool, quiet: bool) -> Any:
+    """Run plan ``p`` on Spark at ``master`` (configured by ``settings``) with progress
+    on stderr unless ``quiet``: its result. Spark's own log is removed once the run
+    succeeded, else kept and named in the ReplayFailed; each session is stopped once
+    the watch on its tasks has (its classes kept in the user's cache if it ran well)."""
+    from eomsg.spark import classes
+    from eomsg.spark.job import execute
+    from eomsg.spark.session import making_classes, start, stop
+
     log: list[Path] = []  # Spark's own log, once it started: kept only if the run failed
     sessions: list[Any] = []
     done = False
     try:
-        with _progress(quiet=json) as (report, spark_started):
+        with _progress(quiet=quiet) as (report, spark_started):
 
             def spark() -> Any:
                 report(f"starting Spark on {master}")
@@ -187,10 +200,7 @@ def spark_replay(
                 stop(session, ok=done)
     for path in log:
         path.unlink(missing_ok=True)
-    if json:
-        print_json(result.to_json())
-    else:
-        say(f"replayed {result.rows} rows into {p.sink.text} (job {result.job_id})")
+    return result
 
 
 def _planned(spec: Any, data: Path, force: bool, json: bool) -> Any:
@@ -240,6 +250,32 @@ def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
     if quiet:
         yield (lambda _msg: None), (lambda _session: None)
         return
+    start = time.monotonic()
+    stop = threading.Event()
+    err_console = console(err=True)
+    bar_shown = err_console.is_terminal
+    progress = _progress_bar(err_console, drawn=bar_shown)
+    bar = progress.add_task("Spark tasks", total=None, visible=False)
+
+    def report(message: str) -> None:
+        progress.console.print(shown(f"[{time.monotonic() - start:6.1f}s] {message}"))
+
+    def show(done: int, total: int) -> None:
+        progress.update(bar, completed=done, total=total, visible=True)
+
+    def spark_started(session: Any) -> None:
+        on_bar = show if bar_shown else None
+        threading.Thread(target=_watch, args=(session, stop, report, on_bar), daemon=True).start()
+
+    with progress:
+        try:
+            yield report, spark_started
+        finally:
+            stop.set()
+
+
+def _progress_bar(err_console: Any, drawn: bool) -> Any:
+    """A transient bar of Spark's tasks on ``err_console``, drawn only if ``drawn``."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -248,56 +284,48 @@ def _progress(quiet: bool) -> Iterator[tuple[Any, Any]]:
         TimeElapsedColumn,
     )
 
-    start = time.monotonic()
-    stop = threading.Event()
-    err_console = console(err=True)
-    bar_shown = err_console.is_terminal
-    progress = Progress(
+    return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         console=err_console,
         transient=True,
-        disable=not bar_shown,
+        disable=not drawn,
     )
-    bar = progress.add_task("Spark tasks", total=None, visible=False)
 
-    def report(message: str) -> None:
-        progress.console.print(shown(f"[{time.monotonic() - start:6.1f}s] {message}"))
 
-    def watch(session: Any) -> None:
-        tracker = session.sparkContext.statusTracker()
-        last: tuple[int, int] | None = None
-        idle_since, warned = time.monotonic(), False
-        while not stop.wait(0.5):
-            stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
-            stages = [s for s in stages if s is not None]
-            if not stages:
-                idle_since = time.monotonic()
-                continue
-            done = sum(s.numCompletedTasks for s in stages)
-            total = sum(s.numTasks for s in stages)
-            running = sum(s.numActiveTasks for s in stages)
-            if running or done:
-                idle_since = time.monotonic()
-            elif not warned and time.monotonic() - idle_since > STARVED:
-                warned = True
-                report(
-                    f"no executor has taken a task for {STARVED:g} s: can a worker give what "
-                    "the job asks (spark.executor.memory, spark.executor.cores)? Ctrl-C stops it"
-                )
-            if bar_shown:
-                progress.update(bar, completed=done, total=total, visible=True)
-            elif (done, total) != last:
-                report(f"tasks {done}/{total}")
-            last = (done, total)
-
-    def spark_started(session: Any) -> None:
-        threading.Thread(target=watch, args=(session,), daemon=True).start()
-
-    with progress:
-        try:
-            yield report, spark_started
-        finally:
-            stop.set()
+def _watch(
+    session: Any,
+    stop: threading.Event,
+    report: Callable[[str], None],
+    bar: Callable[[int, int], None] | None,
+) -> None:
+    """Until ``stop`` is set, every half second: the tasks of Spark's active stages done
+    and in all, given to ``bar`` — or, with no bar, reported at each change; and once,
+    after STARVED seconds in which no task ran, that no executor takes them up."""
+    tracker = session.sparkContext.statusTracker()
+    last: tuple[int, int] | None = None
+    idle_since, warned = time.monotonic(), False
+    while not stop.wait(0.5):
+        stages = [tracker.getStageInfo(s) for s in tracker.getActiveStageIds()]
+        stages = [s for s in stages if s is not None]
+        if not stages:
+            idle_since = time.monotonic()
+            continue
+        done = sum(s.numCompletedTasks for s in stages)
+        total = sum(s.numTasks for s in stages)
+        running = sum(s.numActiveTasks for s in stages)
+        if running or done:
+            idle_since = time.monotonic()
+        elif not warned and time.monotonic() - idle_since > STARVED:
+            warned = True
+            report(
+                f"no executor has taken a task for {STARVED:g} s: can a worker give what "
+                "the job asks (spark.executor.memory, spark.executor.cores)? Ctrl-C stops it"
+            )
+        if bar is not None:
+            bar(done, total)
+        elif (done, total) != last:
+            report(f"tasks {done}/{total}")
+        last = (done, total)

@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -23,6 +23,9 @@ from eomsg.core.limits import MAX_FRAME, MIN_FRAME, parse_size
 from eomsg.errors import UsageError
 from eomsg.transport.address import Address, parse_address, token_path
 from eomsg.transport.tls import ServerTls
+
+if TYPE_CHECKING:
+    from eomsg.node.node import NodeSettings
 
 
 @handles_errors
@@ -131,11 +134,7 @@ def serve(
         level=logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    import pyarrow as pa
-
-    from eomsg.core import memory
-    from eomsg.core.links import check_node_name
-    from eomsg.node.node import Node, NodeSettings
+    from eomsg.node.node import Node
     from eomsg.server.server import ServerSettings
     from eomsg.server.server import serve as run_server
 
@@ -151,33 +150,10 @@ def serve(
         metrics=None if metrics is None else parse_address(metrics),
     )
     settings.check()  # before taking the data directory
-
-    # The node refuses to open with a --max-frame that cannot carry its max-payload.
-    node_settings = NodeSettings(node_name=node_name, max_frame=frame)
-    if memory_limit is not None:
-        limit = parse_size(memory_limit, low=memory.LOWEST, high=1 << 40)
-        node_settings = replace(node_settings, memory_limit=limit)
-    # Arrow's own allocator keeps what it freed for later: the system's gives it back, so
-    # a node's resident memory follows what it holds.
-    pa.set_memory_pool(pa.system_memory_pool())
-    if node_name is not None:
-        check_node_name(node_name)  # before taking the data directory
+    node_settings = _node_settings(node_name, frame, memory_limit)
 
     def ready(addresses: list[Address], scraped: Address | None) -> None:
-        where = [str(a) for a in addresses]
-        name = node.node_name
-        at = None if scraped is None else f"http://{str(scraped).removeprefix('tcp://')}/metrics"
-        if json:
-            print_json(
-                {"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where,
-                 "node": name, **({"metrics": at} if at else {})}
-            )  # fmt: skip
-        else:
-            say(f"eomsg node {name} (pid {os.getpid()}) serving {data} on {', '.join(where)}")
-            if len(addresses) > 1:
-                say(f"TCP clients need the token in {token_path(data)}")
-            if at is not None:
-                say(f"metrics at {at} (Authorization: Bearer TOKEN)")
+        _say_ready(data, node.node_name, addresses, scraped, json)
 
     os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
     # On a full disk it waits for room, as it does when its store fails later on.
@@ -189,6 +165,50 @@ def serve(
         print_json({"event": "stopped", "pid": os.getpid()})
     else:
         say("stopped")
+
+
+def _node_settings(
+    node_name: str | None, frame: int | None, memory_limit: str | None
+) -> NodeSettings:
+    """The node's settings from the options, each checked before the data directory is
+    taken (the node itself refuses a ``frame`` that cannot carry its max-payload); and
+    Arrow set to give back the memory it frees."""
+    import pyarrow as pa
+
+    from eomsg.core import memory
+    from eomsg.core.links import check_node_name
+    from eomsg.node.node import NodeSettings
+
+    node_settings = NodeSettings(node_name=node_name, max_frame=frame)
+    if memory_limit is not None:
+        limit = parse_size(memory_limit, low=memory.LOWEST, high=1 << 40)
+        node_settings = replace(node_settings, memory_limit=limit)
+    # Arrow's own allocator keeps what it freed for later: the system's gives it back, so
+    # a node's resident memory follows what it holds.
+    pa.set_memory_pool(pa.system_memory_pool())
+    if node_name is not None:
+        check_node_name(node_name)  # before taking the data directory
+    return node_settings
+
+
+def _say_ready(
+    data: Path, name: str, addresses: list[Address], scraped: Address | None, json: bool
+) -> None:
+    """The node ``name`` serves ``data`` on ``addresses`` (and its metrics at ``scraped``,
+    if any): one JSON event, or lines saying where clients reach it."""
+    where = [str(a) for a in addresses]
+    at = None if scraped is None else f"http://{str(scraped).removeprefix('tcp://')}/metrics"
+    if json:
+        print_json(
+            {"event": "ready", "pid": os.getpid(), "data": str(data), "listen": where,
+             "node": name, **({"metrics": at} if at else {})}
+        )  # fmt: skip
+    else:
+        say(f"eomsg node {name} (pid {os.getpid()}) serving {data} on {', '.join(where)}")
+        if len(addresses) > 1:
+            say(f"TCP clients need the token in {token_path(data)}")
+        if at is not None:
+            say(f"metrics at {at} (Authorization: Bearer TOKEN)")
 
 
 def _tls(cert: Path | None, key: Path | None, client_ca: Path | None) -> ServerTls | None:

@@ -27,9 +27,11 @@ import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, ClassVar
 
+from eomsg.client.completion import Completion, concat
 from eomsg.client.consumer import AsyncConsumer, Item, Pushed
+from eomsg.client.subscription import Subscription
 from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import MAX_FRAME, Limits, check_outgoing
@@ -54,19 +56,8 @@ from eomsg.wire.calls import decode_result, encode_args
 from eomsg.wire.codec import FRAME_SLACK, MAX_BATCH, Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
-T = TypeVar("T")
-T_contra = TypeVar("T_contra", contravariant=True)
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
 LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
-
-
-class Completion(Protocol[T_contra]):
-    """Where one batched publish or delete's verdict goes: an asyncio future, or the
-    synchronous client's :class:`~eomsg.client.sync.Ack`."""
-
-    def done(self) -> bool: ...
-    def set_result(self, value: T_contra, /) -> None: ...
-    def set_exception(self, error: BaseException, /) -> None: ...
 
 
 def resolve(target: str | Path) -> Address:
@@ -99,24 +90,6 @@ class _Wire(asyncio.Protocol):
             client._lost(Unavailable(f"lost the connection to the node at {client.address}"))
 
 
-class _Subscription:
-    def __init__(self, rid: int, queue: str, sink: Callable[[Item], None]):
-        self.rid = rid
-        self.queue = queue
-        self.sink = sink
-        self.flow = 0
-        self.epoch = 0  # the latest epoch heard of
-        self.active = False
-        self.bound = False
-
-    def change(self, active: bool, epoch: int) -> None:
-        """Apply a change of activity once: resends, and anything older, are ignored."""
-        if epoch > self.epoch or (epoch == self.epoch and self.active and not active):
-            self.epoch, self.active = epoch, active
-            kind = "active" if active else "inactive"
-            self.sink(FlowEvent(self.queue, self.flow, kind, active, epoch))
-
-
 class AsyncClient(Operations):
     """A connection to one node. Make one with :func:`connect_async`."""
 
@@ -131,7 +104,7 @@ class AsyncClient(Operations):
         # rid -> (its future, what its answer's frames brought so far: the deliveries of
         # a Fetch, the items of a Result that continues; None while nothing is collected)
         self._requests: dict[int, tuple[asyncio.Future[Any], list[Any] | None]] = {}
-        self._subscriptions: dict[int, _Subscription] = {}
+        self._subscriptions: dict[int, Subscription] = {}
         self._window = asyncio.Semaphore(window)
         self._outbox: list[tuple[Outgoing, Completion[PublishResult]]] = []
         self._deletes: dict[tuple[str, int], list[tuple[Key, Completion[bool]]]] = {}
@@ -288,7 +261,7 @@ class AsyncClient(Operations):
             self._request(functools.partial(ev.Publish, messages=chunk))
             for chunk in self._frames(messages)
         ]
-        return _concat(self.loop, parts)
+        return concat(self.loop, parts)
 
     def _frames(self, messages: Sequence[Outgoing]) -> list[tuple[Outgoing, ...]]:
         """``messages`` in runs that each fit a Publish frame the node accepts (one
@@ -502,7 +475,7 @@ class AsyncClient(Operations):
         it was active). Returns its id for :meth:`cancel`."""
         self.check_open()
         rid = next(self._rids)
-        self._subscriptions[rid] = _Subscription(rid, queue, sink)
+        self._subscriptions[rid] = Subscription(rid, queue, sink)
         future: asyncio.Future[Any] = self.loop.create_future()
         self._requests[rid] = (future, None)
         try:
@@ -591,83 +564,122 @@ class AsyncClient(Operations):
                 return
 
     def _on_event(self, event: Event) -> None:
-        match event:
-            case ev.Published(rid, results):
-                self._resolve(rid, list(results))
-            case ev.Deleted(rid, done):
-                self._resolve(rid, list(done))
-            case ev.Result(rid, value, True):  # a part of a list answer: more follows
-                entry = self._requests.get(rid)
-                if entry is not None:
-                    parts = [] if entry[1] is None else entry[1]
-                    parts.extend(value)
-                    self._requests[rid] = (entry[0], parts)
-            case ev.Result(rid, value):
-                entry = self._requests.get(rid)
-                if entry is not None and entry[1] and isinstance(value, list):
-                    value = [*entry[1], *value]  # the last part of a list answer
-                sub = self._subscriptions.get(rid)
-                if sub is not None and not sub.bound and isinstance(value, dict):
-                    # the bind's answer: the flow's first state, before any change of it
-                    sub.bound, sub.flow = True, value.get("flow", 0)
-                    active, epoch = bool(value.get("active")), value.get("epoch", 0)
-                    sub.epoch, sub.active = epoch, active
-                    kind = "active" if active else "inactive"
-                    sub.sink(FlowEvent(sub.queue, sub.flow, kind, active, epoch))
-                self._resolve(rid, value)
-            case ev.FlowChanged(rid, _, active, epoch):
-                with contextlib.suppress(EomsgError):
-                    self._send(ev.FlowAck(rid, active, epoch))
-                sub = self._subscriptions.get(rid)
-                if sub is not None:
-                    sub.change(active, epoch)
-            case ev.Unbound(rid, flow, reason):
-                sub = self._subscriptions.pop(rid, None)
-                if sub is not None:
-                    sub.change(False, sub.epoch)
-                    sub.sink(Unbound(f"flow {flow} of queue {sub.queue!r}: {reason}"))
-            case ev.Deliver(rid, _, deliveries, more, _, node_now):
-                sub = self._subscriptions.get(rid)
-                if sub is not None:
-                    sub.sink(Pushed(list(deliveries), node_now))
-                    return
-                entry = self._requests.get(rid)
-                if entry is not None and entry[1] is not None:
-                    entry[1].extend(deliveries)
-                    if not more:
-                        self._resolve(rid, entry[1])
-            case ev.Error(0, code, message):
-                self._lost(from_code(code, message))
-            case ev.Error(rid, code, message):
-                error = from_code(code, message)
-                sub = self._subscriptions.pop(rid, None)
-                if sub is not None and rid not in self._requests:
-                    sub.change(False, sub.epoch)
-                    sub.sink(error)
-                    return
-                entry = self._requests.pop(rid, None)
-                if entry is not None and not entry[0].done():
-                    entry[0].set_exception(error)
-            case ev.Ping(nonce):
-                with contextlib.suppress(EomsgError):
-                    self._send(ev.Pong(nonce, time.time()))
-            case ev.Pong(nonce, node_now):
-                ping = self._pings.pop(nonce, None)
-                if ping is not None and not ping[1].done():
-                    sent, received = ping[0], time.monotonic()
-                    self.lease_from = max(self.lease_from, sent)
-                    self.clock_offset = node_now - (sent + received) / 2
-                    ping[1].set_result(None)
-            case ev.Welcome():
-                if not self._welcome.done():
-                    self._welcome.set_result(event)
-            case ev.Goodbye(reason):
-                self._lost(Unavailable(f"the node closed the connection: {reason}"))
-            case _:  # TRANSITIONS let it through, so a handler is missing here
-                raise LocalProtocolError(
-                    f"the client has no handler for {type(event).__name__} "
-                    f"in state {self.conn.state.value}"
-                )
+        """Handle one event of the node's, by its type (:attr:`_HANDLERS`)."""
+        handler = self._HANDLERS.get(type(event))
+        if handler is None:  # TRANSITIONS let it through, so a handler is missing here
+            raise LocalProtocolError(
+                f"the client has no handler for {type(event).__name__} "
+                f"in state {self.conn.state.value}"
+            )
+        handler(self, event)
+
+    def _on_published(self, event: ev.Published) -> None:
+        """A publish request committed: its results."""
+        self._resolve(event.rid, list(event.results))
+
+    def _on_deleted(self, event: ev.Deleted) -> None:
+        """A delete request's verdicts, one per key."""
+        self._resolve(event.rid, list(event.done))
+
+    def _on_result(self, event: ev.Result) -> None:
+        """A request's answer; a list answer may come in parts, each but the last saying
+        ``more``, and resolves as their concatenation. A subscription's first answer is
+        its bind's: the flow's state."""
+        rid, value = event.rid, event.value
+        entry = self._requests.get(rid)
+        if event.more:  # a part of a list answer: more follows
+            if entry is not None:
+                parts = [] if entry[1] is None else entry[1]
+                parts.extend(value)
+                self._requests[rid] = (entry[0], parts)
+            return
+        if entry is not None and entry[1] and isinstance(value, list):
+            value = [*entry[1], *value]  # the last part of a list answer
+        sub = self._subscriptions.get(rid)
+        if sub is not None and not sub.bound and isinstance(value, dict):
+            sub.bind(value)
+        self._resolve(rid, value)
+
+    def _on_flow_changed(self, event: ev.FlowChanged) -> None:
+        """A subscription's flow became active or inactive: acknowledged, and applied."""
+        with contextlib.suppress(EomsgError):
+            self._send(ev.FlowAck(event.rid, event.active, event.epoch))
+        sub = self._subscriptions.get(event.rid)
+        if sub is not None:
+            sub.change(event.active, event.epoch)
+
+    def _on_unbound(self, event: ev.Unbound) -> None:
+        """The node ended a subscription's flow: the subscription ends with Unbound."""
+        sub = self._subscriptions.pop(event.rid, None)
+        if sub is not None:
+            sub.end(Unbound(f"flow {event.flow} of queue {sub.queue!r}: {event.reason}"))
+
+    def _on_deliver(self, event: ev.Deliver) -> None:
+        """Messages: pushed to a subscription, or collected for a fetch, which resolves
+        with the frame that says no ``more`` follow."""
+        sub = self._subscriptions.get(event.rid)
+        if sub is not None:
+            sub.sink(Pushed(list(event.deliveries), event.now))
+            return
+        entry = self._requests.get(event.rid)
+        if entry is not None and entry[1] is not None:
+            entry[1].extend(event.deliveries)
+            if not event.more:
+                self._resolve(event.rid, entry[1])
+
+    def _on_error(self, event: ev.Error) -> None:
+        """A request failed, or a subscription ended (its error, once bound); rid 0:
+        the connection failed."""
+        error = from_code(event.code, event.message)
+        if event.rid == 0:
+            self._lost(error)
+            return
+        sub = self._subscriptions.pop(event.rid, None)
+        if sub is not None and event.rid not in self._requests:
+            sub.end(error)
+            return
+        entry = self._requests.pop(event.rid, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(error)
+
+    def _on_ping(self, event: ev.Ping) -> None:
+        """The node's ping: answered with this side's clock."""
+        with contextlib.suppress(EomsgError):
+            self._send(ev.Pong(event.nonce, time.time()))
+
+    def _on_pong(self, event: ev.Pong) -> None:
+        """The answer to a ping of this client's: the lease runs from when it was sent,
+        and the node's clock is read against this one's."""
+        ping = self._pings.pop(event.nonce, None)
+        if ping is not None and not ping[1].done():
+            sent, received = ping[0], time.monotonic()
+            self.lease_from = max(self.lease_from, sent)
+            self.clock_offset = event.now - (sent + received) / 2
+            ping[1].set_result(None)
+
+    def _on_welcome(self, event: ev.Welcome) -> None:
+        """The handshake's answer."""
+        if not self._welcome.done():
+            self._welcome.set_result(event)
+
+    def _on_goodbye(self, event: ev.Goodbye) -> None:
+        """The node closes the connection."""
+        self._lost(Unavailable(f"the node closed the connection: {event.reason}"))
+
+    # What the node may send a client (wire.protocol's TRANSITIONS) → its handler.
+    _HANDLERS: ClassVar[dict[type[Event], Callable[[AsyncClient, Any], None]]] = {
+        ev.Published: _on_published,
+        ev.Deleted: _on_deleted,
+        ev.Result: _on_result,
+        ev.FlowChanged: _on_flow_changed,
+        ev.Unbound: _on_unbound,
+        ev.Deliver: _on_deliver,
+        ev.Error: _on_error,
+        ev.Ping: _on_ping,
+        ev.Pong: _on_pong,
+        ev.Welcome: _on_welcome,
+        ev.Goodbye: _on_goodbye,
+    }
 
     def _resolve(self, rid: int, value: Any) -> None:
         entry = self._requests.pop(rid, None)
@@ -729,40 +741,11 @@ class AsyncClient(Operations):
         for sub in subscriptions.values():
             # Seed 002: cut off from the node, the consumer is no longer active — say so
             # now rather than wait for a node that cannot tell it.
-            sub.change(False, sub.epoch)
-            sub.sink(error)
+            sub.end(error)
         # Last: closing may call this protocol back at once (an SSL transport says its
         # end of stream), and what ended the connection must be said first.
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
-
-
-def _concat(
-    loop: asyncio.AbstractEventLoop, parts: list[asyncio.Future[list[T]]]
-) -> asyncio.Future[list[T]]:
-    """One future for the concatenated results of ``parts``: the first error wins (and
-    every part's is retrieved: each is this future's)."""
-    out: asyncio.Future[list[T]] = loop.create_future()
-    if not parts:
-        out.set_result([])
-        return out
-    left = [len(parts)]
-
-    def done(part: asyncio.Future[list[T]]) -> None:
-        left[0] -= 1
-        error = None if part.cancelled() else part.exception()
-        if out.done():
-            return
-        if part.cancelled():
-            out.cancel()
-        elif error is not None:
-            out.set_exception(error)
-        elif left[0] == 0:
-            out.set_result([r for p in parts for r in p.result()])
-
-    for p in parts:
-        p.add_done_callback(done)
-    return out
 
 
 async def connect_async(

@@ -264,46 +264,44 @@ class BaseConsumer(abc.ABC):
         client does."""
 
 
-class RemoteConsumer(BaseConsumer):
-    """A consumer whose deliveries a node pushes over a connection: the buffer's
-    bookkeeping on the connection's loop, and the timer that gives back, unseen, what
-    was not handed out in time."""
+class Pushes:
+    """What a node pushes to ``consumer`` over ``connection`` (the asyncio client its
+    subscription lives on), kept on the connection's loop: each batch noted in the
+    consumer's buffer as it arrives (the buffer it holds then: it takes a new one each
+    time it is entered), and a timer that gives back, unseen, what was not handed out
+    in time. The asyncio and the synchronous consumer each hold one."""
 
-    _expiry: asyncio.TimerHandle | None = None
-    _expiry_due = float("inf")  # monotonic time the timer fires at
+    def __init__(self, consumer: BaseConsumer, connection: AsyncClient) -> None:
+        self.consumer = consumer
+        self.connection = connection
+        self._expiry: asyncio.TimerHandle | None = None
+        self._expiry_due = float("inf")  # monotonic time the timer fires at
 
-    @property
-    @abc.abstractmethod
-    def _connection(self) -> AsyncClient:
-        """The asyncio client this consumer's subscription lives on."""
-
-    def _lease_valid(self) -> bool:
-        return self._connection.lease_valid()
-
-    def _on_loop(self, item: Item) -> None:
+    def on_loop(self, item: Item) -> None:
         """On the connection's loop, as each item arrives: note pushed deliveries in the
         buffer and arm the timer that gives back those not handed out in time; forget
         the buffer when the node took it back."""
+        buffer = self.consumer._buffer
         if isinstance(item, Pushed):
             if item.deliveries:
-                self._buffer.arrived(
+                buffer.arrived(
                     item.deliveries,
                     item.node_now,
                     time.monotonic(),
-                    self._connection.clock_offset,
+                    self.connection.clock_offset,
                 )
                 self._arm()
         elif isinstance(item, BaseException) or not item.active:
-            self._buffer.drop()
+            buffer.drop()
 
     def _arm(self) -> None:
-        due = self._buffer.next_expiry()
+        due = self.consumer._buffer.next_expiry()
         if due >= self._expiry_due:
             return  # none pending, or an earlier timer re-arms itself
         if self._expiry is not None:
             self._expiry.cancel()
         self._expiry_due = due
-        self._expiry = self._connection.loop.call_later(
+        self._expiry = self.connection.loop.call_later(
             max(0.0, due - time.monotonic()), self._expire
         )
 
@@ -311,21 +309,21 @@ class RemoteConsumer(BaseConsumer):
         """Give back, unseen, the deliveries not handed out before their hand-out-by
         time (the node un-counts them and hands them out again)."""
         self._expiry, self._expiry_due = None, float("inf")
-        late = self._buffer.expire(time.monotonic())
-        client = self._connection
-        if late and client.failure is None and self._subscription is not None:
-            epoch = self.activity.epoch
-            task = client.loop.create_task(client.return_unseen(self.queue, late, epoch=epoch))
+        consumer, client = self.consumer, self.connection
+        late = consumer._buffer.expire(time.monotonic())
+        if late and client.failure is None and consumer._subscription is not None:
+            epoch = consumer.activity.epoch
+            task = client.loop.create_task(client.return_unseen(consumer.queue, late, epoch=epoch))
             task.add_done_callback(_ignore_error)
         self._arm()
 
-    def _unseen_on_close(self) -> list[Key]:
+    def unseen_on_close(self) -> list[Key]:
         """Stop the expiry timer; the deliveries handed out and not settled (the node
         takes back the rest un-counted)."""
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry, self._expiry_due = None, float("inf")
-        return self._buffer.seen()
+        return self.consumer._buffer.seen()
 
 
 def _ignore_error(task: asyncio.Task[Any]) -> None:
@@ -333,12 +331,13 @@ def _ignore_error(task: asyncio.Task[Any]) -> None:
         task.exception()  # retrieved: a give-back that failed is redelivered by timeout
 
 
-class AsyncConsumer(RemoteConsumer):
+class AsyncConsumer(BaseConsumer):
     """``async with client.consumer(queue) as consumer: async for msg in consumer``."""
 
     def __init__(self, client: AsyncClient, queue: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(queue, *args, **kwargs)
         self.client = client
+        self._pushes = Pushes(self, client)
         # None: the consumer was closed, an iteration under way in another task ends
         self._inbox: asyncio.Queue[Item | None] = asyncio.Queue()
         self._became_active = asyncio.Event()
@@ -347,9 +346,8 @@ class AsyncConsumer(RemoteConsumer):
     def _dispatch(self, callback: Callable[[FlowEvent], Any], event: FlowEvent) -> None:
         callback(event)  # on the loop: the application's callbacks are its coroutines' peers
 
-    @property
-    def _connection(self) -> AsyncClient:
-        return self.client
+    def _lease_valid(self) -> bool:
+        return self.client.lease_valid()
 
     async def wait_active(self, timeout: float | None = None) -> bool:
         """Wait until the flow is active; False if ``timeout`` passed first, or once the
@@ -361,7 +359,7 @@ class AsyncConsumer(RemoteConsumer):
         return self.active
 
     def _sink(self, item: Item) -> None:
-        self._on_loop(item)
+        self._pushes.on_loop(item)
         if isinstance(item, FlowEvent):
             self.activity.apply(item)
             if item.active:
@@ -386,7 +384,7 @@ class AsyncConsumer(RemoteConsumer):
         self.client.flush()
         if self._pending:
             await asyncio.gather(*self._pending, return_exceptions=True)
-        seen = self._unseen_on_close()
+        seen = self._pushes.unseen_on_close()
         if self._subscription is not None:
             with contextlib.suppress(EomsgError):
                 await self.client.cancel(self._subscription, seen)

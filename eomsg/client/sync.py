@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, connect_async
 from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.broker import Broker
-from eomsg.client.consumer import Item, RemoteConsumer, failed
+from eomsg.client.consumer import Item, Pushes, failed
 from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import check_outgoing
@@ -401,16 +401,16 @@ class Ack(Generic[T]):
                 fn(self)
 
 
-class Consumer(RemoteConsumer, BlockingConsumer):
+class Consumer(BlockingConsumer):
     """``with client.consumer(queue) as consumer: for msg in consumer: …; msg.delete()``."""
 
     def __init__(self, client: Client, queue: str, *args: Any, **kwargs: Any) -> None:
         super().__init__(queue, *args, **kwargs)
         self.client = client
+        self._pushes = Pushes(self, client._ac)
 
-    @property
-    def _connection(self) -> AsyncClient:
-        return self.client._ac
+    def _lease_valid(self) -> bool:
+        return self.client._ac.lease_valid()
 
     def __enter__(self) -> Consumer:
         self._entering()
@@ -448,7 +448,7 @@ class Consumer(RemoteConsumer, BlockingConsumer):
     async def _cancel(self, subscription: int) -> None:
         """On the loop, where the buffer's timer lives: unbind, saying which deliveries
         the application saw (the rest go back un-counted)."""
-        await self.client._ac.cancel(subscription, self._unseen_on_close())
+        await self.client._ac.cancel(subscription, self._pushes.unseen_on_close())
 
     def _next_item(self) -> Item | None:
         """The next item, waiting up to ``idle_timeout`` (None: for ever) — in steps
@@ -474,7 +474,7 @@ class Consumer(RemoteConsumer, BlockingConsumer):
     def _sink(self, item: Item) -> None:
         """On the loop thread: note a change of activity at once, then queue the item
         for iteration."""
-        self._on_loop(item)
+        self._pushes.on_loop(item)
         if isinstance(item, FlowEvent):
             self._noted(item)
         self._inbox.put(item)

@@ -164,6 +164,21 @@ class Transaction:
             raise TxnAborted(f"transaction {self.txid} rolled back: {self._late_reason()}")
         if r is None or not node_work:
             return self._commit_alone(r)
+        self._prepare_node(r)
+        forget = r.applied if len(r.applied) >= FORGET_BATCH else []
+        if r.db.prepares and (failed := self._prepare_database(r)) is not None:
+            return self._settle_anew(r, failed)  # perhaps prepared: ask again
+        if self._late():  # prepared everywhere, but too late to decide COMMIT
+            self._undo(r, TimeoutError(self._late_reason()), self._late_reason())
+        if (failed := self._decide(r, forget)) is not None:
+            return self._settle_anew(r, failed)  # the marker may have committed all the same
+        if r.db.prepares and (failed := self._finish_database(r)) is not None:
+            return self._settle_anew(r, failed)
+        return self._commit_node(r)
+
+    def _prepare_node(self, r: Resource) -> None:
+        """The node prepares the transaction's messages and deletes; if it cannot, the
+        application's part is rolled back and TxnAborted (or bad input's error) raised."""
         failpoint("coordinator.before_prepare")
         try:
             self.participant.prepare_txn(
@@ -178,35 +193,53 @@ class Transaction:
             self._abort(f"the node could not prepare: {e}", e)
         self.state = move("coordinator", self.state, TxnMove.PREPARE)
         failpoint("coordinator.after_prepare")
-        forget = r.applied if len(r.applied) >= FORGET_BATCH else []
-        if r.db.prepares:
-            try:
-                failpoint("resource.before_prepare")
-                r.db.prepare(self.txid)
-                failpoint("resource.after_prepare")
-            except BaseException as e:
-                if isinstance(e, Exception) and not r.db.broken():  # refused: rolled back
-                    self._undo(r, e, f"the application database could not prepare: {e}")
-                return self._settle_anew(r, e)  # perhaps prepared: ask again
-        if self._late():  # prepared everywhere, but too late to decide COMMIT
-            self._undo(r, TimeoutError(self._late_reason()), self._late_reason())
+
+    def _prepare_database(self, r: Resource) -> BaseException | None:
+        """The application's database (one that prepares) prepares its part: None once
+        it has; the failure if it may have prepared all the same (to be settled anew). A
+        refusal (the connection still sound) undoes both parts and raises TxnAborted."""
+        try:
+            failpoint("resource.before_prepare")
+            r.db.prepare(self.txid)
+            failpoint("resource.after_prepare")
+        except BaseException as e:
+            if isinstance(e, Exception) and not r.db.broken():  # refused: rolled back
+                self._undo(r, e, f"the application database could not prepare: {e}")
+            return e
+        return None
+
+    def _decide(self, r: Resource, forget: list[str]) -> BaseException | None:
+        """The commit point: the COMMIT marker commits (dropping the markers ``forget``
+        names), and the coordinator moves to COMMITTED; None once it has. If it failed
+        on a database that prepares, the failure (it may have committed: settle anew);
+        on one that does not, both parts are undone and TxnAborted raised."""
         try:
             r.markers.decide(self.txid, forget)
         except BaseException as e:
-            if r.db.prepares:  # the marker may have committed all the same: ask again
-                return self._settle_anew(r, e)
+            if r.db.prepares:
+                return e
             self._undo(r, e, f"the application database could not commit: {e}")
         if forget:
             r.applied = []
         self.state = move("coordinator", self.state, TxnMove.COMMIT)
         failpoint("coordinator.after_decision")
-        if r.db.prepares:
-            try:
-                failpoint("resource.before_finish")
-                r.db.finish_prepared(self.txid, commit=True)
-                failpoint("resource.after_finish")
-            except BaseException as e:
-                return self._settle_anew(r, e)
+        return None
+
+    def _finish_database(self, r: Resource) -> BaseException | None:
+        """After the decision, the database that prepares commits its prepared part:
+        None once it has, else the failure (to be settled anew)."""
+        try:
+            failpoint("resource.before_finish")
+            r.db.finish_prepared(self.txid, commit=True)
+            failpoint("resource.after_finish")
+        except BaseException as e:
+            return e
+        return None
+
+    def _commit_node(self, r: Resource) -> list[PublishResult]:
+        """After the decision, the node applies the outcome: its publish results, or
+        none if it could not be told (logged, not raised: recovery applies it, and
+        :attr:`completed` stays False)."""
         try:
             self.results = self.participant.commit_txn(self.txid)
         except EomsgError as e:

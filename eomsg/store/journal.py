@@ -207,78 +207,125 @@ def read_segment(path: Path, first_lsn: int, legacy: bool = False) -> Segment:
     if legacy and not data.startswith(MAGIC):
         return _read_legacy(path, first_lsn, data)
     size = len(data)
-    holes: list[Hole] = []
-
-    def hole(
-        offset: int,
-        first: int,
-        last: int | None,
-        why: str,
-        torn: bool = False,
-        payload: bytes = b"",
-    ) -> None:
-        holes.append(Hole(path, offset, first, last, why, torn, payload))
-
     if size < SEGMENT_HEADER.size:
-        hole(0, first_lsn, None, f"cut short at byte {size}, inside its header")
-        return Segment(path, first_lsn, [], holes, 0, size, None)
+        hole = Hole(path, 0, first_lsn, None, f"cut short at byte {size}, inside its header")
+        return Segment(path, first_lsn, [], [hole], 0, size, None)
     magic, named, room, _, crc = SEGMENT_HEADER.unpack_from(data)
-    records: list[Record] = []
     good_header = (
         magic == MAGIC and crc == zlib.crc32(data[: SEGMENT_HEADER.size - 4]) and named == first_lsn
     )
     if not good_header:
         room = size  # its size cannot be checked: whatever reads is read, the rest a hole
-    cut = size < room
-    pos, lsn = SEGMENT_HEADER.size, first_lsn
-    next_lsn: int | None = None
-    sealed = False
-    while True:
+    return _SegmentReader(path, data, first_lsn, room, good_header).read()
+
+
+class _SegmentReader:
+    """The reading of one segment's records, from just past its header (a good one, or
+    not: ``good_header``) to where they end; ``room``, the size its header gives it. As
+    it goes: the records read, the holes found, the position and lsn it is at, and once
+    it stopped, whether a seal ended it and the lsn the next segment starts at (None: a
+    hole is open)."""
+
+    def __init__(
+        self, path: Path, data: bytes, first_lsn: int, room: int, good_header: bool
+    ) -> None:
+        self.path, self.data, self.size = path, data, len(data)
+        self.room, self.good_header, self.cut = room, good_header, len(data) < room
+        self.first_lsn = first_lsn
+        self.pos, self.lsn = SEGMENT_HEADER.size, first_lsn
+        self.records: list[Record] = []
+        self.holes: list[Hole] = []
+        self.next_lsn: int | None = None
+        self.sealed = False
+
+    def read(self) -> Segment:
+        """The segment, its records read to where they end."""
+        while self.step():
+            pass
+        return Segment(
+            self.path,
+            self.first_lsn,
+            self.records,
+            self.holes,
+            self.pos,
+            self.size,
+            self.next_lsn,
+            self.sealed,
+        )
+
+    def step(self) -> bool:
+        """Read the record at :attr:`pos`: True if the records go on past it, False if
+        they ended there (at the segment's end, a seal or a hole)."""
+        data, pos, lsn, size = self.data, self.pos, self.lsn, self.size
         if pos >= size or (_zero(data, pos, pos + HEADER.size) and _zero(data, pos)):
-            if cut:
-                hole(pos, lsn, None, f"cut short, {size} of its {room} bytes there")
-            elif not good_header:
-                hole(pos, lsn, None, "its header is damaged: where it ended cannot be told")
-            else:
-                next_lsn = lsn
-            break
+            self._ended()
+            return False
         if pos + HEADER.size > size:
-            hole(pos, lsn, None, f"cut short, {size} of its {room} bytes there")
-            break
+            self._hole(f"cut short, {size} of its {self.room} bytes there")
+            return False
         if not _header_ok(data, pos):
-            torn = good_header and not cut and _torn_header(data, pos)
-            hole(pos, lsn, None, f"the record header at byte {pos} fails its checksum", torn)
-            break
+            torn = self.good_header and not self.cut and _torn_header(data, pos)
+            self._hole(f"the record header at byte {pos} fails its checksum", torn)
+            return False
         _, kind, length, found, payload_crc = HEADER.unpack_from(data, pos)
         if found != lsn:
-            hole(pos, lsn, None, f"the record at byte {pos} is numbered {found}, not {lsn}")
-            break
+            self._hole(f"the record at byte {pos} is numbered {found}, not {lsn}")
+            return False
         end = pos + HEADER.size + length
         if kind == SEAL:
-            sealed, pos = True, end
-            if length or not _zero(data, pos):
-                hole(pos, lsn, None, f"bytes follow its seal at byte {pos - HEADER.size}")
-            else:
-                next_lsn = lsn
-            break
+            self._seal(end, length)
+            return False
         if end > size:
-            why = f"the record at byte {pos} is cut short, {size} of its {room} bytes there"
-            hole(pos, lsn, None, why)
-            break
-        payload = data[pos + HEADER.size : end]
-        if zlib.crc32(payload) == payload_crc:
-            records.append(Record(lsn, payload))
-        elif _zero(data, end):
+            self._hole(
+                f"the record at byte {pos} is cut short, {size} of its {self.room} bytes there"
+            )
+            return False
+        return self._record(end, payload_crc)
+
+    def _ended(self) -> None:
+        """No record follows: the segment's end if nothing says otherwise, else a hole
+        from here on."""
+        if self.cut:
+            self._hole(f"cut short, {self.size} of its {self.room} bytes there")
+        elif not self.good_header:
+            self._hole("its header is damaged: where it ended cannot be told")
+        else:
+            self.next_lsn = self.lsn
+
+    def _seal(self, end: int, length: int) -> None:
+        """The seal here (of ``length`` bytes, ending at ``end``) ends the segment; any
+        byte after it is a hole."""
+        self.sealed, self.pos = True, end
+        if length or not _zero(self.data, end):
+            self._hole(f"bytes follow its seal at byte {end - HEADER.size}")
+        else:
+            self.next_lsn = self.lsn
+
+    def _record(self, end: int, crc: int) -> bool:
+        """The record here, whose header is good, ends at ``end``: kept if its payload
+        matches ``crc``, else a hole — the last one (False), or one the next record's
+        position is known past (True, read on)."""
+        payload = self.data[self.pos + HEADER.size : end]
+        if zlib.crc32(payload) == crc:
+            self.records.append(Record(self.lsn, payload))
+        elif _zero(self.data, end):
             # The last record: a crash's unfinished write if part of it never reached the
             # disk. Open: the segment after it, if any, says whether it was acknowledged
             # (a successor starting past it) or abandoned (one starting at it).
-            torn = good_header and not cut and _zero_sector(data, pos, end)
-            hole(pos, lsn, None, f"the record at byte {pos} fails its checksum", torn, payload)
-            break
+            torn = self.good_header and not self.cut and _zero_sector(self.data, self.pos, end)
+            self._hole(f"the record at byte {self.pos} fails its checksum", torn, payload)
+            return False
         else:  # damaged where it lies; its header says where the next one starts
-            hole(pos, lsn, lsn, f"the record at byte {pos} fails its checksum", False, payload)
-        pos, lsn = end, lsn + 1
-    return Segment(path, first_lsn, records, holes, pos, size, next_lsn, sealed)
+            why = f"the record at byte {self.pos} fails its checksum"
+            self._hole(why, payload=payload, last=self.lsn)
+        self.pos, self.lsn = end, self.lsn + 1
+        return True
+
+    def _hole(
+        self, why: str, torn: bool = False, payload: bytes = b"", last: int | None = None
+    ) -> None:
+        """A hole at the current position, from the current lsn to ``last`` (None: on)."""
+        self.holes.append(Hole(self.path, self.pos, self.lsn, last, why, torn, payload))
 
 
 def _read_legacy(path: Path, first_lsn: int, data: bytes) -> Segment:

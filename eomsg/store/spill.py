@@ -61,7 +61,7 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ParamSpec, TypeVar
@@ -112,6 +112,22 @@ class _Part:
     def dead(self, horizon: int, now: float) -> bool:
         """Every id in it is: the log collected them, and any time to live ran out."""
         return self.hi <= horizon and (self.expires is None or self.expires <= now)
+
+
+def _json_rows(run: RetainedIds, new: np.ndarray, expires: np.ndarray) -> Iterator[str]:
+    """The rows of ``run`` at positions ``new`` (whose expiries are ``expires``) as JSON
+    arrays of (seq, hash, id, expires) rows, CHUNK at a time: one chunk's copy at a time
+    in memory."""
+    for lo in range(0, len(new), CHUNK):
+        some = new[lo : lo + CHUNK]
+        rows = zip(
+            run.seqs[some].tolist(),
+            run.hashes[some].tolist(),
+            run.ids_at(some).to_pylist(),
+            [None if math.isnan(e) else e for e in expires[lo : lo + CHUNK].tolist()],
+            strict=True,
+        )
+        yield json.dumps(list(rows))
 
 
 def _maintenance(method: Callable[P, R]) -> Callable[P, R]:
@@ -301,69 +317,80 @@ class SpilledIds:
         expires = run.expires[new]
         latest = None if np.isnan(expires).all() else float(np.nanmax(expires))
         with self._lock:
-            newest = self._parts[-1] if self._parts else None
-            fresh = newest is None or newest.count >= PART_ROWS
-            if fresh:
-                newest = _Part(self._last_n + 1, 0, 0, None)
-            assert newest is not None
-            part = replace(
-                newest,
-                hi=max(newest.hi, covered),
-                count=newest.count + len(new),
-                expires=max(e for e in (newest.expires, latest) if e is not None)
-                if newest.expires is not None or latest is not None
-                else None,
-            )
-            db = self._db
-            db.execute("BEGIN")
-            try:
-                if fresh:
-                    db.execute(
-                        f"""CREATE TABLE {part.table} (
-                                seq INTEGER PRIMARY KEY, h INTEGER NOT NULL,
-                                id TEXT NOT NULL, expires REAL)"""
-                    )
-                    db.execute(f"CREATE INDEX {part.table}_h ON {part.table} (h)")
-                for lo in range(0, len(new), CHUNK):  # (a chunk's copy at a time in memory)
-                    some = new[lo : lo + CHUNK]
-                    rows = zip(
-                        run.seqs[some].tolist(),
-                        run.hashes[some].tolist(),
-                        run.ids_at(some).to_pylist(),
-                        [None if math.isnan(e) else e for e in expires[lo : lo + CHUNK].tolist()],
-                        strict=True,
-                    )
-                    db.execute(
-                        f"INSERT OR REPLACE INTO {part.table} "
-                        "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
-                        "json_extract(value, '$[2]'), json_extract(value, '$[3]') "
-                        "FROM json_each(?)",
-                        [json.dumps(list(rows))],
-                    )
-                db.execute(
-                    "INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?)",
-                    [part.n, part.hi, part.count, part.expires],
-                )
-                db.execute("INSERT OR REPLACE INTO meta VALUES ('covered', ?)", [covered])
-                db.execute("COMMIT")
-            except BaseException:
-                with contextlib.suppress(sqlite3.Error):
-                    db.execute("ROLLBACK")
-                raise
-            with self._reading:
-                if fresh:
-                    self._parts.append(part)
-                    self._last_n = part.n
-                else:
-                    self._parts[-1] = part
-                f = self._filter  # grown past what its probes suit: read anew with fewer
-                if (
-                    f is not None
-                    and self._filling is None
-                    and (fewer := _probes(f.nbytes, len(self))) < f.probes
-                ):
-                    self._refill(HashBitmap(f.nbytes, fewer))
+            part, fresh = self._grown(len(new), covered, latest)
+            self._write(part, fresh, covered, _json_rows(run, new, expires))
+            self._took(part, fresh)
             self._covered = covered
+
+    def _grown(self, count: int, covered: int, latest: float | None) -> tuple[_Part, bool]:
+        """The newest partition's row once ``count`` more ids covering seqs below
+        ``covered``, expiring at ``latest`` at most (None: never), are added — and True if
+        that is a new partition (there is none yet, or the newest is full). Under the
+        lock; changes nothing."""
+        newest = self._parts[-1] if self._parts else None
+        fresh = newest is None or newest.count >= PART_ROWS
+        if fresh:
+            newest = _Part(self._last_n + 1, 0, 0, None)
+        assert newest is not None
+        part = replace(
+            newest,
+            hi=max(newest.hi, covered),
+            count=newest.count + count,
+            expires=max(e for e in (newest.expires, latest) if e is not None)
+            if newest.expires is not None or latest is not None
+            else None,
+        )
+        return part, fresh
+
+    def _write(self, part: _Part, fresh: bool, covered: int, rows: Iterable[str]) -> None:
+        """In one SQLite transaction: ``part``'s table made if ``fresh``, the ``rows``
+        (each a JSON array of rows) put in it, its row of ``parts`` and the ``covered``
+        seq recorded. Rolled back and raised if any of it fails."""
+        db = self._db
+        db.execute("BEGIN")
+        try:
+            if fresh:
+                db.execute(
+                    f"""CREATE TABLE {part.table} (
+                            seq INTEGER PRIMARY KEY, h INTEGER NOT NULL,
+                            id TEXT NOT NULL, expires REAL)"""
+                )
+                db.execute(f"CREATE INDEX {part.table}_h ON {part.table} (h)")
+            for chunk in rows:
+                db.execute(
+                    f"INSERT OR REPLACE INTO {part.table} "
+                    "SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), "
+                    "json_extract(value, '$[2]'), json_extract(value, '$[3]') "
+                    "FROM json_each(?)",
+                    [chunk],
+                )
+            db.execute(
+                "INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?)",
+                [part.n, part.hi, part.count, part.expires],
+            )
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('covered', ?)", [covered])
+            db.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                db.execute("ROLLBACK")
+            raise
+
+    def _took(self, part: _Part, fresh: bool) -> None:
+        """``part``, written, is the newest partition in memory (a new one if ``fresh``).
+        Under the lock."""
+        with self._reading:
+            if fresh:
+                self._parts.append(part)
+                self._last_n = part.n
+            else:
+                self._parts[-1] = part
+            f = self._filter  # grown past what its probes suit: read anew with fewer
+            if (
+                f is not None
+                and self._filling is None
+                and (fewer := _probes(f.nbytes, len(self))) < f.probes
+            ):
+                self._refill(HashBitmap(f.nbytes, fewer))
 
     def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
         """The seqs of those of ``msg_ids`` that are here and can still live (expiry
