@@ -351,7 +351,7 @@ class Server:
         s = self.settings
         factor = 0.5 if resume else 1.0
         return (
-            session.inflight_bytes > s.max_inflight_bytes * factor
+            session.backpressure.inflight_bytes > s.max_inflight_bytes * factor
             or self.inflight_bytes > s.max_total_inflight_bytes * factor
         )
 
