@@ -334,7 +334,6 @@ STILL_OVER = {
     "class eomsg.store.store.Store: methods": 61,
     "module eomsg/node/links.py: lines": 1198,
     "module eomsg/store/store.py: lines": 1164,
-    "module eomsg/server/link.py: lines": 875,
     "function eomsg/cli/replay.py:spark_replay: body lines": 91,
     "function eomsg/node/ingress.py:Ingress._stage: body lines": 91,
     "function eomsg/node/links.py:Links._accept: body lines": 89,

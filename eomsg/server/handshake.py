@@ -113,7 +113,7 @@ def _relay(session: Session, hello: ev.Hello) -> None:
     first = Connection(Role.CLIENT).send(onward) + session.conn.hand_over()
     _end_here(session)
     assert session.transport is not None
-    hop.open_relay(session.transport, first)
+    hop.channels.open_relay(session.transport, first)
 
 
 def _end_here(session: Session) -> None:

@@ -45,7 +45,7 @@ from eomsg.errors import (
     one_line,
 )
 from eomsg.node.node import Node, room_to_open
-from eomsg.server.link import LinkManager
+from eomsg.server.links import LinkManager
 from eomsg.server.session import Session
 from eomsg.transport.address import Address, socket_path, token_path, unix_address
 from eomsg.transport.tls import ServerTls
