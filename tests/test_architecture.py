@@ -326,10 +326,7 @@ def test_every_module_eomsg_imports_is_declared() -> None:
 # lines, no function body over 60 lines. What still exceeds a limit is listed here with
 # its size today: a list that may only shrink — a new entry, or one grown, fails.
 MAX_METHODS, MAX_MODULE_LINES, MAX_BODY_LINES = 60, 800, 60
-STILL_OVER = {
-    "module eomsg/server/session.py: lines": 1003,
-    "module eomsg/server/link.py: lines": 875,
-}
+STILL_OVER: dict[str, int] = {}
 
 
 def _classes() -> list[type]:

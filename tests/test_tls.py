@@ -26,7 +26,8 @@ from eomsg.core.links import link_proof, token_hash
 from eomsg.core.message import Batch, Carried
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import AuthenticationFailed, InvalidConfig, Unavailable
-from eomsg.server.link import LinkConnection, LinkManager
+from eomsg.server.link import LinkConnection
+from eomsg.server.links import LinkManager
 from eomsg.transport.tls import ClientTls, ServerTls
 from eomsg.wire import events as ev
 from eomsg.wire import link_events as lev

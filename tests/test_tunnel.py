@@ -19,7 +19,8 @@ import pytest
 import eomsg
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import NotAllowed, QueueNotFound, StaleEpoch, Unavailable
-from eomsg.server.link import CHANNEL_BROKEN, LinkConnection
+from eomsg.server.channels import CHANNEL_BROKEN, Channels
+from eomsg.server.link import LinkConnection
 from eomsg.wire import link_events as lev
 from eomsg.wire.codec import Event
 from eomsg.wire.protocol import Role
@@ -140,23 +141,24 @@ class _End:
         self.why = reason
 
 
-def _link(*ends: int) -> tuple[LinkConnection, list[Event], dict[int, _End]]:
-    """A dialled side's link connection, its own channels ``ends`` open, what it sends
+def _link(*ends: int) -> tuple[Channels, list[Event], dict[int, _End]]:
+    """A dialled side's link connection's channels, its own ``ends`` open, what it sends
     recorded (no socket: only its channel bookkeeping is under test)."""
     link = LinkConnection.__new__(LinkConnection)
     link.conn = SimpleNamespace(our_role=Role.SERVER, peer_max_frame=1 << 20)  # type: ignore[assignment]
-    link._their_channels = max(ends, default=0)
     sent: list[Event] = []
     link.send = sent.append  # type: ignore[method-assign]
+    channels = Channels(link)
+    channels._theirs = max(ends, default=0)
     opened = {channel: _End() for channel in ends}
-    link.channels = dict(opened)  # type: ignore[arg-type]
-    return link, sent, opened
+    channels.ends = dict(opened)  # type: ignore[arg-type]
+    return channels, sent, opened
 
 
 def test_a_channel_takes_its_frames_in_order_and_drops_one_repeated() -> None:
-    link, sent, ends = _link(1)
+    channels, sent, ends = _link(1)
     for n, data in [(0, b"a"), (1, b"b"), (1, b"b"), (0, b"a"), (2, b"c")]:
-        link._channel_data(lev.Channel(1, n, data))
+        channels.data(lev.Channel(1, n, data))
     assert ends[1].fed == [b"a", b"b", b"c"] and ends[1].why is None and sent == []
 
 
@@ -165,28 +167,28 @@ def test_a_hole_in_a_channel_ends_it_at_both_ends() -> None:
     of a tunnelled connection unseen, and its consumer applied later messages before it.
     A hole ends the channel instead: the client connects again and what it held is given
     back, in order."""
-    link, sent, ends = _link(1)
-    link._channel_data(lev.Channel(1, 0, b"a"))
-    link._channel_data(lev.Channel(1, 2, b"c"))  # 1 was lost, or comes behind
+    channels, sent, ends = _link(1)
+    channels.data(lev.Channel(1, 0, b"a"))
+    channels.data(lev.Channel(1, 2, b"c"))  # 1 was lost, or comes behind
     assert ends[1].fed == [b"a"] and ends[1].why == CHANNEL_BROKEN
-    assert sent == [lev.ChannelClose(1, CHANNEL_BROKEN)] and 1 not in link.channels
-    link._channel_data(lev.Channel(1, 1, b"b"))  # late: the channel is over
+    assert sent == [lev.ChannelClose(1, CHANNEL_BROKEN)] and 1 not in channels.ends
+    channels.data(lev.Channel(1, 1, b"b"))  # late: the channel is over
     assert ends[1].fed == [b"a"] and len(sent) == 1
 
 
 def test_a_channel_whose_first_frame_is_not_first_is_never_served() -> None:
-    link, sent, _ = _link()
-    link._channel_data(lev.Channel(3, 1, b"middle"))
-    assert sent == [lev.ChannelClose(3, CHANNEL_BROKEN)] and link.channels == {}
-    link._channel_data(lev.Channel(3, 0, b"hello"))  # its start, behind: over already
-    assert link.channels == {}
+    channels, sent, _ = _link()
+    channels.data(lev.Channel(3, 1, b"middle"))
+    assert sent == [lev.ChannelClose(3, CHANNEL_BROKEN)] and channels.ends == {}
+    channels.data(lev.Channel(3, 0, b"hello"))  # its start, behind: over already
+    assert channels.ends == {}
 
 
 def test_each_side_numbers_its_frames_of_a_channel() -> None:
-    link, sent, ends = _link(1)
-    link.send_channel(1, b"x")
-    link.send_channel(1, b"yz")
-    link.send_channel(5, b"gone")  # a channel that is over: nothing sent
+    channels, sent, ends = _link(1)
+    channels.send(1, b"x")
+    channels.send(1, b"yz")
+    channels.send(5, b"gone")  # a channel that is over: nothing sent
     assert sent == [lev.Channel(1, 0, b"x"), lev.Channel(1, 1, b"yz")] and ends[1].sent == 2
 
 

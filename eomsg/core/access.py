@@ -1,6 +1,6 @@
 """Who may do what: principals, the rights they are granted, and the right every request
 needs. Pure rules; the node keeps the principals and grants (:mod:`eomsg.node.access`),
-the server checks each request against them (:mod:`eomsg.server.session`).
+the server checks each request against them (:mod:`eomsg.server.guard`).
 
 A *principal* is a name with a token of its own. A *grant* gives one principal one right
 on one target:

@@ -45,7 +45,7 @@ from eomsg.errors import (
     one_line,
 )
 from eomsg.node.node import Node, room_to_open
-from eomsg.server.link import LinkManager
+from eomsg.server.links import LinkManager
 from eomsg.server.session import Session
 from eomsg.transport.address import Address, socket_path, token_path, unix_address
 from eomsg.transport.tls import ServerTls
@@ -351,7 +351,7 @@ class Server:
         s = self.settings
         factor = 0.5 if resume else 1.0
         return (
-            session.inflight_bytes > s.max_inflight_bytes * factor
+            session.backpressure.inflight_bytes > s.max_inflight_bytes * factor
             or self.inflight_bytes > s.max_total_inflight_bytes * factor
         )
 

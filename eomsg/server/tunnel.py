@@ -99,7 +99,7 @@ class ChannelTransport(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not self._closed:
-            self.link.send_channel(self.channel, bytes(data))
+            self.link.channels.send(self.channel, bytes(data))
 
     def get_write_buffer_size(self) -> int:
         # Held back by the other end or a full link: nothing drains meanwhile.
@@ -127,7 +127,7 @@ class ChannelTransport(asyncio.Transport):
 
     def _end(self, reason: str) -> None:
         if not self._closed:
-            self.link.close_channel(self.channel, reason)
+            self.link.channels.close(self.channel, reason)
             self.ended(reason)
 
     # -- ChannelEnd ---------------------------------------------------------------------
@@ -166,7 +166,7 @@ class ChannelTransport(asyncio.Transport):
         if self._closed:
             return
         self._closed = True
-        self.link.channels.pop(self.channel, None)
+        self.link.channels.forget(self.channel)
         if self._protocol is not None:
             protocol = self._protocol
             self.link.loop.call_soon(protocol.connection_lost, None)
@@ -190,7 +190,7 @@ class Relay(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if not self._closed:
-            self.link.send_channel(self.channel, data)
+            self.link.channels.send(self.channel, data)
 
     def eof_received(self) -> bool | None:
         self._end("the client closed its connection")
@@ -209,7 +209,7 @@ class Relay(asyncio.Protocol):
 
     def _end(self, reason: str) -> None:
         if not self._closed:
-            self.link.close_channel(self.channel, reason)
+            self.link.channels.close(self.channel, reason)
             self.ended(reason)
 
     # -- ChannelEnd: the far node's side -------------------------------------------------
@@ -241,7 +241,7 @@ class Relay(asyncio.Protocol):
         if self._closed:
             return
         self._closed = True
-        self.link.channels.pop(self.channel, None)
+        self.link.channels.forget(self.channel)
         self.client.close()
         # close() waits for the socket to drain, which a client that does not read never
         # lets happen: past a grace period, drop what it holds.
