@@ -66,7 +66,8 @@ from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.embedded import LocalClient
 from eomsg.node.node import Node, NodeSettings
-from eomsg.store import journal
+from eomsg.store import journal, opening
+from eomsg.store.checkpoints import Checkpoints
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch, applied_lsn
 
@@ -363,12 +364,12 @@ def _depth(data: Path) -> tuple[float, int]:
 
 
 # What :func:`_phases` times in Node.open: (class, method, name in the report).
-PHASES: tuple[tuple[type, str, str], ...] = (
+PHASES: tuple[tuple[Any, str, str], ...] = (
     (Store, "__init__", "store_open"),
-    (Store, "_replay_journal", "journal_replay"),
-    (Store, "_checkpoint", "checkpoint"),
+    (opening, "_replay_journal", "journal_replay"),
+    (Checkpoints, "checkpoint", "checkpoint"),
     (Node, "_recover", "recover"),
-    (Store, "load_publish_ids", "publish_ids_query"),
+    (Store, "publish_id_runs", "publish_ids_query"),
     (Store, "load_pending", "pending_rows"),
 )
 
@@ -396,6 +397,8 @@ def _phases(data: Path) -> dict[str, float]:
                         spent[name] += time.perf_counter() - t
                         return
                     spent[name] += time.perf_counter() - t
+                    if name == "publish_ids_query":
+                        ids.append(item)  # RetainedIds: loaded sorted, nothing to rebuild
                     yield item
 
             return steps
@@ -407,8 +410,6 @@ def _phases(data: Path) -> dict[str, float]:
                 result = fn(*args, **kwargs)
             finally:
                 spent[name] += time.perf_counter() - t
-            if name == "publish_ids_query":
-                ids.append(result)  # RetainedIds: loaded sorted, nothing to rebuild
             return result
 
         return call

@@ -36,7 +36,7 @@ CRASHING_PUBLISHER = textwrap.dedent(
     if not first:
         node.admin.create_queue(QueueConfig("q", ("t/>",)))
     for i in range(first, first + int(sys.argv[2])):
-        node.publish("t/x", os.urandom(int(sys.argv[3])), id=f"m{i}")
+        node.ingress.publish("t/x", os.urandom(int(sys.argv[3])), id=f"m{i}")
         node.store.writer.sync()
     node.store.writer.close()  # every mark written
     os.kill(os.getpid(), signal.SIGKILL)
