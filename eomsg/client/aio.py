@@ -252,10 +252,17 @@ class AsyncClient(Operations):
     def publish_batch_async(
         self, messages: Sequence[Outgoing]
     ) -> asyncio.Future[list[PublishResult]]:
-        """Send a batch now; the future resolves once all of it is durable."""
+        """Send a batch now; the future resolves once all of it is durable. Invalid
+        input raises here, before anything is sent."""
         limits = self.limits
         for m in messages:
             check_outgoing(m, limits)
+        return self.send_checked(messages)
+
+    def send_checked(self, messages: Sequence[Outgoing]) -> asyncio.Future[list[PublishResult]]:
+        """:meth:`publish_batch_async` of messages already checked against
+        :attr:`limits` (``check_outgoing``) — by the synchronous client, in its caller's
+        thread — so that each is checked once on its way."""
         self.check_open()
         parts = [
             self._request(functools.partial(ev.Publish, messages=chunk))

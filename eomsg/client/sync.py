@@ -204,10 +204,15 @@ class Client(Broker):
         return self.publish_batch_async(messages).result()
 
     def publish_batch_async(self, messages: Sequence[Outgoing]) -> Future[list[PublishResult]]:
-        """Send a batch now; the future resolves once all of it is durable."""
+        """Send a batch now; the future resolves once all of it is durable. Invalid
+        input raises here, in the caller's thread, before anything is sent."""
+        limits = self._ac.limits
         for m in messages:
-            check_outgoing(m, self._ac.limits)
-        return self._submit(self._ac.publish_batch(messages))
+            check_outgoing(m, limits)
+        return self._submit(self._send_checked(messages))
+
+    async def _send_checked(self, messages: Sequence[Outgoing]) -> list[PublishResult]:
+        return await self._ac.send_checked(messages)
 
     def _check(self) -> None:
         if self._closed:
