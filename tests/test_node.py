@@ -502,6 +502,44 @@ def test_stats_count_the_bytes_each_queue_holds(broker: Broker) -> None:
     assert {s.name: s.bytes for s in broker.stats()} == {"eu": 0, "orders": 150}
 
 
+def test_a_release_after_a_message_was_given_back_twice_is_kept_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Found by the test below: delivery 1 times out in a consumer's buffer, delivery 2
+    is given back unseen (attempt 1 again), then delivery 1's stale give-back un-counts
+    that too (attempt 0); the next delivery reuses number 1 and is released for 5 s. A
+    restart keeps it parked for those 5 s, as memory did — not ready at once, which the
+    highest attempt ever made (2, given back) once made it."""
+    clock = FakeClock()
+
+    def opened() -> Node:
+        return Node.open(tmp_path / "data", NodeSettings(tick=None), clock)
+
+    node = opened()
+    try:
+        node.admin.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=10))
+        node.ingress.publish("t/a", b"m")
+        [first] = node.delivery.fetch("q", 1, holder=1)
+        clock.advance(11)
+        node.maintenance.maintain()  # delivery 1 timed out, in the consumer's buffer
+        [second] = node.delivery.fetch("q", 1, holder=1)
+        assert second.key == (1, 2)
+        node.delivery.return_unseen("q", [second.key], holder=1)
+        node.delivery.return_unseen("q", [first.key], holder=1)  # stale: un-counted too
+        [third] = node.delivery.fetch("q", 1, holder=1)
+        assert third.key == (1, 1)
+        node.delivery.release("q", [third.key], 5, holder=1)
+        node.close()
+        node = opened()
+        node.maintenance.maintain()
+        assert node.delivery.fetch("q", 1, holder=1) == []  # parked: due in 5 s
+        clock.advance(5)
+        [again] = node.delivery.fetch("q", 1, holder=1)
+        assert again.key == (1, 2)
+    finally:
+        node.close()
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.randoms(use_true_random=False), st.booleans(), st.sampled_from([3, 50_000]))
 def test_attempts_after_a_restart_are_those_in_memory(

@@ -80,14 +80,21 @@ _PENDING = """
                max(b.at) AS at
         FROM handed h LEFT JOIN back b USING (queue_id, seq, attempt)
         GROUP BY h.queue_id, h.seq
+    ), parked AS (
+        SELECT queue_id, seq, attempt, max(epoch_us(due)) AS due
+        FROM deliveries WHERE released GROUP BY queue_id, seq, attempt
     )
     SELECT h.queue_id, h.seq, epoch_us(m.expires_at), c.attempt,
-           CASE WHEN c.attempt < l.top THEN c.at ELSE l.due END,
+           CASE WHEN c.attempt < l.top AND cb.n IS NOT NULL AND p.due IS NOT NULL THEN p.due
+                WHEN c.attempt < l.top THEN c.at
+                ELSE l.due END,
            c.attempt < l.top OR l.released
     FROM hot h
     JOIN messages m ON m.seq = h.seq
     LEFT JOIN latest l ON l.queue_id = h.queue_id AND l.seq = h.seq
     LEFT JOIN counted c ON c.queue_id = h.queue_id AND c.seq = h.seq
+    LEFT JOIN back cb ON cb.queue_id = h.queue_id AND cb.seq = h.seq AND cb.attempt = c.attempt
+    LEFT JOIN parked p ON p.queue_id = h.queue_id AND p.seq = h.seq AND p.attempt = c.attempt
     WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
     ORDER BY h.queue_id, h.seq
 """
@@ -107,7 +114,12 @@ def load_pending(reads: Reads) -> Iterator[PendingRow]:
     unseen (the number is reused by the next delivery, so the two are counted): the
     attempt restored is the highest that counts (0: none did). When that is below
     the highest ever made, the message is ready again since its last return, as the
-    cursor keeps it in memory."""
+    cursor keeps it in memory — unless that attempt was itself given back unseen and
+    handed out again since (a stale give-back of a delivery that timed out un-counts it
+    a second time, and its number is reused): then it is as the latest release of that
+    attempt left it, parked until its due (a release's due is never before an earlier
+    one's: the message was handed out again only once that was past), or in flight,
+    which a restart times out at once."""
     try:
         result = reads.reader().execute(_PENDING)
         while chunk := result.fetchmany(65536):
