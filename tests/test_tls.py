@@ -469,7 +469,7 @@ def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
     try:
         server = fake_server(a, loop)
         # Dialling side: the welcome's proof is made with a key it does not know.
-        a.add_link("b", "tcp://127.0.0.1:9", "the-real-token")
+        a.links.add_link("b", "tcp://127.0.0.1:9", "the-real-token")
         dialler = LinkConnection(server, "b", Connection(Role.CLIENT, 1 << 20))  # type: ignore[arg-type]
         dialler.key, dialler.nonce = token_hash("the-real-token"), "n1"
         dialler.connection_made(FakeTransport())  # type: ignore[arg-type]
@@ -484,10 +484,10 @@ def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
         impostor.state = State.LINKED  # it sends on as if linked (the rules forbid it)
         dialler.data_received(data + impostor.send(lev.Transfer(0, forged(1))))
         assert dialler.ending and not dialler.linked
-        assert a.link_info()[0].received == 0  # the frame behind it: not taken
+        assert a.links.link_info()[0].received == 0  # the frame behind it: not taken
         # Dialled side: a node says it is c (a link a knows), proves nothing, and sends a
         # frame behind its proof.
-        a.add_link("c", None, None)
+        a.links.add_link("c", None, None)
         c = Connection(Role.CLIENT, 1 << 20)
         hello = lev.LinkHello(lev.LINK_VERSION, "c", "c" * 16, "", 0, 1 << 20, "n3")
         session_conn = Connection(Role.SERVER, 1 << 20)
@@ -504,7 +504,7 @@ def test_nothing_a_peer_sends_before_proving_itself_is_taken(net: Any) -> None:
         accepted.data_received(c.send(lev.LinkProof("é" * 64)) + c.send(lev.Transfer(0, forged(1))))
         loop.run_until_complete(until(lambda: accepted.ending))  # its refusal, however run
         assert not accepted.linked
-        assert [(i.peer, i.received) for i in a.link_info()] == [("b", 0), ("c", 0)]
+        assert [(i.peer, i.received) for i in a.links.link_info()] == [("b", 0), ("c", 0)]
         refusal = Connection(Role.CLIENT, 1 << 20)
         refusal.state = State.LINKED
         refusal.receive_data(b"".join(transport.out[1:]))
