@@ -235,6 +235,7 @@ class Ingress:
 
         displaced = self.overflow.displaced(messages, published, route_of)
         staged = _Staging(to_us(now))
+        add = staged.add
         seq = k.next_seq
         for i, m in enumerate(messages):
             msg_id = m.id
@@ -249,7 +250,7 @@ class Ingress:
                 queues = self.overflow.displace(
                     displaced, staged.moved, queues, seq, len(m.payload), staged.rerouted
                 )
-            staged.add(seq, m, now, queues)
+            add(seq, m, now, queues)
             seq += 1
         if staged.touched:
             self._limit(batch, staged, now, refuse)
@@ -372,6 +373,11 @@ class Ingress:
 class _Staging:
     """What :meth:`Ingress.stage` makes of a batch's new messages, message by message:
     their rows, the queues and link routes they go to, and their results."""
+
+    __slots__ = (
+        *("now_us", "results", "fresh", "log_rows", "id_rows", "dest_rows", "runs"),
+        *("run_rows", "touched", "sized", "moved", "rerouted"),
+    )
 
     def __init__(self, now_us: int) -> None:
         self.now_us = now_us
