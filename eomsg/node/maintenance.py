@@ -98,6 +98,7 @@ class Maintenance:
             horizon = self._kernel.store.writer.run(
                 Store.collect_garbage_job(floor, cutoff, to_us(now))
             ).result()
+            self._kernel.store.writer.recent.forget_below(horizon)
             self._kernel.dedup.collect(horizon, now)
         self._kernel.dedup.spill_over()  # the window back within its share of the memory
         self._kernel.dedup.fill_filter()

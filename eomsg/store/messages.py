@@ -2,8 +2,11 @@
 
 A message the writer journaled and DuckDB does not hold yet is in the writer's overlay;
 a message leaves the overlay only after DuckDB committed it, so a read that looks there
-first, then in DuckDB, never misses one and need not wait for the writer. A read of a
-range of the log (:func:`log`) waits instead (:meth:`Reads.sync`).
+first, then in DuckDB, never misses one and need not wait for the writer. The latest
+messages DuckDB holds are kept in memory a while longer (:mod:`eomsg.store.recent`), and
+a read of a dense run from DuckDB reads ahead into the same place: a consumer that keeps
+up, or drains a backlog a take at a time, rarely queries. A read of a range of the log
+(:func:`log`) waits instead (:meth:`Reads.sync`).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from typing import Any
 
 from eomsg.core.message import Message
 from eomsg.store.reads import Reads
+from eomsg.store.recent import AHEAD_BYTES, AHEAD_ROWS, ROW_COST
 
 US = 1_000_000  # times cross the store's boundary as integer microseconds since the epoch
 
@@ -44,18 +48,22 @@ def fetch_rows(
     None for one not in the log: those DuckDB does not hold yet from the writer's
     overlay, the rest from DuckDB. ``memory_only``: None rather than read DuckDB (for a
     caller that must not block)."""
-    rows: list[Any] = list(map(reads.writer.overlay.get, seqs))
-    if None not in rows:  # the usual case: a busy link sends what was just written
+    overlay, recent = reads.writer.overlay.get, reads.writer.recent.get
+    rows: list[Any] = [overlay(seq) or recent(seq) for seq in seqs]
+    if None not in rows:  # the usual case: a consumer or link reads what was just written
         return rows
     if memory_only:
         return None
     rest = [seq for seq, row in zip(seqs, rows, strict=True) if row is None]
     low, high = rest[0], rest[-1]
-    if high - low < 4 * len(rest):  # dense, the usual case: a plain range scan
+    if high - low < 4 * len(rest):  # dense, the usual case: a range scan, and ahead
         read = reads.rows(
-            f"SELECT {_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
-            [low, high],
+            f"""SELECT {_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?
+                QUALIFY seq <= ? OR sum(octet_length(payload) + {ROW_COST})
+                                    OVER (ORDER BY seq) <= ?""",
+            [low, high + AHEAD_ROWS, high, AHEAD_BYTES],
         )
+        reads.writer.recent.add(read)
     else:
         read = reads.rows(
             f"""SELECT {_COLUMNS} FROM messages
@@ -102,11 +110,11 @@ def log(
 def _fresh(reads: Reads, seqs: Sequence[int]) -> tuple[dict[int, Any], list[int]]:
     """The ``messages`` rows of ``seqs`` still in the writer's overlay (DuckDB may not
     hold them yet), by seq, and the seqs to read from DuckDB."""
-    overlay = reads.writer.overlay
+    overlay, recent = reads.writer.overlay.get, reads.writer.recent.get
     fresh: dict[int, Any] = {}
     rest = []
     for seq in seqs:
-        row = overlay.get(seq)
+        row = overlay(seq) or recent(seq)
         if row is None:
             rest.append(seq)
         else:

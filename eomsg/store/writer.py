@@ -8,7 +8,7 @@ Callers hand it work and wait on a future. Two threads, in the order the work ca
   after-commit callbacks in submission order (so in-memory indexes see writes in the
   order the log holds them) and resolves their futures. An acknowledgement built on one
   is durable. The messages of a record stay readable from memory (:attr:`Writer.overlay`)
-  until DuckDB holds them.
+  until DuckDB holds them, then for a while longer (:attr:`Writer.recent`).
 * the **applier thread** puts records into DuckDB, many in one transaction (one Arrow
   insert per table), which also notes the last record applied in ``node_meta``; the
   store then deletes the journal segments DuckDB holds. After each DuckDB commit it runs
@@ -51,6 +51,7 @@ from eomsg.core.dedup import id_hash
 from eomsg.errors import NodeClosed, StorageError, WriteFailed, WriteUnknown, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store.journal import Journal
+from eomsg.store.recent import Recent
 from eomsg.store.schema import ROW_TABLES
 
 T = TypeVar("T")
@@ -250,6 +251,8 @@ class Writer:
         # "messages". Added before a record is acknowledged, removed once DuckDB
         # commits it, so a reader that misses here finds the message in DuckDB.
         self.overlay: dict[int, list[Any] | tuple[Any, ...]] = {}
+        # Then, once DuckDB holds them, the latest of them for a while (see Recent).
+        self.recent = Recent()
         # After each DuckDB commit, on the applier, with last_seq: True asks for a
         # checkpoint.
         self._committed = committed
@@ -533,6 +536,7 @@ class Writer:
                 messages = batch.tables.get("messages")
                 if messages:
                     self.last_seq = max(self.last_seq, messages[-1][0])
+                    self.recent.add(messages)  # first: a reader finds each in one or the other
                     overlay = self.overlay
                     for row in messages:
                         overlay.pop(row[0], None)
