@@ -11,6 +11,7 @@ from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.node.node import Node
 from eomsg.store.recent import AHEAD_ROWS, ROW_COST, Recent
+from tests.conftest import NodeFactory
 
 
 def row(seq: int, size: int) -> tuple[int, str, None, int, None, None, bytes]:
@@ -82,3 +83,12 @@ def test_messages_read_ahead_are_served_whole(node: Node) -> None:
     node.store.writer.recent.forget_below(2**62)
     node.store.fetch(seqs[:1])  # reads the rest ahead
     assert [m.payload for m in node.store.fetch(seqs).values()] == [b"%d" % i for i in range(300)]
+
+
+def test_the_latest_messages_take_their_share_of_the_memory_limit(open_node: NodeFactory) -> None:
+    node = open_node(memory_limit=256 << 20)
+    assert node.store.writer.recent.limit == (256 << 20) // 32
+    publish(node, 100)
+    use = node.inspection.memory()
+    assert use.recent == node.store.writer.recent.size == 100 * (2 + ROW_COST) - 10
+    assert use.recent_limit == (256 << 20) // 32

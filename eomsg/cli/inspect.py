@@ -128,6 +128,12 @@ def memory(data: DataOption = DEFAULT_DATA, json: JsonOption = False) -> None:
         format_bytes(use.queues_limit),
         f"{use.backlog} messages; {format_bytes(use.journaled)} journaled, not in DuckDB yet",
     )
+    grid.add_row(
+        "latest messages",
+        format_bytes(use.recent),
+        format_bytes(use.recent_limit),
+        "kept after DuckDB holds them",
+    )
     show(grid)
 
 

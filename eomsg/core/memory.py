@@ -13,6 +13,8 @@ The parts that grow with the traffic are each bounded by their share:
   them back for every delivery, so past their share the node applies backpressure:
   publishes are refused (:class:`~eomsg.errors.MemoryFull`, which a producer retries)
   until consumers take the queues back under it.
+* **the latest messages** (:mod:`eomsg.store.recent`): those DuckDB holds, kept a while
+  longer for consumers that follow close behind; past its share the oldest are dropped.
 
 The rest of the limit is the process itself (Python, its libraries, the servers'
 buffers).
@@ -28,6 +30,7 @@ LOWEST = 256 << 20  # a node needs about this much before any traffic
 DUCKDB_SHARE = 0.25
 DEDUP_SHARE = 0.125
 QUEUES_SHARE = 0.375
+RECENT_SHARE = 1 / 32
 
 
 def duckdb_limit(limit: int, max_payload: int = 0) -> int:
@@ -48,6 +51,10 @@ def queues_limit(limit: int) -> int:
     return int(limit * QUEUES_SHARE)
 
 
+def recent_limit(limit: int) -> int:
+    return int(limit * RECENT_SHARE)
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryUse:
     """Where a node's memory goes, in bytes (``eomsg inspect memory``)."""
@@ -63,6 +70,7 @@ class MemoryUse:
     queues: int  # the cursors' waiting and in-flight messages
     journaled: int  # messages journaled and not yet in DuckDB
     backlog: int  # messages waiting in the queues
+    recent: int  # the latest messages kept after DuckDB holds them
 
     def to_json(self) -> dict[str, int]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -82,3 +90,7 @@ class MemoryUse:
     @property
     def queues_limit(self) -> int:
         return queues_limit(self.limit)
+
+    @property
+    def recent_limit(self) -> int:
+        return recent_limit(self.limit)

@@ -88,6 +88,7 @@ class Inspection:
             queues,
             self._kernel.store.writer.behind,
             backlog,
+            self._kernel.store.writer.recent.size,
         )
 
     def stats(self) -> list[QueueStats]:

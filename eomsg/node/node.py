@@ -96,6 +96,7 @@ class Node(NodeState):
 
     def __init__(self, store: Store, settings: NodeSettings, clock: Clock) -> None:
         super().__init__(store, settings, clock)
+        store.writer.recent.limit = memory.recent_limit(self.settings.memory_limit)
         self.ingress = Ingress(self)
         self.egress = Egress(self)
         self.elections = Elections(self)

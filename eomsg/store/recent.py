@@ -8,8 +8,9 @@ So the writer's applier puts each message it moves out of the overlay here, and 
 of the log that had to ask DuckDB for a dense run of messages reads some further ahead
 (:data:`AHEAD_ROWS`, :data:`AHEAD_BYTES`) and puts those here too.
 
-Bounded: at most :data:`RECENT_BYTES` of rows (payload and a fixed cost each), the
-oldest put here dropped first, so the node's memory stays flat however long the log.
+Bounded: at most :attr:`Recent.limit` bytes of rows (payload and a fixed cost each; the
+node sets its share of ``serve --memory-limit``, :mod:`eomsg.core.memory`), the oldest
+put here dropped first, so the node's memory stays flat however long the log.
 A message of the log never changes, so a row here is the row DuckDB holds — or held:
 a caller asks only for messages still pending somewhere (the collector drops none of
 those), and :meth:`Recent.forget_below` drops what the collector dropped.
@@ -22,7 +23,8 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-RECENT_BYTES = 32 << 20  # rows kept, payload and ROW_COST each
+from eomsg.core import memory
+
 ROW_COST = 256  # bytes a row costs beyond its payload: tuple, ints, topic, id
 AHEAD_ROWS = 4096  # seqs a dense read of DuckDB reads past what was asked, at most
 AHEAD_BYTES = 4 << 20  # and payload bytes (ROW_COST each included), at most
@@ -30,11 +32,12 @@ AHEAD_BYTES = 4 << 20  # and payload bytes (ROW_COST each included), at most
 
 class Recent:
     """Message rows by seq (:data:`~eomsg.store.messages.MessageRow`), the oldest
-    dropped first past :data:`RECENT_BYTES`. :meth:`get` is safe from any thread without
-    a lock (a dict lookup); :meth:`add` and :meth:`forget_below` take one."""
+    dropped first past :attr:`limit` bytes (payload and ROW_COST each; a new limit holds
+    from the next :meth:`add`). :meth:`get` is safe from any thread without a lock (a
+    dict lookup); :meth:`add` and :meth:`forget_below` take one."""
 
-    def __init__(self, limit: int = RECENT_BYTES) -> None:
-        self._limit = limit
+    def __init__(self, limit: int = memory.recent_limit(memory.DEFAULT_LIMIT)) -> None:
+        self.limit = limit
         self._rows: dict[int, Sequence[Any]] = {}
         self._order: deque[tuple[int, int]] = deque()  # (seq, cost), in the order added
         self._bytes = 0
@@ -62,7 +65,7 @@ class Recent:
                 kept[seq] = row
                 order.append((seq, cost))
                 self._bytes += cost
-            while self._bytes > self._limit and order:
+            while self._bytes > self.limit and order:
                 seq, cost = order.popleft()
                 if kept.pop(seq, None) is not None:
                     self._bytes -= cost
