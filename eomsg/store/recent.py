@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
+from operator import itemgetter
 from typing import Any
 
 from eomsg.core import memory
@@ -33,49 +34,59 @@ AHEAD_BYTES = 4 << 20  # and payload bytes (ROW_COST each included), at most
 class Recent:
     """Message rows by seq (:data:`~eomsg.store.messages.MessageRow`), the oldest
     dropped first past :attr:`limit` bytes (payload and ROW_COST each; a new limit holds
-    from the next :meth:`add`). :meth:`get` is safe from any thread without a lock (a
-    dict lookup); :meth:`add` and :meth:`forget_below` take one."""
+    from the next :meth:`add`). Rows are kept and dropped a batch at a time, as they
+    were added: the applier adds every message it applies, so a row costs it a few C
+    steps, not a Python one. :meth:`get` is safe from any thread without a lock (a dict
+    lookup); :meth:`add` and :meth:`forget_below` take one."""
 
     def __init__(self, limit: int = memory.recent_limit(memory.DEFAULT_LIMIT)) -> None:
         self.limit = limit
         self._rows: dict[int, Sequence[Any]] = {}
-        self._order: deque[tuple[int, int]] = deque()  # (seq, cost), in the order added
+        self._order: deque[tuple[list[int], int]] = deque()  # (seqs, cost) as added
         self._bytes = 0
         self._lock = threading.Lock()
         self.get = self._rows.get
 
     @property
     def size(self) -> int:
-        """Bytes the rows held count for (payload and ROW_COST each)."""
+        """Bytes the batches kept count for (payload and ROW_COST a row; a row added
+        again counts again until the older batch is dropped)."""
         return self._bytes
 
     def __len__(self) -> int:
         return len(self._rows)
 
-    def add(self, rows: Iterable[Sequence[Any]]) -> None:
-        """Keep ``rows`` (messages DuckDB holds), dropping the oldest kept past the
-        limit. A row already kept is kept once."""
+    def add(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Keep ``rows`` (messages DuckDB holds) as one batch, dropping the oldest
+        batches past the limit (this one too, if it alone is past it)."""
+        if not rows:
+            return
+        seqs = list(map(_SEQ, rows))
+        cost = sum(map(len, map(_PAYLOAD, rows))) + ROW_COST * len(rows)
         with self._lock:
-            kept, order = self._rows, self._order
-            for row in rows:
-                seq = row[0]
-                if seq in kept:
-                    continue
-                cost = len(row[-1]) + ROW_COST
-                kept[seq] = row
-                order.append((seq, cost))
-                self._bytes += cost
-            while self._bytes > self.limit and order:
-                seq, cost = order.popleft()
-                if kept.pop(seq, None) is not None:
-                    self._bytes -= cost
+            self._rows.update(zip(seqs, rows, strict=True))
+            self._order.append((seqs, cost))
+            self._bytes += cost
+            while self._bytes > self.limit and self._order:
+                self._drop(*self._order.popleft())
 
     def forget_below(self, horizon: int) -> None:
-        """Drop every row below ``horizon`` (the collector dropped them from the log)."""
+        """Drop every row below ``horizon`` (the collector dropped them from the log);
+        a batch with rows on both sides keeps those above it."""
         with self._lock:
-            kept = self._rows
-            for seq in [s for s in kept if s < horizon]:
-                del kept[seq]
-            left = deque(entry for entry in self._order if entry[0] in kept)
-            self._order = left
-            self._bytes = sum(cost for _, cost in left)
+            kept = [(seqs, cost) for seqs, cost in self._order if seqs[-1] >= horizon]
+            for seqs, cost in self._order:
+                if seqs[-1] < horizon:
+                    self._drop(seqs, cost)
+            self._order = deque(kept)
+            for seq in [s for s in self._rows if s < horizon]:
+                del self._rows[seq]
+
+    def _drop(self, seqs: list[int], cost: int) -> None:
+        pop = self._rows.pop
+        for seq in seqs:
+            pop(seq, None)
+        self._bytes -= cost
+
+
+_SEQ, _PAYLOAD = itemgetter(0), itemgetter(-1)
