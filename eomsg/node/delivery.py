@@ -16,8 +16,11 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
+from itertools import repeat
+from operator import attrgetter
 from typing import Protocol
 
+from eomsg.core.columns import Columns
 from eomsg.core.cursor import Outcome, Release, Settlement
 from eomsg.core.message import Delivered, Key, check_keys
 from eomsg.errors import InvalidConfig, NotActive
@@ -27,6 +30,8 @@ from eomsg.node.state import QueueState, Shared, to_us
 from eomsg.store.writer import RowBatch
 
 TAKE_BYTES = 16 << 20  # payload bytes a take reads into memory at once, about
+_DELIVERED = Columns(Delivered)  # a take makes one per message: a column at a time
+_SEQ, _ATTEMPT, _DEADLINE = attrgetter("seq"), attrgetter("attempt"), attrgetter("deadline")
 
 
 class Kernel(Shared, Protocol):
@@ -122,12 +127,18 @@ class Delivery:
         self._kernel.await_commit(future)
         if not taken.deliveries:
             return [], more
-        messages = self._kernel.egress.fetch_messages([d.seq for d in taken.deliveries])
-        delivered = [  # one purged meanwhile is gone: settled, it needs no delivery
-            Delivered(queue, messages[d.seq], d.attempt, d.deadline, epoch)
-            for d in taken.deliveries
-            if d.seq in messages
-        ]
+        deliveries = taken.deliveries
+        messages = self._kernel.egress.fetch_messages([d.seq for d in deliveries])
+        if len(messages) < len(deliveries):  # one purged meanwhile: settled, none needed
+            deliveries = [d for d in deliveries if d.seq in messages]
+        delivered = _DELIVERED.make(
+            len(deliveries),
+            repeat(queue),
+            map(messages.__getitem__, map(_SEQ, deliveries)),
+            map(_ATTEMPT, deliveries),
+            map(_DEADLINE, deliveries),
+            repeat(epoch),
+        )
         return delivered, more
 
     def delete(

@@ -12,9 +12,12 @@ up, or drains a backlog a take at a time, rarely queries. A read of a range of t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from itertools import repeat
+from operator import truediv
 from typing import Any
 
+from eomsg.core.columns import Columns
 from eomsg.core.message import Message
 from eomsg.store.reads import Reads
 from eomsg.store.recent import AHEAD_BYTES, AHEAD_ROWS, ROW_COST
@@ -39,6 +42,27 @@ def message(row: Sequence[Any]) -> Message:
         expires_at=None if expires_us is None else expires_us / US,
         headers=json.loads(headers) if headers else {},
     )
+
+
+_MESSAGES = Columns(Message)
+
+
+def messages_of(rows: Sequence[Sequence[Any]]) -> list[Message]:
+    """The :class:`Message` of each ``messages`` row, as :func:`message` makes it, a
+    column at a time (a consumer's take makes one per message it hands out)."""
+    n = len(rows)
+    if not n:
+        return []
+    seqs, topics, ids, published, expires, headers, payloads = zip(*rows, strict=True)
+    if set(map(type, payloads)) != {bytes}:
+        payloads = tuple(map(bytes, payloads))
+    times = list(map(truediv, published, repeat(US)))
+    if expires.count(None) == n:
+        ends: Iterable[float | None] = repeat(None)
+    else:
+        ends = [None if e is None else e / US for e in expires]
+    maps = [json.loads(h) if h else {} for h in headers]
+    return _MESSAGES.make(n, seqs, topics, payloads, ids, times, ends, maps)
 
 
 def fetch_rows(

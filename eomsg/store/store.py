@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, overload
 
@@ -277,7 +278,8 @@ class Store:
     def fetch(self, seqs: Sequence[int]) -> dict[int, Message]:
         """The messages with these sequence numbers (ascending), by seq (see
         :meth:`fetch_rows`)."""
-        return {row[0]: messages.message(row) for row in self.fetch_rows(seqs) if row is not None}
+        rows = [row for row in self.fetch_rows(seqs) if row is not None]
+        return dict(zip(map(itemgetter(0), rows), messages.messages_of(rows), strict=True))
 
     @overload
     def fetch_rows(self, seqs: Sequence[int]) -> list[MessageRow | None]: ...
