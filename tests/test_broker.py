@@ -253,6 +253,18 @@ def test_a_release_delay_out_of_range_is_refused_and_the_delivery_stays(
         assert client.delete("q", [d.key]) == [True]  # still this client's, in flight
 
 
+def test_a_delivery_named_twice_in_one_delete_is_deleted_once(
+    node: NodeProcess, data_dir: Path
+) -> None:
+    with eomsg.connect(data_dir) as client:
+        client.publish("t/x", b"x")
+        (d,) = client.fetch("q", 1)
+        assert client.delete("q", [d.key, d.key]) == [True, False]
+        assert not client.publish("t/ok", b"ok").duplicate  # the connection still serves
+        with client.consumer("q", prefetch=1, until_empty=True) as consumer:
+            assert [m.payload for m in consumer] == [b"ok"]  # and its window refills
+
+
 def test_second_serve_names_the_running_one(
     node: NodeProcess, eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:

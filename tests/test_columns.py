@@ -21,7 +21,8 @@ rows = st.tuples(
     st.none() | texts,
     st.integers(0, 2**50),
     st.none() | st.integers(0, 2**50),
-    st.none() | st.dictionaries(texts, texts, max_size=2).map(
+    st.none()
+    | st.dictionaries(texts, texts, max_size=2).map(
         lambda d: __import__("json").dumps(d) if d else None
     ),
     st.binary(max_size=16),

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.broker import Broker, require_served
@@ -28,6 +30,7 @@ from eomsg.errors import (
     Unbound,
     UsageError,
 )
+from eomsg.server.pump import forget_settled
 from tests.conftest import eventually
 
 
@@ -341,3 +344,19 @@ def test_a_ttl_is_seconds_or_a_duration_as_the_cli_takes_it(q: Broker) -> None:
         assert m.expires_at - m.published_at == pytest.approx(seconds, abs=0.01)
     with pytest.raises(InvalidDuration, match="duration 'soon' is not understood"):
         q.publish("q/x", b"never", ttl="soon")
+
+
+@given(
+    st.dictionaries(st.integers(0, 6), st.integers(1, 3)),
+    st.lists(st.tuples(st.integers(0, 6), st.integers(1, 3)), max_size=30),  # some twice
+)
+def test_a_window_forgets_exactly_the_deliveries_settled_at_their_attempt(
+    held: dict[int, int], keys: list[tuple[int, int]]
+) -> None:
+    expected = dict(held)
+    for seq, attempt in keys:  # the rule, one key at a time
+        if expected.get(seq) == attempt:
+            del expected[seq]
+    before = len(held)
+    assert forget_settled(held, keys) == before - len(expected)
+    assert held == expected

@@ -16,7 +16,11 @@ import asyncio
 import contextlib
 import functools
 import logging
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING
 
 from eomsg.core import access
@@ -30,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("eomsg.server")
 
 MAX_PREFETCH = 100_000
+_SEQ, _ATTEMPT = attrgetter("message.seq"), attrgetter("attempt")
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
 
 
@@ -48,6 +53,19 @@ class Subscription:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
     closed: bool = False
+
+
+def forget_settled(held: dict[int, int], keys: Iterable[tuple[int, int]]) -> int:
+    """Drop from ``held`` (seq → attempt in flight) each of ``keys`` it holds at that
+    attempt — a newer attempt of the same message stays held — and say how many: a step
+    in C per key, not in Python (every delete passes here)."""
+    before = len(held)
+    settled = list(map(_FIRST, filter(held.items().__contains__, keys)))
+    deque(map(held.pop, settled, repeat(None)), maxlen=0)  # a key named twice: once
+    return before - len(held)
+
+
+_FIRST = itemgetter(0)
 
 
 class Subscriptions:
@@ -73,13 +91,8 @@ class Subscriptions:
         """Settled deliveries no longer count against the windows of ``queue``'s
         subscriptions (a newer attempt of the same message still does)."""
         for sub in self.open.values():
-            if sub.queue == queue and sub.held:
-                before = len(sub.held)
-                for seq, attempt in keys:
-                    if sub.held.get(seq) == attempt:
-                        del sub.held[seq]
-                if len(sub.held) != before:
-                    sub.wake.set()
+            if sub.queue == queue and sub.held and forget_settled(sub.held, keys):
+                sub.wake.set()
 
     def subscribe(self, event: ev.Subscribe) -> None:
         session = self.session
@@ -242,8 +255,7 @@ class Subscriptions:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready, poll)
                 continue
-            for d in taken:
-                sub.held[d.seq] = d.attempt
+            sub.held.update(zip(map(_SEQ, taken), map(_ATTEMPT, taken), strict=True))
             sub.dry = False
             try:
                 session.send_deliveries(sub.rid, sub.queue, taken, final=False, epoch=sub.epoch)

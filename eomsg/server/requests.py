@@ -23,7 +23,7 @@ from eomsg.core.message import PublishResult
 from eomsg.core.operations import Operation
 from eomsg.errors import EomsgError, FrameTooLarge, InvalidConfig, NotAllowed
 from eomsg.server import calls
-from eomsg.server.pump import MAX_PREFETCH
+from eomsg.server.pump import MAX_PREFETCH, forget_settled
 from eomsg.wire import events as ev
 from eomsg.wire.calls import listed_result
 from eomsg.wire.codec import FRAME_SLACK
@@ -57,9 +57,7 @@ class Requests:
         of the same message still does)."""
         held = self.fetched.get(queue)
         if held:
-            for seq, attempt in keys:
-                if held.get(seq) == attempt:
-                    del held[seq]
+            forget_settled(held, keys)
         self.session.subscriptions.settled(queue, keys)
 
     async def release_held(self, queue: str, held: list[tuple[int, int]]) -> int:
