@@ -41,6 +41,7 @@ _HOMES = {
     "connect_async": "eomsg.client.aio",
     "open_dir": "eomsg.embedded.reach",
     "recover_resource": "eomsg.client.transaction",
+    "settle_collector": "eomsg.node.collector",
 }
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from eomsg.core.txn import TxnInfo
     from eomsg.embedded.local import LocalClient
     from eomsg.embedded.reach import open_dir
+    from eomsg.node.collector import settle_collector
     from eomsg.node.node import Node, NodeSettings
     from eomsg.transport.tls import ClientTls
 
@@ -102,4 +104,5 @@ __all__ = [
     "connect_async",
     "open_dir",
     "recover_resource",
+    "settle_collector",
 ]

@@ -71,6 +71,10 @@ Start-up of the command line (scripts/bench_cli.py): ``cli`` times whole ``eomsg
 processes — ``--help``, ``publish`` and ``inspect queues`` through a node — ``--n`` runs
 each (20 unless given), median wall time; ``--eomsg PROGRAM`` times another install.
 
+The embedded scenarios run as the README advises an application that publishes or
+consumes in volume: ``eomsg.settle_collector()`` once the node is open
+(``--default-collector``: CPython's collector as it starts).
+
 Messages carry ids (deduplicated) unless ``--no-ids``. ``--log-size L`` first fills
 the log with L messages that have already been consumed (retained for replay, not
 pending), so the measured messages land on a log of that size: compare L = 10^4 and
@@ -110,6 +114,7 @@ from eomsg.client.broker import Broker
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.embedded import LocalClient
+from eomsg.node.collector import settle_collector
 from eomsg.node.node import NodeSettings
 
 SCENARIOS = (
@@ -147,7 +152,14 @@ def _publish_all(broker: Broker, n: int, payload: bytes, batch: int, start: int)
 
 
 def run(
-    scenario: str, n: int, batch: int, payload_size: int, log_size: int, rounds: int = 3
+    scenario: str,
+    n: int,
+    batch: int,
+    payload_size: int,
+    log_size: int,
+    rounds: int = 3,
+    *,
+    settle: bool = True,
 ) -> dict[str, object]:
     payload = os.urandom(payload_size // 2).hex().encode()[:payload_size]
     timings = []
@@ -155,6 +167,8 @@ def run(
         # Long retention and rare GC: the prefilled log must stay for the measurement.
         settings = NodeSettings(tick=None, retention=10 * 86400, gc_interval=10 * 86400)
         with LocalClient.open(Path(tmp) / "data", settings) as client:
+            if settle:
+                settle_collector()
             client.create_queue(
                 QueueConfig.create("bench", ["bench/>"])
                 if LIMIT is None and LIMIT_BYTES is None
@@ -198,6 +212,7 @@ def run(
         "payload_bytes": payload_size,
         "log_size": log_size,
         "ids": IDS,
+        "collector": "settled" if settle else "default",
         "max_messages": LIMIT,
         "max_bytes": LIMIT_BYTES,
         "machine": machine(),
@@ -241,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--no-ids", action="store_true", help="publish without message ids (no dedup)"
+    )
+    parser.add_argument(
+        "--default-collector",
+        action="store_true",
+        help="embedded scenarios: leave CPython's cycle collector as it starts, rather than "
+        "call eomsg.settle_collector() once the node is open, as the README advises an "
+        "application that publishes or consumes in volume",
     )
     parser.add_argument(
         "--max-messages",
@@ -467,7 +489,15 @@ def main(argv: list[str] | None = None) -> int:
             )
         result["machine"] = machine()
     else:
-        result = run(args.scenario, args.n, args.batch, args.payload, args.log_size, args.rounds)
+        result = run(
+            args.scenario,
+            args.n,
+            args.batch,
+            args.payload,
+            args.log_size,
+            args.rounds,
+            settle=not args.default_collector,
+        )
     if args.json:
         print(json.dumps(result))
     elif "tx_per_s" in result:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import errno
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import duckdb
@@ -198,3 +200,16 @@ def test_an_open_that_fails_past_the_store_lets_go_of_it(
     monkeypatch.undo()
     with Node.open(data_dir, NodeSettings(tick=None)) as node:
         assert node.inspection.memory().spilled_ids == 0
+
+
+def test_settle_collector_freezes_what_is_alive_and_spaces_young_passes() -> None:
+    """For the whole process, so in a process of its own."""
+    code = (
+        "import gc, eomsg\n"
+        "from eomsg.node.collector import GC_YOUNG\n"
+        "assert gc.get_freeze_count() == 0\n"
+        "eomsg.settle_collector()\n"
+        "assert gc.get_freeze_count() > 1000, gc.get_freeze_count()\n"
+        "assert gc.get_threshold()[0] == GC_YOUNG\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

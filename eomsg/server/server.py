@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import gc
 import logging
 import os
 import secrets
@@ -44,6 +43,7 @@ from eomsg.errors import (
     StorageError,
     one_line,
 )
+from eomsg.node.collector import settle_collector
 from eomsg.node.node import Node, room_to_open
 from eomsg.server.links import LinkManager
 from eomsg.server.session import Session
@@ -409,22 +409,6 @@ class Server:
         for future in self._waiters.pop(queue, ()):
             if not future.done():
                 future.set_result(None)
-
-
-GC_YOUNG = 10_000  # allocations between the cycle collector's young passes (CPython: 700)
-
-
-def settle_collector() -> None:
-    """Tune this process's cycle collector for serving: what is alive now (modules,
-    classes, the recovered state) is moved out of its sight, and young passes run every
-    :data:`GC_YOUNG` allocations. A node allocates a few objects per message and keeps
-    them briefly (until the journal takes them, or DuckDB), so with the defaults full
-    passes over every object of the process ran every few thousand messages: a third of
-    the node's CPU under load (docs/benchmarks.md). Only the daemon does this; a node
-    embedded in an application leaves its collector alone."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(GC_YOUNG, *gc.get_threshold()[1:])
 
 
 def serve(
