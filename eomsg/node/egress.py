@@ -111,6 +111,11 @@ class Egress:
         ``lock``."""
         return self._held.get(held.seq) is held
 
+    def holds_any(self, seqs: Sequence[int]) -> bool:
+        """Whether any of the messages ``seqs`` is held in memory. Under ``lock``."""
+        held = self._held
+        return bool(held) and any(s in held for s in seqs)
+
     def due(self, now: float, link: LinkState | None, every: bool) -> list[Held]:
         """The held messages not being written whose hold is over at ``now`` (``every``:
         all), of ``link`` (None: of every link). Under ``lock``."""
