@@ -6,11 +6,16 @@ journal after a SIGKILL — are those the node held in memory."""
 from __future__ import annotations
 
 import contextlib
+import json
 import random
+import subprocess
+import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 import duckdb
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,7 +24,9 @@ from eomsg.core.queues import QueueConfig
 from eomsg.errors import EomsgError
 from eomsg.node.node import Node, NodeSettings
 from eomsg.node.state import to_us
+from eomsg.store import journal
 from eomsg.store.files import DB_NAME
+from eomsg.store.journal import scan
 
 from .conftest import FakeClock
 
@@ -278,3 +285,124 @@ def test_attempts_after_a_restart_are_those_in_memory_with_runs(
                 work.node.maintenance.maintain()
         finally:
             work.node.close()
+
+
+# -- a real process killed --------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SETUP = textwrap.dedent(
+    """
+    import sys
+    from eomsg.core.message import Outgoing
+    from eomsg.core.queues import QueueConfig
+    from eomsg.node.node import Node, NodeSettings
+
+    with Node.open(sys.argv[1], NodeSettings(tick=None)) as node:
+        node.admin.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=60))
+        node.ingress.publish_batch([Outgoing("t/a", b"%d" % i) for i in range(12)])
+        node.delivery.fetch("q", 3)  # 1 to 3, in flight as the node stops
+    """
+)
+
+TAKE = textwrap.dedent(
+    """
+    import json, os, signal, sys
+    from eomsg import failpoints
+    from eomsg.node.node import Node, NodeSettings
+
+    node = Node.open(sys.argv[1], NodeSettings(tick=None))
+    node.maintenance.maintain()
+    failpoints.configure(sys.argv[2] + "=crash")
+    got = node.delivery.fetch("q", 6)  # 1 to 3 again (rows), 4 to 6 first (a run)
+    print(json.dumps([[d.seq, d.attempt] for d in got]), flush=True)
+    node.store.writer.sync()  # into DuckDB: the applier's steps
+    print("survived", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+# Each step of a take, and whether the take is durable once the process dies there.
+TAKE_STEPS = [
+    ("take.before_commit", False),
+    ("store.commit.before", False),
+    ("journal.append.before", False),
+    ("journal.append.before_sync", True),  # written, not synced: the page cache keeps it
+    ("store.commit.after", True),
+    ("take.after_commit", True),
+    ("journal.apply.before_commit", True),  # replayed from the journal at the next open
+    ("journal.apply.after_commit", True),  # read from DuckDB
+]
+
+
+def run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(("step", "durable"), TAKE_STEPS)
+def test_a_kill_at_each_step_of_a_take_keeps_attempts_exact(
+    tmp_path: Path, step: str, durable: bool
+) -> None:
+    """A node process SIGKILLed at each step of a take that hands out three messages
+    again (a row each) and three for the first time (a run): after a restart every
+    attempt is exactly what the take made durable — all six, or none."""
+    data = tmp_path / "data"
+    assert run(SETUP, str(data)).returncode == 0
+    done = run(TAKE, str(data), step)
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert "survived" not in done.stdout  # the failpoint killed it, not the script
+    if done.stdout:  # answered before the kill: what it handed out
+        assert json.loads(done.stdout.splitlines()[0]) == [
+            [1, 2], [2, 2], [3, 2], [4, 1], [5, 1], [6, 1]
+        ]  # fmt: skip
+    with Node.open(data, NodeSettings(tick=None)) as node:
+        node.maintenance.maintain()
+        got = [(d.seq, d.attempt) for d in node.delivery.fetch("q", 20)]
+    again, first = (3, 2) if durable else (2, 1)
+    assert got == [
+        *((s, again) for s in (1, 2, 3)),
+        *((s, first) for s in (4, 5, 6)),
+        *((s, 1) for s in range(7, 13)),
+    ]
+
+
+WORK = textwrap.dedent(
+    """
+    import json, os, random, signal, sys
+    from tests.conftest import FakeClock
+    from tests.test_delivery_runs import OPS, Workload, snapshot
+    from eomsg.node.node import Node, NodeSettings
+
+    clock, rnd = FakeClock(), random.Random(int(sys.argv[2]))
+    node = Node.open(sys.argv[1], NodeSettings(tick=None, apply_delay=3600), clock)
+    work = Workload(node, clock, rnd)
+    work.setup()
+    for _ in range(60):
+        work.step(rnd.choice(OPS[:-1]))
+    print(json.dumps([clock.now, snapshot(node, clock)]), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_what_the_journal_replays_after_a_kill_is_what_memory_held(
+    tmp_path: Path, seed: int
+) -> None:
+    """Random work on two queues in a node process whose writes wait in the journal
+    (DuckDB gets them only when a compaction needs them), killed: the node opened
+    again replays the journal — runs and rows — into the cursors memory held."""
+    data = tmp_path / "data"
+    done = run(WORK, str(data), str(seed))
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert scan(data / journal.DIR_NAME).records  # DuckDB lacked some: replayed
+    now, before = json.loads(done.stdout)
+    clock = FakeClock(now)
+    with Node.open(data, NodeSettings(tick=None), clock) as node:
+        assert json.loads(json.dumps(snapshot(node, clock))) == before
