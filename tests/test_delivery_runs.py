@@ -148,6 +148,28 @@ def test_a_message_dead_lettered_into_a_runs_range_was_not_handed_out_by_it(
         ]  # fmt: skip
 
 
+def test_a_store_from_before_delivery_runs_keeps_its_attempts(tmp_path: Path) -> None:
+    """A data directory of schema 7 (a deliveries row per attempt, no delivery_runs)
+    gets the table at its open, and its rows count as they did."""
+    data = tmp_path / "data"
+    with Node.open(data, NodeSettings(tick=None)) as node:
+        node.admin.create_queue(QueueConfig.create("q", ["t/>"]))
+        node.ingress.publish_batch([_msg(i) for i in range(3)])
+        node.delivery.fetch("q", 2)
+    with duckdb.connect(str(data / DB_NAME)) as db:
+        db.execute(
+            """INSERT INTO deliveries SELECT queue_id, unnest(range(first_seq, last_seq + 1)),
+                      1, due, false FROM delivery_runs"""
+        )
+        db.execute("DROP TABLE delivery_runs")
+        db.execute("DELETE FROM schema_migrations WHERE version >= 8")
+    with Node.open(data, NodeSettings(tick=None)) as node:
+        node.maintenance.maintain()
+        got = node.delivery.fetch("q", 10)
+    assert [(d.seq, d.attempt) for d in got] == [(1, 2), (2, 2), (3, 1)]
+    assert table(data, "SELECT max(version) FROM schema_migrations") == [(8,)]
+
+
 def _msg(i: int) -> object:
     from eomsg.core.message import Outgoing
 
