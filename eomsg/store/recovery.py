@@ -75,7 +75,7 @@ _PENDING = """
         UNION ALL SELECT * FROM firsts
     ), latest AS (
         SELECT queue_id, seq, max(attempt) AS top,
-               arg_max(epoch_us(due), attempt * 2 + released::INTEGER) AS due,
+               arg_max(epoch_us(due), (attempt * 2 + released::INTEGER, due)) AS due,
                arg_max(released, attempt * 2 + released::INTEGER) AS released
         FROM handouts GROUP BY queue_id, seq
     ), handed AS (
@@ -135,7 +135,8 @@ def load_pending(reads: Reads) -> Iterator[PendingRow]:
     a second time, and its number is reused): then it is as the latest release of that
     attempt left it, parked until its due (a release's due is never before an earlier
     one's: the message was handed out again only once that was past), or in flight,
-    which a restart times out at once.
+    which a restart times out at once. An attempt handed out more than once (given back
+    unseen between) has the due of its latest handing out.
 
     A take's first deliveries may be one ``delivery_runs`` row rather than a row each:
     it counts as a ``deliveries`` row (attempt 1, its due, not released) for each
