@@ -139,7 +139,7 @@ class Delivery:
         row each — all of them so when one of the run is held in memory by a link's
         egress (the rows about a held message stay with it). Under ``lock``."""
         deliveries, run = taken.deliveries, taken.run
-        if run is not None and self._kernel.egress.holds_any([d.seq for d in deliveries[run:]]):
+        if run is not None and self._kernel.egress.holds_any(d.seq for d in deliveries[run:]):
             run = None
         for d in deliveries if run is None else deliveries[:run]:
             batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
