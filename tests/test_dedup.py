@@ -219,11 +219,11 @@ TestSpilling.settings = settings(max_examples=100, stateful_step_count=50, deadl
 
 
 def back_to_schema_4(db: duckdb.DuckDBPyConnection) -> None:
-    """Undo migrations 5 (the ids' hash), 6 (principals, grants, audit) and 7 (route
-    runs: none here)."""
+    """Undo migrations 5 (the ids' hash), 6 (principals, grants, audit), 7 (route
+    runs: none here) and 8 (delivery runs: none here)."""
     db.execute("ALTER TABLE publish_ids DROP COLUMN h")
     db.execute("ALTER TABLE txn_log DROP COLUMN principal")
-    for table in ("principals", "grants", "audit", "route_runs"):
+    for table in ("principals", "grants", "audit", "route_runs", "delivery_runs"):
         db.execute(f"DROP TABLE {table}")
     db.execute("DELETE FROM schema_migrations WHERE version >= 5")
 

@@ -162,13 +162,15 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
 
 
 def back_to_schema_6(data_dir: Path) -> None:
-    """Undo migration 7: what the links owe as a destination row per message again."""
+    """Undo migrations 7 (what the links owe as a destination row per message again)
+    and 8 (delivery runs: none here)."""
     with duckdb.connect(str(data_dir / DB_NAME)) as db:
         db.execute(
             """INSERT INTO destinations
                SELECT unnest(range(lo, hi + 1)), route_id FROM route_runs"""
         )
         db.execute("DROP TABLE route_runs")
+        db.execute("DROP TABLE delivery_runs")
         db.execute("DELETE FROM schema_migrations WHERE version >= 7")
 
 

@@ -99,10 +99,20 @@ class Release:
 
 @dataclass(slots=True)
 class Taken:
-    """Effects of :meth:`Cursor.take`: deliveries to record and settlements found on the way."""
+    """Effects of :meth:`Cursor.take`: deliveries to record and settlements found on the
+    way.
+
+    ``run`` (None: none) is where in ``deliveries`` a run of first deliveries starts:
+    from there on, the deliveries are of every message this queue held unsettled with a
+    seq from ``deliveries[run].seq`` to ``deliveries[-1].seq``, each read from the log
+    in order past the read position and handed out for the first time (attempt 1,
+    one deadline) — recordable as one row for the range. The messages of the range it
+    does not hand out were settled before or by this take; none came to the queue out
+    of order."""
 
     deliveries: list[Delivery]
     settlements: list[Settlement]
+    run: int | None = None
 
 
 class _SeqQueue:
@@ -183,6 +193,9 @@ class Cursor:
         self.read_seq = read_seq  # seed 003: the last message read from the log in order
         self._unread = _SeqQueue()  # destined here, after read_seq, ascending
         self._dropped: set[int] = set()  # unread seqs settled without delivery (lazy)
+        # The highest seq that came out of order (below one already here, or moved here
+        # from another queue): no run of first deliveries may start at or below it.
+        self._late = 0
         self._delivered: dict[int, _Delivered] = {}
         # Heap of (due, tiebreak, seqs): one entry per take() or release, since a batch
         # shares its deadline; each seq is validated against its entry when it fires.
@@ -311,8 +324,11 @@ class Cursor:
         ``size`` payload bytes (kept if :attr:`sized`).
 
         Messages normally arrive in sequence order; one that arrives late (a message
-        dead-lettered here from another queue) is made ready at once instead.
+        dead-lettered here from another queue) is made ready at once instead. Either
+        way it counts as out of order: no run of first deliveries (:attr:`Taken.run`)
+        starts at or below it.
         """
+        self._late = max(self._late, seq)
         self._enter(seq, expires_at)
         if self._sizes is not None:
             self._sizes[seq] = size
@@ -344,6 +360,7 @@ class Cursor:
 
     def _enter(self, seq: int, expires_at: float | None) -> None:
         if (self._unread and seq <= self._unread.last()) or seq <= self.read_seq:
+            self._late = max(self._late, seq)
             self._park(seq, _Delivered(0, 0.0, in_flight=False), ready=True)
         else:
             self._unread.append(seq)
@@ -382,12 +399,14 @@ class Cursor:
     def take(self, now: float, limit: int, epoch: int = 0, holder: int = 0) -> Taken:
         """Hand out up to ``limit`` messages to ``holder``, on the flow holding ``epoch``
         (0: no flow): redeliveries first (lowest seq first), then unread messages in
-        order. Also returns settlements that came due on the way."""
+        order — those a run of first deliveries (:attr:`Taken.run`) unless one came out
+        of order inside their range. Also returns settlements that came due on the way."""
         settlements = self.poll(now)
         deliveries: list[Delivery] = []
         deadline = now + self.ack_timeout
         delivered, expires = self._delivered, self._expires
         timed: list[int] = []
+        run: int | None = None
         while len(deliveries) < limit:
             seq = self._next_ready()
             if seq is None:
@@ -396,13 +415,16 @@ class Cursor:
                     break
                 self.read_seq = seq
                 entry = delivered[seq] = _Delivered(0, 0.0, in_flight=False)
+                fresh = True
             else:
-                entry = delivered[seq]
+                entry, fresh = delivered[seq], False
             if expires:
                 expires_at = expires.get(seq)
                 if expires_at is not None and expires_at <= now:
                     settlements.append(self._settle(seq, Outcome.EXPIRED))
                     continue
+            if fresh and run is None:
+                run = len(deliveries)
             entry.attempt += 1
             entry.due, entry.in_flight, entry.ready, entry.epoch = deadline, True, False, epoch
             entry.holder = holder
@@ -411,7 +433,9 @@ class Cursor:
         if timed:
             self._add_timer(deadline, timed)
             self._in_flight += len(timed)
-        return Taken(deliveries, settlements)
+        if run is not None and deliveries[run].seq <= self._late:
+            run = None  # one came out of order: it may lie inside the range
+        return Taken(deliveries, settlements, run)
 
     def delete_many(self, keys: Sequence[Key], epoch: int = 0, holder: int = 0) -> list[bool]:
         """Record the deletion of delivered messages (seed 003) by ``holder``, on the

@@ -1,7 +1,9 @@
 """Delivery and cursors (seed 003): each queue's :class:`~eomsg.core.cursor.Cursor`
 keeps its own read position in the log and hands messages out — redeliveries first, then
 new messages in sequence order — and a delete is recorded per queue, apart from the log.
-Every delivery attempt, release and delete is durable before it is answered.
+Every delivery attempt, release and delete is durable before it is answered: a take's
+first deliveries of new messages, read in order past the cursor's read position, as one
+row for their range of seqs (``delivery_runs``), the others a row each.
 
 :class:`Delivery` is a component of the node (``node.delivery``); the cursors it moves are
 the queues' (:mod:`eomsg.node.state`), and what it needs of the node is its :class:`Kernel`
@@ -21,7 +23,7 @@ from operator import attrgetter
 from typing import Protocol
 
 from eomsg.core.columns import Columns
-from eomsg.core.cursor import Outcome, Release, Settlement
+from eomsg.core.cursor import Outcome, Release, Settlement, Taken
 from eomsg.core.message import Delivered, Key, check_keys
 from eomsg.errors import InvalidConfig, NotActive
 from eomsg.failpoints import failpoint
@@ -120,11 +122,12 @@ class Delivery:
             q.delivered += len(taken.deliveries)
             more = q.cursor.ready_count > 0
             batch = RowBatch()
-            for d in taken.deliveries:
-                batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
+            self._record_taken(batch, q, taken)
             self._kernel.record_settlements(batch, q, taken.settlements, now)
+            failpoint("take.before_commit")
             future = self._kernel.queue_write(batch)
         self._kernel.await_commit(future)
+        failpoint("take.after_commit")
         if not taken.deliveries:
             return [], more
         deliveries = taken.deliveries
@@ -140,6 +143,20 @@ class Delivery:
             repeat(epoch),
         )
         return delivered, more
+
+    def _record_taken(self, batch: RowBatch, q: QueueState, taken: Taken) -> None:
+        """Add the deliveries of ``taken`` to ``batch``: its run of first deliveries
+        (:attr:`Taken.run`) as one ``delivery_runs`` row, the others a ``deliveries``
+        row each — all of them so when one of the run is held in memory by a link's
+        egress (the rows about a held message stay with it). Under ``lock``."""
+        deliveries, run = taken.deliveries, taken.run
+        if run is not None and self._kernel.egress.holds_any(d.seq for d in deliveries[run:]):
+            run = None
+        for d in deliveries if run is None else deliveries[:run]:
+            batch.add("deliveries", q.id, d.seq, d.attempt, to_us(d.deadline), False)
+        if run is not None:
+            last = deliveries[-1]
+            batch.add("delivery_runs", q.id, deliveries[run].seq, last.seq, to_us(last.deadline))
 
     def delete(
         self, queue: str, keys: Iterable[Key], *, epoch: int = 0, holder: int = 0

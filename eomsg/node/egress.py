@@ -31,7 +31,7 @@ side — what is held, when to write it, what to acknowledge — is in
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -110,6 +110,11 @@ class Egress:
         """Whether ``held`` is still held (not settled everywhere, nor written). Under
         ``lock``."""
         return self._held.get(held.seq) is held
+
+    def holds_any(self, seqs: Iterable[int]) -> bool:
+        """Whether any of the messages ``seqs`` is held in memory. Under ``lock``."""
+        held = self._held
+        return bool(held) and any(s in held for s in seqs)
 
     def due(self, now: float, link: LinkState | None, every: bool) -> list[Held]:
         """The held messages not being written whose hold is over at ``now`` (``every``:

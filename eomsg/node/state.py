@@ -490,6 +490,9 @@ class NodeState:
                 if dlq.cursor.holds(s.seq):  # subscribed to it too, or dead-lettered it
                     continue  # from another queue: it holds a message once
                 batch.add("destinations", s.seq, dlq.id)
+                # Not handed out by a run of the dead-letter queue's first deliveries
+                # whose range it falls in (recovery reads them so).
+                batch.add("delivery_runs", dlq.id, s.seq, s.seq, None)
                 moved.append(s.seq)
         self.settled_since_compaction += len(settlements)
         if moved and dlq is not None:

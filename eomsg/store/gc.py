@@ -17,13 +17,24 @@ import duckdb
 
 from eomsg.store.messages import US
 
+# The delivery runs with no destination of their queue left from first_seq to last_seq:
+# for each run, the lowest destination at or past its first seq (an ASOF join, not a
+# range join of every run with every destination).
+_DEAD_RUNS = """
+    DELETE FROM delivery_runs WHERE rowid IN (
+        SELECT r.rowid FROM delivery_runs r
+        ASOF LEFT JOIN destinations d ON d.queue_id = r.queue_id AND r.first_seq <= d.seq
+        WHERE d.seq IS NULL OR d.seq > r.last_seq)
+"""
+
 
 def compact_job(routes_taken: Mapping[int, int]) -> Any:
     """Drop the hot-table rows of every settled (queue, message) pair, folding their
-    outcomes into ``queue_stats``, and the links' route runs that end where each
-    route's peer took them or before (``routes_taken``: route id → seq; kept as one
-    number per link, not as ``settled`` rows). Returns the number of rows compacted
-    (pairs and runs)."""
+    outcomes into ``queue_stats``; the delivery runs left with no destination of their
+    queue in their range (every message they cover settled: a run partly settled
+    stays); and the links' route runs that end where each route's peer took them or
+    before (``routes_taken``: route id → seq; kept as one number per link, not as
+    ``settled`` rows). Returns the number of rows compacted (pairs and route runs)."""
 
     def job(conn: duckdb.DuckDBPyConnection) -> int:
         count = 0
@@ -58,6 +69,7 @@ def compact_job(routes_taken: Mapping[int, int]) -> Any:
                     WHERE t.queue_id = s.queue_id AND t.seq = s.seq"""
             )
         conn.execute("DELETE FROM settled")
+        conn.execute(_DEAD_RUNS)
         return count
 
     return job

@@ -52,6 +52,7 @@ def drop_queue_job(queue_id: int) -> Any:
         for table in (
             "destinations",
             "deliveries",
+            "delivery_runs",
             "returned",
             "settled",
             "queue_stats",

@@ -61,14 +61,26 @@ _PENDING = """
     WITH hot AS (
         SELECT d.queue_id, d.seq FROM destinations d
         ANTI JOIN settled s ON s.queue_id = d.queue_id AND s.seq = d.seq
+    ), arrived AS (
+        SELECT DISTINCT queue_id, first_seq AS seq FROM delivery_runs WHERE due IS NULL
+    ), firsts AS (
+        SELECT h.queue_id, h.seq, 1 AS attempt, r.due, false AS released
+        FROM hot h
+        ASOF JOIN (SELECT * FROM delivery_runs WHERE due IS NOT NULL) r
+            ON r.queue_id = h.queue_id AND h.seq >= r.first_seq
+        ANTI JOIN arrived a ON a.queue_id = h.queue_id AND a.seq = h.seq
+        WHERE h.seq <= r.last_seq
+    ), handouts AS (
+        SELECT queue_id, seq, attempt, due, released FROM deliveries
+        UNION ALL SELECT * FROM firsts
     ), latest AS (
         SELECT queue_id, seq, max(attempt) AS top,
-               arg_max(epoch_us(due), attempt * 2 + released::INTEGER) AS due,
+               arg_max(epoch_us(due), (attempt * 2 + released::INTEGER, due)) AS due,
                arg_max(released, attempt * 2 + released::INTEGER) AS released
-        FROM deliveries GROUP BY queue_id, seq
+        FROM handouts GROUP BY queue_id, seq
     ), handed AS (
         SELECT queue_id, seq, attempt, count(*) FILTER (NOT released) AS n
-        FROM deliveries GROUP BY queue_id, seq, attempt
+        FROM handouts GROUP BY queue_id, seq, attempt
     ), back AS (
         SELECT queue_id, seq, attempt, count(*) AS n,
                max(epoch_us(returned_at)) AS at
@@ -84,17 +96,21 @@ _PENDING = """
         SELECT queue_id, seq, attempt, max(epoch_us(due)) AS due
         FROM deliveries WHERE released GROUP BY queue_id, seq, attempt
     )
-    SELECT h.queue_id, h.seq, epoch_us(m.expires_at), c.attempt,
-           CASE WHEN c.attempt < l.top AND cb.n IS NOT NULL AND p.due IS NOT NULL THEN p.due
+    SELECT h.queue_id, h.seq, epoch_us(m.expires_at),
+           CASE WHEN c.attempt IS NULL AND a.seq IS NOT NULL THEN 0 ELSE c.attempt END,
+           CASE WHEN c.attempt IS NULL AND a.seq IS NOT NULL THEN 0
+                WHEN c.attempt < l.top AND cb.n IS NOT NULL AND p.due IS NOT NULL THEN p.due
                 WHEN c.attempt < l.top THEN c.at
                 ELSE l.due END,
-           c.attempt < l.top OR l.released
+           CASE WHEN c.attempt IS NULL AND a.seq IS NOT NULL THEN true
+                ELSE c.attempt < l.top OR l.released END
     FROM hot h
     JOIN messages m ON m.seq = h.seq
     LEFT JOIN latest l ON l.queue_id = h.queue_id AND l.seq = h.seq
     LEFT JOIN counted c ON c.queue_id = h.queue_id AND c.seq = h.seq
     LEFT JOIN back cb ON cb.queue_id = h.queue_id AND cb.seq = h.seq AND cb.attempt = c.attempt
     LEFT JOIN parked p ON p.queue_id = h.queue_id AND p.seq = h.seq AND p.attempt = c.attempt
+    LEFT JOIN arrived a ON a.queue_id = h.queue_id AND a.seq = h.seq
     WHERE m.seq >= (SELECT coalesce(min(seq), 0) FROM hot)
     ORDER BY h.queue_id, h.seq
 """
@@ -119,7 +135,15 @@ def load_pending(reads: Reads) -> Iterator[PendingRow]:
     a second time, and its number is reused): then it is as the latest release of that
     attempt left it, parked until its due (a release's due is never before an earlier
     one's: the message was handed out again only once that was past), or in flight,
-    which a restart times out at once."""
+    which a restart times out at once. An attempt handed out more than once (given back
+    unseen between) has the due of its latest handing out.
+
+    A take's first deliveries may be one ``delivery_runs`` row rather than a row each:
+    it counts as a ``deliveries`` row (attempt 1, its due, not released) for each
+    unsettled message of its queue in its range — but a message that came to the queue
+    after the run (a row with no due names it) was not handed out by it; one such
+    message never handed out since is restored as given back (attempt 0, ready), so
+    that no later run covers it either."""
     try:
         result = reads.reader().execute(_PENDING)
         while chunk := result.fetchmany(65536):

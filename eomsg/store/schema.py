@@ -221,6 +221,24 @@ MIGRATIONS: tuple[Migration, ...] = (
         ),
         route_runs_from_destinations,
     ),
+    Migration(
+        8,
+        "first deliveries as runs of seqs (seed 003)",
+        (
+            # A take's first deliveries as one row (due set): every message of the queue
+            # with a seq from first_seq to last_seq, unsettled by then, was handed out as
+            # attempt 1 with this deadline, in that take — what a deliveries row per
+            # message would say. A row with no due marks one seq (first_seq = last_seq)
+            # that came to the queue after the runs covering it (dead-lettered into
+            # it): no run handed it out. Compaction drops a row once no destination of
+            # its queue is left in its range.
+            """CREATE TABLE delivery_runs (
+                   queue_id INTEGER NOT NULL,
+                   first_seq BIGINT NOT NULL,
+                   last_seq BIGINT NOT NULL,
+                   due TIMESTAMP)""",
+        ),
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
@@ -251,6 +269,14 @@ ROW_TABLES: dict[str, pa.Schema] = {
             ("attempt", pa.int32()),
             ("due", TIMESTAMP),
             ("released", pa.bool_()),
+        ]
+    ),
+    "delivery_runs": pa.schema(
+        [
+            ("queue_id", pa.int32()),
+            ("first_seq", pa.int64()),
+            ("last_seq", pa.int64()),
+            ("due", TIMESTAMP),
         ]
     ),
     "returned": pa.schema(
