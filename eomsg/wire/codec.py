@@ -8,8 +8,11 @@ underscores)."""
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
-from typing import Any, ClassVar
+import dataclasses
+from collections import deque
+from collections.abc import Iterable, Mapping
+from itertools import repeat
+from typing import Any, ClassVar, Generic, TypeVar
 
 from eomsg.core.limits import MAX_FRAME, MIN_FRAME
 from eomsg.errors import RemoteProtocolError
@@ -123,6 +126,43 @@ def _fields(body: list[Any], n: int, name: str) -> list[Any]:
     if len(body) != n + 1:
         raise RemoteProtocolError(f"malformed frame: {name} has {len(body) - 1} fields, not {n}")
     return body
+
+
+# -- values made a column at a time ----------------------------------------------------
+
+T = TypeVar("T")
+
+
+class _Columns(Generic[T]):
+    """Values of the frozen, slotted dataclass ``cls`` made from columns of their fields
+    (in the order the dataclass declares them): ``make(n, *columns)`` is
+    ``[cls(*fields) for fields in zip(*columns)]`` — equal values of the same class —
+    without a call of ``cls.__init__`` per value: each field's slot is set for all of
+    them by one ``map``. For the frames that carry many messages, whose fields were
+    checked a column at a time; refused (TypeError) for a class whose ``__init__`` does
+    more than set its fields."""
+
+    __slots__ = ("_cls", "_setters")
+
+    def __init__(self, cls: type[T]) -> None:
+        params = getattr(cls, "__dataclass_params__", None)
+        names = [f.name for f in dataclasses.fields(cls)] if params is not None else []  # type: ignore[arg-type]
+        if (
+            params is None
+            or not params.frozen
+            or hasattr(cls, "__post_init__")
+            or tuple(names) != getattr(cls, "__slots__", None)
+        ):
+            raise TypeError(f"{cls.__name__} is not a frozen, slotted dataclass of fields only")
+        self._cls = cls
+        self._setters = [getattr(cls, name).__set__ for name in names]
+
+    def make(self, n: int, *columns: Iterable[Any]) -> list[T]:
+        """``n`` values; each column gives at least ``n`` (``repeat(x)``: x for all)."""
+        made: list[T] = list(map(object.__new__, repeat(self._cls, n)))
+        for set_field, column in zip(self._setters, columns, strict=True):
+            deque(map(set_field, made, column), maxlen=0)
+        return made
 
 
 # -- events -------------------------------------------------------------------------------
