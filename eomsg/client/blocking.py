@@ -95,8 +95,8 @@ class BlockingConsumer(BaseConsumer):
                 raise error
 
     def __iter__(self) -> Iterator[Received]:
-        for item in self.events():
-            if isinstance(item, Received):
+        for item in self._items():
+            if type(item) is Received:
                 yield item
 
     def events(self) -> Iterator[Received | FlowEvent]:

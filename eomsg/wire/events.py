@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, ClassVar
 
 from eomsg.core.limits import DEFAULT_MAX_FRAME
@@ -388,7 +389,16 @@ class Subscribe(Event):
 def _keys_to_wire(keys: tuple[Key, ...]) -> list[list[int]]:
     """Deliveries as two parallel lists, ``[seqs, attempts]``: cheaper to pack and check
     than a list of pairs."""
-    return [[k[0] for k in keys], [k[1] for k in keys]]
+    return [list(map(_first, keys)), list(map(_second, keys))]
+
+
+_first, _second = itemgetter(0), itemgetter(1)
+
+
+def _all_of(values: list[Any], kind: type) -> bool:
+    """Whether every one of ``values`` is exactly of type ``kind`` (looked at in one
+    pass, no call per value: a frame's columns of seqs, attempts or flags)."""
+    return set(map(type, values)) <= {kind}
 
 
 def _keys(value: object) -> tuple[Key, ...]:
@@ -396,10 +406,12 @@ def _keys(value: object) -> tuple[Key, ...]:
     seqs, attempts = _list(seqs, "seqs"), _list(attempts, "attempts")
     if len(seqs) != len(attempts):
         raise RemoteProtocolError("malformed frame: as many attempts as seqs are needed")
-    for s in seqs:
-        _int(s, "a seq")
-    for a in attempts:
-        _int(a, "an attempt")
+    if not _all_of(seqs, int):
+        for s in seqs:
+            _int(s, "a seq")
+    if not _all_of(attempts, int):
+        for a in attempts:
+            _int(a, "an attempt")
     return tuple(zip(seqs, attempts, strict=True))
 
 
@@ -461,8 +473,9 @@ class Deleted(Event):
     def from_wire(cls, body: list[Any]) -> Deleted:
         _, rid, done = _fields(body, 2, "deleted")
         flags = _list(done, "done")
-        for f in flags:
-            _bool(f, "a done flag")
+        if not _all_of(flags, bool):
+            for f in flags:
+                _bool(f, "a done flag")
         return cls(_int(rid, "rid"), tuple(flags))
 
 
