@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from eomsg.client.blocking import BlockingConsumer
+from eomsg.client.blocking import PRUNE_AT, BlockingConsumer
 from eomsg.client.broker import Broker, require_served
 from eomsg.client.consumer import Item, Pushed
 from eomsg.core.election import FlowEvent
@@ -341,3 +341,24 @@ def test_a_ttl_is_seconds_or_a_duration_as_the_cli_takes_it(q: Broker) -> None:
         assert m.expires_at - m.published_at == pytest.approx(seconds, abs=0.01)
     with pytest.raises(InvalidDuration, match="duration 'soon' is not understood"):
         q.publish("q/x", b"never", ttl="soon")
+
+
+def test_tracking_settlements_looks_at_each_about_once_however_many_are_in_flight() -> None:
+    """More settlements in flight than PRUNE_AT (a large prefetch, a slow node): the
+    list of them is pruned when it has doubled, not rescanned at every settlement."""
+    looked = [0]
+
+    class InFlight:
+        def done(self) -> bool:
+            looked[0] += 1
+            return False
+
+        def exception(self, timeout: float | None = None) -> BaseException | None:
+            return None
+
+    consumer = _Scripted([], [])
+    n = 5 * PRUNE_AT
+    for _ in range(n):
+        consumer._track(InFlight())
+    assert len(consumer._pending) == n
+    assert looked[0] < 2 * n

@@ -61,10 +61,15 @@ class Prefetch:
         still buffered. Returns the earliest hand-out-by time among them (``inf`` if
         none)."""
         shift = node_now - now if offset is None else offset  # node's clock - monotonic
+        # by = deadline - shift - margin; the margin is MAX_MARGIN for a delivery with
+        # ``full`` seconds or more left, as a delivery mostly has (one subtraction then)
+        full, late = node_now + MAX_MARGIN / MARGIN_SHARE, shift + MAX_MARGIN
         entries = {
             d.message.seq: (
                 d.attempt,
-                d.deadline - shift - min(MAX_MARGIN, MARGIN_SHARE * (d.deadline - node_now)),
+                d.deadline - late
+                if d.deadline >= full
+                else d.deadline - shift - MARGIN_SHARE * (d.deadline - node_now),
             )
             for d in deliveries
         }

@@ -194,7 +194,7 @@ class Client(Broker):
         if n - signal.acked > self._window:
             signal.wait_for(lambda: n - signal.acked <= self._window or self._failed())
             self._check()
-        ack: Ack[PublishResult] = Ack(signal, counts=True)
+        ack: Ack[PublishResult] = Ack(signal, True)
         self._outbox.append((message, ack))  # deque.append: atomic, no lock needed
         self._wake()
         return ack
@@ -249,8 +249,8 @@ class Client(Broker):
         self._scheduled = False
         outbox, deletes = self._outbox, self._deletes
         self._ac.enqueue(
-            (outbox.popleft() for _ in range(len(outbox))),
-            (deletes.popleft() for _ in range(len(deletes))),
+            [outbox.popleft() for _ in range(len(outbox))],
+            [deletes.popleft() for _ in range(len(deletes))],
         )
 
     # -- consuming -------------------------------------------------------------------------
@@ -303,7 +303,7 @@ class Client(Broker):
     def _delete_later(self, queue: str, key: Key, epoch: int = 0) -> Ack[bool]:
         if self._closed or self._ac.failure is not None:
             self._check()
-        ack: Ack[bool] = Ack(self._signal, counts=False)
+        ack: Ack[bool] = Ack(self._signal, False)
         self._deletes.append((queue, key, epoch, ack))
         if not self._scheduled:
             self._wake()
@@ -357,7 +357,9 @@ class Ack(Generic[T]):
 
     __slots__ = ("_callbacks", "_counts", "_signal", "_state", "_value")
 
-    def __init__(self, signal: _Signal, *, counts: bool) -> None:
+    def __init__(self, signal: _Signal, counts: bool) -> None:
+        """``counts``: a publish's, which moves the publish window when it resolves
+        (positional: one is made for every publish and delete, and keywords cost)."""
         self._signal = signal
         self._counts = counts
         self._state = _PENDING
@@ -392,7 +394,8 @@ class Ack(Generic[T]):
     def set_result(self, value: T) -> None:
         if self._state == _PENDING:
             self._value, self._state = value, _VALUE
-            self._finished()
+            if self._counts or self._callbacks or self._signal.waiters:
+                self._finished()
 
     def set_exception(self, error: BaseException) -> None:
         if self._state == _PENDING:
