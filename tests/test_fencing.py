@@ -121,6 +121,18 @@ def test_a_delivery_with_little_time_left_keeps_a_share_of_it_as_its_margin() ->
     assert buffer.expire(50.0 + 30.0 - MAX_MARGIN) == [(2, 1)]
 
 
+def test_a_newer_attempt_supersedes_the_buffered_one_after_thousands_handed_out() -> None:
+    buffer = Prefetch()
+    items = [_delivered(s, 1, 100.0) for s in range(1, 3001)]
+    buffer.arrived(items, node_now=0.0, now=0.0)
+    assert all(buffer.claim(d, 0.0) for d in items if d.seq != 5)
+    for seq in (5, 6):  # 6 was handed out: its new attempt is simply new
+        buffer.arrived([_delivered(seq, 2, 100.0)], node_now=0.0, now=0.0)
+    assert not buffer.claim(items[4], 0.0)  # (5, 1): superseded
+    assert buffer.claim(_delivered(5, 2, 100.0), 0.0) and buffer.claim(_delivered(6, 2, 100.0), 0.0)
+    assert buffer.next_expiry() == float("inf") and buffer.expire(1000.0) == []
+
+
 def test_settlements_noted_in_bulk_leave_what_was_seen() -> None:
     buffer = Prefetch()
     items = [_delivered(s, 1, 100.0) for s in range(1, 2 * FOLD_AT + 2)]

@@ -59,7 +59,7 @@ from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
 LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
-_first, _second = itemgetter(0), itemgetter(1)
+_first, _second, _queue_epoch = itemgetter(0), itemgetter(1), itemgetter(0, 2)
 
 
 def resolve(target: str | Path) -> Address:
@@ -319,10 +319,10 @@ class AsyncClient(Operations):
         this turn's batch frames, and send them now. Each verdict goes to its
         completion; on a connection that has ended, every one fails at once with
         Unavailable (the reason it ended)."""
-        for item in publishes:
-            self._outbox.append(item)
-        for queue, key, epoch, done in deletes:
-            self._deletes.setdefault((queue, epoch), []).append((key, done))
+        self._outbox.extend(publishes)
+        for (queue, epoch), group in itertools.groupby(deletes, _queue_epoch):
+            items = self._deletes.setdefault((queue, epoch), [])
+            items.extend((key, done) for _, key, _, done in group)
         if self._failed is not None:
             self._lost(self._failed)
         else:
