@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from eomsg.client.blocking import BlockingConsumer
+from eomsg.client.blocking import PRUNE_AT, BlockingConsumer
 from eomsg.client.broker import Broker, require_served
 from eomsg.client.consumer import Item, Pushed
 from eomsg.core.election import FlowEvent
@@ -360,3 +360,24 @@ def test_a_window_forgets_exactly_the_deliveries_settled_at_their_attempt(
     before = len(held)
     assert forget_settled(held, keys) == before - len(expected)
     assert held == expected
+
+
+def test_tracking_settlements_looks_at_each_about_once_however_many_are_in_flight() -> None:
+    """More settlements in flight than PRUNE_AT (a large prefetch, a slow node): the
+    list of them is pruned when it has doubled, not rescanned at every settlement."""
+    looked = [0]
+
+    class InFlight:
+        def done(self) -> bool:
+            looked[0] += 1
+            return False
+
+        def exception(self, timeout: float | None = None) -> BaseException | None:
+            return None
+
+    consumer = _Scripted([], [])
+    n = 5 * PRUNE_AT
+    for _ in range(n):
+        consumer._track(InFlight())
+    assert len(consumer._pending) == n
+    assert looked[0] < 2 * n

@@ -27,7 +27,7 @@ import duckdb
 import pytest
 
 import eomsg
-from eomsg.client.prefetch import MAX_MARGIN, Prefetch
+from eomsg.client.prefetch import FOLD_AT, MARGIN_SHARE, MAX_MARGIN, Prefetch
 from eomsg.core.message import Delivered, Message
 from eomsg.core.queues import QueueConfig
 from eomsg.errors import ExitCode, StaleDelivery, TxnAborted
@@ -109,6 +109,40 @@ def test_a_delivery_near_its_deadline_is_given_back_not_handed_out() -> None:
     assert not buffer.claim(d, by)  # too late to be settled in time
     assert buffer.expire(by) == [(1, 1)]  # given back unseen instead
     assert buffer.seen() == []
+
+
+def test_a_delivery_with_little_time_left_keeps_a_share_of_it_as_its_margin() -> None:
+    buffer = Prefetch()
+    soon, later = _delivered(1, 1, 102.0), _delivered(2, 1, 130.0)
+    first = buffer.arrived([later, soon], node_now=100.0, now=50.0)  # 2 s and 30 s left
+    assert first == buffer.next_expiry() == pytest.approx(50.0 + 2.0 - MARGIN_SHARE * 2.0)
+    assert buffer.claim(soon, 51.5)
+    assert not buffer.claim(later, 50.0 + 30.0 - MAX_MARGIN)
+    assert buffer.expire(50.0 + 30.0 - MAX_MARGIN) == [(2, 1)]
+
+
+def test_a_newer_attempt_supersedes_the_buffered_one_after_thousands_handed_out() -> None:
+    buffer = Prefetch()
+    items = [_delivered(s, 1, 100.0) for s in range(1, 3001)]
+    buffer.arrived(items, node_now=0.0, now=0.0)
+    assert all(buffer.claim(d, 0.0) for d in items if d.seq != 5)
+    for seq in (5, 6):  # 6 was handed out: its new attempt is simply new
+        buffer.arrived([_delivered(seq, 2, 100.0)], node_now=0.0, now=0.0)
+    assert not buffer.claim(items[4], 0.0)  # (5, 1): superseded
+    assert buffer.claim(_delivered(5, 2, 100.0), 0.0) and buffer.claim(_delivered(6, 2, 100.0), 0.0)
+    assert buffer.next_expiry() == float("inf") and buffer.expire(1000.0) == []
+
+
+def test_settlements_noted_in_bulk_leave_what_was_seen() -> None:
+    buffer = Prefetch()
+    items = [_delivered(s, 1, 100.0) for s in range(1, 2 * FOLD_AT + 2)]
+    buffer.arrived(items, node_now=0.0, now=0.0)
+    assert all(buffer.claim(d, 0.0) for d in items)
+    buffer.arrived([_delivered(1, 2, 100.0)], node_now=0.0, now=0.0)  # seen again, newer
+    assert buffer.claim(_delivered(1, 2, 100.0), 0.0)
+    for d in items:
+        buffer.settled(d.key)  # (1, 1) among them: not the attempt seen now
+    assert buffer.seen() == [(1, 2)]
 
 
 def test_a_claim_and_an_expiry_never_both_win() -> None:

@@ -26,6 +26,7 @@ import socket
 import ssl
 import time
 from collections.abc import Callable, Iterable, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -58,6 +59,7 @@ from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
 
 DEFAULT_WINDOW = 10_000  # messages published and not yet acknowledged
 LEASE = 2.0  # heartbeats a consumer hands out messages for without hearing the node
+_first, _second, _queue_epoch = itemgetter(0), itemgetter(1), itemgetter(0, 2)
 
 
 def resolve(target: str | Path) -> Address:
@@ -317,10 +319,10 @@ class AsyncClient(Operations):
         this turn's batch frames, and send them now. Each verdict goes to its
         completion; on a connection that has ended, every one fails at once with
         Unavailable (the reason it ended)."""
-        for item in publishes:
-            self._outbox.append(item)
-        for queue, key, epoch, done in deletes:
-            self._deletes.setdefault((queue, epoch), []).append((key, done))
+        self._outbox.extend(publishes)
+        for (queue, epoch), group in itertools.groupby(deletes, _queue_epoch):
+            items = self._deletes.setdefault((queue, epoch), [])
+            items.extend((key, done) for _, key, _, done in group)
         if self._failed is not None:
             self._lost(self._failed)
         else:
@@ -334,7 +336,7 @@ class AsyncClient(Operations):
     def _send_delete(
         self, queue: str, epoch: int, items: list[tuple[Key, Completion[bool]]]
     ) -> None:
-        keys = tuple(k for k, _ in items)
+        keys = tuple(map(_first, items))
 
         def one_by_one() -> None:  # so each message gets its own verdict
             for item in items:
@@ -342,7 +344,7 @@ class AsyncClient(Operations):
 
         self._fan_out(
             lambda rid: ev.Delete(rid, queue, keys, epoch),
-            [f for _, f in items],
+            list(map(_second, items)),
             on_stale=one_by_one if len(items) > 1 else None,
         )
 
@@ -368,14 +370,14 @@ class AsyncClient(Operations):
             if isinstance(error, StaleDelivery) and on_stale is not None and self._failed is None:
                 on_stale()
                 return
-            results = r.result() if error is None else None
-            for i, f in enumerate(futures):
-                if f.done():
-                    continue
-                if results is None:
-                    f.set_exception(error)
-                else:
-                    f.set_result(results[i])
+            if error is not None:
+                for f in futures:
+                    if not f.done():
+                        f.set_exception(error)
+                return
+            for f, result in zip(futures, r.result(), strict=True):
+                if not f.done():
+                    f.set_result(result)
 
         reply.add_done_callback(done)
 

@@ -16,7 +16,7 @@ import logging
 import queue as queuelib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from eomsg.client.consumer import BaseConsumer, Item, Received, Renew
 from eomsg.client.prefetch import Prefetch
@@ -49,6 +49,7 @@ class BlockingConsumer(BaseConsumer):
         self._callbacks = queuelib.SimpleQueue()
         self._caller: threading.Thread | None = None
         self._pending: list[Settled] = []
+        self._prune_at = PRUNE_AT
 
     @abc.abstractmethod
     def _next_item(self) -> Item | None:
@@ -95,9 +96,7 @@ class BlockingConsumer(BaseConsumer):
                 raise error
 
     def __iter__(self) -> Iterator[Received]:
-        for item in self.events():
-            if isinstance(item, Received):
-                yield item
+        return cast(Iterator[Received], self._items(messages_only=True))
 
     def events(self) -> Iterator[Received | FlowEvent]:
         """Messages and changes of activity, in the order the node made them."""
@@ -132,20 +131,24 @@ class BlockingConsumer(BaseConsumer):
         if batch:
             yield batch
 
-    def _items(self) -> Iterator[Received | FlowEvent | None]:
+    def _items(self, messages_only: bool = False) -> Iterator[Received | FlowEvent | None]:
         """:meth:`events`, with None each time the next item may have to be waited for:
         the buffer is empty and nothing more has arrived, or the lease must be renewed
         first. What a caller gathers must go out then (a batch held across a wait would
-        hand out deliveries that may be over by the time it ends)."""
+        hand out deliveries that may be over by the time it ends). With
+        ``messages_only``, the messages alone: :meth:`__iter__`, with no generator of
+        its own in between (one resumed for every message)."""
         self._check_bound()
+        settle = self._settle
         while True:
             while (d := self._next_buffered()) is not None:
                 if d is Renew.LEASE:
-                    yield None
+                    if not messages_only:
+                        yield None
                     self._renew_lease()
                     continue
-                yield Received(d, self._settle)
-            if not self._more_arrived():
+                yield Received(d, settle)
+            if not messages_only and not self._more_arrived():
                 yield None
             item = self._next_item()
             if item is None:
@@ -153,7 +156,7 @@ class BlockingConsumer(BaseConsumer):
             step = self._step(item)
             if step is False:
                 return
-            if isinstance(step, FlowEvent):
+            if isinstance(step, FlowEvent) and not messages_only:
                 yield step
 
     def _noted(self, event: FlowEvent) -> None:
@@ -163,10 +166,13 @@ class BlockingConsumer(BaseConsumer):
             self._changed.notify_all()
 
     def _track(self, future: Settled) -> None:
-        """Remember a settlement, for :meth:`flush` to wait on."""
+        """Remember a settlement, for :meth:`flush` to wait on. The resolved ones are
+        dropped once the list has doubled since (so each is looked at about once, even
+        with more than :data:`PRUNE_AT` in flight)."""
         self._pending.append(future)
-        if len(self._pending) > PRUNE_AT:
+        if len(self._pending) > self._prune_at:
             self._pending = [f for f in self._pending if not f.done() or f.exception()]
+            self._prune_at = max(PRUNE_AT, 2 * len(self._pending))
 
     def _start_caller(self) -> None:
         if self.activity.has_callbacks:

@@ -223,14 +223,15 @@ class BaseConsumer(abc.ABC):
         anything out).
         Skips deliveries of an epoch that is over (the node took them back for the
         active flow), superseded ones and those too close to their deadline."""
-        while self._batch:
-            d = self._batch[-1]
-            if not self.activity.current(d):
-                self._batch.pop()
+        batch, activity = self._batch, self.activity
+        while batch:
+            d = batch[-1]
+            if not activity.current(d):
+                batch.pop()
                 continue
             if not self._lease_valid():
                 return Renew.LEASE
-            self._batch.pop()
+            batch.pop()
             if self._buffer.claim(d, time.monotonic()):
                 return d
         return None
@@ -284,18 +285,20 @@ class Pushes:
         buffer = self.consumer._buffer
         if isinstance(item, Pushed):
             if item.deliveries:
-                buffer.arrived(
+                first = buffer.arrived(
                     item.deliveries,
                     item.node_now,
                     time.monotonic(),
                     self.connection.clock_offset,
                 )
-                self._arm()
+                self._arm(first)
         elif isinstance(item, BaseException) or not item.active:
             buffer.drop()
 
-    def _arm(self) -> None:
-        due = self.consumer._buffer.next_expiry()
+    def _arm(self, due: float) -> None:
+        """Have the timer fire by ``due`` (monotonic). Whatever is pending has a timer
+        due no later than its own hand-out-by time, so the earliest among deliveries
+        that just arrived is all there is to compare."""
         if due >= self._expiry_due:
             return  # none pending, or an earlier timer re-arms itself
         if self._expiry is not None:
@@ -315,7 +318,7 @@ class Pushes:
             epoch = consumer.activity.epoch
             task = client.loop.create_task(client.return_unseen(consumer.queue, late, epoch=epoch))
             task.add_done_callback(_ignore_error)
-        self._arm()
+        self._arm(consumer._buffer.next_expiry())
 
     def unseen_on_close(self) -> list[Key]:
         """Stop the expiry timer; the deliveries handed out and not settled (the node

@@ -194,7 +194,7 @@ class Client(Broker):
         if n - signal.acked > self._window:
             signal.wait_for(lambda: n - signal.acked <= self._window or self._failed())
             self._check()
-        ack: Ack[PublishResult] = Ack(signal, counts=True)
+        ack: Ack[PublishResult] = Ack(signal, True)
         self._outbox.append((message, ack))  # deque.append: atomic, no lock needed
         self._wake()
         return ack
@@ -249,8 +249,8 @@ class Client(Broker):
         self._scheduled = False
         outbox, deletes = self._outbox, self._deletes
         self._ac.enqueue(
-            (outbox.popleft() for _ in range(len(outbox))),
-            (deletes.popleft() for _ in range(len(deletes))),
+            [outbox.popleft() for _ in range(len(outbox))],
+            [deletes.popleft() for _ in range(len(deletes))],
         )
 
     # -- consuming -------------------------------------------------------------------------
@@ -301,10 +301,12 @@ class Client(Broker):
         )
 
     def _delete_later(self, queue: str, key: Key, epoch: int = 0) -> Ack[bool]:
-        self._check()
-        ack: Ack[bool] = Ack(self._signal, counts=False)
+        if self._closed or self._ac.failure is not None:
+            self._check()
+        ack: Ack[bool] = Ack(self._signal, False)
         self._deletes.append((queue, key, epoch, ack))
-        self._wake()
+        if not self._scheduled:
+            self._wake()
         return ack
 
     # -- operations (declared in eomsg.core.operations) ----------------------------------------
@@ -355,7 +357,9 @@ class Ack(Generic[T]):
 
     __slots__ = ("_callbacks", "_counts", "_signal", "_state", "_value")
 
-    def __init__(self, signal: _Signal, *, counts: bool) -> None:
+    def __init__(self, signal: _Signal, counts: bool) -> None:
+        """``counts``: a publish's, which moves the publish window when it resolves
+        (positional: one is made for every publish and delete, and keywords cost)."""
         self._signal = signal
         self._counts = counts
         self._state = _PENDING
@@ -388,19 +392,22 @@ class Ack(Generic[T]):
             self._callbacks.append(fn)
 
     def set_result(self, value: T) -> None:
-        self._finish(_VALUE, value)
+        if self._state == _PENDING:
+            self._value, self._state = value, _VALUE
+            if self._counts or self._callbacks or self._signal.waiters:
+                self._finished()
 
     def set_exception(self, error: BaseException) -> None:
-        self._finish(_ERROR, error)
+        if self._state == _PENDING:
+            self._value, self._state = error, _ERROR
+            self._finished()
 
-    def _finish(self, state: int, value: Any) -> None:
-        if self._state != _PENDING:
-            return
-        self._value = value
-        self._state = state
+    def _finished(self) -> None:
+        signal = self._signal
         if self._counts:
-            self._signal.acked += 1  # only the loop thread writes it
-        self._signal.pulse()
+            signal.acked += 1  # only the loop thread writes it
+        if signal.waiters:
+            signal.pulse()
         if self._callbacks:
             for fn in self._callbacks:
                 fn(self)
@@ -487,11 +494,12 @@ class Consumer(BlockingConsumer):
     def _settle(self, how: str, d: Delivered, delay: float | None) -> Ack[Any] | Future[Any]:
         """Delete (batched by the loop) or release one received message; a refusal —
         the client closed, too — is the future's error, as on the embedded backend."""
-        self._buffer.settled(d.key)
+        key = (d.message.seq, d.attempt)
+        self._buffer.settled(key)
         future: Ack[Any] | Future[Any]
         try:
             if how == "delete":
-                future = self.client._delete_later(self.queue, d.key, d.epoch)
+                future = self.client._delete_later(self.queue, key, d.epoch)
             elif how == "unseen":
                 future = self.client._submit(
                     self.client._ac.return_unseen(self.queue, [d.key], epoch=d.epoch)
