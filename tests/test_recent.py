@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.node.node import Node
-from eomsg.store.recent import AHEAD_ROWS, ROW_COST, Recent
+from eomsg.store.recent import AHEAD_BYTES, AHEAD_ROWS, ROW_COST, Recent
 from tests.conftest import NodeFactory
 
 
@@ -81,10 +81,22 @@ def test_a_dense_read_from_duckdb_reads_ahead(node: Node) -> None:
     first = node.store.fetch_rows(seqs[:10])
     assert [r[0] for r in first if r] == seqs[:10]
     ahead = [s for s in seqs if writer.recent.get(s) is not None]
-    assert ahead == seqs[: 10 + AHEAD_ROWS]  # what was asked, and AHEAD_ROWS further
+    assert ahead == seqs[10 : 10 + AHEAD_ROWS]  # AHEAD_ROWS past what was asked
     rest = [writer.recent.get(s) for s in seqs[10:40]]
     writer.recent.forget_below(2**62)
     assert rest == node.store.fetch_rows(seqs[10:40])
+
+
+def test_a_queue_of_large_payloads_reads_no_further_than_it_asks(node: Node) -> None:
+    node.admin.create_queue(QueueConfig("q", subscriptions=("t/>",)))
+    big = bytes(AHEAD_BYTES // 8)  # 8 of them fill AHEAD_BYTES: fewer than a take of 10
+    seqs = [r.seq for r in node.ingress.publish_batch([Outgoing("t/x", big)] * 30)]
+    node.store.writer.run(lambda conn: None).result()
+    node.store.writer.recent.forget_below(2**62)
+    assert all(node.store.fetch_rows(seqs[:10]))
+    assert len(node.store.writer.recent) == 0
+    node.store.fetch_rows(seqs[10:12])  # 8 of these are more than the 2 asked: read
+    assert [s for s in seqs if node.store.writer.recent.get(s)] == seqs[12:19]
 
 
 def test_messages_read_ahead_are_served_whole(node: Node) -> None:

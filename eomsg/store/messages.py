@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from itertools import repeat
-from operator import truediv
+from operator import itemgetter, truediv
 from typing import Any
 
 from eomsg.core.columns import Columns
@@ -81,13 +81,8 @@ def fetch_rows(
     rest = [seq for seq, row in zip(seqs, rows, strict=True) if row is None]
     low, high = rest[0], rest[-1]
     if high - low < 4 * len(rest):  # dense, the usual case: a range scan, and ahead
-        read = reads.rows(
-            f"""SELECT {_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?
-                QUALIFY seq <= ? OR sum(octet_length(payload) + {ROW_COST})
-                                    OVER (ORDER BY seq) <= ?""",
-            [low, high + AHEAD_ROWS, high, AHEAD_BYTES],
-        )
-        reads.writer.recent.add(read)
+        read = reads.rows(f"SELECT {_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?", [low, high])
+        _read_ahead(reads, high, read)
     else:
         read = reads.rows(
             f"""SELECT {_COLUMNS} FROM messages
@@ -96,6 +91,25 @@ def fetch_rows(
         )
     found = {row[0]: row for row in read}
     return [found.get(seq) if row is None else row for seq, row in zip(seqs, rows, strict=True)]
+
+
+def _read_ahead(reads: Reads, high: int, read: list[Any]) -> None:
+    """Keep in memory (:mod:`eomsg.store.recent`) the messages past ``high`` that the
+    reader of the dense run ``read`` will likely ask for next: as many seqs as
+    :data:`AHEAD_BYTES` holds of messages the size of those (:data:`AHEAD_ROWS` at most),
+    when that is more than it read — so a queue of large payloads reads no further
+    than it asks."""
+    if not read:
+        return
+    size = sum(map(len, map(itemgetter(-1), read))) / len(read) + ROW_COST
+    ahead = min(AHEAD_ROWS, int(AHEAD_BYTES // size))
+    if ahead > len(read):
+        reads.writer.recent.add(
+            reads.rows(
+                f"SELECT {_COLUMNS} FROM messages WHERE seq BETWEEN ? AND ?",
+                [high + 1, high + ahead],
+            )
+        )
 
 
 def log(

@@ -5,8 +5,10 @@ A consumer that keeps up asks for the messages just written; one that drains a b
 asks for the next ones in sequence, a take at a time. Either way a query per take costs
 DuckDB's fixed ≈ 1 ms for a few hundred rows — most of a take's time on a fast consumer.
 So the writer's applier puts each message it moves out of the overlay here, and a read
-of the log that had to ask DuckDB for a dense run of messages reads some further ahead
-(:data:`AHEAD_ROWS`, :data:`AHEAD_BYTES`) and puts those here too.
+of the log that had to ask DuckDB for a dense run of messages reads further ahead, in a
+query of its own sized by the payloads it just read (:data:`AHEAD_BYTES` of messages
+like them, :data:`AHEAD_ROWS` at most: a queue of large payloads reads no further than
+it asks), and puts those here too.
 
 Bounded: at most :attr:`Recent.limit` bytes of rows (payload and a fixed cost each; the
 node sets its share of ``serve --memory-limit``, :mod:`eomsg.core.memory`), the oldest
@@ -28,7 +30,7 @@ from eomsg.core import memory
 
 ROW_COST = 256  # bytes a row costs beyond its payload: tuple, ints, topic, id
 AHEAD_ROWS = 4096  # seqs a dense read of DuckDB reads past what was asked, at most
-AHEAD_BYTES = 4 << 20  # and payload bytes (ROW_COST each included), at most
+AHEAD_BYTES = 4 << 20  # and bytes of messages the size of those read (ROW_COST each)
 
 
 class Recent:
