@@ -44,11 +44,12 @@ QUEUES = {
 }
 TOPIC = "chaos/m"
 
-# The named steps (eomsg.failpoints) a run crashes the node at: publishing, deleting,
-# each move of a transaction, the writer's commits, the journal's append, seal, apply,
-# forget.
+# The named steps (eomsg.failpoints) a run crashes the node at: publishing, taking
+# (the deliveries' records, a run of first deliveries among them), deleting, each move
+# of a transaction, the writer's commits, the journal's append, seal, apply, forget.
 NODE_FAILPOINTS = (
-    "publish.before_commit", "publish.after_commit", "delete.before_commit",
+    "publish.before_commit", "publish.after_commit", "take.before_commit",
+    "take.after_commit", "delete.before_commit",
     "txn.prepare.before_commit", "txn.prepare.after_commit", "txn.commit.before_commit",
     "txn.commit.after_commit", "txn.abort.before_commit", "store.commit.before",
     "store.commit.after", "store.job.before_commit", "journal.append.before",
@@ -64,8 +65,8 @@ CLIENT_FAILPOINTS = (
 )  # fmt: skip
 FAILPOINTS = NODE_FAILPOINTS + CLIENT_FAILPOINTS
 # … of which, in a network, only the node holding the queues passes these: the others
-# take no deletes and run no transactions while the faults come
-ON_THE_QUEUES_NODE = ("delete.", "txn.")
+# take no deliveries or deletes and run no transactions while the faults come
+ON_THE_QUEUES_NODE = ("take.", "delete.", "txn.")
 ON_A_NODE = ("node_kill", "power_loss", "clock_jump", "failpoint_crash")  # at one node of several
 MAX_NODES = 8
 MAX_LINK_FAULTS = 0.25  # of a link's frames each dropped, duplicated, reordered: past it, no
