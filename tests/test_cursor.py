@@ -89,12 +89,29 @@ class CursorMachine(RuleBasedStateMachine):
         self.cursor.append(seq, expires)
         self.model.msgs[seq] = M("unread", expires=expires)
 
+    @rule(data=st.data())
+    def move_in(self, data: st.DataObject) -> None:
+        """A message dead-lettered here from another queue: a seq skipped below the read
+        position (ready at once), or one above everything here (unread)."""
+        known = self.model.msgs.keys() | self.model.settled.keys()
+        free = [s for s in range(1, self.cursor.read_seq) if s not in known]
+        seq = data.draw(st.sampled_from([*free, self.next_seq]))
+        self.next_seq = max(self.next_seq, seq + 1)
+        self.cursor.append(seq, moved=True)
+        self.model.msgs[seq] = M("parked") if seq in free else M("unread")
+
     @rule(limit=st.integers(1, 5), holder=st.sampled_from([1, 2]))
     def take(self, limit: int, holder: int) -> None:
         taken = self.cursor.take(self.now, limit, holder=holder)
         expected, settled = self.model.take(self.now, limit, holder)
         assert [(d.seq, d.attempt) for d in taken.deliveries] == expected
         assert {(s.seq, s.outcome) for s in taken.settlements} == settled
+        if taken.run is not None:  # every message pending in its range, handed out first
+            run = taken.deliveries[taken.run :]
+            assert {d.attempt for d in run} == {1}
+            first, last = run[0].seq, run[-1].seq
+            inside = {s for s in self.cursor.pending() if first <= s <= last}
+            assert inside == {d.seq for d in run}
 
     @rule(seconds=st.floats(0.5, 30))
     def wait(self, seconds: float) -> None:

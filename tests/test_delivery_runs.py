@@ -65,7 +65,7 @@ def test_a_message_come_out_of_order_ends_runs_up_to_it() -> None:
     cursor.append(3)
     cursor.extend([11, 12], [None, None])
     assert cursor.take(0.0, 10).run == 1  # 3 is below the run from 11 to 12
-    cursor.append(20)  # moved here, above everything: out of order too
+    cursor.append(20, moved=True)  # dead-lettered here, above everything: out of order too
     cursor.extend([21, 22], [None, None])
     assert cursor.take(0.0, 10).run is None
     cursor.extend([30, 31], [None, None])

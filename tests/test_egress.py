@@ -78,7 +78,7 @@ def test_settled_in_time_it_is_never_written_and_then_acknowledged(net: MakeNet)
     b.delivery.delete("q", [m.key for m in got[60:]])
     settle(n)
     assert owed(n) == 0 and b.links.link_info()[0].held == 0
-    for table in ("messages", "destinations", "deliveries", "settled"):
+    for table in ("messages", "destinations", "deliveries", "delivery_runs", "settled"):
         assert rows(b, table) == 0, table  # not one byte of them on b's disk
     assert {s.name: s.depth for s in b.inspection.stats()} == {"q": 0}
 
@@ -102,6 +102,7 @@ def test_not_settled_within_the_hold_it_is_written_with_what_was_recorded(
     # deliveries made meanwhile.
     assert rows(b, "messages") == 9
     assert rows(b, "deliveries") == 3 and rows(b, "settled") == 0
+    assert rows(b, "delivery_runs") == 0  # a row each, kept with each held message
     # From here they are stored messages: they survive a restart as recorded.
     n.restart("b")
     b = n.nodes["b"]

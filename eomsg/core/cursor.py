@@ -319,16 +319,19 @@ class Cursor:
 
     # -- filling -----------------------------------------------------------------------
 
-    def append(self, seq: int, expires_at: float | None = None, size: int = 0) -> None:
+    def append(
+        self, seq: int, expires_at: float | None = None, size: int = 0, *, moved: bool = False
+    ) -> None:
         """A message destined for this queue was durably logged (each seq once), of
         ``size`` payload bytes (kept if :attr:`sized`).
 
         Messages normally arrive in sequence order; one that arrives late (a message
-        dead-lettered here from another queue) is made ready at once instead. Either
-        way it counts as out of order: no run of first deliveries (:attr:`Taken.run`)
-        starts at or below it.
+        dead-lettered here from another queue) is made ready at once instead. One that
+        arrives late, or ``moved`` here from another queue, counts as out of order: no
+        run of first deliveries (:attr:`Taken.run`) starts at or below it.
         """
-        self._late = max(self._late, seq)
+        if moved:
+            self._late = max(self._late, seq)
         self._enter(seq, expires_at)
         if self._sizes is not None:
             self._sizes[seq] = size

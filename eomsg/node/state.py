@@ -505,7 +505,7 @@ class NodeState:
             def to_dlq() -> None:
                 with self.lock:
                     for seq in moved:
-                        target.cursor.append(seq, expiries.get(seq), sizes.get(seq, 0))
+                        target.cursor.append(seq, expiries.get(seq), sizes.get(seq, 0), moved=True)
                 self.notify({target.config.name})
 
             batch.after_commit(to_dlq)
