@@ -38,5 +38,9 @@ if ! compiles && ! { bash scripts/debian.sh --install gcc libc6-dev && compiles;
 fi
 python -m ruff check eomsg tests scripts
 python -m mypy eomsg
-# every core (-n auto; -n 0 after it runs one process), the 40 slowest tests listed
-python -m pytest -n auto --durations=40 "$@"
+# Two workers a core (-n 0 after it runs them in one process): a test spends much of its
+# time waiting for the processes it started (nodes, commands, Spark), and one worker a core
+# left the cores a third idle. Tests sharing a module's fixture go to one worker, the
+# longest first (tests/conftest.py); the 40 slowest are listed.
+workers=$(( $(nproc) * 2 ))
+python -m pytest -n "$workers" --dist loadgroup --durations=40 "$@"

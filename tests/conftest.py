@@ -52,6 +52,34 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist names each test after its group
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Order and group the tests for several workers (``scripts/test.sh`` runs two a core,
+    ``--dist loadgroup``): the longest (marked ``slow`` or ``spark``) are handed out first,
+    since a long test begun last keeps one worker busy after the others ran out of work;
+    and the tests of a module that share a module-scoped fixture (a Spark cluster, a page
+    of the docs run in one shell, a built wheel) form one group, which one worker runs in
+    order — handed out one by one, they would make that fixture again on each worker and
+    again each time its tests were interleaved with others. The order within a module is
+    kept (a stable sort)."""
+    for item in items:
+        if _module_fixtures(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    items.sort(key=lambda item: not any(item.get_closest_marker(m) for m in ("slow", "spark")))
+
+
+def _module_fixtures(item: pytest.Item) -> list[str]:
+    """The module-scoped fixtures ``item`` uses (tests/*.py's own, not the session's)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return [
+        name
+        for name, defs in info.name2fixturedefs.items()
+        if any(d.scope == "module" for d in defs)
+    ]
+
+
 class FakeClock:
     """Wall-clock seconds that move only when a test says so."""
 

@@ -105,6 +105,7 @@ def test_wal_scenario_reports_latency_and_the_wal_bound() -> None:
     assert result["wal_max_mb"] >= 0 and result["checkpoints"] >= 0  # type: ignore[operator]
 
 
+@pytest.mark.spark
 def test_replay_scenario_prints_rows_per_second_and_startup() -> None:
     from tests.conftest import spark_or_skip
 

@@ -282,6 +282,7 @@ def check_store(node: Node, clock: FakeClock) -> None:
                 assert (row.released, row.due_us) == (True, to_us(entry.due)), (name, row)
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st.randoms(use_true_random=False), st.sampled_from([3, 50_000]))
 def test_attempts_after_a_restart_are_those_in_memory_with_runs(

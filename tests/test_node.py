@@ -540,6 +540,7 @@ def test_a_release_after_a_message_was_given_back_twice_is_kept_across_a_restart
         node.close()
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(st.randoms(use_true_random=False), st.booleans(), st.sampled_from([3, 50_000]))
 def test_attempts_after_a_restart_are_those_in_memory(

@@ -284,7 +284,7 @@ class BytesMachine(RuleBasedStateMachine):
         assert sorted(self.consumed["d"] + self.consumed["old"]) == sorted(self.acked)
 
 
-TestBytesAgainstTheirRules = BytesMachine.TestCase
+TestBytesAgainstTheirRules = pytest.mark.slow(BytesMachine.TestCase)
 TestBytesAgainstTheirRules.settings = settings(
     max_examples=25, stateful_step_count=30, deadline=None
 )

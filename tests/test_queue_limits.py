@@ -261,7 +261,7 @@ class LimitsMachine(RuleBasedStateMachine):
         assert sorted(self.consumed["d"] + self.consumed["old"]) == sorted(self.acked)
 
 
-TestLimitsAgainstTheirRules = LimitsMachine.TestCase
+TestLimitsAgainstTheirRules = pytest.mark.slow(LimitsMachine.TestCase)
 TestLimitsAgainstTheirRules.settings = settings(
     max_examples=25, stateful_step_count=30, deadline=None
 )

@@ -21,6 +21,8 @@ from eomsg.node.node import Node, NodeSettings
 from tests.conftest import spark_or_skip
 from tests.test_spark_cli import jobs, replay
 
+pytestmark = pytest.mark.spark
+
 WIDE, NARROW = 300, 7  # orders/0..2 messages, then orders/x/rare ones: 307 in all
 
 

@@ -25,7 +25,7 @@ from tests.conftest import NodeProcess
 
 N = 3000
 
-pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+pytestmark = [pytest.mark.spark, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def _publish(data: Path, start: int, count: int) -> None:

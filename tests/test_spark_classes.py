@@ -25,6 +25,8 @@ from eomsg.spark import classes
 from eomsg.spark.classes import Archive, drop_refused, finish, prepare
 from tests.conftest import spark_or_skip
 
+pytestmark = pytest.mark.spark
+
 JAVA = "/usr/bin/env"  # any file: the key is made of its path and stat, never run
 NONE: dict[str, str] = {}
 

@@ -22,6 +22,8 @@ from eomsg.node.node import Node, NodeSettings
 from tests.conftest import NodeProcess, spark_or_skip, wait_stopped
 from tests.test_tls import Pki
 
+pytestmark = pytest.mark.spark
+
 N = 2000
 
 

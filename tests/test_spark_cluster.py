@@ -22,6 +22,8 @@ from eomsg.core.message import Outgoing
 from eomsg.node.node import Node, NodeSettings
 from tests.conftest import eventually, spark_or_skip
 
+pytestmark = pytest.mark.spark
+
 N = 3000
 
 

@@ -219,6 +219,7 @@ def test_the_wal_stays_within_its_bound(data_dir: Path) -> None:
     assert largest < limit + (1 << 20), largest  # the bound plus one batch at most
 
 
+@pytest.mark.slow
 def test_compact_gives_space_back_and_a_killed_compaction_changes_nothing(
     eomsg_bin: str, cli_env: dict[str, str], data_dir: Path
 ) -> None:

@@ -17,6 +17,8 @@ import threading
 from collections.abc import Callable
 from typing import IO, Any
 
+import pytest
+
 from tests.conftest import Cli
 from tests.test_cli_output import cells
 
@@ -33,6 +35,7 @@ PAYLOADS = [
 ]
 
 
+@pytest.mark.slow
 def test_plain_consume_shows_every_payload_and_empties_the_queue(cli: Cli) -> None:
     """On main the first of these stopped every plain ``consume q`` with exit 3 (``is not
     one line of text``), the queue stuck behind it."""

@@ -32,7 +32,6 @@ from eomsg.errors import (
 )
 from eomsg.store.files import holds_store
 from eomsg.transport.address import socket_path
-from eomsg.transport.tls import ClientTls
 
 if TYPE_CHECKING:
     from eomsg.client.sync import Client
@@ -311,7 +310,11 @@ def _named(broker: str, name: str) -> Client:
             f"--broker {broker!r} is not a URL{hint}: give tcp://HOST:PORT, tls://HOST:PORT "
             "or unix://PATH (a data directory is --data)"
         )
-    tls = ClientTls.from_env(Globals.tls_ca) if broker.startswith("tls://") else None
+    tls = None
+    if broker.startswith("tls://"):  # only then ssl: an embedded command never loads it
+        from eomsg.transport.tls import ClientTls
+
+        tls = ClientTls.from_env(Globals.tls_ca)
     return connect(broker, token=Globals.token, name=name, tls=tls, via=Globals.via)
 
 

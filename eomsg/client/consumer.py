@@ -16,7 +16,6 @@ import contextlib
 import enum
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -48,14 +47,6 @@ class Renew(enum.Enum):
     been heard from again."""
 
     LEASE = "lease"
-
-
-def failed(error: BaseException) -> Future[Any]:
-    """A future that has failed with ``error``: a refusal given in the future a call
-    returns rather than raised, the same on both backends."""
-    future: Future[Any] = Future()
-    future.set_exception(error)
-    return future
 
 
 class Received:

@@ -23,7 +23,8 @@ from typing import Any, Generic, TypeVar
 from eomsg.client.aio import DEFAULT_WINDOW, AsyncClient, connect_async
 from eomsg.client.blocking import BlockingConsumer
 from eomsg.client.broker import Broker
-from eomsg.client.consumer import Item, Pushes, failed
+from eomsg.client.consumer import Item, Pushes
+from eomsg.client.futures import failed
 from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.limits import check_outgoing

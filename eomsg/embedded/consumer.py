@@ -25,10 +25,11 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from eomsg.client.blocking import BlockingConsumer
-from eomsg.client.consumer import Item, Pushed, failed
+from eomsg.client.consumer import Item, Pushed
+from eomsg.client.futures import failed
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key
 from eomsg.embedded.deleter import Deleter
@@ -37,7 +38,6 @@ from eomsg.errors import EomsgError, Unbound
 if TYPE_CHECKING:
     from eomsg.embedded.local import LocalClient
 
-T = TypeVar("T")
 
 POLL = 1.0  # seconds an idle consumer waits before looking for redeliveries come due
 
@@ -244,18 +244,3 @@ class LocalConsumer(BlockingConsumer):
             future = failed(e)
         self._track(future)
         return future
-
-
-def first(batch: Future[list[T]]) -> Future[T]:
-    """The future of a one-item batch's result (the node answers batches)."""
-    one: Future[T] = Future()
-
-    def done(f: Future[list[T]]) -> None:
-        error = f.exception()
-        if error is not None:
-            one.set_exception(error)
-        else:
-            one.set_result(f.result()[0])
-
-    batch.add_done_callback(done)
-    return one

@@ -18,18 +18,20 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from eomsg.client.broker import Broker
-from eomsg.client.consumer import failed
+from eomsg.client.futures import failed, first
 from eomsg.core.access import OWNER
 from eomsg.core.durations import ttl_seconds
 from eomsg.core.election import FlowEvent
 from eomsg.core.message import Delivered, Key, Outgoing, PublishResult
 from eomsg.core.operations import Operation
-from eomsg.embedded.consumer import LocalConsumer, first
 from eomsg.errors import EomsgError, InvalidInput, Unavailable
 from eomsg.node.node import Node, NodeSettings
+
+if TYPE_CHECKING:  # its consumers (and asyncio) are imported once one is made
+    from eomsg.embedded.consumer import LocalConsumer
 
 _holders = itertools.count(1 << 40)  # apart from the server's sessions, which count from 1
 
@@ -229,6 +231,8 @@ class LocalClient(Broker):
     ) -> LocalConsumer:
         """Bind to ``queue`` as :meth:`Client.consumer <eomsg.client.sync.Client.consumer>`
         does, on the embedded node."""
+        from eomsg.embedded.consumer import LocalConsumer
+
         return LocalConsumer(
             self, queue, prefetch, idle_timeout, priority, on_active, on_inactive, until_empty
         )

@@ -14,7 +14,6 @@ down."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import threading
@@ -74,10 +73,13 @@ class _Lender:
             thread.join()
 
     def _run(self) -> None:
+        # Here, not at the top: a quick command, done before it lends, never loads
+        # asyncio and the server (≈ 60 ms).
+        import asyncio
+
+        from eomsg.server.server import Server, ServerSettings
+
         async def main() -> None:
-            # Here, not at the top: a quick command, done before it lends, never loads
-            # the server (≈ 50 ms).
-            from eomsg.server.server import Server, ServerSettings
 
             server = Server(self.node, self.data_dir, ServerSettings(), looking_only=self.refusal)
             try:
