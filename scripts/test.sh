@@ -42,5 +42,6 @@ python -m mypy eomsg
 # time waiting for the processes it started (nodes, commands, Spark), and one worker a core
 # left the cores a third idle. Tests sharing a module's fixture go to one worker, the
 # longest first (tests/conftest.py); the 40 slowest are listed.
-workers=$(( $(nproc) * 2 ))
+# At most 8: each worker running a Spark test holds a JVM of about 1 GiB.
+workers=$(( $(nproc) * 2 < 8 ? $(nproc) * 2 : 8 ))
 python -m pytest -n "$workers" --dist loadgroup --durations=40 "$@"

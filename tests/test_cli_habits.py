@@ -148,6 +148,24 @@ def test_a_command_through_a_node_loads_no_store_spark_or_driver(
     assert "eomsg.cli.app" in loaded  # the import log is there to read
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["publish", "t/x", "p"], ["inspect", "queues"], ["queue", "list"]],
+    ids=lambda c: " ".join(c),
+)
+def test_a_quick_embedded_command_loads_no_event_loop_tls_or_server(
+    cli: Cli, command: list[str]
+) -> None:
+    """Embedded, a command done before it would lend the directory (0.5 s) needs neither
+    asyncio, uvloop, ssl nor the server it would lend it through."""
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    r = cli(*command, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()}
+    assert "eomsg.node.node" in loaded  # embedded: the node opened here
+    unwanted = {"asyncio", "uvloop", "ssl", "eomsg.server.server", "eomsg.client.aio"}
+    assert not loaded & unwanted, sorted(loaded & unwanted)
+
+
 def test_only_the_command_that_runs_is_built(cli: Cli, serve: Callable[..., Any]) -> None:
     """``eomsg publish`` imports no other command's module."""
     serve()
