@@ -6,6 +6,12 @@
        the command opens the store itself), each run ``n`` times; also which heavy
        modules each loaded
 
+What no change to eomsg can take away is timed beside them, ``n`` runs each of this
+interpreter: starting it (``python ms``), importing typer (``import typer ms``), and the
+store's libraries (``import duckdb pyarrow ms``) — so that figures taken at different
+times (this VM's speed drifts by half over minutes) can be read against the floor of
+their own moment.
+
 A command through a running node should load neither the store (DuckDB, Arrow) nor
 Spark nor an application database's driver: ``loaded`` lists those a run imported (read
 from ``python -X importtime``, in a run of its own so the timed runs are not slowed).
@@ -41,6 +47,12 @@ COMMANDS = {
     "inspect queues": (["inspect", "queues"], True),
     "publish embedded": (["publish", "bench/cli", "hello"], False),
     "inspect queues embedded": (["inspect", "queues"], False),
+}
+# name: what this interpreter runs (-c), the floor beneath every command's time
+FLOOR = {
+    "python": "pass",
+    "import typer": "import typer",
+    "import duckdb pyarrow": "import duckdb, pyarrow",
 }
 
 
@@ -80,6 +92,14 @@ def run(n: int, program: str, tmp: Path, baseline: str | None = None) -> dict[st
             for key, took in times.items():
                 result[f"{name}{key} ms"] = round(statistics.median(took) * 1000, 1)
             result[f"{name} loaded"] = _heavy_modules(program, args, where)
+        for name, code in FLOOR.items():
+            took = []
+            for i in range(n + 1):
+                start = time.perf_counter()
+                subprocess.run([sys.executable, "-c", code], env=env, check=True)
+                if i:
+                    took.append(time.perf_counter() - start)
+            result[f"{name} ms"] = round(statistics.median(took) * 1000, 1)
         return result
     finally:
         node.terminate()

@@ -61,6 +61,8 @@ def test_the_cli_scenario_times_each_command_served_and_embedded(eomsg_bin: str)
         assert result[f"{name} ms"] > 0 and result[f"{name} baseline ms"] > 0  # type: ignore[operator]
     assert all(result[f"{name} loaded"] == [] for name in commands)  # through the node
     assert "duckdb" in result["inspect queues embedded loaded"]  # type: ignore[operator]
+    for floor in ("python", "import typer", "import duckdb pyarrow"):  # beside them, the floor
+        assert result[f"{floor} ms"] > 0  # type: ignore[operator]
 
 
 @pytest.mark.parametrize("scenario", ["publish", "publish-c32", "consume", "e2e", "latency"])
