@@ -61,7 +61,7 @@ import duckdb
 
 import eomsg
 from eomsg.client.broker import Broker
-from eomsg.core.dedup import RetainedIds
+from eomsg.core.idruns import RetainedIds
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.embedded import LocalClient

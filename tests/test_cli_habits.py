@@ -166,6 +166,27 @@ def test_a_quick_embedded_command_loads_no_event_loop_tls_or_server(
     assert not loaded & unwanted, sorted(loaded & unwanted)
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["publish", "t/x", "p", "--id", "a1"], ["inspect", "queues"], ["consume", "q", "--max", "1"]],
+    ids=lambda c: " ".join(c),
+)
+def test_an_embedded_command_on_a_store_of_few_ids_loads_no_numpy_or_arrow(
+    cli: Cli, command: list[str]
+) -> None:
+    """A data directory holding few live publish ids opens with them read as rows:
+    numpy and Arrow (≈ 0.1 s together) wait for a store that needs runs of ids."""
+    cli("queue", "create", "q", "--subscribe", "t/>")
+    cli("publish", "t/x", "p", "--id", "a1")
+    cli("publish", "t/x", "p", "--id", "a2", "--ttl", "1h")
+    r = cli(*command, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    loaded = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.decode().splitlines()}
+    assert "eomsg.node.node" in loaded  # embedded: the node opened here
+    assert not loaded & {"numpy", "pyarrow"}, sorted(loaded & {"numpy", "pyarrow"})
+    if command[0] == "publish":  # and the id read back as a row is still known
+        assert r.stdout == b"duplicate of seq 1 (id a1): stored once\n"
+
+
 def test_only_the_command_that_runs_is_built(cli: Cli, serve: Callable[..., Any]) -> None:
     """``eomsg publish`` imports no other command's module."""
     serve()

@@ -21,15 +21,19 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from eomsg.core import dedup as dedup_module
-from eomsg.core.dedup import DedupWindow, HashBitmap, RetainedIds, hashes_of, id_hash
+from eomsg.core import idruns as idruns_module
+from eomsg.core.dedup import DedupWindow
+from eomsg.core.idhash import id_hash
+from eomsg.core.idruns import HashBitmap, RetainedIds, hashes_of
 from eomsg.core.message import Outgoing
 from eomsg.errors import StorageError
+from eomsg.node import dedup as node_dedup_module
 from eomsg.node.dedup import Deduplication
 from eomsg.store import salvage
 from eomsg.store import spill as spill_module
 from eomsg.store.files import DB_NAME
 from eomsg.store.spill import SpilledIds
-from tests.conftest import NodeFactory
+from tests.conftest import FakeClock, NodeFactory
 
 # "plumless" and "buckeroo" share a CRC-32: a match on the hash alone would confuse them.
 IDS = ("plumless", "buckeroo", "a", "b", "c", "ü-é", "x" * 300)
@@ -144,7 +148,7 @@ TestWindow.settings = settings(max_examples=200, stateful_step_count=40, deadlin
 TINY = (
     (dedup_module, "FOLD", 2),
     (dedup_module, "LARGEST_MERGE", 8),
-    (dedup_module, "MERGE_SLICE", 3),
+    (idruns_module, "MERGE_SLICE", 3),
     (spill_module, "PART_ROWS", 3),
 )
 
@@ -278,7 +282,7 @@ def test_a_store_from_before_the_hash_is_salvaged_with_its_ids(
 
 MERGE_MEMORY = """
 import numpy as np, pyarrow as pa
-from eomsg.core.dedup import RetainedIds, hashes_of
+from eomsg.core.idruns import RetainedIds, hashes_of
 runs = []
 for r in range(4):  # four runs of 2^18 ids, each in chunks as DuckDB hands them over
     ids = [f"{r}-{i:012d}-{'x' * 24}" for i in range(1 << 18)]
@@ -296,6 +300,33 @@ assert sorted(merged.ids.to_pylist()) == sorted(i for r in runs for i in r.ids.t
 assert (hashes_of(merged.ids.to_pylist()) == merged.hashes).all()
 assert spilled[1].to_pylist() == merged.ids.to_pylist()[500_000:550_000]
 """
+
+
+@pytest.mark.parametrize("few", [None, 0, 7], ids=["rows", "runs", "rows-then-runs"])
+def test_a_reopened_node_knows_its_ids_whether_read_as_rows_or_as_runs(
+    open_node: NodeFactory, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, few: int | None
+) -> None:
+    """Up to FEW_IDS live ids are read back into the window's dictionaries at open, more
+    as runs: either way a retry after a restart is a duplicate of its first seq while
+    its message can live, and new once its time to live has run out."""
+    if few is not None:
+        monkeypatch.setattr(node_dedup_module, "FEW_IDS", few)
+    node = open_node()
+    ttls = [None, 5.0, 60.0, None, 5.0, None, 3600.0, None, 60.0, None, None, 5.0]
+    first = node.ingress.publish_batch(
+        [Outgoing("orders/a", b"x", id=f"id-{i}", ttl=ttl) for i, ttl in enumerate(ttls)]
+    )
+    node.close()
+    clock.advance(10)  # those of 5 s are dead; the rest live
+    node = open_node()
+    again = node.ingress.publish_batch(
+        [Outgoing("orders/a", b"y", id=f"id-{i}") for i in range(len(ttls) + 2)]
+    )
+    for i, result in enumerate(again):
+        if i < len(ttls) and ttls[i] != 5.0:
+            assert result.duplicate and result.seq == first[i].seq, i
+        else:
+            assert not result.duplicate and result.seq > first[-1].seq, i
 
 
 def test_a_merge_holds_no_copy_of_all_the_runs_ids_in_one() -> None:
@@ -360,10 +391,12 @@ def test_a_spill_filter_filled_past_its_probes_is_read_anew_with_fewer(tmp_path:
     once it is full enough that fewer do, it is read anew with fewer (the old one
     answering meanwhile), and a spilled id is found all along."""
     spill = SpilledIds(tmp_path)
-    spill.start_filter(4096)  # 32,768 bits
-    assert spill._filter is not None and spill._filter.probes == 4
+    spill.start_filter(4096)  # 32,768 bits, made with the first run (numpy not yet needed)
+    assert spill._filter is None and spill.filter_bytes == 4096
     ids = [f"old-{i}" for i in range(20_000)]  # 1.6 bits an id: one probe does best
     spill.add(RetainedIds.of(ids, range(1, 20_001), [None] * 20_000))
+    assert spill._filter is not None and spill._filter.probes == 4  # made with four
+    assert spill.filter_bytes == 2 * 4096  # the four-probe one and the one-probe filling
     assert spill._filling is not None and spill._filling.probes == 1
     assert spill.find(["old-7"], 0.0, 0) == {"old-7": 8}  # the old filter answers
     while not spill.fill_filter():

@@ -32,7 +32,8 @@ from eomsg.core.replay import (
 from eomsg.errors import DataDirLocked, IllegalMove, InvalidInput, InvalidPattern, SinkConflict
 from eomsg.node.node import Node, NodeSettings
 from eomsg.server import calls
-from eomsg.store.logread import LOG_SCHEMA, FileLog
+from eomsg.store.logread import FileLog
+from eomsg.store.schema import arrow_schema
 from tests.conftest import FakeClock, NodeFactory
 
 
@@ -193,7 +194,7 @@ def _fill(node: Node, clock: FakeClock) -> None:
 
 
 def _rows(batches: object) -> list[dict[str, object]]:
-    return pa.Table.from_batches(list(batches), schema=LOG_SCHEMA).to_pylist()  # type: ignore[arg-type]
+    return pa.Table.from_batches(list(batches), schema=arrow_schema("messages")).to_pylist()  # type: ignore[arg-type]
 
 
 def test_file_log_reads_a_slice_in_order_and_refuses_a_held_directory(

@@ -108,11 +108,11 @@ class _NodeAccess:
         return self.client.queue_config(queue).subscriptions
 
     def batches(self, sel: Selection, lo: int, hi: int) -> Iterator[pa.RecordBatch]:
-        from eomsg.store.logread import LOG_SCHEMA
+        from eomsg.store.schema import arrow_schema
 
         while lo < hi:
             table, lo = self.client.read_log(sel, lo, hi)
-            yield from table.cast(LOG_SCHEMA).to_batches()
+            yield from table.cast(arrow_schema("messages")).to_batches()
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,9 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
-import pyarrow as pa
 
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import Selection
@@ -27,11 +26,13 @@ from eomsg.errors import DataDirError, DataDirLocked, QueueNotFound, StorageErro
 from eomsg.store import journal
 from eomsg.store.files import DB_NAME
 from eomsg.store.lock import LOCK_NAME, holder_of
-from eomsg.store.schema import ROW_TABLES
+from eomsg.store.schema import ROW_TABLES, arrow_schema
 from eomsg.store.writer import applied_lsn, journal_format
 
-LOG_SCHEMA: pa.Schema = ROW_TABLES["messages"]
-_COLUMNS = ", ".join(LOG_SCHEMA.names)
+if TYPE_CHECKING:  # (a read as Arrow imports it: DuckDB hands the rows over as Arrow)
+    import pyarrow as pa
+
+_COLUMNS = ", ".join(column for column, _ in ROW_TABLES["messages"])
 
 
 def _where(sel: Selection, lo: int | None = None, hi: int | None = None) -> tuple[str, list[Any]]:
@@ -135,7 +136,7 @@ def read_chunk(
             done = exhausted and fit == table.num_rows
             table = table.slice(0, fit)
             next_seq = hi if done else int(table["seq"][-1].as_py()) + 1
-            return table.cast(LOG_SCHEMA), next_seq
+            return table.cast(arrow_schema("messages")), next_seq
         rows *= 4
 
 

@@ -13,16 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import duckdb
-import numpy as np
-import pyarrow as pa
 
-from eomsg.core.dedup import RetainedIds
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.store.reads import Reads
+
+if TYPE_CHECKING:
+    from eomsg.core.idruns import RetainedIds
 
 
 class PendingRow(NamedTuple):
@@ -152,18 +152,40 @@ def load_pending(reads: Reads) -> Iterator[PendingRow]:
         raise reads.error(e, "recovering pending messages") from e
 
 
+_LIVE_IDS = """FROM publish_ids
+    WHERE seq >= ? AND (expires_at IS NULL OR epoch_us(expires_at) > ?)
+    ORDER BY seq"""
+
+
+def few_publish_ids(
+    reads: Reads, now_us: int, from_seq: int, most: int
+) -> list[tuple[str, int, float | None]] | None:
+    """The live publish ids numbered from ``from_seq`` on as (id, seq, expiry in
+    seconds or None) in seq order, if there are at most ``most`` of them; None if
+    there are more (then :func:`publish_id_runs` reads them, as columns). Plain rows:
+    a few ids need neither numpy nor Arrow."""
+    rows = reads.rows(
+        f"SELECT id, seq, epoch_us(expires_at) / 1e6 {_LIVE_IDS} LIMIT ?",
+        [from_seq, now_us, most + 1],
+    )
+    return rows if len(rows) <= most else None
+
+
 def publish_id_runs(reads: Reads, now_us: int, from_seq: int, rows: int) -> Iterator[RetainedIds]:
     """The live publish ids numbered from ``from_seq`` on, in runs of about ``rows``
     ids in seq order, each sorted by hash for the dedup window (DuckDB keeps each
     id's hash: none is computed here)."""
+    import numpy as np  # (what a store of many ids is read into)
+    import pyarrow as pa
+
+    from eomsg.core.idruns import RetainedIds
+
     cursor = reads.cursor()  # its own: a scan left unfinished blocks checkpoints
     try:
         relation = cursor.sql(
-            """SELECT h, seq, id,
+            f"""SELECT h, seq, id,
                       coalesce(epoch_us(expires_at) / 1e6, 'NaN'::DOUBLE) AS expires
-               FROM publish_ids
-               WHERE seq >= ? AND (expires_at IS NULL OR epoch_us(expires_at) > ?)
-               ORDER BY seq""",
+               {_LIVE_IDS}""",
             params=[from_seq, now_us],
         )
         for chunk in relation.to_arrow_reader(rows):

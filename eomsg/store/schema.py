@@ -12,14 +12,18 @@ crash leaves the schema at one version or the next, never between.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
-import pyarrow as pa
 
-from eomsg.core.dedup import id_hash
+from eomsg.core.idhash import id_hash
 from eomsg.errors import SchemaTooNew
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 
 @dataclass(frozen=True)
@@ -31,9 +35,11 @@ class Migration:
 
 
 def hash_publish_ids(conn: duckdb.DuckDBPyConnection) -> None:
-    """Give each publish id without one its :func:`~eomsg.core.dedup.id_hash` (Python's:
+    """Give each publish id without one its :func:`~eomsg.core.idhash.id_hash` (Python's:
     DuckDB has no CRC-32). Idempotent: migration 5 runs it, and salvage after copying a
     store from before it."""
+    import pyarrow as pa  # (a store from before migration 5: rare)
+
     rows = conn.sql("SELECT rowid AS r, id FROM publish_ids WHERE h IS NULL").to_arrow_table()
     if not rows.num_rows:
         return
@@ -243,91 +249,85 @@ MIGRATIONS: tuple[Migration, ...] = (
 
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
-# Column order and Arrow types of the insert-only tables the writer appends to.
-TIMESTAMP = pa.timestamp("us")
-ROW_TABLES: dict[str, pa.Schema] = {
-    "messages": pa.schema(
-        [
-            ("seq", pa.int64()),
-            ("topic", pa.string()),
-            ("id", pa.string()),
-            ("published_at", TIMESTAMP),
-            ("expires_at", TIMESTAMP),
-            ("headers", pa.string()),
-            ("payload", pa.binary()),
-        ]
+# Column order and Arrow types (as :func:`pyarrow.type_for_alias` names them) of the
+# insert-only tables the writer appends to; as data, so that a store opened for a few rows
+# does not import Arrow (:func:`arrow_schema` builds a table's schema when one is needed).
+ROW_TABLES: dict[str, tuple[tuple[str, str], ...]] = {
+    "messages": (
+        ("seq", "int64"),
+        ("topic", "string"),
+        ("id", "string"),
+        ("published_at", "timestamp[us]"),
+        ("expires_at", "timestamp[us]"),
+        ("headers", "string"),
+        ("payload", "binary"),
     ),
-    "publish_ids": pa.schema(  # h: id_hash(id), added by the writer (see insert_rows)
-        [("id", pa.string()), ("seq", pa.int64()), ("expires_at", TIMESTAMP), ("h", pa.uint32())]
+    "publish_ids": (  # h: id_hash(id), added by the writer (see insert_rows)
+        ("id", "string"),
+        ("seq", "int64"),
+        ("expires_at", "timestamp[us]"),
+        ("h", "uint32"),
     ),
-    "destinations": pa.schema([("seq", pa.int64()), ("queue_id", pa.int32())]),
-    "route_runs": pa.schema([("route_id", pa.int32()), ("lo", pa.int64()), ("hi", pa.int64())]),
-    "deliveries": pa.schema(
-        [
-            ("queue_id", pa.int32()),
-            ("seq", pa.int64()),
-            ("attempt", pa.int32()),
-            ("due", TIMESTAMP),
-            ("released", pa.bool_()),
-        ]
+    "destinations": (("seq", "int64"), ("queue_id", "int32")),
+    "route_runs": (("route_id", "int32"), ("lo", "int64"), ("hi", "int64")),
+    "deliveries": (
+        ("queue_id", "int32"),
+        ("seq", "int64"),
+        ("attempt", "int32"),
+        ("due", "timestamp[us]"),
+        ("released", "bool"),
     ),
-    "delivery_runs": pa.schema(
-        [
-            ("queue_id", pa.int32()),
-            ("first_seq", pa.int64()),
-            ("last_seq", pa.int64()),
-            ("due", TIMESTAMP),
-        ]
+    "delivery_runs": (
+        ("queue_id", "int32"),
+        ("first_seq", "int64"),
+        ("last_seq", "int64"),
+        ("due", "timestamp[us]"),
     ),
-    "returned": pa.schema(
-        [
-            ("queue_id", pa.int32()),
-            ("seq", pa.int64()),
-            ("attempt", pa.int32()),
-            ("returned_at", TIMESTAMP),
-        ]
+    "returned": (
+        ("queue_id", "int32"),
+        ("seq", "int64"),
+        ("attempt", "int32"),
+        ("returned_at", "timestamp[us]"),
     ),
-    "txn_log": pa.schema(
-        [
-            ("txid", pa.string()),
-            ("state", pa.string()),
-            ("logged_at", TIMESTAMP),
-            ("coordinator", pa.string()),
-            ("principal", pa.string()),
-        ]
+    "txn_log": (
+        ("txid", "string"),
+        ("state", "string"),
+        ("logged_at", "timestamp[us]"),
+        ("coordinator", "string"),
+        ("principal", "string"),
     ),
-    "txn_messages": pa.schema(
-        [
-            ("txid", pa.string()),
-            ("idx", pa.int32()),
-            ("topic", pa.string()),
-            ("id", pa.string()),
-            ("ttl", pa.float64()),
-            ("headers", pa.string()),
-            ("payload", pa.binary()),
-        ]
+    "txn_messages": (
+        ("txid", "string"),
+        ("idx", "int32"),
+        ("topic", "string"),
+        ("id", "string"),
+        ("ttl", "double"),
+        ("headers", "string"),
+        ("payload", "binary"),
     ),
-    "txn_deletes": pa.schema(
-        [("txid", pa.string()), ("queue_id", pa.int32()), ("seq", pa.int64())]
+    "txn_deletes": (("txid", "string"), ("queue_id", "int32"), ("seq", "int64")),
+    "audit": (
+        ("recorded_at", "timestamp[us]"),
+        ("principal", "string"),
+        ("action", "string"),
+        ("target", "string"),
+        ("detail", "string"),
     ),
-    "audit": pa.schema(
-        [
-            ("recorded_at", TIMESTAMP),
-            ("principal", pa.string()),
-            ("action", pa.string()),
-            ("target", pa.string()),
-            ("detail", pa.string()),
-        ]
-    ),
-    "settled": pa.schema(
-        [
-            ("queue_id", pa.int32()),
-            ("seq", pa.int64()),
-            ("outcome", pa.int8()),
-            ("settled_at", TIMESTAMP),
-        ]
+    "settled": (
+        ("queue_id", "int32"),
+        ("seq", "int64"),
+        ("outcome", "int8"),
+        ("settled_at", "timestamp[us]"),
     ),
 }
+
+
+@functools.cache
+def arrow_schema(name: str) -> pa.Schema:
+    """Table ``name`` of :data:`ROW_TABLES` as an Arrow schema."""
+    import pyarrow as pa
+
+    return pa.schema([(column, pa.type_for_alias(kind)) for column, kind in ROW_TABLES[name]])
 
 
 def schema_version(conn: duckdb.DuckDBPyConnection) -> int:

@@ -64,13 +64,15 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
-import numpy as np
-
-from eomsg.core.dedup import HashBitmap, RetainedIds, hashes_of
 from eomsg.errors import StorageError
 from eomsg.store.files import PRIVATE_FILE, owner_only
+
+if TYPE_CHECKING:  # numpy and Arrow: imported once a run or a partition is here
+    import numpy as np
+
+    from eomsg.core.idruns import HashBitmap, RetainedIds
 
 NAME = "dedup.sqlite"
 PART_ROWS = 1 << 20  # ids a partition takes before the next is started
@@ -209,6 +211,7 @@ class SpilledIds:
         self._last_n = self._parts[-1].n if self._parts else 0
         self._filter: HashBitmap | None = None  # answers "not here" once it holds every hash
         self._filling: HashBitmap | None = None  # reading the hashes here, to answer next
+        self._planned = 0  # bytes of the filter made at the first spill, when none is yet
         self._unread: list[tuple[int, int]] = []  # what it has still to read: (n, from seq)
 
     def _close_quietly(self) -> None:
@@ -236,9 +239,11 @@ class SpilledIds:
             return
         with self._reading:
             if self._parts:
+                from eomsg.core.idruns import HashBitmap  # ids are here: numpy is needed
+
                 self._refill(HashBitmap(size, _probes(size, len(self))))
-            else:
-                self._filter = HashBitmap(size, PROBES)
+            else:  # empty: made with the first run spilled (a store without spilled ids
+                self._planned = size  # never loads numpy), and counted from now on
 
     def _refill(self, filter_: HashBitmap) -> None:
         """Read every partition into ``filter_``, to answer once it has. Under ``_reading``."""
@@ -267,7 +272,7 @@ class SpilledIds:
                     ).fetchone()
                     hashes = json.loads(found)
                 if hashes:
-                    self._filling.mark(np.array(hashes, np.uint32))
+                    self._filling.mark(hashes)
                 if len(hashes) < CHUNK:
                     del self._unread[0]
                 else:
@@ -286,7 +291,8 @@ class SpilledIds:
 
     @property
     def filter_bytes(self) -> int:
-        return sum(f.nbytes for f in (self._filter, self._filling) if f is not None)
+        made = sum(f.nbytes for f in (self._filter, self._filling) if f is not None)
+        return made + self._planned
 
     # -- what is here -------------------------------------------------------------------
 
@@ -309,13 +315,19 @@ class SpilledIds:
         is, in one transaction: the run is the window's oldest, so what is older was
         spilled before. Idempotent: ids below what was covered are here already (the
         same run again, after the window merged or swept it as it was written)."""
+        if self._planned:
+            from eomsg.core.idruns import HashBitmap  # (loaded: the run is one)
+
+            with self._reading:
+                self._filter, self._planned = HashBitmap(self._planned, PROBES), 0
         self._mark(run.hashes)  # first: a lookup that skips SQLite finds it in memory meanwhile
-        new = np.flatnonzero(run.seqs >= self._covered)  # in hash order, as the run is
+        new = (run.seqs >= self._covered).nonzero()[0]  # in hash order, as the run is
         covered = max(self._covered, run.last_seq + 1)
         if not len(new):
             return
         expires = run.expires[new]
-        latest = None if np.isnan(expires).all() else float(np.nanmax(expires))
+        timed = expires[expires == expires]  # those not NaN: with a time to live
+        latest = float(timed.max()) if len(timed) else None
         with self._lock:
             part, fresh = self._grown(len(new), covered, latest)
             self._write(part, fresh, covered, _json_rows(run, new, expires))
@@ -390,7 +402,7 @@ class SpilledIds:
                 and self._filling is None
                 and (fewer := _probes(f.nbytes, len(self))) < f.probes
             ):
-                self._refill(HashBitmap(f.nbytes, fewer))
+                self._refill(type(f)(f.nbytes, fewer))
 
     def find(self, msg_ids: Sequence[str], now: float, horizon: int) -> dict[str, int]:
         """The seqs of those of ``msg_ids`` that are here and can still live (expiry
@@ -399,6 +411,8 @@ class SpilledIds:
         match — for the ids the filter does not rule out."""
         if not msg_ids or not self._parts:
             return {}
+        from eomsg.core.idruns import hashes_of  # (loaded: ids are here)
+
         hashes = hashes_of(msg_ids)
         found: dict[str, int] = {}
         with self._reading, self._failures():
@@ -457,9 +471,9 @@ class SpilledIds:
             dropped += dead.count
         if dropped:
             with self._reading:
-                if self._filter is not None and self._filling is None:
-                    size = self._filter.nbytes
-                    self._refill(HashBitmap(size, _probes(size, len(self))))
+                f = self._filter
+                if f is not None and self._filling is None:
+                    self._refill(type(f)(f.nbytes, _probes(f.nbytes, len(self))))
         return dropped
 
     @property

@@ -29,11 +29,10 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import duckdb
 
-from eomsg.core.dedup import RetainedIds
 from eomsg.core.message import Message
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, Selection
@@ -61,6 +60,9 @@ from eomsg.store.recovery import PendingRow, PreparedRow, SettledCounts
 from eomsg.store.spill import SpilledIds
 from eomsg.store.watermark import Watermark
 from eomsg.store.writer import APPLY_DELAY, Writer
+
+if TYPE_CHECKING:
+    from eomsg.core.idruns import RetainedIds
 
 __all__ = [  # what the node imports of the store from here
     "US",
@@ -235,6 +237,12 @@ class Store:
     def load_pending(self) -> Iterator[PendingRow]:
         """See :func:`eomsg.store.recovery.load_pending`."""
         return recovery.load_pending(self.reads)
+
+    def few_publish_ids(
+        self, now_us: int, from_seq: int, most: int
+    ) -> list[tuple[str, int, float | None]] | None:
+        """See :func:`eomsg.store.recovery.few_publish_ids`."""
+        return recovery.few_publish_ids(self.reads, now_us, from_seq, most)
 
     def publish_id_runs(self, now_us: int, from_seq: int, rows: int) -> Iterator[RetainedIds]:
         """See :func:`eomsg.store.recovery.publish_id_runs`."""

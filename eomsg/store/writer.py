@@ -41,18 +41,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, wait
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import msgpack
-import pyarrow as pa
 
-from eomsg.core.dedup import id_hash
+from eomsg.core.idhash import id_hash
 from eomsg.errors import NodeClosed, StorageError, WriteFailed, WriteUnknown, one_line
 from eomsg.failpoints import failpoint
 from eomsg.store.journal import Journal
 from eomsg.store.recent import Recent
-from eomsg.store.schema import ROW_TABLES
+from eomsg.store.schema import ROW_TABLES, arrow_schema
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 T = TypeVar("T")
 
@@ -120,7 +122,9 @@ SMALL_INSERT = 8  # rows up to which a table's insert uses parameters, not Arrow
 def _arrow(name: str, rows: Sequence[Sequence[Any]]) -> pa.Table:
     """Rows of table ``name`` as Arrow, built a chunk at a time (other threads get the
     GIL between chunks: converting a large batch at once would stall them)."""
-    schema = ROW_TABLES[name]
+    import pyarrow as pa  # (not for a few rows: a command's open and its own record)
+
+    schema = arrow_schema(name)
     chunks = []
     for i in range(0, len(rows), ARROW_CHUNK):
         columns = zip(*rows[i : i + ARROW_CHUNK], strict=True)
@@ -138,7 +142,7 @@ def _values_sql(name: str, count: int) -> str:
     """``INSERT INTO name VALUES (…), …`` for ``count`` rows; timestamps arrive as
     microseconds, as they do in the Arrow path."""
     row = ", ".join(
-        "make_timestamp(?)" if pa.types.is_timestamp(f.type) else "?" for f in ROW_TABLES[name]
+        "make_timestamp(?)" if kind.startswith("timestamp") else "?" for _, kind in ROW_TABLES[name]
     )
     return f"INSERT INTO {name} VALUES " + ", ".join([f"({row})"] * count)
 
