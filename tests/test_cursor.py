@@ -138,6 +138,29 @@ class CursorMachine(RuleBasedStateMachine):
         assert self.cursor.delete_many([key], holder=m.holder) == [False]  # idempotent
 
     @precondition(lambda self: any(m.state == "flight" for m in self.model.msgs.values()))
+    @rule(data=st.data())
+    def delete_batch(self, data: st.DataObject) -> None:
+        """Several of one holder's deliveries deleted in one call, in any order, with
+        some settled already and some listed twice: each is settled once, True the
+        first time it is named."""
+        flying = sorted((s, m.holder) for s, m in self.model.msgs.items() if m.state == "flight")
+        holder = data.draw(st.sampled_from(sorted({h for _, h in flying})))
+        mine = [s for s, h in flying if h == holder]
+        chosen = data.draw(st.lists(st.sampled_from(mine), min_size=1, max_size=6))
+        gone = [s for s in self.model.settled if s <= self.cursor.read_seq]
+        extra = data.draw(st.lists(st.sampled_from(gone), max_size=2)) if gone else []
+        keys = [(s, self.model.msgs[s].attempt) for s in chosen] + [(s, 1) for s in extra]
+        keys = data.draw(st.permutations(keys))
+        named: set[int] = set()
+        expected = []
+        for seq, _ in keys:
+            expected.append(seq in self.model.msgs and seq not in named)
+            named.add(seq)
+        assert self.cursor.delete_many(keys, holder=holder) == expected
+        for seq in set(chosen):
+            self.model._settle(seq, Outcome.DELETED)
+
+    @precondition(lambda self: any(m.state == "flight" for m in self.model.msgs.values()))
     @rule(data=st.data(), delay=st.sampled_from([0.0, 5.0]))
     def release(self, data: st.DataObject, delay: float) -> None:
         flying = sorted(s for s, m in self.model.msgs.items() if m.state == "flight")

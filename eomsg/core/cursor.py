@@ -40,10 +40,13 @@ import bisect
 import heapq
 import math
 from array import array
+from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import islice
+from itertools import islice, repeat
+from operator import itemgetter
+from typing import NamedTuple
 
 from eomsg.core.durations import MAX_SECONDS
 from eomsg.core.message import Key
@@ -67,9 +70,10 @@ class Outcome(IntEnum):
     PURGED = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A message handed out: the consumer must delete or release it before ``deadline``."""
+class Delivery(NamedTuple):
+    """A message handed out: the consumer must delete or release it before ``deadline``.
+    A named tuple, not a frozen dataclass: a take makes one per message, and a tuple is
+    made in C."""
 
     seq: int
     attempt: int
@@ -156,10 +160,21 @@ class _SeqQueue:
     def popleft(self) -> int:
         seq = self._seqs[self._head]
         self._head += 1
+        self._reclaim()
+        return seq
+
+    def popmany(self, n: int) -> list[int]:
+        """The first ``n`` seqs (fewer if it holds fewer), taken off the queue at once."""
+        head = self._head
+        seqs = self._seqs[head : head + n].tolist()
+        self._head = head + len(seqs)
+        self._reclaim()
+        return seqs
+
+    def _reclaim(self) -> None:
         if self._head > 4096 and self._head * 2 > len(self._seqs):
             del self._seqs[: self._head]  # reclaim the consumed front
             self._head = 0
-        return seq
 
 
 class _Delivered:
@@ -412,6 +427,11 @@ class Cursor:
         run: int | None = None
         while len(deliveries) < limit:
             seq = self._next_ready()
+            if seq is None and not expires:  # the usual case: the rest read in one step
+                run = self._take_unread(
+                    limit - len(deliveries), deadline, epoch, holder, deliveries, timed, run
+                )
+                break
             if seq is None:
                 seq = self._next_unread()
                 if seq is None:
@@ -440,6 +460,39 @@ class Cursor:
             run = None  # one came out of order: it may lie inside the range
         return Taken(deliveries, settlements, run)
 
+    def _take_unread(
+        self,
+        n: int,
+        deadline: float,
+        epoch: int,
+        holder: int,
+        deliveries: list[Delivery],
+        timed: list[int],
+        run: int | None,
+    ) -> int | None:
+        """Hand out up to ``n`` unread messages, in order, as first deliveries — what
+        :meth:`take` does one by one, a batch at a time, for a queue none of whose
+        messages has a time to live. Appends to ``deliveries`` and ``timed``; returns
+        where the run of first deliveries starts (``run`` if one had)."""
+        unread, dropped, delivered = self._unread, self._dropped, self._delivered
+        while n > 0 and len(unread):
+            seqs = unread.popmany(n)
+            if dropped:  # settled while unread: skipped, as _next_unread skips them
+                kept = [s for s in seqs if s not in dropped]
+                dropped.difference_update(seqs)
+                seqs = kept
+            if not seqs:
+                continue
+            if run is None:
+                run = len(deliveries)
+            self.read_seq = seqs[-1]
+            entries = [_Delivered(1, deadline, True, epoch, holder) for _ in seqs]
+            delivered.update(zip(seqs, entries, strict=True))
+            deliveries.extend(map(Delivery, seqs, repeat(1), repeat(deadline), repeat(epoch)))
+            timed.extend(seqs)
+            n -= len(seqs)
+        return run
+
     def delete_many(self, keys: Sequence[Key], epoch: int = 0, holder: int = 0) -> list[bool]:
         """Record the deletion of delivered messages (seed 003) by ``holder``, on the
         flow holding ``epoch`` (0: no flow), atomically.
@@ -451,20 +504,38 @@ class Cursor:
         handed to another consumer since, who may be processing it). A delivery that
         timed out but was not handed out again may still be deleted by its holder.
         """
-        for seq, attempt in keys:
-            entry = self._delivered.get(seq)
+        delivered = self._delivered
+        seqs = list(map(_FIRST, keys))
+        entries = list(map(delivered.get, seqs))
+        for (seq, attempt), entry in zip(keys, entries, strict=True):
             if entry is None:
                 if seq > self.read_seq:  # unread seqs are all above read_seq
                     raise _never_delivered(seq)
-                continue  # settled already
-            self._check(seq, attempt, entry, epoch, holder)
-        done = []
-        for seq, _ in keys:
-            settle = seq in self._delivered
-            if settle:
-                self._settle(seq, Outcome.DELETED)
-            done.append(settle)
-        return done
+            elif (
+                entry.attempt != attempt
+                or entry.epoch != epoch
+                or entry.holder != holder
+                or not attempt
+            ):
+                self._check(seq, attempt, entry, epoch, holder)
+        if len(set(seqs)) < len(seqs):  # one listed twice: settled once, False the next
+            done = []
+            for seq in seqs:
+                settle = seq in delivered
+                if settle:
+                    self._settle(seq, Outcome.DELETED)
+                done.append(settle)
+            return done
+        # Every key once: what _settle does for each, a step at a time for them all.
+        live = [seq for seq, entry in zip(seqs, entries, strict=True) if entry is not None]
+        self._in_flight -= sum(entry.in_flight for entry in entries if entry is not None)
+        deque(map(delivered.pop, live), maxlen=0)
+        if self._expires:
+            deque(map(self._expires.pop, live, repeat(None)), maxlen=0)
+        if self._sizes is not None:
+            self.bytes -= sum(map(self._sizes.pop, live, repeat(0)))
+        self._count -= len(live)
+        return [entry is not None for entry in entries]
 
     def release_many(
         self, keys: Sequence[Key], now: float, delay: float = 0.0, epoch: int = 0, holder: int = 0
@@ -762,6 +833,9 @@ class Cursor:
             self.bytes -= self._sizes.pop(seq, 0)
         self._count -= 1
         return Settlement(seq, outcome)
+
+
+_FIRST = itemgetter(0)
 
 
 def _never_delivered(seq: int) -> NotInFlight:
