@@ -19,7 +19,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from eomsg.client.aio import AsyncClient
-from eomsg.core.message import Batch, Carried, Delivered, Message, Outgoing, PublishResult
+from eomsg.core.message import (
+    Batch,
+    Carried,
+    Delivered,
+    Deliveries,
+    Message,
+    Outgoing,
+    PublishResult,
+    message_columns,
+)
 from eomsg.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 from eomsg.server.link import LinkConnection
 from eomsg.server.session import Session
@@ -624,3 +633,51 @@ def test_the_rows_a_node_sends_are_decoded_a_column_at_a_time() -> None:
     )
     assert ev._plainly_typed(rows) is not None
     assert ev._deliveries("q", 4, rows) == sent
+
+
+_MESSAGE = st.builds(
+    Message,
+    st.integers(min_value=1, max_value=2**63 - 1),
+    st.text(min_size=1, max_size=6),
+    st.binary(max_size=6),
+    st.none() | st.text(max_size=6),
+    st.floats(min_value=0, max_value=2e9),
+    st.none() | st.floats(min_value=0, max_value=2e9),
+    st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=2),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(_MESSAGE, st.integers(1, 9), st.floats(0, 2e9)), max_size=6),
+    st.integers(min_value=0, max_value=9),
+    st.data(),
+)
+def test_a_take_as_columns_is_its_deliveries_one_by_one(
+    taken: list[tuple[Message, int, float]], epoch: int, data: st.DataObject
+) -> None:
+    """The columns a node hands out (Deliveries) read as the Delivered values they
+    hold, slice as those do, are bounded as each message is, and go into a Deliver
+    frame that a client decodes as it would the same deliveries made one by one."""
+    one_by_one = tuple(Delivered("q", m, a, d, epoch) for m, a, d in taken)
+    columns = Deliveries(
+        "q",
+        epoch,
+        message_columns([m for m, _, _ in taken]),
+        [a for _, a, _ in taken],
+        [d for _, _, d in taken],
+    )
+    assert tuple(columns) == one_by_one and len(columns) == len(one_by_one)
+    assert columns.keys() == [d.key for d in one_by_one]
+    start = data.draw(st.integers(0, len(taken)))
+    end = data.draw(st.integers(start, len(taken)))
+    assert tuple(columns[start:end]) == one_by_one[start:end]
+    if taken:
+        at = data.draw(st.integers(0, len(taken) - 1))
+        assert columns[at] == one_by_one[at]
+    bounds = [ev.message_bound(m) for m, _, _ in taken]
+    assert ev.delivery_bounds(columns) == bounds
+    assert ev.deliveries_bound(columns) == sum(bounds)
+    client, server = open_pair()
+    got = feed(client, server.send(ev.Deliver(3, "q", columns, True, epoch, 5.0)), False)
+    assert got == [ev.Deliver(3, "q", one_by_one, True, epoch, 5.0)]

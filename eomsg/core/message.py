@@ -4,13 +4,14 @@ behaviour."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from itertools import chain, repeat
 from json.encoder import encode_basestring_ascii as _quote
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, overload
 
+from eomsg.core.columns import Columns
 from eomsg.errors import InvalidInput
 
 Key = tuple[int, int]
@@ -98,6 +99,137 @@ class Delivered:
 
     def to_json(self) -> dict[str, Any]:
         return {**self.message.to_json(), "queue": self.queue, "attempt": self.attempt}
+
+
+MessageColumns = tuple[
+    Sequence[int],
+    Sequence[str],
+    Sequence[bytes],
+    Sequence["str | None"],
+    Sequence[float],
+    "Sequence[float | None] | None",
+    "Sequence[dict[str, str]] | None",
+]
+"""Messages as columns of :class:`Message`'s fields, in its order: ``expires_at`` None
+when no message has one, ``headers`` None when none has any."""
+
+
+def message_columns(messages: Sequence[Message]) -> MessageColumns:
+    """``messages`` as :data:`MessageColumns`."""
+    if not messages:
+        return (), (), (), (), (), None, None
+    seqs, topics, payloads, ids, published, expires, headers = zip(
+        *[
+            (m.seq, m.topic, m.payload, m.id, m.published_at, m.expires_at, m.headers)
+            for m in messages
+        ],
+        strict=True,
+    )
+    n = len(messages)
+    return (
+        seqs,
+        topics,
+        payloads,
+        ids,
+        published,
+        None if expires.count(None) == n else expires,
+        None if not any(headers) else headers,
+    )
+
+
+class Deliveries(Sequence[Delivered]):
+    """The deliveries of one take — messages of ``queue`` handed out under ``epoch`` —
+    as columns (:data:`MessageColumns`, then each one's attempt and deadline): what a
+    take reads from the log goes into a Deliver frame with no value made per message (a
+    node hands out every message through here). As a sequence it gives each
+    :class:`Delivered`, made when asked for. Not to be changed once made."""
+
+    __slots__ = (
+        "attempts",
+        "deadlines",
+        "epoch",
+        "expires",
+        "headers",
+        "ids",
+        "payloads",
+        "published",
+        "queue",
+        "seqs",
+        "topics",
+    )
+
+    def __init__(
+        self,
+        queue: str,
+        epoch: int,
+        messages: MessageColumns,
+        attempts: Sequence[int],
+        deadlines: Sequence[float],
+    ) -> None:
+        self.queue, self.epoch = queue, epoch
+        (
+            self.seqs,
+            self.topics,
+            self.payloads,
+            self.ids,
+            self.published,
+            self.expires,
+            self.headers,
+        ) = messages
+        self.attempts, self.deadlines = attempts, deadlines
+
+    @classmethod
+    def none(cls, queue: str, epoch: int = 0) -> Deliveries:
+        return cls(queue, epoch, ((), (), (), (), (), None, None), (), ())
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    @overload
+    def __getitem__(self, index: int) -> Delivered: ...
+    @overload
+    def __getitem__(self, index: slice) -> Deliveries: ...
+
+    def __getitem__(self, index: int | slice) -> Delivered | Deliveries:
+        if isinstance(index, slice):
+            return Deliveries(
+                self.queue,
+                self.epoch,
+                (
+                    self.seqs[index],
+                    self.topics[index],
+                    self.payloads[index],
+                    self.ids[index],
+                    self.published[index],
+                    None if self.expires is None else self.expires[index],
+                    None if self.headers is None else self.headers[index],
+                ),
+                self.attempts[index],
+                self.deadlines[index],
+            )
+        return self[index : index + 1 or None].delivered()[0]
+
+    def __iter__(self) -> Iterator[Delivered]:
+        return iter(self.delivered())
+
+    def keys(self) -> list[Key]:
+        """Each delivery's :attr:`Delivered.key`."""
+        return list(zip(self.seqs, self.attempts, strict=True))
+
+    def delivered(self) -> list[Delivered]:
+        """Each :class:`Delivered`, made a column at a time (:mod:`eomsg.core.columns`)."""
+        n = len(self.seqs)
+        expires = repeat(None) if self.expires is None else self.expires
+        headers = [{} for _ in range(n)] if self.headers is None else self.headers
+        messages = _MESSAGES.make(
+            n, self.seqs, self.topics, self.payloads, self.ids, self.published, expires, headers
+        )
+        return _DELIVERED.make(
+            n, repeat(self.queue), messages, self.attempts, self.deadlines, repeat(self.epoch)
+        )
+
+
+_MESSAGES, _DELIVERED = Columns(Message), Columns(Delivered)
 
 
 def headers_json(headers: dict[str, str]) -> str:

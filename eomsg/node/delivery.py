@@ -18,13 +18,11 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
-from itertools import repeat
-from operator import attrgetter
+from operator import itemgetter
 from typing import Protocol
 
-from eomsg.core.columns import Columns
 from eomsg.core.cursor import Outcome, Release, Settlement, Taken
-from eomsg.core.message import Delivered, Key, check_keys
+from eomsg.core.message import Delivered, Deliveries, Key, check_keys
 from eomsg.errors import InvalidConfig, NotActive
 from eomsg.failpoints import failpoint
 from eomsg.node.flows import Elections
@@ -32,8 +30,7 @@ from eomsg.node.state import QueueState, Shared, to_us
 from eomsg.store.writer import RowBatch
 
 TAKE_BYTES = 16 << 20  # payload bytes a take reads into memory at once, about
-_DELIVERED = Columns(Delivered)  # a take makes one per message: a column at a time
-_SEQ, _ATTEMPT, _DEADLINE = attrgetter("seq"), attrgetter("attempt"), attrgetter("deadline")
+_SEQ, _ATTEMPT, _DEADLINE = itemgetter(0), itemgetter(1), itemgetter(2)  # of a Delivery
 
 
 class Kernel(Shared, Protocol):
@@ -61,6 +58,18 @@ class Delivery:
         flow: int | None = None,
         holder: int = 0,
     ) -> list[Delivered]:
+        """:meth:`fetch_batch`, each delivery made a :class:`Delivered`."""
+        return self.fetch_batch(queue, max_messages, wait, flow=flow, holder=holder).delivered()
+
+    def fetch_batch(
+        self,
+        queue: str,
+        max_messages: int = 100,
+        wait: float = 0.0,
+        *,
+        flow: int | None = None,
+        holder: int = 0,
+    ) -> Deliveries:
         """Deliver up to ``max_messages`` from ``queue``: redeliveries first, then new
         messages in sequence order. Each delivery attempt is durable before it is
         returned, so the redelivery limit holds across crashes.
@@ -77,7 +86,7 @@ class Delivery:
         while True:
             with self._kernel.ready:
                 generation = self._kernel.ready_generation
-            taken = self.take(queue, max_messages, flow=flow, holder=holder)[0]
+            taken = self.take_batch(queue, max_messages, flow=flow, holder=holder)[0]
             remaining = deadline - time.monotonic()
             if taken or remaining <= 0:
                 return taken
@@ -88,8 +97,16 @@ class Delivery:
     def take(
         self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
     ) -> tuple[list[Delivered], bool]:
-        """:meth:`fetch`, also saying whether the queue still holds messages that are not
-        in flight (looked at in the same step, so a consumer knows it has drained it)."""
+        """:meth:`take_batch`, each delivery made a :class:`Delivered`."""
+        taken, more = self.take_batch(queue, max_messages, flow=flow, holder=holder)
+        return taken.delivered(), more
+
+    def take_batch(
+        self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
+    ) -> tuple[Deliveries, bool]:
+        """:meth:`fetch_batch`, also saying whether the queue still holds messages that
+        are not in flight (looked at in the same step, so a consumer knows it has
+        drained it)."""
         if max_messages < 1:
             raise InvalidConfig("max messages must be at least 1")
         now = self._kernel.clock()
@@ -108,7 +125,7 @@ class Delivery:
                 self._kernel.elections.flow(q, flow)
                 epoch = q.election.epoch_of(flow)
                 if not epoch:
-                    return [], q.cursor.ready_count > 0
+                    return Deliveries.none(queue), q.cursor.ready_count > 0
                 active = len(q.live_epochs)
                 if active > 1:
                     share = -(-q.cursor.ready_count // active)
@@ -128,21 +145,15 @@ class Delivery:
             future = self._kernel.queue_write(batch)
         self._kernel.await_commit(future)
         failpoint("take.after_commit")
-        if not taken.deliveries:
-            return [], more
         deliveries = taken.deliveries
-        messages = self._kernel.egress.fetch_messages([d.seq for d in deliveries])
-        if len(messages) < len(deliveries):  # one purged meanwhile: settled, none needed
-            deliveries = [d for d in deliveries if d.seq in messages]
-        delivered = _DELIVERED.make(
-            len(deliveries),
-            repeat(queue),
-            map(messages.__getitem__, map(_SEQ, deliveries)),
-            map(_ATTEMPT, deliveries),
-            map(_DEADLINE, deliveries),
-            repeat(epoch),
-        )
-        return delivered, more
+        if not deliveries:
+            return Deliveries.none(queue, epoch), more
+        found = self._kernel.egress.fetch_columns(list(map(_SEQ, deliveries)))
+        if len(found[0]) < len(deliveries):  # one purged meanwhile: settled, none needed
+            kept = set(found[0])
+            deliveries = [d for d in deliveries if d.seq in kept]
+        attempts, deadlines = list(map(_ATTEMPT, deliveries)), list(map(_DEADLINE, deliveries))
+        return Deliveries(queue, epoch, found, attempts, deadlines), more
 
     def _record_taken(self, batch: RowBatch, q: QueueState, taken: Taken) -> None:
         """Add the deliveries of ``taken`` to ``batch``: its run of first deliveries

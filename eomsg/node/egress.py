@@ -35,7 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from eomsg.core.message import Message
+from eomsg.core.message import Message, MessageColumns, message_columns
 from eomsg.node.events import Signal
 from eomsg.node.state import QueueState
 from eomsg.store.store import Store
@@ -202,6 +202,15 @@ class Egress:
         if rest:
             found.update(store.fetch(rest))
         return found
+
+    def fetch_columns(self, seqs: Sequence[int]) -> MessageColumns:
+        """The messages with these seqs (ascending) held in memory or stored, as columns
+        (a consumer's take: no value made per message unless one is held here)."""
+        held = self._held
+        if not held or held.keys().isdisjoint(seqs):
+            return self._kernel.store.fetch_columns(seqs)
+        found = self.fetch_messages(seqs)
+        return message_columns([found[s] for s in seqs if s in found])
 
     def expiries(self, seqs: Sequence[int]) -> dict[int, float]:
         """Expiry times of the messages among ``seqs`` that have one."""

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 from eomsg.core import access
@@ -34,7 +34,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("eomsg.server")
 
 MAX_PREFETCH = 100_000
-_SEQ, _ATTEMPT = attrgetter("message.seq"), attrgetter("attempt")
 FETCH_CHUNK = 1000  # messages fetched from the node at a time
 
 
@@ -235,7 +234,7 @@ class Subscriptions:
             ready = session.server.ready_waiter(sub.queue)
             try:
                 taken, sub.more = await session.server.blocking(
-                    session.node.delivery.take,
+                    session.node.delivery.take_batch,
                     sub.queue,
                     min(room, FETCH_CHUNK),
                     flow=sub.flow,
@@ -246,7 +245,7 @@ class Subscriptions:
                     session.send(ev.Error(sub.rid, e.code, e.message))
                 sub.closed = True
                 break
-            if taken and taken[0].epoch != sub.epoch:
+            if taken and taken.epoch != sub.epoch:
                 continue  # the flow lost that epoch meanwhile; the node took them back
             if sub.closed:
                 break  # unbinding gives them back
@@ -255,10 +254,10 @@ class Subscriptions:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ready, poll)
                 continue
-            sub.held.update(zip(map(_SEQ, taken), map(_ATTEMPT, taken), strict=True))
+            sub.held.update(zip(taken.seqs, taken.attempts, strict=True))
             sub.dry = False
             try:
-                session.send_deliveries(sub.rid, sub.queue, taken, final=False, epoch=sub.epoch)
+                session.send_deliveries(sub.rid, taken, final=False, epoch=sub.epoch)
             except FrameTooLarge as e:  # the subscription ends; what it held goes back
                 log.warning("session %s: %s", session.peer, e)
                 await self._end(sub, e)

@@ -141,7 +141,7 @@ class Requests:
             )
             ready = session.server.ready_waiter(event.queue)
             taken = await session.server.blocking(
-                session.node.delivery.fetch, event.queue, event.max, holder=session.holder
+                session.node.delivery.fetch_batch, event.queue, event.max, holder=session.holder
             )
             remaining = deadline - session.loop.time()
             if taken or remaining <= 0 or session.closing or session.draining:
@@ -149,16 +149,16 @@ class Requests:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready, min(remaining, session.server.settings.poll))
         if session.closing:
-            await self.release_held(event.queue, [(d.seq, d.attempt) for d in taken])
+            await self.release_held(event.queue, taken.keys())
             return
-        held = self.fetched.setdefault(event.queue, {})
-        for d in taken:
-            held[d.seq] = d.attempt
+        self.fetched.setdefault(event.queue, {}).update(
+            zip(taken.seqs, taken.attempts, strict=True)
+        )
         try:
-            session.send_deliveries(event.rid, event.queue, taken, final=True)
+            session.send_deliveries(event.rid, taken, final=True)
         except FrameTooLarge as e:  # the fetch fails: none of it reaches the application
             log.warning("session %s: %s", session.peer, e)
-            keys = [(d.seq, d.attempt) for d in taken]
+            keys = taken.keys()
             self.settled(event.queue, tuple(keys))
             await self.release_held(event.queue, keys)
             raise

@@ -43,7 +43,7 @@ from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, cast
 
 from eomsg.core import access
-from eomsg.core.message import Delivered
+from eomsg.core.message import Deliveries
 from eomsg.core.operations import OPERATIONS
 from eomsg.errors import (
     DataDirLocked,
@@ -265,25 +265,26 @@ class Session(asyncio.Protocol):
 
     # -- frames out ----------------------------------------------------------------------------
 
-    def send_deliveries(
-        self, rid: int, queue: str, taken: list[Delivered], *, final: bool, epoch: int = 0
-    ) -> None:
-        """Deliver frames, each within the client's frame limit; a Fetch's last one has
-        ``more`` False. FrameTooLarge, naming the message, if one alone does not fit (the
-        frames before it are sent)."""
+    def send_deliveries(self, rid: int, taken: Deliveries, *, final: bool, epoch: int = 0) -> None:
+        """Deliver frames of ``taken``, each within the client's frame limit (one, but for
+        a take of large messages); a Fetch's last one has ``more`` False. FrameTooLarge,
+        naming the message, if one alone does not fit (the frames before it are
+        sent)."""
         budget = self.conn.peer_max_frame - FRAME_SLACK
         now = self.node.clock()
-        chunk: list[Delivered] = []
-        size = 0
-        for d in taken:
-            n = ev.message_bound(d.message)
-            if chunk and size + n > budget:
-                self._deliver(ev.Deliver(rid, queue, tuple(chunk), final, epoch, now))
-                chunk, size = [], 0
-            chunk.append(d)
+        queue = taken.queue
+        if not taken and not final:
+            return
+        if ev.deliveries_bound(taken) <= budget:
+            self._deliver(ev.Deliver(rid, queue, taken, False, epoch, now))
+            return
+        start, size = 0, 0
+        for i, n in enumerate(ev.delivery_bounds(taken)):
+            if i > start and size + n > budget:
+                self._deliver(ev.Deliver(rid, queue, taken[start:i], final, epoch, now))
+                start, size = i, 0
             size += n
-        if chunk or final:
-            self._deliver(ev.Deliver(rid, queue, tuple(chunk), False, epoch, now))
+        self._deliver(ev.Deliver(rid, queue, taken[start:], False, epoch, now))
 
     def _deliver(self, event: ev.Deliver) -> None:
         try:

@@ -12,13 +12,13 @@ up, or drains a backlog a take at a time, rarely queries. A read of a range of t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from itertools import repeat
 from operator import itemgetter, truediv
 from typing import Any
 
 from eomsg.core.columns import Columns
-from eomsg.core.message import Message
+from eomsg.core.message import Message, MessageColumns
 from eomsg.store.reads import Reads
 from eomsg.store.recent import AHEAD_BYTES, AHEAD_ROWS, ROW_COST
 
@@ -44,25 +44,39 @@ def message(row: Sequence[Any]) -> Message:
     )
 
 
+def columns_of(rows: Sequence[Sequence[Any]]) -> MessageColumns:
+    """The messages of ``messages`` rows as columns (:data:`MessageColumns`), the
+    values :func:`message` makes: a consumer's take reads every message through here."""
+    n = len(rows)
+    if not n:
+        return (), (), (), (), (), None, None
+    seqs, topics, ids, published, expires, headers, payloads = zip(*rows, strict=True)
+    if set(map(type, payloads)) != {bytes}:
+        payloads = tuple(map(bytes, payloads))
+    times = list(map(truediv, published, repeat(US)))
+    ends = None if expires.count(None) == n else [None if e is None else e / US for e in expires]
+    maps = None if not any(headers) else [json.loads(h) if h else {} for h in headers]
+    return seqs, topics, payloads, ids, times, ends, maps
+
+
 _MESSAGES = Columns(Message)
 
 
 def messages_of(rows: Sequence[Sequence[Any]]) -> list[Message]:
     """The :class:`Message` of each ``messages`` row, as :func:`message` makes it, a
-    column at a time (a consumer's take makes one per message it hands out)."""
+    column at a time."""
     n = len(rows)
-    if not n:
-        return []
-    seqs, topics, ids, published, expires, headers, payloads = zip(*rows, strict=True)
-    if set(map(type, payloads)) != {bytes}:
-        payloads = tuple(map(bytes, payloads))
-    times = list(map(truediv, published, repeat(US)))
-    if expires.count(None) == n:
-        ends: Iterable[float | None] = repeat(None)
-    else:
-        ends = [None if e is None else e / US for e in expires]
-    maps = [json.loads(h) if h else {} for h in headers]
-    return _MESSAGES.make(n, seqs, topics, payloads, ids, times, ends, maps)
+    seqs, topics, payloads, ids, times, ends, maps = columns_of(rows)
+    return _MESSAGES.make(
+        n,
+        seqs,
+        topics,
+        payloads,
+        ids,
+        times,
+        repeat(None) if ends is None else ends,
+        [{} for _ in range(n)] if maps is None else maps,
+    )
 
 
 def fetch_rows(

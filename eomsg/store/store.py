@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, overload
 
 import duckdb
 
-from eomsg.core.message import Message
+from eomsg.core.message import Message, MessageColumns
 from eomsg.core.queues import QueueConfig
 from eomsg.core.replay import JobRecord, Selection
 from eomsg.errors import DataDirError, DiskFull
@@ -288,6 +288,11 @@ class Store:
         :meth:`fetch_rows`)."""
         rows = [row for row in self.fetch_rows(seqs) if row is not None]
         return dict(zip(map(itemgetter(0), rows), messages.messages_of(rows), strict=True))
+
+    def fetch_columns(self, seqs: Sequence[int]) -> MessageColumns:
+        """The messages with these sequence numbers (ascending) that the log holds, as
+        columns (see :meth:`fetch_rows`): a consumer's take."""
+        return messages.columns_of([row for row in self.fetch_rows(seqs) if row is not None])
 
     @overload
     def fetch_rows(self, seqs: Sequence[int]) -> list[MessageRow | None]: ...

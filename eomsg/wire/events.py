@@ -16,6 +16,7 @@ the same id, so requests can be pipelined.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
@@ -23,7 +24,7 @@ from typing import Any, ClassVar
 
 from eomsg.core.columns import Columns
 from eomsg.core.limits import DEFAULT_MAX_FRAME
-from eomsg.core.message import Delivered, Key, Message, Outgoing, PublishResult
+from eomsg.core.message import Delivered, Deliveries, Key, Message, Outgoing, PublishResult
 from eomsg.errors import RemoteProtocolError
 from eomsg.wire import link_events as lev
 from eomsg.wire.codec import (
@@ -231,6 +232,34 @@ def message_bound(m: Message | Outgoing) -> int:
     return size
 
 
+def deliveries_bound(deliveries: Deliveries) -> int:
+    """At most the bytes ``deliveries`` take in a Deliver frame: the sum of each one's
+    :func:`message_bound`, a column at a time."""
+    ids = deliveries.ids
+    size = (
+        sum(map(len, deliveries.payloads))
+        + 4 * (sum(map(len, deliveries.topics)) + sum(map(len, filter(None, ids))))
+        + ITEM_OVERHEAD * len(ids)
+    )
+    if deliveries.headers is not None:
+        size += sum(_headers_bound(h) for h in deliveries.headers if h)
+    return size
+
+
+def delivery_bounds(deliveries: Deliveries) -> list[int]:
+    """Each delivery's :func:`message_bound` (for a take too large for one frame)."""
+    headers = deliveries.headers or repeat(None)
+    return [
+        len(payload)
+        + 4 * (len(topic) + len(msg_id or ""))
+        + ITEM_OVERHEAD
+        + (_headers_bound(h) if h else 0)
+        for payload, topic, msg_id, h in zip(
+            deliveries.payloads, deliveries.topics, deliveries.ids, headers, strict=False
+        )
+    ]
+
+
 def value_bound(value: object) -> int:
     """At most the bytes plain data (None, bool, int, float, str, bytes, lists and
     str-keyed maps of them) takes in a frame."""
@@ -339,13 +368,31 @@ class Deliver(Event):
     TYPE: ClassVar[int] = 6
     rid: int
     queue: str
-    deliveries: tuple[Delivered, ...]
+    deliveries: Sequence[Delivered]  # a node sends Deliveries: its columns go as rows
     more: bool = False
     epoch: int = 0
     now: float = 0.0
 
     def to_wire(self) -> list[Any]:
-        rows = [[*message_to_wire(d.message), d.attempt, d.deadline] for d in self.deliveries]
+        d = self.deliveries
+        if isinstance(d, Deliveries):
+            n = len(d)
+            rows: list[Any] = list(
+                zip(
+                    d.seqs,
+                    d.topics,
+                    d.payloads,
+                    d.ids,
+                    d.published,
+                    repeat(None, n) if d.expires is None else d.expires,
+                    repeat(None, n) if d.headers is None else [h or None for h in d.headers],
+                    d.attempts,
+                    d.deadlines,
+                    strict=True,
+                )
+            )
+        else:
+            rows = [[*message_to_wire(x.message), x.attempt, x.deadline] for x in d]
         return [self.TYPE, self.rid, self.queue, rows, self.more, self.epoch, self.now]
 
     @classmethod
