@@ -18,9 +18,11 @@ import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Protocol
 
+from eomsg.core.cursor import Delivery as CursorDelivery
 from eomsg.core.cursor import Outcome, Release, Settlement, Taken
 from eomsg.core.message import Delivered, Deliveries, Key, check_keys
 from eomsg.errors import InvalidConfig, NotActive
@@ -41,6 +43,18 @@ class Kernel(Shared, Protocol):
     ready: threading.Condition
     ready_generation: int
     settled_since_compaction: int
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """Messages handed out (:meth:`Delivery.take_async`) whose delivery records are
+    queued (``committed``: their commit; None if there was nothing to record) and whose
+    messages are not read yet."""
+
+    queue: str
+    epoch: int
+    deliveries: list[CursorDelivery]
+    committed: Future[None] | None
 
 
 class Delivery:
@@ -107,6 +121,18 @@ class Delivery:
         """:meth:`fetch_batch`, also saying whether the queue still holds messages that
         are not in flight (looked at in the same step, so a consumer knows it has
         drained it)."""
+        take, more = self.take_async(queue, max_messages, flow=flow, holder=holder)
+        self._kernel.await_commit(take.committed)
+        return self.read(take), more
+
+    def take_async(
+        self, queue: str, max_messages: int = 100, *, flow: int | None = None, holder: int = 0
+    ) -> tuple[Take, bool]:
+        """The first half of :meth:`take_batch`, which never blocks but on the node's
+        lock: hand the messages out and queue their delivery records. The caller waits
+        for :attr:`Take.committed`, then reads their messages (:meth:`read`) — so a session's
+        event loop takes without a thread's hop, and a take right after a delete goes
+        into the delete's commit."""
         if max_messages < 1:
             raise InvalidConfig("max messages must be at least 1")
         now = self._kernel.clock()
@@ -125,7 +151,7 @@ class Delivery:
                 self._kernel.elections.flow(q, flow)
                 epoch = q.election.epoch_of(flow)
                 if not epoch:
-                    return Deliveries.none(queue), q.cursor.ready_count > 0
+                    return Take(queue, 0, [], None), q.cursor.ready_count > 0
                 active = len(q.live_epochs)
                 if active > 1:
                     share = -(-q.cursor.ready_count // active)
@@ -143,17 +169,35 @@ class Delivery:
             self._kernel.record_settlements(batch, q, taken.settlements, now)
             failpoint("take.before_commit")
             future = self._kernel.queue_write(batch)
-        self._kernel.await_commit(future)
+        return Take(queue, epoch, taken.deliveries, future), more
+
+    def read(self, take: Take) -> Deliveries:
+        """The messages of ``take``, whose records are durable (:attr:`Take.committed`
+        done), held in memory or stored."""
+        found = self._read(take, memory_only=False)
+        assert found is not None
+        return found
+
+    def read_from_memory(self, take: Take) -> Deliveries | None:
+        """:meth:`read`, or None rather than read DuckDB (for an event loop, which must
+        not block)."""
+        return self._read(take, memory_only=True)
+
+    def _read(self, take: Take, *, memory_only: bool) -> Deliveries | None:
         failpoint("take.after_commit")
-        deliveries = taken.deliveries
+        deliveries = take.deliveries
         if not deliveries:
-            return Deliveries.none(queue, epoch), more
-        found = self._kernel.egress.fetch_columns(list(map(_SEQ, deliveries)))
+            return Deliveries.none(take.queue, take.epoch)
+        found = self._kernel.egress.fetch_columns(
+            list(map(_SEQ, deliveries)), memory_only=memory_only
+        )
+        if found is None:
+            return None
         if len(found[0]) < len(deliveries):  # one purged meanwhile: settled, none needed
             kept = set(found[0])
             deliveries = [d for d in deliveries if d.seq in kept]
         attempts, deadlines = list(map(_ATTEMPT, deliveries)), list(map(_DEADLINE, deliveries))
-        return Deliveries(queue, epoch, found, attempts, deadlines), more
+        return Deliveries(take.queue, take.epoch, found, attempts, deadlines)
 
     def _record_taken(self, batch: RowBatch, q: QueueState, taken: Taken) -> None:
         """Add the deliveries of ``taken`` to ``batch``: its run of first deliveries

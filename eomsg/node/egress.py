@@ -33,7 +33,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, overload
 
 from eomsg.core.message import Message, MessageColumns, message_columns
 from eomsg.node.events import Signal
@@ -203,12 +203,22 @@ class Egress:
             found.update(store.fetch(rest))
         return found
 
-    def fetch_columns(self, seqs: Sequence[int]) -> MessageColumns:
+    @overload
+    def fetch_columns(self, seqs: Sequence[int]) -> MessageColumns: ...
+    @overload
+    def fetch_columns(self, seqs: Sequence[int], *, memory_only: bool) -> MessageColumns | None: ...
+
+    def fetch_columns(
+        self, seqs: Sequence[int], *, memory_only: bool = False
+    ) -> MessageColumns | None:
         """The messages with these seqs (ascending) held in memory or stored, as columns
-        (a consumer's take: no value made per message unless one is held here)."""
+        (a consumer's take: no value made per message unless one is held here).
+        ``memory_only``: None rather than read DuckDB."""
         held = self._held
         if not held or held.keys().isdisjoint(seqs):
-            return self._kernel.store.fetch_columns(seqs)
+            return self._kernel.store.fetch_columns(seqs, memory_only=memory_only)
+        if memory_only:
+            return None  # (rare: a link's egress holds one) read on a thread instead
         found = self.fetch_messages(seqs)
         return message_columns([found[s] for s in seqs if s in found])
 

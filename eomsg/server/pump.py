@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 from eomsg.core import access
 from eomsg.core.election import FlowEvent
+from eomsg.core.message import Deliveries
 from eomsg.errors import EomsgError, FrameTooLarge, InvalidConfig, NotAllowed
 from eomsg.wire import events as ev
 
@@ -233,13 +234,7 @@ class Subscriptions:
                 break
             ready = session.server.ready_waiter(sub.queue)
             try:
-                taken, sub.more = await session.server.blocking(
-                    session.node.delivery.take_batch,
-                    sub.queue,
-                    min(room, FETCH_CHUNK),
-                    flow=sub.flow,
-                    holder=session.holder,
-                )
+                taken, sub.more = await self._take(sub, min(room, FETCH_CHUNK))
             except EomsgError as e:  # the queue was deleted, or the node is closing
                 if not sub.closed:
                     session.send(ev.Error(sub.rid, e.code, e.message))
@@ -262,6 +257,22 @@ class Subscriptions:
                 log.warning("session %s: %s", session.peer, e)
                 await self._end(sub, e)
                 break
+
+    async def _take(self, sub: Subscription, limit: int) -> tuple[Deliveries, bool]:
+        """Up to ``limit`` messages for ``sub``, their delivery records durable, and
+        whether the queue holds more. Taken here on the loop, where a delete that made
+        room for them ran: both go into one commit, and no thread is waited for but
+        the writer (the messages are read on the pool only if one is not in memory)."""
+        delivery = self.session.node.delivery
+        take, more = delivery.take_async(
+            sub.queue, limit, flow=sub.flow, holder=self.session.holder
+        )
+        if take.committed is not None:
+            await asyncio.wrap_future(take.committed)
+        taken = delivery.read_from_memory(take)
+        if taken is None:
+            taken = await self.session.server.blocking(delivery.read, take)
+        return taken, more
 
     async def _end(self, sub: Subscription, error: EomsgError) -> None:
         """End the subscription for ``error``, which the client is told; its flow is

@@ -289,10 +289,20 @@ class Store:
         rows = [row for row in self.fetch_rows(seqs) if row is not None]
         return dict(zip(map(itemgetter(0), rows), messages.messages_of(rows), strict=True))
 
-    def fetch_columns(self, seqs: Sequence[int]) -> MessageColumns:
+    @overload
+    def fetch_columns(self, seqs: Sequence[int]) -> MessageColumns: ...
+    @overload
+    def fetch_columns(self, seqs: Sequence[int], *, memory_only: bool) -> MessageColumns | None: ...
+
+    def fetch_columns(
+        self, seqs: Sequence[int], *, memory_only: bool = False
+    ) -> MessageColumns | None:
         """The messages with these sequence numbers (ascending) that the log holds, as
-        columns (see :meth:`fetch_rows`): a consumer's take."""
-        return messages.columns_of([row for row in self.fetch_rows(seqs) if row is not None])
+        columns (see :meth:`fetch_rows`, and its ``memory_only``): a consumer's take."""
+        rows = self.fetch_rows(seqs, memory_only=memory_only)
+        if rows is None:
+            return None
+        return messages.columns_of([row for row in rows if row is not None])
 
     @overload
     def fetch_rows(self, seqs: Sequence[int]) -> list[MessageRow | None]: ...
