@@ -27,6 +27,8 @@ from eomsg.node.state import to_us
 from eomsg.store import journal
 from eomsg.store.files import DB_NAME
 from eomsg.store.journal import scan
+from eomsg.store.schema import SCHEMA_VERSION
+from eomsg.store.writer import SETTLED_RUNS, RowBatch
 
 from .conftest import FakeClock
 
@@ -167,7 +169,7 @@ def test_a_store_from_before_delivery_runs_keeps_its_attempts(tmp_path: Path) ->
         node.maintenance.maintain()
         got = node.delivery.fetch("q", 10)
     assert [(d.seq, d.attempt) for d in got] == [(1, 2), (2, 2), (3, 1)]
-    assert table(data, "SELECT max(version) FROM schema_migrations") == [(8,)]
+    assert table(data, "SELECT max(version) FROM schema_migrations") == [(SCHEMA_VERSION,)]
 
 
 def _msg(i: int) -> object:
@@ -188,10 +190,77 @@ def _state(node: Node, queue: str, clock: FakeClock) -> dict[int, tuple[int, str
     }
 
 
+# -- deletes of runs ---------------------------------------------------------------------------
+
+KILLED_AFTER_DELETES = textwrap.dedent(
+    """
+    import os, signal, sys
+    from eomsg.core.message import Outgoing
+    from eomsg.core.queues import QueueConfig
+    from eomsg.node.node import Node, NodeSettings
+
+    node = Node.open(sys.argv[1], NodeSettings(tick=None, apply_delay=3600))
+    node.admin.create_queue(QueueConfig.create("q", ["t/>"], ack_timeout=60))
+    node.ingress.publish_batch([Outgoing("t/a", b"%d" % i) for i in range(300)])
+    taken = node.delivery.fetch("q", 256)
+    node.delivery.delete("q", [d.key for d in taken[:200]])  # a run: 1 to 200
+    node.delivery.delete("q", [d.key for d in taken[200:256:2]])  # rows: 201, 203, ...
+    print("deleted", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+def _journaled(data: Path) -> list[RowBatch]:
+    return [RowBatch.decode(r.payload) for r in scan(data / journal.DIR_NAME).records]
+
+
+def test_a_delete_of_a_run_is_one_journal_row_replayed_as_a_row_each(tmp_path: Path) -> None:
+    """A delete of deliveries whose seqs are one run is journaled as one row; one of
+    scattered seqs, a row each. A node SIGKILLed before DuckDB got either (its writes
+    wait in the journal) replays them at its next open: a ``settled`` row per message,
+    and what was deleted is never handed out again."""
+    data = tmp_path / "data"
+    done = run(KILLED_AFTER_DELETES, str(data))
+    assert done.returncode == -9 and done.stdout == "deleted\n", done.stderr[-2000:]
+    batches = _journaled(data)
+    runs = [row[1:3] for b in batches for row in b.tables.get(SETTLED_RUNS, ())]
+    rows = [row[1] for b in batches for row in b.tables.get("settled", ())]
+    assert (runs, rows) == ([[1, 200]], list(range(201, 257, 2)))
+    assert sorted(s for b in batches for s in b.settled_seqs()) == [*range(1, 201), *rows]
+    with Node.open(data, NodeSettings(tick=None)) as node:
+        node.maintenance.maintain()
+        node.store.writer.sync()
+        assert node.queues["q"].cursor.depth == 300 - 228
+        got = [(d.seq, d.attempt) for d in node.delivery.fetch("q", 300)]
+    assert got == [*((s, 2) for s in range(202, 257, 2)), *((s, 1) for s in range(257, 301))]
+    assert table(data, "SELECT seq, outcome FROM settled ORDER BY seq") == [
+        (s, 0) for s in [*range(1, 201), *rows]
+    ]
+
+
+def test_what_a_delete_settles_is_a_run_when_its_seqs_are_one(tmp_path: Path) -> None:
+    """The seqs a delete settles now — not those settled already, each once however
+    often named — are one journal row when they are a run, else a row each."""
+    data = tmp_path / "data"
+    with Node.open(data, NodeSettings(tick=None, apply_delay=3600)) as node:
+        node.admin.create_queue(QueueConfig.create("q", ["t/>"]))
+        node.ingress.publish_batch([_msg(i) for i in range(8)])
+        k = [d.key for d in node.delivery.fetch("q", 8)]
+        assert node.delivery.delete("q", [k[0]]) == [True]  # alone: a row
+        assert node.delivery.delete("q", [k[0], k[2], k[1], k[2]]) == [False, True, True, False]
+        assert node.delivery.delete("q", [k[4], k[6]]) == [True, True]  # apart: rows
+        assert node.delivery.delete("q", [k[7], k[5], k[3]]) == [True, True, True]
+        batches = _journaled(data)
+    assert [row[1:3] for b in batches for row in b.tables.get(SETTLED_RUNS, ())] == [[2, 3]]
+    assert [row[1] for b in batches for row in b.tables.get("settled", ())] == [1, 5, 7, 8, 6, 4]
+    assert table(data, "SELECT seq FROM settled ORDER BY seq") == [(s,) for s in range(1, 9)]
+
+
 # -- memory and a restart agree ---------------------------------------------------------------
 
 OPS = ["publish", "publish", "fetch", "fetch", "fetch_dlq", "unseen", "stale", "release",
-       "later", "delete", "advance", "reopen"]  # fmt: skip
+       "later", "delete", "delete_all", "advance", "reopen"]  # fmt: skip
 
 
 class Workload:
@@ -240,6 +309,10 @@ class Workload:
                     delivery.delete(queue, [key], holder=h)
                 else:
                     delivery.release(queue, [key], 0 if op == "release" else 5, holder=h)
+        elif op == "delete_all" and mine:  # in one call: a run, when their seqs are one
+            with contextlib.suppress(EomsgError):
+                delivery.delete(queue, sorted(mine), holder=h)
+            mine.clear()
         elif op == "advance":
             self.clock.advance(rnd.choice([3, 11]))
             self.node.maintenance.maintain()

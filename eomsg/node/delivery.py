@@ -19,6 +19,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from itertools import repeat
 from operator import itemgetter
 from typing import Protocol
 
@@ -239,19 +240,23 @@ class Delivery:
             q = self._kernel.queue(queue)
             self._kernel.check_epoch(q, epoch)
             done = q.cursor.delete_many(keys, epoch, holder)
-            rows = [
-                (q.id, s, Outcome.DELETED, now_us)
-                for (s, _), d in zip(keys, done, strict=True)
-                if d
-            ]
-            q.counts[Outcome.DELETED] += len(rows)
-            self._kernel.settled_since_compaction += len(rows)
+            n = sum(done)
+            q.counts[Outcome.DELETED] += n
+            self._kernel.settled_since_compaction += n
             failpoint("delete.before_commit")
-            if not rows:
+            if not n:
                 deleted.set_result(done)
                 return deleted
             batch = RowBatch()
-            batch.rows_of("settled").extend(rows)
+            seqs = [s for (s, _), d in zip(keys, done, strict=True) if d]
+            first, last = min(seqs), max(seqs)
+            if n > 1 and last - first == n - 1 and not self._kernel.egress.holds_any(seqs):
+                # (n distinct seqs: each settled once) a run, one row in the journal
+                batch.settle_run(q.id, first, last, Outcome.DELETED, now_us)
+            else:
+                batch.rows_of("settled").extend(
+                    zip(repeat(q.id), seqs, repeat(Outcome.DELETED), repeat(now_us), strict=False)
+                )
             committed = self._kernel.write(batch)
 
         def on_commit(f: Future[None]) -> None:

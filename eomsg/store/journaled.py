@@ -142,10 +142,10 @@ def _damaged(hole: Hole) -> dict[str, list[int]]:
     if not hole.payload:
         return {}
     try:
-        tables = RowBatch.decode(hole.payload).tables
+        batch = RowBatch.decode(hole.payload)
         return {
-            "seqs": sorted(int(r[0]) for r in tables.get("messages", ())),
-            "deleted": sorted(int(r[1]) for r in tables.get("settled", ())),
+            "seqs": sorted(int(r[0]) for r in batch.tables.get("messages", ())),
+            "deleted": sorted(map(int, batch.settled_seqs())),
         }
     except Exception:  # garbled past reading: nothing is named
         return {}

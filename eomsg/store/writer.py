@@ -86,6 +86,20 @@ class RowBatch:
     def add(self, name: str, *row: Any) -> None:
         self.rows_of(name).append(row)
 
+    def settle_run(self, queue_id: int, first: int, last: int, outcome: int, at_us: int) -> None:
+        """Record every seq from ``first`` to ``last`` of queue ``queue_id`` settled with
+        ``outcome`` at ``at_us``: one journal row (seed 003: a delete of a run of
+        deliveries as a range), a ``settled`` row each in DuckDB. For seqs all of which
+        the queue holds in flight, each once."""
+        self.add(SETTLED_RUNS, queue_id, first, last, outcome, at_us)
+
+    def settled_seqs(self) -> list[int]:
+        """The seqs this batch settles, in ``settled`` rows and in runs."""
+        seqs = [row[1] for row in self.tables.get("settled", ())]
+        for _, first, last, *_ in self.tables.get(SETTLED_RUNS, ()):
+            seqs.extend(range(first, last + 1))
+        return seqs
+
     def set_meta(self, key: str, value: str) -> None:
         """Set ``node_meta``'s ``key`` with these rows (a later setting wins)."""
         self.add(META, key, value)
@@ -191,6 +205,9 @@ def _why(error: BaseException) -> str:
 
 
 META = "node_meta"  # a RowBatch's pseudo-table of (key, value) upserts
+SETTLED_RUNS = "settled_runs"  # its pseudo-table of runs of settled seqs (settle_run)
+_INSERT_SETTLED_RUN = """INSERT INTO settled
+    SELECT ?, range, ?, make_timestamp(?) FROM range(?, ?)"""
 _UPSERT_META = """INSERT INTO node_meta VALUES (?, ?)
     ON CONFLICT (key) DO UPDATE SET value = excluded.value"""
 
@@ -204,6 +221,10 @@ def insert_rows(conn: duckdb.DuckDBPyConnection, batch: RowBatch, lsn: int) -> N
             continue
         if name == META:  # settings the node keeps: the last value of a key wins
             conn.executemany(_UPSERT_META, list({r[0]: r for r in rows}.values()))
+            continue
+        if name == SETTLED_RUNS:  # a settled row each, made by DuckDB
+            runs = [(q, outcome, at, first, last + 1) for q, first, last, outcome, at in rows]
+            conn.executemany(_INSERT_SETTLED_RUN, runs)
             continue
         # Positional: ROW_TABLES lists the columns in table order (a test checks it). A
         # relation, not a replacement scan: the node runs with file access off, which
