@@ -36,20 +36,20 @@ stays the number of times the application saw the message.
 
 from __future__ import annotations
 
-import bisect
 import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from itertools import islice, repeat
+from itertools import repeat
 from operator import itemgetter
 from typing import NamedTuple
 
 from eomsg.core.durations import MAX_SECONDS
 from eomsg.core.message import Key
+from eomsg.core.seqqueue import SeqQueue
 from eomsg.errors import HeldByTransaction, InvalidInput, NotInFlight, StaleDelivery, StaleEpoch
 
 HELD = -1
@@ -71,9 +71,8 @@ class Outcome(IntEnum):
 
 
 class Delivery(NamedTuple):
-    """A message handed out: the consumer must delete or release it before ``deadline``.
-    A named tuple, not a frozen dataclass: a take makes one per message, and a tuple is
-    made in C."""
+    """A message handed out: the consumer must delete or release it before ``deadline``
+    (a named tuple: a take makes one per message)."""
 
     seq: int
     attempt: int
@@ -119,64 +118,6 @@ class Taken:
     run: int | None = None
 
 
-class _SeqQueue:
-    """A FIFO of sequence numbers in an ``array('q')``: 8 bytes each and invisible to the
-    cycle collector, whose full passes would otherwise walk every queued int."""
-
-    __slots__ = ("_head", "_seqs")
-
-    def __init__(self) -> None:
-        self._seqs = array("q")
-        self._head = 0
-
-    def __len__(self) -> int:
-        return len(self._seqs) - self._head
-
-    def __iter__(self) -> Iterator[int]:
-        return islice(self._seqs, self._head, None)
-
-    def last(self) -> int:
-        return self._seqs[-1]
-
-    def first(self) -> int:
-        return self._seqs[self._head]
-
-    def __contains__(self, seq: int) -> bool:
-        """Whether ``seq`` is queued (found by bisection: the queue is ascending)."""
-        seqs = self._seqs
-        i = bisect.bisect_left(seqs, seq, lo=self._head)
-        return i < len(seqs) and seqs[i] == seq
-
-    def since(self, seq: int) -> Iterator[int]:
-        """The queued seqs from ``seq`` on (the queue is ascending: found by bisection)."""
-        return islice(self._seqs, bisect.bisect_left(self._seqs, seq, lo=self._head), None)
-
-    def append(self, seq: int) -> None:
-        self._seqs.append(seq)
-
-    def extend(self, seqs: Iterable[int]) -> None:
-        self._seqs.extend(seqs)
-
-    def popleft(self) -> int:
-        seq = self._seqs[self._head]
-        self._head += 1
-        self._reclaim()
-        return seq
-
-    def popmany(self, n: int) -> list[int]:
-        """The first ``n`` seqs (fewer if it holds fewer), taken off the queue at once."""
-        head = self._head
-        seqs = self._seqs[head : head + n].tolist()
-        self._head = head + len(seqs)
-        self._reclaim()
-        return seqs
-
-    def _reclaim(self) -> None:
-        if self._head > 4096 and self._head * 2 > len(self._seqs):
-            del self._seqs[: self._head]  # reclaim the consumed front
-            self._head = 0
-
-
 class _Delivered:
     """A message delivered at least once and not yet settled."""
 
@@ -206,7 +147,7 @@ class Cursor:
         self.ack_timeout = ack_timeout
         self.max_redeliveries = max_redeliveries
         self.read_seq = read_seq  # seed 003: the last message read from the log in order
-        self._unread = _SeqQueue()  # destined here, after read_seq, ascending
+        self._unread = SeqQueue()  # destined here, after read_seq, ascending
         self._dropped: set[int] = set()  # unread seqs settled without delivery (lazy)
         # The highest seq that came out of order (below one already here, or moved here
         # from another queue): no run of first deliveries may start at or below it.
@@ -470,10 +411,9 @@ class Cursor:
         timed: list[int],
         run: int | None,
     ) -> int | None:
-        """Hand out up to ``n`` unread messages, in order, as first deliveries — what
-        :meth:`take` does one by one, a batch at a time, for a queue none of whose
-        messages has a time to live. Appends to ``deliveries`` and ``timed``; returns
-        where the run of first deliveries starts (``run`` if one had)."""
+        """Hand out up to ``n`` unread messages in order as first deliveries, a batch at
+        a time (:meth:`take` for a queue none of whose messages has a time to live), to
+        ``deliveries`` and ``timed``; where the run of first deliveries starts."""
         unread, dropped, delivered = self._unread, self._dropped, self._delivered
         while n > 0 and len(unread):
             seqs = unread.popmany(n)
