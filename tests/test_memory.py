@@ -213,3 +213,42 @@ def test_settle_collector_freezes_what_is_alive_and_spaces_young_passes() -> Non
         "assert gc.get_threshold()[0] == GC_YOUNG\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_consumer_draining_a_backlog_leaves_nothing_waiting_on_the_server(
+    data_dir: Path,
+) -> None:
+    """A subscription and fetches that keep finding messages — no publish meanwhile to
+    wake the queue's waiters — leave none of their waits behind on the server: what
+    each round took to wait on, and did not, is let go (it was kept, one a take, for
+    as long as the queue got nothing new)."""
+    import asyncio
+
+    from eomsg.client.aio import connect_async
+    from eomsg.server.server import Server, ServerSettings
+
+    async def main(node: Node) -> int:
+        server = Server(node, data_dir, ServerSettings())
+        await server.start()
+        try:
+            client = await connect_async(data_dir)
+            got = 0
+            async with client.consumer("q", prefetch=4) as consumer:
+                async for msg in consumer:
+                    await msg.delete()
+                    got += 1
+                    if got == 1200:
+                        break
+            while await client.fetch("q", 3):  # the rest, three at a time
+                got += 3
+            assert got == 1500
+            await client.close()
+            return sum(len(w) for w in server._waiters.values())
+        finally:
+            await server.stop()
+
+    with Node.open(data_dir) as node:
+        node.admin.create_queue(QueueConfig.create("q", ["t"]))
+        node.ingress.publish_batch([Outgoing("t", b"x") for _ in range(1500)])
+        waiting = asyncio.run(main(node))
+    assert waiting <= 65  # (past 64 the done ones are dropped)

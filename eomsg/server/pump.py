@@ -234,29 +234,32 @@ class Subscriptions:
                 break
             ready = session.server.ready_waiter(sub.queue)
             try:
-                taken, sub.more = await self._take(sub, min(room, FETCH_CHUNK))
-            except EomsgError as e:  # the queue was deleted, or the node is closing
-                if not sub.closed:
-                    session.send(ev.Error(sub.rid, e.code, e.message))
-                sub.closed = True
-                break
-            if taken and taken.epoch != sub.epoch:
-                continue  # the flow lost that epoch meanwhile; the node took them back
-            if sub.closed:
-                break  # unbinding gives them back
-            if not taken:
-                self._dry(sub)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ready, poll)
-                continue
-            sub.held.update(zip(taken.seqs, taken.attempts, strict=True))
-            sub.dry = False
-            try:
-                session.send_deliveries(sub.rid, taken, final=False, epoch=sub.epoch)
-            except FrameTooLarge as e:  # the subscription ends; what it held goes back
-                log.warning("session %s: %s", session.peer, e)
-                await self._end(sub, e)
-                break
+                try:
+                    taken, sub.more = await self._take(sub, min(room, FETCH_CHUNK))
+                except EomsgError as e:  # the queue was deleted, or the node is closing
+                    if not sub.closed:
+                        session.send(ev.Error(sub.rid, e.code, e.message))
+                    sub.closed = True
+                    break
+                if taken and taken.epoch != sub.epoch:
+                    continue  # the flow lost that epoch meanwhile; the node took them back
+                if sub.closed:
+                    break  # unbinding gives them back
+                if not taken:
+                    self._dry(sub)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ready, poll)
+                    continue
+                sub.held.update(zip(taken.seqs, taken.attempts, strict=True))
+                sub.dry = False
+                try:
+                    session.send_deliveries(sub.rid, taken, final=False, epoch=sub.epoch)
+                except FrameTooLarge as e:  # the subscription ends; what it held goes back
+                    log.warning("session %s: %s", session.peer, e)
+                    await self._end(sub, e)
+                    break
+            finally:  # not waited for, or done: not left among the queue's waiters
+                ready.cancel()
 
     async def _take(self, sub: Subscription, limit: int) -> tuple[Deliveries, bool]:
         """Up to ``limit`` messages for ``sub``, their delivery records durable, and

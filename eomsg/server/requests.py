@@ -148,6 +148,7 @@ class Requests:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(ready, min(remaining, session.server.settings.poll))
+        ready.cancel()  # not waited for: not left among the queue's waiters
         if session.closing:
             await self.release_held(event.queue, taken.keys())
             return
