@@ -190,6 +190,29 @@ def _state(node: Node, queue: str, clock: FakeClock) -> dict[int, tuple[int, str
     }
 
 
+def test_a_take_handed_out_out_of_order_reads_each_message_from_the_store(
+    tmp_path: Path,
+) -> None:
+    """A dead-letter queue hands out a message dead-lettered into it (ready) before its
+    unread ones of lower seqs: read from DuckDB (none in memory), each message comes,
+    in the order handed out — none taken for purged."""
+    data = tmp_path / "data"
+    with Node.open(data, NodeSettings(tick=None)) as node:
+        node.admin.create_queue(QueueConfig.create("dlq", ["u/b"]))
+        node.admin.create_queue(
+            QueueConfig.create("q", ["t/a"], max_redeliveries=0, dead_letter="dlq")
+        )
+        for topic in ("u/b", "t/a", "u/b"):  # seqs 1 (dlq), 2 (q), 3 (dlq)
+            node.ingress.publish(topic, topic.encode())
+        (d,) = node.delivery.fetch("q", 1)
+        node.delivery.release("q", [d.key])  # past its redeliveries: into dlq, ready
+        node.store.writer.sync()
+        node.store.writer.recent.forget_below(1 << 62)  # read from DuckDB
+        got = node.delivery.fetch("dlq", 10)
+        assert node.queues["dlq"].cursor.in_flight == 3
+    assert [(g.seq, g.message.payload) for g in got] == [(2, b"t/a"), (1, b"u/b"), (3, b"u/b")]
+
+
 # -- deletes of runs ---------------------------------------------------------------------------
 
 KILLED_AFTER_DELETES = textwrap.dedent(

@@ -464,3 +464,35 @@ def test_sync_after_close_says_so(data_dir: Path) -> None:
     writer.sync()  # DuckDB holds everything: at once
     with pytest.raises(NodeClosed):
         writer.write(RowBatch())
+
+
+def test_a_waiter_that_gives_up_on_a_write_leaves_the_writer_running(data_dir: Path) -> None:
+    """A task awaiting a write's future, cancelled (a session's pump at a shutdown that
+    timed out), cannot cancel the writer's own future — which would make its thread fail
+    as it resolved it, and with it the store: the write goes through, and the next."""
+    import asyncio
+
+    node = Node.open(data_dir, NodeSettings(tick=None))
+    try:
+        node.admin.create_queue(QueueConfig.create("q", ["t"]))
+        batch = RowBatch()
+        batch.set_meta("a-test", "1")
+
+        written = node.store.writer.write(batch)
+
+        async def gives_up() -> None:
+            waiting = asyncio.ensure_future(asyncio.wrap_future(written))
+            await asyncio.sleep(0)
+            waiting.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiting
+
+        asyncio.run(gives_up())
+        assert written.result(timeout=30) is None
+        assert node.failed is None
+        node.ingress.publish("t", b"after")
+        node.store.writer.sync()
+        assert node.failed is None
+        assert [m.payload for m in node.inspection.log()] == [b"after"]
+    finally:
+        node.close()

@@ -369,9 +369,14 @@ class Cursor:
         while len(deliveries) < limit:
             seq = self._next_ready()
             if seq is None and not expires:  # the usual case: the rest read in one step
-                run = self._take_unread(
-                    limit - len(deliveries), deadline, epoch, holder, deliveries, timed, run
-                )
+                if fresh_seqs := self._take_unread(
+                    limit - len(deliveries), deadline, epoch, holder
+                ):
+                    run = len(deliveries) if run is None else run
+                    deliveries.extend(
+                        map(Delivery, fresh_seqs, repeat(1), repeat(deadline), repeat(epoch))
+                    )
+                    timed.extend(fresh_seqs)
                 break
             if seq is None:
                 seq = self._next_unread()
@@ -401,37 +406,30 @@ class Cursor:
             run = None  # one came out of order: it may lie inside the range
         return Taken(deliveries, settlements, run)
 
-    def _take_unread(
-        self,
-        n: int,
-        deadline: float,
-        epoch: int,
-        holder: int,
-        deliveries: list[Delivery],
-        timed: list[int],
-        run: int | None,
-    ) -> int | None:
+    def _take_unread(self, n: int, deadline: float, epoch: int, holder: int) -> list[int]:
         """Hand out up to ``n`` unread messages in order as first deliveries, a batch at
-        a time (:meth:`take` for a queue none of whose messages has a time to live), to
-        ``deliveries`` and ``timed``; where the run of first deliveries starts."""
+        a time (:meth:`take`'s way for a queue none of whose messages has a time to
+        live); their seqs."""
         unread, dropped, delivered = self._unread, self._dropped, self._delivered
-        while n > 0 and len(unread):
-            seqs = unread.popmany(n)
+        taken: list[int] = []
+        while len(taken) < n and len(unread):
+            seqs = unread.popmany(n - len(taken))
             if dropped:  # settled while unread: skipped, as _next_unread skips them
                 kept = [s for s in seqs if s not in dropped]
                 dropped.difference_update(seqs)
                 seqs = kept
-            if not seqs:
-                continue
-            if run is None:
-                run = len(deliveries)
-            self.read_seq = seqs[-1]
             entries = [_Delivered(1, deadline, True, epoch, holder) for _ in seqs]
             delivered.update(zip(seqs, entries, strict=True))
-            deliveries.extend(map(Delivery, seqs, repeat(1), repeat(deadline), repeat(epoch)))
-            timed.extend(seqs)
-            n -= len(seqs)
-        return run
+            taken += seqs
+        if taken:
+            self.read_seq = taken[-1]
+        return taken
+
+    def due(self, now: float) -> bool:
+        """Whether a :meth:`poll` at ``now`` has work: a timer or an expiry come due."""
+        return bool(self._timers and self._timers[0][0] <= now) or bool(
+            self._expiry and self._expiry[0][0] <= now
+        )
 
     def delete_many(self, keys: Sequence[Key], epoch: int = 0, holder: int = 0) -> list[bool]:
         """Record the deletion of delivered messages (seed 003) by ``holder``, on the

@@ -21,11 +21,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from itertools import repeat
 from operator import itemgetter
-from typing import Protocol
+from typing import Protocol, cast
 
 from eomsg.core.cursor import Delivery as CursorDelivery
 from eomsg.core.cursor import Outcome, Release, Settlement, Taken
-from eomsg.core.message import Delivered, Deliveries, Key, check_keys
+from eomsg.core.message import Delivered, Deliveries, Key, MessageColumns, check_keys
 from eomsg.errors import InvalidConfig, NotActive
 from eomsg.failpoints import failpoint
 from eomsg.node.flows import Elections
@@ -172,6 +172,13 @@ class Delivery:
             future = self._kernel.queue_write(batch)
         return Take(queue, epoch, taken.deliveries, future), more
 
+    def may_read_store(self, queue: str) -> bool:
+        """Whether a take of ``queue`` now may read the store under the node's lock — it
+        dead-letters what came due, and reads their expiries and sizes — so an event
+        loop takes on a thread instead (looked at without the lock: a hint)."""
+        q = self._kernel.queues.get(queue)
+        return q is not None and bool(q.config.dead_letter) and q.cursor.due(self._kernel.clock())
+
     def read(self, take: Take) -> Deliveries:
         """The messages of ``take``, whose records are durable (:attr:`Take.committed`
         done), held in memory or stored."""
@@ -185,15 +192,17 @@ class Delivery:
         return self._read(take, memory_only=True)
 
     def _read(self, take: Take, *, memory_only: bool) -> Deliveries | None:
-        failpoint("take.after_commit")
         deliveries = take.deliveries
-        if not deliveries:
-            return Deliveries.none(take.queue, take.epoch)
+        seqs = list(map(_SEQ, deliveries))
+        ascending = all(map(int.__lt__, seqs, seqs[1:]))
         found = self._kernel.egress.fetch_columns(
-            list(map(_SEQ, deliveries)), memory_only=memory_only
+            seqs if ascending else sorted(seqs), memory_only=memory_only
         )
         if found is None:
             return None
+        failpoint("take.after_commit")
+        if not ascending:  # one came to the queue out of order: as they were handed out
+            found = _in_order(found, seqs)
         if len(found[0]) < len(deliveries):  # one purged meanwhile: settled, none needed
             kept = set(found[0])
             deliveries = [d for d in deliveries if d.seq in kept]
@@ -333,3 +342,13 @@ class Delivery:
         self._kernel.await_commit(future)
         if ready:
             self._kernel.notify({queue})
+
+
+def _in_order(found: MessageColumns, seqs: list[int]) -> MessageColumns:
+    """The messages ``found`` (ascending) in the order of ``seqs`` (those found)."""
+    at = {seq: i for i, seq in enumerate(found[0])}
+    order = [at[seq] for seq in seqs if seq in at]
+    return cast(
+        MessageColumns,
+        tuple(None if column is None else [column[i] for i in order] for column in found),
+    )

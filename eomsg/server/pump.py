@@ -266,16 +266,22 @@ class Subscriptions:
         whether the queue holds more. Taken here on the loop, where a delete that made
         room for them ran: both go into one commit, and no thread is waited for but
         the writer (the messages are read on the pool only if one is not in memory)."""
-        delivery = self.session.node.delivery
+        delivery, server = self.session.node.delivery, self.session.server
+        if delivery.may_read_store(sub.queue):  # (rare: it dead-letters) on a thread
+            taken: Deliveries
+            taken, more = await server.blocking(
+                delivery.take_batch, sub.queue, limit, flow=sub.flow, holder=self.session.holder
+            )
+            return taken, more
         take, more = delivery.take_async(
             sub.queue, limit, flow=sub.flow, holder=self.session.holder
         )
         if take.committed is not None:
             await asyncio.wrap_future(take.committed)
-        taken = delivery.read_from_memory(take)
-        if taken is None:
-            taken = await self.session.server.blocking(delivery.read, take)
-        return taken, more
+        found = delivery.read_from_memory(take)
+        if found is None:
+            found = await server.blocking(delivery.read, take)
+        return found, more
 
     async def _end(self, sub: Subscription, error: EomsgError) -> None:
         """End the subscription for ``error``, which the client is told; its flow is

@@ -140,15 +140,17 @@ class Requests:
                 f"fetch from queue {event.queue}", lambda: access.consuming(event.queue)
             )
             ready = session.server.ready_waiter(event.queue)
-            taken = await session.server.blocking(
-                session.node.delivery.fetch_batch, event.queue, event.max, holder=session.holder
-            )
-            remaining = deadline - session.loop.time()
-            if taken or remaining <= 0 or session.closing or session.draining:
-                break
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ready, min(remaining, session.server.settings.poll))
-        ready.cancel()  # not waited for: not left among the queue's waiters
+            try:
+                taken = await session.server.blocking(
+                    session.node.delivery.fetch_batch, event.queue, event.max, holder=session.holder
+                )
+                remaining = deadline - session.loop.time()
+                if taken or remaining <= 0 or session.closing or session.draining:
+                    break
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ready, min(remaining, session.server.settings.poll))
+            finally:  # not waited for, or done: not left among the queue's waiters
+                ready.cancel()
         if session.closing:
             await self.release_held(event.queue, taken.keys())
             return

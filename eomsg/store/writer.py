@@ -115,7 +115,11 @@ class RowBatch:
 
     @property
     def size(self) -> int:
-        return sum(len(rows) for rows in self.tables.values())
+        """The rows it puts into DuckDB (a run of settled seqs: a row each)."""
+        runs = self.tables.get(SETTLED_RUNS, ())
+        return sum(len(rows) for rows in self.tables.values()) + sum(
+            int(r[2]) - int(r[1]) for r in runs
+        )
 
     def encode(self) -> bytes:
         """The batch's rows as one journal record's payload."""
@@ -364,6 +368,10 @@ class Writer:
 
     def _submit(self, work: Any) -> Future[Any]:
         future: Future[Any] = Future()
+        # Running from the start, so never cancelled: the work is queued and will be
+        # done, and a waiter that gives up (a task cancelled while it awaits the future
+        # wrapped) must not take the writer's future — and its thread — with it.
+        future.set_running_or_notify_cancel()
         with self._gate:  # never after close() let the journal thread stop
             self._check()
             self._queue.put((work, future))
