@@ -24,7 +24,9 @@ def bench(*args: str, env: dict[str, str] | None = None) -> dict[str, object]:
         capture_output=True,
         text=True,
         check=True,
-        timeout=120,
+        # A guard against a hang, not a measure: the replay scenario (a JVM, a Spark job)
+        # took over 120 s on this 2-core machine while other work loaded it.
+        timeout=600,
         env=env,
     ).stdout
     result: dict[str, object] = json.loads(out)
