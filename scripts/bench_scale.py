@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import cProfile
 import functools
+import importlib.util
 import inspect
 import io
 import json
@@ -177,6 +178,8 @@ def run_scale(
     tmp: Path,
     plot: Path | None,
 ) -> dict[str, object]:
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:  # not at the end
+        raise SystemExit("error: --plot needs matplotlib (pip install -e '.[bench]'), or --plot ''")
     data = tmp / "data"
     payload = Payloads(payload_size)
     table: list[dict[str, Any]] = []
