@@ -67,7 +67,7 @@ from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
 from eomsg.embedded import LocalClient
 from eomsg.node.node import Node, NodeSettings
-from eomsg.store import journal, opening
+from eomsg.store import journal, opening, recovery
 from eomsg.store.checkpoints import Checkpoints
 from eomsg.store.store import Store
 from eomsg.store.writer import RowBatch, applied_lsn
@@ -372,8 +372,8 @@ PHASES: tuple[tuple[Any, str, str], ...] = (
     (opening, "_replay_journal", "journal_replay"),
     (Checkpoints, "checkpoint", "checkpoint"),
     (Node, "_recover", "recover"),
-    (Store, "publish_id_runs", "publish_ids_query"),
-    (Store, "load_pending", "pending_rows"),
+    (recovery, "publish_id_runs", "publish_ids_query"),  # the generators the Store's
+    (recovery, "load_pending", "pending_rows"),  # methods return (timed a step at a time)
 )
 
 

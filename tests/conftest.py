@@ -28,6 +28,8 @@ import eomsg
 from eomsg.client.broker import Broker
 from eomsg.embedded import LocalClient
 from eomsg.node.node import Node, NodeSettings
+from eomsg.store.recovery import PendingRow, UnreadRun
+from eomsg.store.store import Store
 from eomsg.wire import events as ev
 from eomsg.wire.codec import Event
 from eomsg.wire.protocol import NEED_DATA, PEER_CLOSED, Connection, Role
@@ -91,6 +93,21 @@ class FakeClock:
 
     def advance(self, seconds: float) -> None:
         self.now += seconds
+
+
+def pending_rows(store: Store) -> list[PendingRow]:
+    """What recovery reads as pending, a row each (one of an :class:`UnreadRun` with no
+    attempt), in queue then seq order."""
+    rows: list[PendingRow] = []
+    for item in store.load_pending():
+        if isinstance(item, UnreadRun):
+            rows.extend(
+                PendingRow(item.queue_id, seq, expires, None, None, None)
+                for seq, expires in zip(item.seqs, item.expires_us, strict=True)
+            )
+        else:
+            rows.append(item)
+    return sorted(rows, key=lambda r: (r.queue_id, r.seq))
 
 
 @pytest.fixture

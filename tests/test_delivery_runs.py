@@ -13,6 +13,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from unittest import mock
 
 import duckdb
 import pytest
@@ -24,13 +25,13 @@ from eomsg.core.queues import QueueConfig
 from eomsg.errors import EomsgError
 from eomsg.node.node import Node, NodeSettings
 from eomsg.node.state import to_us
-from eomsg.store import journal
+from eomsg.store import journal, recovery
 from eomsg.store.files import DB_NAME
 from eomsg.store.journal import scan
 from eomsg.store.schema import SCHEMA_VERSION
 from eomsg.store.writer import SETTLED_RUNS, RowBatch
 
-from .conftest import FakeClock
+from .conftest import FakeClock, pending_rows
 
 # -- the cursor ------------------------------------------------------------------------------
 
@@ -361,7 +362,7 @@ def check_store(node: Node, clock: FakeClock) -> None:
     is what the cursors hold: each pending message, its attempt, and the deadline of
     one in flight or the due time of one parked."""
     node.store.reads.sync()
-    rows = {(r.queue_id, r.seq): r for r in node.store.load_pending()}
+    rows = {(r.queue_id, r.seq): r for r in pending_rows(node.store)}
     for name in ("q", "dlq"):
         q = node.queues[name]
         pending = q.cursor.pending()
@@ -380,15 +381,16 @@ def check_store(node: Node, clock: FakeClock) -> None:
 
 @pytest.mark.slow
 @settings(max_examples=25, deadline=None)
-@given(st.randoms(use_true_random=False), st.sampled_from([3, 50_000]))
+@given(st.randoms(use_true_random=False), st.sampled_from([3, 50_000]), st.sampled_from([2, 65536]))
 def test_attempts_after_a_restart_are_those_in_memory_with_runs(
-    rnd: random.Random, compact_every: int
+    rnd: random.Random, compact_every: int, few: int
 ) -> None:
     """Random work on two queues; at each restart, what recovery reads equals the
     cursors in memory (attempts, deadlines, due times), and the cursors rebuilt from it
-    equal them too."""
+    equal them too — read as rows, or (``few`` of 2) all but two rows as Arrow batches,
+    as a large backlog is."""
     clock = FakeClock()
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, mock.patch.object(recovery, "FEW_PENDING", few):
         data = Path(tmp) / "data"
 
         def opened() -> Node:

@@ -20,6 +20,7 @@ from eomsg.store import journal
 from eomsg.store.files import DB_NAME
 from eomsg.store.journal import Journal
 from eomsg.store.writer import RowBatch, applied_lsn
+from tests.conftest import pending_rows
 from tests.linknet import MakeNet
 
 
@@ -147,7 +148,7 @@ def test_a_route_is_stored_as_runs_of_seqs_and_owed_again_after_a_restart(
     ((route, runs),) = a.store.load_route_runs().items()
     assert route < 0
     assert runs == [(seqs[0], seqs[2]), (seqs[4], seqs[5]), (seqs[6], seqs[6])]
-    assert [(r.queue_id, r.seq) for r in a.store.load_pending()] == [(1, seqs[3])]
+    assert [(r.queue_id, r.seq) for r in pending_rows(a.store)] == [(1, seqs[3])]
     n.restart("a")
     a = n.nodes["a"]
     assert a.links.link_info()[0].pending == 6
@@ -212,8 +213,8 @@ def test_what_links_owe_in_a_store_from_before_route_runs_is_owed_still(net: Mak
     n.restart("a", while_down=old_store)
     a = n.nodes["a"]
     assert a.links.link_info()[0].pending == 6
-    assert [r.seq for r in a.store.load_pending() if r.queue_id > 0] == seqs  # near's
-    assert [r for r in a.store.load_pending() if r.queue_id < 0] == []
+    assert [r.seq for r in pending_rows(a.store) if r.queue_id > 0] == seqs  # near's
+    assert [r for r in pending_rows(a.store) if r.queue_id < 0] == []
     assert all(queue_id > 0 for queue_id in a.store.pending_bytes())
     n.heal()
     n.run()

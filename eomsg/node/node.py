@@ -51,7 +51,7 @@ from eomsg.node.settings import SETTINGS, NodeSettings, apply_saved
 from eomsg.node.state import RELEASED_AT, Clock, NodeState, QueueState, to_us
 from eomsg.node.transfer import Transfer
 from eomsg.store.schema import SCHEMA_VERSION
-from eomsg.store.store import US, MiB, SettledCounts, Store
+from eomsg.store.store import US, MiB, SettledCounts, Store, UnreadRun
 from eomsg.store.store import room_to_open as room_to_open  # the server waits on it too
 
 __all__ = ["SETTINGS", "Node", "NodeSettings"]
@@ -240,37 +240,10 @@ class Node(NodeState):
         self.next_seq = store.last_seq() + 1
         self.durable_seq = self.next_seq - 1
         self.links.load(self.settings.node_name)
-        # Given back before the restart, due at a time of the clock it ran on: if the
-        # wall clock was set back since (NTP stepping it, a person setting it), move
-        # those times back as far, so none waits longer than its delay from now — or a
-        # message given back at once would wait out the jump. Never later, at worst
-        # sooner: a clock set ahead, or a release recorded behind the latest (a clock
-        # set back, twice restarted), makes a delayed one due early.
-        self._released_at = float(store.meta(RELEASED_AT) or 0.0)
-        behind = max(0.0, self._released_at - now)
-        unread: dict[int, tuple[list[int], list[float | None]]] = {}
-        for row in store.load_pending():
-            q = self.queues_by_id.get(row.queue_id)
-            if q is None:
-                continue
-            expires = None if row.expires_us is None else row.expires_us / US
-            if row.attempt is None:
-                seqs, expiries = unread.setdefault(row.queue_id, ([], []))
-                seqs.append(row.seq)
-                expiries.append(expires)
-            else:
-                # In flight when the node stopped: its consumer's session died with the
-                # node, so its deadline is now — it times out at the first poll (ready
-                # again in seq order, or dead-lettered if that was its last attempt), not
-                # after an ack timeout that nobody can honour any more.
-                assert row.due_us is not None
-                due = row.due_us / US - behind if row.released else min(now, row.due_us / US)
-                q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
-        for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
-            self.queues_by_id[queue_id].cursor.extend(seqs, expiries)
-        for q in self.queues.values():  # a max-bytes is held against what it holds
-            if q.cursor.sized:
-                q.cursor.track_sizes(store.queue_payload_sizes(q.id))
+        self._restore_pending(store, now)
+        for queue in self.queues.values():  # a max-bytes is held against what it holds
+            if queue.cursor.sized:
+                queue.cursor.track_sizes(store.queue_payload_sizes(queue.id))
         for queue_id, size in store.payload_sizes().items():  # bounds what a take reads
             if (q := self.queues_by_id.get(queue_id)) is not None:
                 q.note_payload(size)
@@ -284,6 +257,41 @@ class Node(NodeState):
         self.participant.recover()
         self.access.load()
         self.maintenance.recover(now)
+
+    def _restore_pending(self, store: Store, now: float) -> None:
+        """The queues' pending messages into their cursors: those handed out before
+        restored one by one, the others (most of a backlog) appended a run at a time."""
+        # Given back before the restart, due at a time of the clock it ran on: if the
+        # wall clock was set back since (NTP stepping it, a person setting it), move
+        # those times back as far, so none waits longer than its delay from now — or a
+        # message given back at once would wait out the jump. Never later, at worst
+        # sooner: a clock set ahead, or a release recorded behind the latest (a clock
+        # set back, twice restarted), makes a delayed one due early.
+        self._released_at = float(store.meta(RELEASED_AT) or 0.0)
+        behind = max(0.0, self._released_at - now)
+        unread: dict[int, tuple[list[int], list[float | None]]] = {}
+        for row in store.load_pending():
+            q = self.queues_by_id.get(row.queue_id)
+            if q is None:
+                continue
+            if isinstance(row, UnreadRun):
+                seqs, expiries = unread.setdefault(row.queue_id, ([], []))
+                seqs.extend(row.seqs)
+                if row.expires_us.count(None) == len(row.expires_us):
+                    expiries.extend([None] * len(row.expires_us))
+                else:
+                    expiries.extend(None if e is None else e / US for e in row.expires_us)
+            else:
+                expires = None if row.expires_us is None else row.expires_us / US
+                # In flight when the node stopped: its consumer's session died with the
+                # node, so its deadline is now — it times out at the first poll (ready
+                # again in seq order, or dead-lettered if that was its last attempt), not
+                # after an ack timeout that nobody can honour any more.
+                assert row.attempt is not None and row.due_us is not None
+                due = row.due_us / US - behind if row.released else min(now, row.due_us / US)
+                q.cursor.restore(row.seq, row.attempt, due, not row.released, expires)
+        for queue_id, (seqs, expiries) in unread.items():  # after restore: read_seq known
+            self.queues_by_id[queue_id].cursor.extend(seqs, expiries)
 
     @staticmethod
     def _add_counts(q: QueueState, counts: SettledCounts) -> None:

@@ -10,10 +10,12 @@ recovery reads state proportional to the backlog, not to the log.
 
 from __future__ import annotations
 
+import itertools
 import json
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import duckdb
 
@@ -22,6 +24,8 @@ from eomsg.core.queues import QueueConfig
 from eomsg.store.reads import Reads
 
 if TYPE_CHECKING:
+    import pyarrow as pa
+
     from eomsg.core.idruns import RetainedIds
 
 
@@ -35,6 +39,16 @@ class PendingRow(NamedTuple):
     attempt: int | None  # None: never delivered
     due_us: int | None
     released: bool | None
+
+
+class UnreadRun(NamedTuple):
+    """Pending messages of one queue found on recovery that were never handed out, in
+    ascending seq order, with their expiry times in microseconds (None: none) — as
+    columns: most of a large backlog is these."""
+
+    queue_id: int
+    seqs: list[int]
+    expires_us: list[int | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,9 +136,12 @@ def load_queues(reads: Reads) -> list[tuple[int, QueueConfig]]:
     return [(qid, QueueConfig.from_json(json.loads(config))) for qid, config in rows]
 
 
-def load_pending(reads: Reads) -> Iterator[PendingRow]:
-    """Every unsettled (queue, message) pair with its latest delivery attempt, ordered
-    by queue then seq. Reads only the hot tables and the log range they point into.
+def load_pending(reads: Reads) -> Iterator[PendingRow | UnreadRun]:
+    """Every unsettled (queue, message) pair with its latest delivery attempt: a row
+    each for those handed out before (ordered by queue then seq), the others as an
+    :class:`UnreadRun` of a queue's seqs (each run ascending, a queue's runs in order;
+    a large backlog comes from DuckDB as Arrow batches). Reads only the hot tables and
+    the log range they point into.
 
     An attempt counts while it was handed out more often than it was given back
     unseen (the number is reused by the next delivery, so the two are counted): the
@@ -146,10 +163,61 @@ def load_pending(reads: Reads) -> Iterator[PendingRow]:
     that no later run covers it either."""
     try:
         result = reads.reader().execute(_PENDING)
-        while chunk := result.fetchmany(65536):
-            yield from map(PendingRow._make, chunk)
+        rows = result.fetchmany(FEW_PENDING)
+        yield from _pending_of_rows(rows)
+        if len(rows) < FEW_PENDING:
+            return
+        with warnings.catch_warnings():  # the copy it warns of is Arrow's, in C
+            warnings.filterwarnings("ignore", "Arrow output on a DB-API result", UserWarning)
+            batches = result.to_arrow_reader(FEW_PENDING)
+        assert batches is not None  # (None only when no result is pending)
+        for batch in batches:
+            yield from _pending_of_batch(batch)
     except duckdb.Error as e:
         raise reads.error(e, "recovering pending messages") from e
+
+
+FEW_PENDING = 65536  # rows read as Python tuples; the rest of a backlog comes as Arrow
+
+
+def _pending_of_rows(rows: Sequence[Any]) -> Iterator[PendingRow | UnreadRun]:
+    """A few pending rows (no Arrow, no numpy: a command's open of a small store)."""
+    unread: dict[int, UnreadRun] = {}
+    for row in map(PendingRow._make, rows):
+        if row.attempt is not None:
+            yield row
+            continue
+        run = unread.get(row.queue_id)
+        if run is None:
+            run = unread[row.queue_id] = UnreadRun(row.queue_id, [], [])
+        run.seqs.append(row.seq)
+        run.expires_us.append(row.expires_us)
+    yield from unread.values()
+
+
+def _pending_of_batch(batch: pa.RecordBatch) -> Iterator[PendingRow | UnreadRun]:
+    """A batch of a large backlog: the rows delivered before as rows, the others a run
+    of columns a queue (the batch is in queue, then seq order)."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    never = pc.is_null(batch.column(3))
+    delivered = batch.filter(pc.invert(never))
+    if delivered.num_rows:
+        yield from map(
+            PendingRow._make, zip(*(c.to_pylist() for c in delivered.columns), strict=True)
+        )
+    fresh = batch.filter(never)
+    n = fresh.num_rows
+    if not n:
+        return
+    queue_ids = fresh.column(0).to_numpy()
+    seqs = fresh.column(1).to_numpy()
+    expires = fresh.column(2)
+    expires_us = [None] * n if expires.null_count == n else expires.to_pylist()
+    cuts = [0, *(np.flatnonzero(np.diff(queue_ids)) + 1).tolist(), n]
+    for lo, hi in itertools.pairwise(cuts):
+        yield UnreadRun(int(queue_ids[lo]), seqs[lo:hi].tolist(), expires_us[lo:hi])
 
 
 _LIVE_IDS = """FROM publish_ids

@@ -56,7 +56,7 @@ from eomsg.store.lock import DataDirLock
 from eomsg.store.messages import US, MessageRow
 from eomsg.store.opening import CATALOG, room_to_open
 from eomsg.store.reads import Reads, read_error
-from eomsg.store.recovery import PendingRow, PreparedRow, SettledCounts
+from eomsg.store.recovery import PendingRow, PreparedRow, SettledCounts, UnreadRun
 from eomsg.store.spill import SpilledIds
 from eomsg.store.watermark import Watermark
 from eomsg.store.writer import APPLY_DELAY, Writer
@@ -73,6 +73,7 @@ __all__ = [  # what the node imports of the store from here
     "PreparedRow",
     "SettledCounts",
     "Store",
+    "UnreadRun",
     "room_to_open",
 ]
 
@@ -234,7 +235,7 @@ class Store:
         """The highest sequence number ever assigned durably (log GC included)."""
         return self.reads.on_reader(logread.stored_seq, "reading the store")
 
-    def load_pending(self) -> Iterator[PendingRow]:
+    def load_pending(self) -> Iterator[PendingRow | UnreadRun]:
         """See :func:`eomsg.store.recovery.load_pending`."""
         return recovery.load_pending(self.reads)
 
