@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import signal
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from eomsg.errors import ExitCode
 from eomsg.node.node import Node, NodeSettings
-from tests.conftest import messages
+from tests.conftest import Cli, NodeProcess, messages
 
 
 def eomsg(
@@ -260,3 +262,24 @@ def test_crash_during_garbage_collection_keeps_a_consistent_store(
     assert [m["id"] for m in messages(r.stdout)] == ["m3"]  # 1, 2 deleted
     stats = json.loads(eomsg(eomsg_bin, cli_env, "inspect", "queues", "--json").stdout)[0]
     assert (stats["depth"], stats["deleted"]) == (0, 3)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("pandas") is None, reason="no pandas installed: none to keep out"
+)
+def test_the_daemon_converts_to_arrow_without_importing_pandas(
+    cli: Cli, serve: Callable[..., NodeProcess]
+) -> None:
+    """pyarrow's first conversion would import pandas, when installed, to ask whether a
+    list is a pandas object (0.6 s on the GIL): the daemon applies a batch of publishes
+    (rows in Arrow) and recovers a store without it."""
+    for _ in range(2):  # the second start recovers what the first stored
+        node = serve()
+        lines = b"".join(b"%d\n" % i for i in range(2000))
+        cli("publish", "t/x", "--stdin", "--id-prefix", "m", input=lines)
+        counted = cli("inspect", "sql", "SELECT count(*) AS n FROM messages", "--json").stdout
+        assert json.loads(counted) in ([{"n": 2000}], [{"n": 4000}])  # applied: in DuckDB
+        assert node.proc is not None
+        maps = Path(f"/proc/{node.proc.pid}/maps").read_text()
+        assert "/pyarrow/" in maps and "/pandas/" not in maps
+        assert node.stop()[0] == 0

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
+import importlib.machinery
 import logging
 import os
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -157,10 +163,11 @@ def serve(
 
     os.umask(0o077)  # the daemon writes only its data directory: every file owner-only
     # On a full disk it waits for room, as it does when its store fails later on.
-    opened = Node.open_when_room(data, node_settings)
-    assert opened is not None  # (it waits until it opens, or a signal ends the process)
-    with opened as node:
-        run_server(data, node, settings, ready, reopen=lambda: Node.open(data, node_settings))
+    with _without_pandas():
+        opened = Node.open_when_room(data, node_settings)
+        assert opened is not None  # (it waits until it opens, or a signal ends the process)
+        with opened as node:
+            run_server(data, node, settings, ready, reopen=lambda: Node.open(data, node_settings))
     if json:
         print_json({"event": "stopped", "pid": os.getpid()})
     else:
@@ -189,6 +196,30 @@ def _node_settings(
     if node_name is not None:
         check_node_name(node_name)  # before taking the data directory
     return node_settings
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, name: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("the node daemon holds no pandas objects", name=name)
+        return None
+
+
+@contextlib.contextmanager
+def _without_pandas() -> Iterator[None]:
+    """While the daemon serves, pandas cannot be imported. pyarrow, on its first
+    conversion of a list or numpy array, imports pandas when it is installed (the
+    ``spark`` extra installs it) to ask whether the value is a pandas object: 0.6 s on
+    the GIL once a process, in a node's recovery or its first batch of publishes. The
+    daemon holds none; where pandas is imported already, this changes nothing."""
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(finder)
 
 
 def _say_ready(
