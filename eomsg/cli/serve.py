@@ -213,7 +213,7 @@ def _without_pandas() -> Iterator[None]:
     conversion of a list or numpy array, imports pandas when it is installed (the
     ``spark`` extra installs it) to ask whether the value is a pandas object: 0.6 s on
     the GIL once a process, in a node's recovery or its first batch of publishes. The
-    daemon holds none; where pandas is imported already, this changes nothing."""
+    daemon holds none. (Where pandas is imported already, pyarrow goes on using it.)"""
     finder = _NoPandas()
     sys.meta_path.insert(0, finder)
     try:

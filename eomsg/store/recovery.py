@@ -21,6 +21,7 @@ import duckdb
 
 from eomsg.core.message import Outgoing
 from eomsg.core.queues import QueueConfig
+from eomsg.errors import StorageError, one_line
 from eomsg.store.reads import Reads
 
 if TYPE_CHECKING:
@@ -167,14 +168,21 @@ def load_pending(reads: Reads) -> Iterator[PendingRow | UnreadRun]:
         yield from _pending_of_rows(rows)
         if len(rows) < FEW_PENDING:
             return
-        with warnings.catch_warnings():  # the copy it warns of is Arrow's, in C
+        with warnings.catch_warnings():  # the copy it warns of is DuckDB's own, in C
             warnings.filterwarnings("ignore", "Arrow output on a DB-API result", UserWarning)
             batches = result.to_arrow_reader(FEW_PENDING)
         assert batches is not None  # (None only when no result is pending)
-        for batch in batches:
-            yield from _pending_of_batch(batch)
     except duckdb.Error as e:
         raise reads.error(e, "recovering pending messages") from e
+    import pyarrow as pa  # (loaded: the reader is Arrow's)
+
+    try:
+        for batch in batches:
+            yield from _pending_of_batch(batch)
+    except (duckdb.Error, OSError, pa.ArrowException) as e:  # DuckDB's, as Arrow streams it
+        if isinstance(e, duckdb.Error):
+            raise reads.error(e, "recovering pending messages") from e
+        raise StorageError(f"recovering pending messages failed: {one_line(e)}") from e
 
 
 FEW_PENDING = 65536  # rows read as Python tuples; the rest of a backlog comes as Arrow
