@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -477,13 +478,17 @@ def test_a_waiter_that_gives_up_on_a_write_leaves_the_writer_running(data_dir: P
         node.admin.create_queue(QueueConfig.create("q", ["t"]))
         batch = RowBatch()
         batch.set_meta("a-test", "1")
+        given_up = threading.Event()
+        batch.after_commit(lambda: given_up.wait(30))  # resolved only after the cancel
 
         written = node.store.writer.write(batch)
 
         async def gives_up() -> None:
             waiting = asyncio.ensure_future(asyncio.wrap_future(written))
             await asyncio.sleep(0)
+            assert not written.done()
             waiting.cancel()
+            given_up.set()
             with pytest.raises(asyncio.CancelledError):
                 await waiting
 
